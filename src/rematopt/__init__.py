@@ -1,0 +1,20 @@
+"""rematopt: exact rematerialization planning.
+
+Data flows one way: importers -> :class:`Graph` -> planners -> :class:`Plan`
+-> :func:`simulate` (the judge) -> exporters.
+"""
+
+from .errors import BudgetError, GraphError, ImportFailure, PlanError, PlannerError, RematoptError
+from .graph import Graph, Node
+from .plan import Plan, PlanBuilder
+from .reference import no_remat_peak, no_remat_plan, peak_lower_bound, working_set_bound
+from .simulate import Replay, simulate
+from .solve import PlanMismatch, Solution, solve
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BudgetError", "Graph", "GraphError", "ImportFailure", "Node", "Plan", "PlanBuilder", "PlanError",
+    "PlanMismatch", "PlannerError", "RematoptError", "Replay", "Solution", "no_remat_peak", "no_remat_plan",
+    "peak_lower_bound", "simulate", "solve", "working_set_bound",
+]

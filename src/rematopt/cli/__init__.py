@@ -1,0 +1,41 @@
+"""The ``rematopt`` command. Each command group lives in its own module and is
+registered below; bad input of any kind ends in one line on stderr and exit
+status 2 (see :func:`main`)."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ..errors import RematoptError
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="rematopt")
+def cli() -> None:
+    """rematopt: exact rematerialization planning (keep / recompute / offload)."""
+
+
+from . import core  # noqa: E402  (commands register themselves on `cli`)
+
+
+def main() -> None:
+    """Console entry point: typed errors become one line and exit status 2."""
+    try:
+        code = cli.main(standalone_mode=False)
+    except RematoptError as e:
+        click.echo(f"rematopt: {e}", err=True)
+        sys.exit(2)
+    except click.exceptions.Abort:
+        click.echo("rematopt: interrupted", err=True)
+        sys.exit(130)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        click.echo("rematopt: interrupted", err=True)
+        sys.exit(130)
+    except BrokenPipeError:
+        sys.exit(0)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -1,0 +1,41 @@
+"""Front ends: every way a graph gets into rematopt.
+
+:func:`read_graph` is the one entry point for files; it picks the front end by
+content (JSON with ``"format": "rematopt.graph/1"`` or node-link JSON) or by
+extension (``.mlir``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..errors import GraphError
+from ..graph import Graph
+
+
+def read_graph(path: str | Path, function: str | None = None) -> Graph:
+    """Load a graph file of any supported kind.
+
+    Raises GraphError (or ImportFailure from a front end) with the file named.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise GraphError(f"{path}: no such file")
+    if path.is_dir():
+        raise GraphError(f"{path}: is a directory, not a graph file")
+    if path.suffix == ".mlir":
+        from .mlir import import_mlir
+
+        return import_mlir(path, function=function)
+    try:
+        doc = json.loads(path.read_text())
+    except UnicodeDecodeError:
+        raise GraphError(f"{path}: not a text file") from None
+    except json.JSONDecodeError as e:
+        raise GraphError(f"{path}: malformed JSON at line {e.lineno} column {e.colno} ({e.msg})") from None
+    from .nodelink import from_nodelink, is_nodelink
+
+    if is_nodelink(doc):
+        return from_nodelink(doc, source=str(path))
+    return Graph.from_dict(doc, source=str(path))

@@ -1,0 +1,103 @@
+"""Reference points every figure is measured against (``FORMATS.md``,
+"Reference points"), and budget resolution."""
+
+from __future__ import annotations
+
+import math
+
+from .errors import BudgetError, located
+from .graph import Graph
+from .plan import Plan, PlanBuilder
+
+
+def no_remat_plan(graph: Graph) -> Plan:
+    """Compute every node once in ``order`` and free each value right after its
+    last consumer; outputs and persistent nodes are never freed. A value nobody
+    consumes is freed right after it is computed (inputs: before the first event)."""
+    pos = graph.position
+    frees_at: list[list[int]] = [[] for _ in range(graph.n)]
+    early: list[int] = []
+    for v in graph.nodes:
+        if v.output or v.persistent:
+            continue
+        if v.is_input and not graph.succs[v.id]:
+            early.append(v.id)
+        else:
+            frees_at[graph.last_use[v.id]].append(v.id)
+    b = PlanBuilder()
+    for i in early:
+        b.free(i)
+    for t, i in enumerate(graph.order):
+        if not graph.nodes[i].is_input:
+            b.compute(i)
+        for j in sorted(frees_at[t], key=pos.__getitem__):
+            b.free(j)
+    return b.build(graph.name, "no-remat")
+
+
+def no_remat_peak(graph: Graph) -> int:
+    """Peak bytes of :func:`no_remat_plan`, by a sweep over positions."""
+    mem = sum(graph.bytes[i] for i in graph.initial_resident)
+    peak = mem
+    freed_at = [0] * graph.n
+    for v in graph.nodes:
+        if not (v.output or v.persistent):
+            if v.is_input and not graph.succs[v.id]:
+                mem -= v.bytes
+            else:
+                freed_at[graph.last_use[v.id]] += v.bytes
+    for t, i in enumerate(graph.order):
+        if not graph.nodes[i].is_input:
+            mem += graph.bytes[i]
+            peak = max(peak, mem)
+        mem -= freed_at[t]
+    return peak
+
+
+def working_set_bound(graph: Graph) -> int:
+    """max over compute nodes i of bytes(i) + bytes of i's non-persistent
+    predecessors, plus the bytes of all persistent nodes: computing i needs all
+    of that resident at once, so no plan can peak lower."""
+    size = graph.bytes
+    pinned = sum(v.bytes for v in graph.nodes if v.persistent)
+    best = 0
+    for i in graph.compute_ids:
+        need = size[i] + sum(size[p] for p in graph.preds[i] if not graph.nodes[p].persistent)
+        best = max(best, need)
+    return best + pinned
+
+
+def peak_lower_bound(graph: Graph) -> int:
+    """The largest bound we can state cheaply: the working-set bound, and the
+    memory resident before the first event (every peak includes it)."""
+    return max(working_set_bound(graph), sum(graph.bytes[i] for i in graph.initial_resident))
+
+
+def resolve_budget(graph: Graph, budget: int | None = None, ratio: float | None = None,
+                   check: bool = True) -> int | None:
+    """Budget in bytes from ``budget`` or ``ratio`` x no-remat peak (floored),
+    else the graph's own default (``meta.budget_bytes``), else None.
+
+    Raises BudgetError when both are given, when either is negative, or (with
+    ``check``) when the budget is below :func:`peak_lower_bound`.
+    """
+    if budget is not None and ratio is not None:
+        raise BudgetError("give a budget in bytes or a budget ratio, not both")
+    if ratio is not None:
+        if not (ratio >= 0 and math.isfinite(ratio)):
+            raise BudgetError(f"budget ratio must be a finite number >= 0, got {ratio}")
+        budget = math.floor(ratio * no_remat_peak(graph))
+    elif budget is None and graph.meta.get("budget_bytes") is not None:
+        budget = int(graph.meta["budget_bytes"])
+    if budget is None:
+        return None
+    if budget < 0:
+        raise BudgetError(f"budget must be >= 0 bytes, got {budget}")
+    if check:
+        bound = peak_lower_bound(graph)
+        if budget < bound:
+            raise BudgetError(located(graph.source or graph.name,
+                                      f"budget {budget:,} bytes is below the lower bound "
+                                      f"{bound:,} bytes (working set or resident inputs); "
+                                      "no plan can meet it"))
+    return budget

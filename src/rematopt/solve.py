@@ -1,0 +1,108 @@
+"""``solve``: run a planner, replay its plan, and hold it to its claims.
+
+The simulator is the judge: a planner's stats claim ``peak_bytes``,
+``compute_cost`` and ``transfer_bytes``, and :func:`solve` refuses (with
+:class:`PlanMismatch`, a bug, not bad input) any plan that is invalid or whose
+replay differs from those claims by a single byte or ulp.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from . import planners
+from .graph import Graph
+from .plan import Plan
+from .reference import no_remat_peak, resolve_budget, working_set_bound
+from .simulate import Replay, simulate
+
+CLAIMS = ("peak_bytes", "compute_cost", "transfer_bytes")
+NO_PLAN = ("INFEASIBLE", "UNKNOWN")  # statuses that come without events
+
+
+class PlanMismatch(RuntimeError):
+    """A planner returned an invalid plan or figures its replay contradicts."""
+
+
+@dataclass
+class Solution:
+    plan: Plan
+    replay: Replay | None  # None when the planner found no plan
+    budget: int | None
+    wall_s: float
+    no_remat_peak: int
+    working_set_bound: int
+
+    @property
+    def status(self) -> str:
+        return str(self.plan.stats.get("status", "UNKNOWN"))
+
+    def summary(self) -> dict[str, Any]:
+        """One flat JSON-ready record: the simulator's figures, then the
+        planner's own extra stats (bound, gap, model size...)."""
+        r = self.replay
+        out: dict[str, Any] = {
+            "status": self.status,
+            "planner": self.plan.planner,
+            "graph": self.plan.graph,
+            "budget_bytes": self.budget,
+            "no_remat_peak_bytes": self.no_remat_peak,
+            "working_set_bound_bytes": self.working_set_bound,
+            "peak_bytes": r.peak_bytes if r else None,
+            "compute_cost": r.compute_cost if r else None,
+            "base_cost": r.base_cost if r else None,
+            "recompute_cost": r.recompute_cost if r else None,
+            "overhead": r.overhead if r else None,
+            "transfer_bytes": r.transfer_bytes if r else None,
+            "compute_events": r.compute_events if r else None,
+            "events": r.events if r else 0,
+            "wall_s": self.wall_s,
+        }
+        for k, v in self.plan.stats.items():
+            out.setdefault(k, v)
+        return out
+
+
+def solve(graph: Graph, planner: str = "no-remat", budget: int | None = None,
+          budget_ratio: float | None = None, check_budget: bool = True, **options: Any) -> Solution:
+    """Plan ``graph`` with the named planner under a budget in bytes (or a
+    ratio of the no-remat peak; or the graph's ``meta.budget_bytes``).
+
+    Raises BudgetError for a budget below the peak lower bound (unless
+    ``check_budget`` is false), PlannerError for an unknown planner, and
+    PlanMismatch if the planner's plan fails its replay.
+    """
+    fn = planners.get(planner)
+    budget = resolve_budget(graph, budget, budget_ratio, check=check_budget)
+    start = time.perf_counter()
+    plan = fn(graph, budget, dict(options))
+    wall = time.perf_counter() - start
+    plan.stats.setdefault("status", "UNKNOWN")
+    plan.stats["budget_bytes"] = budget
+    plan.stats["wall_s"] = wall
+    replay = None
+    if len(plan) or plan.stats["status"] not in NO_PLAN:
+        replay = check_claims(graph, plan, budget)
+    return Solution(plan, replay, budget, wall, no_remat_peak(graph), working_set_bound(graph))
+
+
+def check_claims(graph: Graph, plan: Plan, budget: int | None) -> Replay:
+    """Replay ``plan`` and raise PlanMismatch unless it is valid, matches the
+    planner's claimed figures exactly, and meets the budget whenever the
+    status says it does."""
+    replay = simulate(graph, plan)
+    who = f"planner {plan.planner!r} on {graph.name!r}"
+    if not replay.valid:
+        raise PlanMismatch(f"{who}: invalid plan at event {replay.error_event}: {replay.error}")
+    actual = {"peak_bytes": replay.peak_bytes, "compute_cost": replay.compute_cost,
+              "transfer_bytes": replay.transfer_bytes}
+    for key in CLAIMS:
+        if key not in plan.stats:
+            raise PlanMismatch(f"{who}: stats lack the claim {key!r}")
+        if plan.stats[key] != actual[key]:
+            raise PlanMismatch(f"{who}: claims {key}={plan.stats[key]!r}, replay gives {actual[key]!r}")
+    if budget is not None and plan.stats["status"] in ("OPTIMAL", "FEASIBLE") and replay.peak_bytes > budget:
+        raise PlanMismatch(f"{who}: status {plan.stats['status']} but peak {replay.peak_bytes} > budget {budget}")
+    return replay
