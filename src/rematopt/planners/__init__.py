@@ -20,11 +20,31 @@ PlannerFn = Callable[[Graph, "int | None", dict[str, Any]], Plan]
 
 REGISTRY: dict[str, str] = {
     "no-remat": "rematopt.planners.no_remat:plan",
+    "greedy": "rematopt.planners.greedy:plan",
+    "chen-sqrt": "rematopt.planners.chen:plan_sqrt",
+    "chen-greedy": "rematopt.planners.chen:plan_greedy",
+    "dtr": "rematopt.planners.dtr:plan",
+    "jax-nothing-saveable": "rematopt.planners.jax_policies:plan_nothing_saveable",
+    "jax-dots-saveable": "rematopt.planners.jax_policies:plan_dots_saveable",
+    "jax-offload-dots": "rematopt.planners.jax_policies:plan_offload_dots",
+    "cpsat": "rematopt.planners.cpsat:plan",
 }
 
 
 def names() -> list[str]:
     return sorted(REGISTRY)
+
+
+def available() -> list[str]:
+    """Registered planners whose module imports here (optional extras may be missing)."""
+    out = []
+    for name in names():
+        try:
+            get(name)
+        except PlannerError:
+            continue
+        out.append(name)
+    return out
 
 
 def get(name: str) -> PlannerFn:
@@ -33,4 +53,7 @@ def get(name: str) -> PlannerFn:
         module, func = REGISTRY[name].split(":")
     except KeyError:
         raise PlannerError(f"unknown planner {name!r}; known: {', '.join(names())}") from None
-    return getattr(import_module(module), func)
+    try:
+        return getattr(import_module(module), func)
+    except (ModuleNotFoundError, AttributeError) as e:
+        raise PlannerError(f"planner {name!r} is not available here ({e})") from None

@@ -1,0 +1,81 @@
+"""The roofline cost model both program front ends (JAX, MLIR) share.
+
+An op's cost in seconds is ``max(flops / peak FLOP/s, bytes moved / memory
+bandwidth)`` on a device profile: an op is bound by whichever of the two it
+exhausts first. FLOPs come from the op's shapes: ``2 x output elements x
+contracted size`` for matmul-like ops, one per element for elementwise ops and
+reductions, :data:`TRANSCENDENTAL_FLOPS` per element for transcendental ones.
+Bytes moved are the op's operand bytes plus its result bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str
+    flops_per_s: float
+    bytes_per_s: float
+    source: str
+
+
+# Peak dense FLOP/s at the training precision (bf16 tensor cores on GPUs) and
+# memory bandwidth, from the vendors' data sheets.
+DEVICES: dict[str, Device] = {
+    "a100": Device("a100", 312e12, 2.039e12,
+                   "NVIDIA A100 80GB SXM data sheet: 312 TFLOPS bf16 dense, 2,039 GB/s HBM2e"),
+    "h100": Device("h100", 989e12, 3.35e12,
+                   "NVIDIA H100 SXM data sheet: 989 TFLOPS bf16 dense, 3.35 TB/s HBM3"),
+    "tpu-v4": Device("tpu-v4", 275e12, 1.2e12,
+                     "Google Cloud TPU v4 documentation: 275 TFLOPS bf16, 1,200 GB/s HBM2"),
+    "cpu": Device("cpu", 1e12, 1e11,
+                  "nominal server CPU (order of magnitude only): 1 TFLOP/s fp32 FMA, 100 GB/s DRAM"),
+}
+DEFAULT_DEVICE = "a100"
+
+# A transcendental costs several FLOPs per element on every vector unit; 10 is
+# the weight XLA's cost analysis uses for them on GPUs (order of magnitude).
+TRANSCENDENTAL_FLOPS = 10
+TRANSCENDENTAL = frozenset({
+    "exp", "exp2", "expm1", "log", "log1p", "tanh", "logistic", "erf", "erf_inv", "erfc", "sin", "cos",
+    "tan", "atan", "atan2", "asin", "acos", "sinh", "cosh", "asinh", "acosh", "atanh", "rsqrt", "sqrt",
+    "cbrt", "pow", "lgamma", "digamma", "igamma", "exponential", "exponential_minus_one", "log_plus_one",
+    "sine", "cosine", "power", "gelu", "silu", "softmax", "sigmoid",
+})
+
+
+def device(name: str) -> Device:
+    """The profile called ``name``; KeyError lists the known ones."""
+    try:
+        return DEVICES[name]
+    except KeyError:
+        raise KeyError(f"unknown device {name!r}; known: {', '.join(sorted(DEVICES))}") from None
+
+
+def roofline_seconds(flops: float, bytes_moved: float, dev: Device) -> float:
+    return max(flops / dev.flops_per_s, bytes_moved / dev.bytes_per_s)
+
+
+def matmul_flops(out_elements: int, contracted: int) -> float:
+    """dot_general / matmul: a multiply and an add per output element per contracted index."""
+    return 2.0 * out_elements * contracted
+
+
+def conv_flops(out_elements: int, kernel_elements: int, out_features: int) -> float:
+    """Convolution: each output element reads ``kernel_elements / out_features``
+    weights (spatial window x input features per group)."""
+    return 2.0 * out_elements * kernel_elements / max(out_features, 1)
+
+
+def elementwise_flops(op: str, elements: int) -> float:
+    """Per-element ops and reductions (``elements``: the larger of input and output).
+    ``op`` is the bare op name (``exp``, ``stablehlo.exponential`` -> ``exponential``)."""
+    base = op.rsplit(".", 1)[-1]
+    return float(elements) * (TRANSCENDENTAL_FLOPS if base in TRANSCENDENTAL else 1)
+
+
+def elements(shape: tuple[int, ...] | list[int]) -> int:
+    return math.prod(shape)
