@@ -1,0 +1,99 @@
+"""The CLI through its real entry point: exit codes, --json output, bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from rematopt import Graph, no_remat_peak
+from rematopt.importers.synthetic import unet
+
+
+def rematopt(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "rematopt", *map(str, args)],
+                          capture_output=True, text=True, cwd=cwd, timeout=120)
+
+
+@pytest.fixture
+def graph_file(tmp_path):
+    path = tmp_path / "unet.json"
+    unet(2, train=True).save(path)
+    return path
+
+
+def test_solve_on_embedded_default_prints_json():
+    out = rematopt("solve", "--planner", "no-remat", "--json")
+    assert out.returncode == 0, out.stderr
+    info = json.loads(out.stdout)
+    for key in ("status", "planner", "peak_bytes", "budget_bytes", "no_remat_peak_bytes", "compute_cost",
+                "base_cost", "overhead", "transfer_bytes", "wall_s", "plan"):
+        assert key in info
+    assert info["peak_bytes"] == info["no_remat_peak_bytes"] and info["overhead"] == 0
+
+
+def test_solve_writes_a_plan_that_simulate_accepts(tmp_path, graph_file):
+    plan = tmp_path / "plan.json"
+    out = rematopt("solve", graph_file, "--planner", "no-remat", "--budget-ratio", "1.0", "-o", plan, "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["plan"] == str(plan)
+    sim = rematopt("simulate", graph_file, plan, "--json")
+    assert sim.returncode == 0, sim.stderr
+    info = json.loads(sim.stdout)
+    assert info["valid"] and info["peak_bytes"] == no_remat_peak(Graph.load(graph_file))
+
+
+def test_simulate_exits_1_on_an_invalid_plan(tmp_path, graph_file):
+    plan = tmp_path / "bad.json"
+    plan.write_text(json.dumps({"format": "rematopt.plan/1", "graph": "g", "planner": "hand",
+                                "events": [{"op": "free", "node": 0}]}))
+    out = rematopt("simulate", graph_file, plan, "--json")
+    assert out.returncode == 1
+    info = json.loads(out.stdout)
+    assert not info["valid"] and info["error_event"] == 0 and "not resident" in info["error"]
+
+
+def test_inspect_json(graph_file):
+    out = rematopt("inspect", graph_file, "--json")
+    info = json.loads(out.stdout)
+    g = Graph.load(graph_file)
+    assert info["nodes"] == g.n and info["no_remat_peak_bytes"] == no_remat_peak(g)
+
+
+def test_generate_and_import_nodelink(tmp_path, benchmarks_dir):
+    out = rematopt("import", "nodelink", benchmarks_dir / "vgg16_train.json", "-o", tmp_path / "v.json")
+    assert out.returncode == 0, out.stderr
+    assert Graph.load(tmp_path / "v.json").n == 45
+    out = rematopt("generate", "random-layered", "-n", 50, "--seed", 3, "-o", tmp_path / "r.json")
+    assert out.returncode == 0 and Graph.load(tmp_path / "r.json").n == 50
+
+
+@pytest.mark.parametrize("make_args, message", [
+    (lambda t, g: ["inspect", t / "missing.json"], "missing.json: no such file"),
+    (lambda t, g: ["inspect", t / "broken.json"], "broken.json: malformed JSON"),
+    (lambda t, g: ["inspect", t / "cycle.json"], "cycle.json: the edges contain a cycle"),
+    (lambda t, g: ["inspect", t / "plan_as_graph.json"], "format must be 'rematopt.graph/1'"),
+    (lambda t, g: ["solve", g, "--planner", "no-remat", "--budget", "10"], "below the lower bound"),
+    (lambda t, g: ["solve", g, "--planner", "no-remat", "--budget", "ten"], "cannot read 'ten' as a size"),
+    (lambda t, g: ["solve", g, "--planner", "magic"], "unknown planner 'magic'"),
+    (lambda t, g: ["simulate", g, t / "broken.json"], "broken.json: malformed JSON"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, graph_file, make_args, message):
+    (tmp_path / "broken.json").write_text('{"format": ')
+    (tmp_path / "cycle.json").write_text(json.dumps({
+        "format": "rematopt.graph/1", "name": "c", "nodes": [{"id": 0, "name": "a"}, {"id": 1, "name": "b"}],
+        "edges": [[0, 1], [1, 0]]}))
+    (tmp_path / "plan_as_graph.json").write_text(json.dumps({"format": "rematopt.plan/1", "events": []}))
+    out = rematopt(*make_args(tmp_path, graph_file))
+    assert out.returncode == 2
+    assert message in out.stderr and "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_budget_with_units(graph_file):
+    peak = no_remat_peak(Graph.load(graph_file))
+    out = rematopt("solve", graph_file, "--planner", "no-remat", "--budget", f"{peak / 2**20 + 1}MiB", "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["status"] == "FEASIBLE"

@@ -1,0 +1,105 @@
+"""rematopt.graph/1 loading, validation and round trips."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rematopt import Graph, GraphError, Node
+from rematopt.importers.synthetic import chain, linear_training, random_layered, unet
+
+
+def doc(**over):
+    d = {
+        "format": "rematopt.graph/1",
+        "name": "g",
+        "nodes": [
+            {"id": 0, "name": "x", "op": "input", "kind": "input", "bytes": 8, "cost": 0},
+            {"id": 1, "name": "a", "op": "exp", "bytes": 16, "cost": 1.5},
+            {"id": 2, "name": "b", "op": "add", "bytes": 4, "cost": 0.5, "output": True},
+        ],
+        "edges": [[0, 1], [1, 2], [0, 2]],
+        "order": [0, 1, 2],
+        "meta": {"cost_unit": "s"},
+    }
+    d.update(over)
+    return d
+
+
+def write(tmp_path, d, name="g.json"):
+    p = tmp_path / name
+    p.write_text(json.dumps(d) if not isinstance(d, str) else d)
+    return p
+
+
+def test_load_reads_every_field(tmp_path):
+    g = Graph.load(write(tmp_path, doc()))
+    assert g.n == 3 and g.nodes[0].is_input and g.nodes[2].output
+    assert g.preds[2] == [0, 1] and g.succs[0] == [1, 2]
+    assert g.cost_unit == "s" and g.compute_ids == [1, 2]
+
+
+def test_round_trip_keeps_unknown_fields(tmp_path):
+    d = doc()
+    d["nodes"][1]["flops"] = 123
+    d["nodes"][1]["recompute"] = True
+    d["producer"] = "someone else's tool"
+    g = Graph.load(write(tmp_path, d))
+    out = tmp_path / "out.json"
+    g.save(out)
+    again = json.loads(out.read_text())
+    assert again["nodes"][1]["flops"] == 123 and again["nodes"][1]["recompute"] is True
+    assert again["producer"] == "someone else's tool"
+    assert Graph.load(out).to_dict() == g.to_dict()
+
+
+@pytest.mark.parametrize("make", [lambda: chain(5, sinks=True), lambda: linear_training(6),
+                                  lambda: unet(2, train=True), lambda: random_layered(40, seed=3)])
+def test_generated_graphs_round_trip(tmp_path, make):
+    g = make()
+    g.save(tmp_path / "g.json")
+    assert Graph.load(tmp_path / "g.json").to_dict() == g.to_dict()
+
+
+@pytest.mark.parametrize("mutate, problem", [
+    (lambda d: d.update(format="rematopt.graph/2"), "format must be"),
+    (lambda d: d["nodes"][1].update(id=7), "dense"),
+    (lambda d: d["nodes"].append(dict(d["nodes"][1])), "duplicate node id 1"),
+    (lambda d: d["edges"].append([1, 9]), "does not exist"),
+    (lambda d: d["edges"].append([2, 1]), "cycle"),
+    (lambda d: d["edges"].append([1, 1]), "self-loop"),
+    (lambda d: d.update(order=[0, 2, 1]), "not topological"),
+    (lambda d: d.update(order=[0, 1]), "exactly once"),
+    (lambda d: d["nodes"][1].update(bytes=-1), "bytes must be an integer >= 0"),
+    (lambda d: d["nodes"][1].update(bytes=1.5), "bytes must be an integer >= 0"),
+    (lambda d: d["nodes"][1].update(cost=-2), "cost must be a finite number >= 0"),
+    (lambda d: d["nodes"][1].update(cost="fast"), "cost must be a finite number >= 0"),
+    (lambda d: d["nodes"][1].update(kind="weird"), "kind must be one of"),
+    (lambda d: d["nodes"][1].update(phase="sideways"), "phase must be"),
+    (lambda d: d["nodes"][1].update(persistent=True), "persistent node must be an input"),
+    (lambda d: d["nodes"][1].update(output="yes"), "output must be true or false"),
+    (lambda d: d.update(edges=[[0, 1, 2]]), "pair"),
+    (lambda d: d.update(nodes="none"), "'nodes' must be a list"),
+])
+def test_invalid_graphs_are_rejected_with_file_and_reason(tmp_path, mutate, problem):
+    d = doc()
+    mutate(d)
+    path = write(tmp_path, d)
+    with pytest.raises(GraphError) as err:
+        Graph.load(path)
+    assert str(err.value).startswith(str(path)) and problem in str(err.value)
+
+
+def test_malformed_and_missing_files(tmp_path):
+    with pytest.raises(GraphError, match="malformed JSON at line 1"):
+        Graph.load(write(tmp_path, "{not json"))
+    with pytest.raises(GraphError, match="no such file"):
+        Graph.load(tmp_path / "absent.json")
+    with pytest.raises(GraphError, match="a graph must be a JSON object"):
+        Graph.load(write(tmp_path, "[1, 2]"))
+
+
+def test_edges_in_reverse_order_are_fine_when_order_is_given():
+    g = Graph("g", [Node(0, "b"), Node(1, "a")], [(1, 0)], order=[1, 0])
+    assert g.position == [1, 0] and g.last_use == [1, 1]
