@@ -1,0 +1,597 @@
+"""``greedy``: the activation-rematerialization pass of an MLIR compiler, rebuilt.
+
+The pass works on the program in its order (positions ``0..n-1``):
+
+1. **Candidates**: recomputable compute nodes with bytes > 0 whose output is
+   consumed after its own position; with phases, non-backward nodes with a
+   backward consumer. A node's *late* consumers are the ones a clone serves:
+   its backward consumers (with phases) or all of its consumers (without).
+2. **Selection**: while the modelled peak exceeds the budget, take the
+   candidate with the largest bytes x interval length / recompute cost (ties:
+   earliest position). The peak is the root of a tree over a difference array
+   (:class:`PeakTracker`): selecting a node is a few point updates, never a
+   rescan of positions.
+3. **Projection and trimming**: :func:`projection` mirrors the reverse
+   materialisation walk and counts the clones exactly; while the projected
+   program exceeds ``max_clone_expansion`` x the original, one selected node
+   goes back (the midpoint of its chain of selected nodes, or with
+   ``trim="max-clone"`` the node with most clones), its interval back into
+   the difference array.
+4. **Materialisation** (:func:`emit`): before each surviving original whose
+   input is a late use of a selected node, that node is recomputed, and so,
+   recursively, are its selected inputs; a clone is freed right after its
+   one consumer, so no node ever has two copies resident.
+
+Without phases every consumer is late, so a selected node's original is
+always dropped. With phases a node is a candidate only if its non-backward
+consumers all come before the first backward node: its original (if any use
+keeps it) is then freed before its first clone is computed.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import PlannerError, located
+from ..graph import Graph
+from ..plan import COMPUTE, FREE, Plan
+from ..reference import no_remat_peak
+from ..simulate import cost_of_counts
+
+CLONE_BOUND = "REMAT_PLAN_CLONE_BOUND"
+PEAK_MODELS = ("memory", "residual")
+TRIMS = ("midpoint", "max-clone")
+# An unbounded expansion past this many compute events is refused, not attempted.
+MAX_EVENTS = 50_000_000
+
+
+# -- the peak over positions ---------------------------------------------------
+
+class PeakTracker:
+    """Memory over positions ``0..m-1`` as a difference array, under a segment
+    tree whose nodes hold (sum, best prefix sum) of their slice: adding bytes
+    over an interval is two point updates of O(log m), and the peak is the
+    root's best prefix. ``diff`` seeds the array (the tree is built level by
+    level in numpy, not by m point updates)."""
+
+    def __init__(self, m: int, diff: np.ndarray | None = None):
+        size = 1
+        while size < m + 1:
+            size *= 2
+        self.size = size
+        total = np.zeros(2 * size, dtype=np.int64)
+        if diff is not None:
+            total[size:size + len(diff)] = diff
+        best = total.copy()
+        k = size
+        while k > 1:
+            left, right = slice(k, 2 * k, 2), slice(k + 1, 2 * k, 2)
+            total[k // 2:k] = total[left] + total[right]
+            best[k // 2:k] = np.maximum(best[left], total[left] + best[right])
+            k //= 2
+        self.total: list[int] = total.tolist()
+        self.best: list[int] = best.tolist()
+
+    def _point(self, k: int, delta: int) -> None:
+        total, best = self.total, self.best
+        i = self.size + k
+        total[i] += delta
+        best[i] = total[i]
+        i >>= 1
+        while i:
+            left = 2 * i
+            t = total[left]
+            total[i] = t + total[left + 1]
+            a, b = best[left], t + best[left + 1]
+            best[i] = a if a > b else b
+            i >>= 1
+
+    def add(self, lo: int, hi: int, delta: int) -> None:
+        """Add ``delta`` bytes at every position in ``lo..hi`` (inclusive)."""
+        if delta and lo <= hi:
+            self._point(lo, delta)
+            self._point(hi + 1, -delta)
+
+    def peak(self) -> int:
+        return max(self.best[1], 0)
+
+
+@dataclass
+class Program:
+    """The facts about a graph the pass reads, computed once."""
+
+    graph: Graph
+    phased: bool               # the graph has phases
+    backward: list[bool]       # node is in the backward phase
+    late: list[list[int]]      # late consumers of each node (what clones serve)
+    early: list[list[int]]     # the other consumers (served by the original)
+    eligible: list[bool]       # structurally able to be recomputed at late uses
+
+    @classmethod
+    def of(cls, graph: Graph) -> "Program":
+        pos, succs = graph.position, graph.succs
+        phases = graph.has_phases
+        backward = [v.phase == "backward" for v in graph.nodes]
+        first_backward = min((pos[v.id] for v in graph.nodes if backward[v.id]), default=graph.n)
+        late: list[list[int]] = []
+        early: list[list[int]] = []
+        eligible: list[bool] = []
+        for v in graph.nodes:
+            i = v.id
+            if phases:
+                late.append([u for u in succs[i] if backward[u]])
+                early.append([u for u in succs[i] if not backward[u]])
+            else:
+                late.append(list(succs[i]))
+                early.append([])
+            ok = (not v.is_input and v.recomputable and not v.output and bool(late[i])
+                  and not (phases and (backward[i] or any(pos[u] >= first_backward for u in early[i]))))
+            eligible.append(ok)
+        return cls(graph, phases, backward, late, early, eligible)
+
+    def is_late(self, producer: int, consumer: int) -> bool:
+        """Whether ``consumer`` reads ``producer`` through a clone when
+        ``producer`` is selected."""
+        return not self.phased or self.backward[consumer]
+
+
+# -- the clone projection --------------------------------------------------------
+
+@dataclass
+class Projection:
+    """What materialising a selection will emit: clones per node, whether each
+    node's original computation survives, and the latest position at which
+    a clone of each selected node is used (its horizon)."""
+
+    clones: list[int]
+    original: list[bool]
+    horizon: list[int]
+
+    @property
+    def total_clones(self) -> int:
+        return sum(self.clones)
+
+    def originals_dropped(self) -> int:
+        return self.original.count(False)
+
+    def compute_events(self, graph: Graph) -> int:
+        """= compute nodes + clones - selected originals dropped."""
+        return len(graph.compute_ids) + self.total_clones - self.originals_dropped()
+
+
+def projection(graph: Graph, selected: list[bool] | set[int], program: Program | None = None) -> Projection:
+    """Walk the program in reverse, as materialisation does: a selected node
+    gets one clone per surviving original that uses it late, plus one per
+    clone of each selected consumer (so counts compound along chains); its
+    original survives only if a surviving original uses it early."""
+    program = program or Program.of(graph)
+    sel = _as_flags(graph, selected)
+    pos = graph.position
+    clones = [0] * graph.n
+    original = [True] * graph.n
+    horizon = [-1] * graph.n
+    for i in reversed(graph.order):
+        if not sel[i]:
+            continue
+        count, reach = 0, -1
+        for u in graph.succs[i]:
+            if sel[u]:
+                count += clones[u]
+                reach = max(reach, horizon[u])
+            if original[u] and program.is_late(i, u):
+                count += 1
+                reach = max(reach, pos[u])
+        clones[i], horizon[i] = count, reach
+        original[i] = any(original[u] for u in program.early[i])
+    return Projection(clones, original, horizon)
+
+
+def project_clone_count(graph: Graph, selected: list[bool] | set[int]) -> int:
+    """The number of clones materialising ``selected`` emits, before emitting
+    anything: emitted compute events = compute nodes + this - selected
+    originals dropped (see :func:`projection`)."""
+    return projection(graph, selected).total_clones
+
+
+def _as_flags(graph: Graph, selected: list[bool] | set[int]) -> list[bool]:
+    if isinstance(selected, list) and len(selected) == graph.n and all(isinstance(x, bool) for x in selected):
+        return selected
+    flags = [False] * graph.n
+    for i in selected:
+        flags[i] = True
+    return flags
+
+
+# -- selection -----------------------------------------------------------------
+
+class PeakModel:
+    """The pass's peak estimate over positions, index 0 being the start of the
+    program and index t+1 position t.
+
+    ``memory``: every value's interval as the simulator counts it in the
+    no-remat schedule (inputs from the start, outputs and persistent values to
+    the end); a selected node keeps its original's span up to its last early
+    consumer and one position at each late consumer (the clone resident while
+    that consumer runs). Values kept alive longer to feed clones, and the
+    transient clones of a chain, are not modelled: the simulated peak is
+    reported beside it. ``residual``: the compiler pass's own estimate, only
+    candidate intervals, both ends inclusive, removed whole on selection.
+    """
+
+    def __init__(self, program: Program, candidates: list[int], kind: str):
+        g = program.graph
+        self.program, self.kind, self.g = program, kind, g
+        pos, last = g.position, g.last_use
+        end = g.n
+        diff = np.zeros(g.n + 2, dtype=np.int64)
+
+        def span(lo: int, hi: int, b: int) -> None:
+            diff[lo] += b
+            diff[hi + 1] -= b
+
+        if kind == "residual":
+            for i in candidates:
+                span(pos[i] + 1, last[i] + 1, g.bytes[i])
+        else:
+            for v in g.nodes:
+                i = v.id
+                start = 0 if v.is_input else pos[i] + 1
+                if v.persistent or v.output:
+                    stop = end
+                elif v.is_input and not g.succs[i]:
+                    stop = 0
+                else:
+                    stop = last[i] + 1
+                span(start, stop, v.bytes)
+        self.tracker = PeakTracker(g.n + 1, diff)
+
+    def _selected_spans(self, i: int, sign: int) -> None:
+        """Replace node i's full interval with what a selection keeps of it
+        (``sign`` +1 to select, -1 to give the selection back)."""
+        g, pos, b = self.g, self.g.position, self.g.bytes[i]
+        early = self.program.early[i] if self.kind == "memory" else []
+        kept = max((pos[u] for u in early), default=pos[i] - 1)
+        self.tracker.add(kept + 2, g.last_use[i] + 1, -sign * b)
+        if self.kind == "memory":
+            for u in self.program.late[i]:
+                self.tracker.add(pos[u] + 1, pos[u] + 1, sign * b)
+
+    def select(self, i: int) -> None:
+        self._selected_spans(i, +1)
+
+    def unselect(self, i: int) -> None:
+        self._selected_spans(i, -1)
+
+    def peak(self) -> int:
+        return self.tracker.peak()
+
+
+def score(graph: Graph, i: int) -> float:
+    """bytes x interval length / recompute cost: memory-time freed per unit
+    of recompute (infinite for a free recompute)."""
+    span = graph.bytes[i] * (graph.last_use[i] - graph.position[i])
+    c = graph.cost[i]
+    return span / c if c > 0 else math.inf
+
+
+def select(program: Program, model: PeakModel, candidates: list[int], marked: list[int],
+           budget: int | None) -> list[bool]:
+    """Marked nodes first, then candidates by score while the peak is over budget."""
+    g = program.graph
+    sel = [False] * g.n
+    for i in marked:
+        sel[i] = True
+        model.select(i)
+    if budget is None:
+        return sel
+    pos = g.position
+    ranked = sorted((i for i in candidates if not sel[i]), key=lambda i: (-score(g, i), pos[i]))
+    for i in ranked:
+        if model.peak() <= budget:
+            break
+        sel[i] = True
+        model.select(i)
+    return sel
+
+
+# -- trimming ----------------------------------------------------------------------
+
+class Trimmer:
+    """Gives selected nodes back until the projection fits the bound, keeping
+    the projected totals exact incrementally: unselecting s changes the clone
+    counts of s's selected ancestors only (by a delta summed along paths) and
+    may revive the originals above it."""
+
+    def __init__(self, program: Program, sel: list[bool], proj: Projection, marks: set[int]):
+        self.p, self.sel, self.proj, self.marks = program, sel, proj, marks
+        self.g = program.graph
+        self.total_clones = proj.total_clones
+        self.dropped_originals = proj.originals_dropped()
+        pos = self.g.position
+        # Most clones first (ties: earliest position); entries go stale as
+        # counts change and are skipped when they no longer match.
+        self.heap = [(-proj.clones[i], pos[i], i) for i in self.g.order if sel[i] and i not in marks]
+        heapq.heapify(self.heap)
+
+    def compute_events(self) -> int:
+        return len(self.g.compute_ids) + self.total_clones - self.dropped_originals
+
+    def unselect(self, s: int) -> None:
+        g, p, sel = self.g, self.p, self.sel
+        clones, original = self.proj.clones, self.proj.original
+        pos = g.position
+        sel[s] = False
+        self.total_clones -= clones[s]
+        # What s contributed to each selected producer, and what it contributes now.
+        change = {q: (1 if p.is_late(q, s) else 0) - clones[s] - (1 if original[s] and p.is_late(q, s) else 0)
+                  for q in g.preds[s] if sel[q]}
+        revived = {s} if not original[s] else set()
+        clones[s] = 0
+        original[s] = True
+        self.dropped_originals -= len(revived)
+        # Producers are settled latest position first, so each has collected
+        # every consumer's change before passing its own on.
+        delta: dict[int, int] = {}
+        heap: list[tuple[int, int]] = []
+
+        def push(q: int, d: int) -> None:
+            if q not in delta:
+                delta[q] = 0
+                heapq.heappush(heap, (-pos[q], q))
+            delta[q] += d
+
+        for q, d in change.items():
+            push(q, d)
+        wake = {q for q in change if revived and not p.is_late(q, s)}
+        while heap:
+            _, q = heapq.heappop(heap)
+            d = delta.pop(q)
+            clones[q] += d
+            self.total_clones += d
+            if d and q not in self.marks:
+                heapq.heappush(self.heap, (-clones[q], pos[q], q))
+            revive = q in wake and not original[q]
+            if revive:
+                original[q] = True
+                self.dropped_originals -= 1
+            for r in g.preds[q]:
+                if not sel[r]:
+                    continue
+                late = p.is_late(r, q)
+                if d or (revive and late):
+                    push(r, d + (1 if revive and late else 0))
+                if revive and not late:
+                    wake.add(r)
+                    push(r, 0)
+
+    def chain_midpoint(self) -> int | None:
+        """The droppable node nearest the middle of the chain of selected nodes
+        through the droppable node with most clones: from it, follow the
+        selected neighbour with most clones both ways."""
+        top = self.max_clone()
+        if top is None:
+            return None
+        g, sel, clones = self.g, self.sel, self.proj.clones
+        pos = g.position
+
+        def follow(start: int, step) -> list[int]:
+            out, seen, v = [], {start}, start
+            while True:
+                nxt = [u for u in step(v) if sel[u] and u not in seen]
+                if not nxt:
+                    return out
+                v = max(nxt, key=lambda u: (clones[u], -pos[u]))
+                seen.add(v)
+                out.append(v)
+
+        path = follow(top, lambda v: g.preds[v])[::-1] + [top] + follow(top, lambda v: g.succs[v])
+        mid = (len(path) - 1) / 2
+        droppable = [k for k, v in enumerate(path) if v not in self.marks]
+        return path[min(droppable, key=lambda k: (abs(k - mid), k))]
+
+    def max_clone(self) -> int | None:
+        """The droppable node with most clones (ties: earliest position)."""
+        heap, clones = self.heap, self.proj.clones
+        while heap:
+            count, _, i = heap[0]
+            if self.sel[i] and -count == clones[i]:
+                return i
+            heapq.heappop(heap)
+        return None
+
+
+# -- materialisation -----------------------------------------------------------
+
+def emit(program: Program, sel: list[bool], proj: Projection) -> np.ndarray:
+    """The plan's events, encoded ``i`` for ``compute i`` and ``~i`` for
+    ``free i``. Walks positions in order; at each surviving original, first
+    the clones its late inputs need. A clone's event sequence does not depend
+    on where it is used, so it is built once per selected node (inputs in
+    decreasing position, so a sibling's subtree never needs a node that is
+    resident waiting for its consumer) and copied wherever it is needed."""
+    g = program.graph
+    pos, preds = g.position, g.preds
+    original, horizon = proj.original, proj.horizon
+
+    def inputs_to_clone(i: int, as_clone: bool) -> list[int]:
+        return sorted((p for p in preds[i] if sel[p] and (as_clone or program.is_late(p, i))),
+                      key=pos.__getitem__, reverse=True)
+
+    # When each surviving original is last used: by a surviving original
+    # (unless through a late edge of a selected producer) or by a clone of a
+    # selected consumer (at that consumer's horizon).
+    last = [-1] * g.n
+    for i in g.order:
+        if original[i]:
+            for p in preds[i]:
+                if not (sel[p] and program.is_late(p, i)):
+                    last[p] = max(last[p], pos[i])
+        if sel[i] and proj.clones[i]:
+            for p in preds[i]:
+                if not sel[p]:
+                    last[p] = max(last[p], horizon[i])
+    frees_at: list[list[int]] = [[] for _ in range(g.n)]
+    pieces: list[np.ndarray] = []
+    buf: list[int] = []
+    for v in g.nodes:
+        if v.output or v.persistent or not original[v.id]:
+            continue
+        if v.is_input and last[v.id] < 0:
+            buf.append(~v.id)
+        else:
+            frees_at[max(last[v.id], pos[v.id])].append(v.id)
+
+    recipe: dict[int, np.ndarray] = {}
+    for i in g.order:
+        if sel[i] and proj.clones[i]:
+            kids = inputs_to_clone(i, True)
+            recipe[i] = np.concatenate([recipe[k] for k in kids]
+                                       + [np.array([i] + [~k for k in kids], dtype=np.int64)])
+
+    for t, i in enumerate(g.order):
+        if original[i] and not g.nodes[i].is_input:
+            kids = inputs_to_clone(i, False)
+            if kids:
+                pieces.append(np.array(buf, dtype=np.int64))
+                pieces.extend(recipe[k] for k in kids)
+                buf = [~k for k in kids]
+                buf.insert(0, i)
+            else:
+                buf.append(i)
+        buf.extend(~j for j in frees_at[t])
+    pieces.append(np.array(buf, dtype=np.int64))
+    return np.concatenate(pieces)
+
+
+def decode(enc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Split the encoding into the plan's (ops, nodes) arrays."""
+    freed = enc < 0
+    ops = np.where(freed, FREE, COMPUTE).astype(np.int8)
+    nodes = np.where(freed, ~enc, enc)
+    return ops, nodes
+
+
+def sweep_peak(graph: Graph, ops: np.ndarray, nodes: np.ndarray) -> int:
+    """The plan's peak as the simulator counts it: memory only rises at a
+    compute, so the peak is the largest running total (or the initial memory)."""
+    size = np.asarray(graph.bytes, dtype=np.int64)
+    initial = int(sum(graph.bytes[i] for i in graph.initial_resident))
+    if not len(ops):
+        return initial
+    delta = np.where(ops == COMPUTE, size[nodes], -size[nodes])
+    return max(initial, initial + int(np.cumsum(delta).max()))
+
+
+# -- the planner -------------------------------------------------------------
+
+def _options(options: dict[str, Any]) -> tuple[str, float, str]:
+    kind = options.get("peak_model") or "memory"
+    if kind not in PEAK_MODELS:
+        raise PlannerError(f"greedy: peak_model must be one of {', '.join(PEAK_MODELS)}, got {kind!r}")
+    trim = options.get("trim") or "midpoint"
+    if trim not in TRIMS:
+        raise PlannerError(f"greedy: trim must be one of {', '.join(TRIMS)}, got {trim!r}")
+    bound = options.get("max_clone_expansion")
+    bound = 8.0 if bound is None else bound
+    if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not bound >= 0 or math.isinf(bound):
+        raise PlannerError(f"greedy: max_clone_expansion must be a finite number >= 0, got {bound!r}")
+    return kind, float(bound), trim
+
+
+def plan(graph: Graph, budget: int | None, options: dict[str, Any]) -> Plan:
+    """Select, trim to the clone bound, materialise; see the module docstring.
+
+    Options: ``peak_model`` ("memory" | "residual"), ``max_clone_expansion``
+    (default 8; 0 = unbounded), ``trim`` ("midpoint" | "max-clone").
+    """
+    kind, bound, trim = _options(options)
+    clock = time.perf_counter()
+    timings: dict[str, float] = {}
+
+    def lap(name: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        timings[name] = now - clock
+        clock = now
+
+    program = Program.of(graph)
+    eligible = [i for i in graph.order if program.eligible[i]]
+    candidates = [i for i in eligible if graph.bytes[i] > 0]
+    marks = {i for i in eligible if graph.nodes[i].recompute}
+    bad = next((v for v in graph.nodes if v.recompute and not v.is_input and not v.recomputable), None)
+    if bad is not None:
+        raise PlannerError(located(graph.source or graph.name, f"node {bad.id} ({bad.name}) is marked recompute "
+                                               "but is not recomputable"))
+    model = PeakModel(program, candidates, kind)
+    sel = select(program, model, candidates, sorted(marks, key=graph.position.__getitem__), budget)
+    lap("select_s")
+    proj = projection(graph, sel, program)
+    lap("project_s")
+
+    limit = bound * len(graph.compute_ids)
+    trimmer = Trimmer(program, sel, proj, marks)
+    dropped: list[int] = []
+    peak_before_trim = model.peak()
+    while bound and trimmer.compute_events() > limit:
+        s = trimmer.chain_midpoint() if trim == "midpoint" else trimmer.max_clone()
+        if s is None:
+            break  # only explicit marks are left: the bound does not apply to them
+        trimmer.unselect(s)
+        model.unselect(s)
+        dropped.append(s)
+    lap("trim_s")
+    warned: list[str] = []
+    if dropped:
+        names = [graph.nodes[i].name for i in dropped]
+        shown = ", ".join(names[:8]) + (f", ... ({len(names)} in all)" if len(names) > 8 else "")
+        msg = (f"{CLONE_BOUND}: {graph.name}: the selection would emit more than {bound:g}x the "
+               f"{len(graph.compute_ids):,} compute nodes; gave back {len(dropped)} selected nodes "
+               f"({shown}); modelled peak {peak_before_trim:,} -> {model.peak():,} bytes")
+        warnings.warn(msg, stacklevel=2)
+        warned.append(msg)
+    expected = trimmer.compute_events()
+    if expected > MAX_EVENTS:
+        raise PlannerError(f"greedy: {graph.name}: the selection would emit {expected:,} compute events "
+                           f"(limit {MAX_EVENTS:,}); bound it with max_clone_expansion")
+
+    if dropped:  # settle the horizons too; the totals must not move
+        proj = projection(graph, sel, program)
+        if (proj.total_clones, proj.originals_dropped()) != (trimmer.total_clones, trimmer.dropped_originals):
+            raise RuntimeError("greedy: incremental clone projection drifted from the full walk")
+    ops, nodes = decode(emit(program, sel, proj))
+    lap("emit_s")
+    counts = np.bincount(nodes[ops == COMPUTE], minlength=graph.n).tolist()
+    peak = sweep_peak(graph, ops, nodes)
+    cost = cost_of_counts(graph, counts)
+    lap("figures_s")
+    selected = [i for i in graph.order if sel[i]]
+    stats = {
+        "status": "FEASIBLE" if budget is None or peak <= budget else "OVER_BUDGET",
+        "peak_bytes": peak,
+        "compute_cost": cost,
+        "transfer_bytes": 0,
+        "peak_model": kind,
+        "model_peak_bytes": model.peak(),
+        "peak_before_bytes": no_remat_peak(graph),
+        "peak_after_bytes": peak,
+        "selected": [graph.nodes[i].name for i in selected],
+        "dropped": [graph.nodes[i].name for i in dropped],
+        "marked": [graph.nodes[i].name for i in graph.order if i in marks],
+        "selected_cost": math.fsum(graph.cost[i] for i in selected),
+        "projected_clones": trimmer.total_clones,
+        "originals_dropped": trimmer.dropped_originals,
+        "emitted_compute_events": int(sum(counts)),
+        "max_clone_expansion": bound,
+        "trim": trim,
+        "warnings": warned,
+        "timings_s": timings,
+    }
+    return Plan(graph.name, "greedy", ops, nodes, stats)
+
