@@ -1,0 +1,52 @@
+"""MLIR commands: ``import mlir`` (a function of a module -> graph) and
+``export mlir`` (a plan applied to the function, written as MLIR)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from . import cli
+from .core import import_group
+
+
+@import_group.command(name="mlir")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--function", "function", help="Function to read (default: main, else the only public one).")
+@click.option("--output", "-o", type=click.Path(dir_okay=False), required=True)
+def import_mlir_cmd(file: str, function: str | None, output: str) -> None:
+    """Convert one function of an MLIR module (StableHLO, tessera...)."""
+    from ..importers.mlir import import_mlir
+
+    g = import_mlir(file, function=function)
+    g.save(output)
+    click.echo(f"wrote {output}: {g.n} nodes, {len(g.edges)} edges")
+
+
+def _export_group() -> click.Group:
+    """The ``export`` group, shared with other back ends that may register it first."""
+    existing = cli.commands.get("export")
+    if isinstance(existing, click.Group):
+        return existing
+
+    @cli.group(name="export")
+    def export_group() -> None:
+        """Write a plan back into the program it was made for."""
+
+    return export_group
+
+
+@_export_group().command(name="mlir")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("plan", type=click.Path(dir_okay=False))
+@click.option("--function", "function", help="Function the plan is for (default: as import mlir).")
+@click.option("--output", "-o", type=click.Path(dir_okay=False), required=True)
+def export_mlir_cmd(file: str, plan: str, function: str | None, output: str) -> None:
+    """Apply PLAN to FILE: recomputations as clones, figures as tessera.remat_* attributes."""
+    from ..exporters.mlir import export_mlir
+    from ..plan import Plan
+
+    text = export_mlir(file, Plan.load(plan), function=function, plan_source=plan)
+    Path(output).write_text(text)
+    click.echo(f"wrote {output}")
