@@ -19,6 +19,7 @@ def cli() -> None:
 
 from . import core  # noqa: E402  (commands register themselves on `cli`)
 from . import mlir  # noqa: E402,F401
+from . import batch  # noqa: E402,F401
 
 
 def main() -> None:

@@ -1,0 +1,116 @@
+"""Commands ``rematopt batch`` (many graphs x budgets x planners) and
+``rematopt report`` (tables and figures from a batch's results)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from .. import planners
+from ..errors import RematoptError
+from . import cli
+from .core import parse_bytes
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise RematoptError(f"--budget-ratios: cannot read {text!r} as comma-separated numbers") from None
+
+
+@cli.command(name="batch")
+@click.argument("graphs", nargs=-1, required=True, type=click.Path())
+@click.option("--planners", "planner_list", default="all", show_default=True,
+              help="Comma-separated planner names, or 'all' for every planner available here.")
+@click.option("--budget-ratios", default="0.9,0.8,0.7,0.6,0.5", show_default=True,
+              help="Budgets as fractions of each graph's no-remat peak.")
+@click.option("--objective", type=click.Choice(["overhead", "peak"]), help="Passed to the planners (cpsat).")
+@click.option("--offload/--no-offload", default=None, help="Passed to the planners (cpsat).")
+@click.option("--time-limit", type=float, default=60.0, show_default=True,
+              help="Per-job solver time limit, seconds; a worker is killed at this plus --timeout-margin.")
+@click.option("--timeout-margin", type=float, default=30.0, show_default=True,
+              help="Seconds a job may run past --time-limit before its worker is killed.")
+@click.option("--workers", type=int, help="Solver threads per job (default: cores / --jobs).")
+@click.option("--seed", type=int, help="Solver random seed.")
+@click.option("--jobs", "-j", type=int, default=1, show_default=True, help="Jobs run at once.")
+@click.option("--memory-limit", default="4GiB", show_default=True, help="Address-space cap per job (0: none).")
+@click.option("--exact-max-nodes", type=int, help="Skip exact planners (cpsat) on graphs with more nodes.")
+@click.option("--out", "-o", "out", required=True, type=click.Path(file_okay=False), help="Results directory.")
+@click.option("--resume", is_flag=True, help="Continue the batch in --out, skipping finished jobs.")
+@click.option("--executor", type=click.Choice(["local", "dask"]), default="local", show_default=True)
+@click.option("--scheduler", help="dask scheduler address (with --executor dask).")
+def batch_cmd(graphs: tuple[str, ...], planner_list: str, budget_ratios: str, time_limit: float,
+              timeout_margin: float, jobs: int, memory_limit: str, exact_max_nodes: int | None, out: str,
+              resume: bool, executor: str, scheduler: str | None, **options: Any) -> None:
+    """Run every (graph, budget, planner) job over GRAPHS (files or directories
+    of *.json / *.mlir) and append one row per job to OUT/results.jsonl."""
+    from .. import batch
+
+    names = planners.available() if planner_list == "all" else [p.strip() for p in planner_list.split(",") if p.strip()]
+    if not names:
+        raise RematoptError("--planners: no planner named")
+    if jobs < 1:
+        raise RematoptError(f"--jobs must be >= 1, got {jobs}")
+    inputs, skipped = batch.load_inputs(graphs)
+    err = Console(stderr=True)
+    for path, reason in skipped:
+        err.print(f"[yellow]skipped[/] {path}: {reason}", markup=True, highlight=False)
+    if not inputs:
+        raise RematoptError(f"{', '.join(graphs)}: no graph files found")
+    options["time_limit"] = time_limit
+    plan = batch.plan_batch(inputs, names, _floats(budget_ratios), out, options, resume=resume,
+                            memory_limit=parse_bytes(memory_limit) or None, timeout_margin=timeout_margin,
+                            exact_max_nodes=exact_max_nodes,
+                            default_workers=max(1, (os.cpu_count() or 1) // jobs))
+    out_dir = Path(out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _record_command(out_dir, names, inputs)
+    total = len(plan.specs) + len(plan.skipped)
+    err.print(f"{len(inputs)} graphs x {len(_floats(budget_ratios))} budgets x {len(names)} planners: "
+              f"{total} jobs to run, {len(plan.done)} already done", highlight=False)
+    counts: dict[str, int] = {}
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("ETA"), TimeRemainingColumn(), console=err, transient=False) as bar:
+        task = bar.add_task("batch", total=total)
+
+        def on_row(row: dict[str, Any]) -> None:
+            counts[row["status"]] = counts.get(row["status"], 0) + 1
+            bar.update(task, advance=1,
+                       description=f"{row['graph'][:24]} r={row['budget_ratio']:g} {row['planner']}: {row['status']}")
+
+        batch.run_batch(plan, out, jobs=jobs, executor=executor, scheduler=scheduler, on_row=on_row)
+    click.echo(f"wrote {out_dir / batch.RESULTS} ({', '.join(f'{k} {v}' for k, v in sorted(counts.items())) or 'no new rows'})")
+
+
+def _record_command(out: Path, names: list[str], inputs: list) -> None:
+    """Keep the command line that made the results, for the report's index."""
+    path = out / "batch.json"
+    history = json.loads(path.read_text()) if path.exists() else []
+    history.append({"command": shlex.join(["rematopt", *sys.argv[1:]]), "cwd": os.getcwd(),
+                    "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                    "planners": names, "graphs": [str(g.path) for g in inputs]})
+    path.write_text(json.dumps(history, indent=1) + "\n")
+
+
+@cli.command(name="report")
+@click.argument("results_dir", type=click.Path(file_okay=False))
+@click.option("--output", "-o", required=True, type=click.Path(file_okay=False), help="Report directory.")
+@click.option("--title", default=None, help="Report title (default: the report directory's name).")
+def report_cmd(results_dir: str, output: str, title: str | None) -> None:
+    """Tables (Markdown and CSV), figures (PNG), index.md and a self-contained
+    index.html from a batch's RESULTS_DIR."""
+    from ..report import write_report
+
+    index = write_report(results_dir, output, title=title,
+                         command=shlex.join(["rematopt", *sys.argv[1:]]))
+    click.echo(f"wrote {index} and {index.with_suffix('.html')}")

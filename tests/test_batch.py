@@ -1,0 +1,218 @@
+"""rematopt batch: rows replayed and durable, failures recorded, resume, hints,
+the dask executor and the CLI. Jobs run in real worker processes; the planners
+that fail are fakes from a module written into tmp_path (put on PYTHONPATH so
+the workers can import it), so nothing depends on which planners exist."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from rematopt import Graph, Plan, batch, no_remat_peak, planners, simulate
+from rematopt.errors import BudgetError, GraphError, PlannerError, RematoptError
+from rematopt.importers.synthetic import chain, random_layered, unet
+
+FAKES = '''
+import os, time
+from rematopt.planners.no_remat import plan as no_remat
+
+def crash(graph, budget, options):
+    os.abort()
+
+def hang(graph, budget, options):
+    time.sleep(120)
+
+def hog(graph, budget, options):
+    return bytearray(8 << 30)
+
+def broken(graph, budget, options):
+    raise ValueError("bad model")
+
+def liar(graph, budget, options):
+    p = no_remat(graph, budget, options)
+    p.stats["peak_bytes"] -= 1
+    return p
+
+def echo_hint(graph, budget, options):
+    """An 'exact' planner that reports the hint it was given."""
+    p = no_remat(graph, budget, options)
+    hint = options.get("hint")
+    p.stats["hint_planner"] = hint.planner if hint is not None else None
+    p.stats["hint_events"] = len(hint) if hint is not None else 0
+    return p
+'''
+
+
+@pytest.fixture
+def fakes(tmp_path, monkeypatch):
+    """Register the fake planners here and make them importable in workers."""
+    (tmp_path / "fakeplanners.py").write_text(textwrap.dedent(FAKES))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    for name in ("crash", "hang", "hog", "broken", "liar", "echo_hint"):
+        monkeypatch.setitem(planners.REGISTRY, f"fake-{name}", f"fakeplanners:{name}")
+    return tmp_path
+
+
+@pytest.fixture
+def graph_dir(tmp_path):
+    d = tmp_path / "graphs"
+    (d / "sub").mkdir(parents=True)
+    chain(6, sinks=True).save(d / "chain6.json")
+    random_layered(24, seed=1).save(d / "sub" / "random_layered_n24.json")
+    (d / "sub" / "notes.json").write_text('{"not": "a graph"}')
+    return d
+
+
+def run(paths, names, ratios, out, **kw):
+    inputs, skipped = batch.load_inputs(paths)
+    plan_kw = {k: kw.pop(k) for k in ("options", "resume", "memory_limit", "timeout_margin", "exact_max_nodes")
+               if k in kw}
+    bp = batch.plan_batch(inputs, names, ratios, out, **plan_kw)
+    return batch.run_batch(bp, out, **kw), skipped
+
+
+def test_rows_hold_the_replay_of_saved_plans_and_resume_skips_them(graph_dir, tmp_path):
+    out = tmp_path / "res"
+    rows, skipped = run([graph_dir], ["no-remat"], [1.0, 0.9, 0.01], out, jobs=2)
+    assert [p.name for p, _ in skipped] == ["notes.json"]
+    assert len(rows) == 6 and len(batch.read_rows(out)) == 6
+    for row in rows:
+        g = Graph.load(row["graph_file"])
+        assert row["budget"] == int(row["budget_ratio"] * no_remat_peak(g))
+        if row["budget_ratio"] == 0.01:
+            assert row["status"] == "INFEASIBLE_BUDGET" and "below the lower bound" in row["error"]
+            assert row["plan_path"] is None
+            continue
+        replay = simulate(g, Plan.load(out / row["plan_path"]))
+        assert replay.valid
+        assert (row["peak_bytes"], row["compute_cost"], row["transfer_bytes"]) == (
+            replay.peak_bytes, replay.compute_cost, replay.transfer_bytes)
+        assert row["status"] == ("FEASIBLE" if row["budget_ratio"] == 1.0 else "OVER_BUDGET")
+        assert row["rematopt_version"] and row["ortools_version"] and row["error"] is None
+    csv = (out / "results.csv").read_text().splitlines()
+    assert len(csv) == 7 and "budget_ratio" in csv[0]
+
+    with pytest.raises(RematoptError, match="--resume"):
+        run([graph_dir], ["no-remat"], [1.0], out)
+    inputs, _ = batch.load_inputs([graph_dir])
+    again = batch.plan_batch(inputs, ["no-remat"], [1.0, 0.9, 0.01, 0.95], out, resume=True)
+    assert [s["budget_ratio"] for s in again.specs] == [0.95, 0.95]  # only the new budget runs
+    changed = batch.plan_batch(inputs, ["no-remat"], [1.0], out, options={"time_limit": 5}, resume=True)
+    assert len(changed.specs) == 2  # other options, other jobs
+
+
+def test_failures_become_rows_and_never_stop_the_batch(fakes, tmp_path):
+    path = tmp_path / "unet.json"
+    unet(2, train=True).save(path)
+    names = ["fake-crash", "fake-hang", "fake-hog", "fake-broken", "fake-liar", "no-remat"]
+    rows, _ = run([path], names, [1.0], tmp_path / "res", jobs=2, options={"time_limit": 0.1},
+                  timeout_margin=8, memory_limit=1 << 30)
+    status = {r["planner"]: (r["status"], r["error"]) for r in rows}
+    assert status["no-remat"] == ("FEASIBLE", None)
+    assert status["fake-crash"][0] == "CRASH" and "SIGABRT" in status["fake-crash"][1]
+    assert status["fake-hang"][0] == "TIMEOUT" and "8.1 s" in status["fake-hang"][1]
+    assert status["fake-hog"][0] == "OOM"
+    assert status["fake-broken"] == ("ERROR", "ValueError: bad model")
+    assert status["fake-liar"][0] == "ERROR" and "replay" in status["fake-liar"][1]
+    assert len(batch.read_rows(tmp_path / "res")) == len(names)
+
+
+def test_exact_jobs_run_last_with_the_best_fast_plan_as_hint(fakes, tmp_path, monkeypatch):
+    path = tmp_path / "chain.json"
+    chain(5, sinks=True).save(path)  # working set / no-remat peak = 1/3
+    monkeypatch.setitem(planners.REGISTRY, "cpsat", "fakeplanners:echo_hint")
+    rows, _ = run([path], ["cpsat", "no-remat"], [1.0, 0.5], tmp_path / "res", jobs=2)
+    assert [r["planner"] for r in rows][-2:] == ["cpsat", "cpsat"]
+    exact = {r["budget_ratio"]: r for r in rows if r["planner"] == "cpsat"}
+    hinted = json.loads(exact[1.0]["stats"])
+    assert exact[1.0]["hint_from"] == "no-remat" and hinted["hint_planner"] == "no-remat"
+    fast = next(r for r in rows if r["planner"] == "no-remat" and r["budget_ratio"] == 1.0)
+    assert hinted["hint_events"] == len(Plan.load(tmp_path / "res" / fast["plan_path"])) > 0
+    # At 0.5 no-remat misses the budget, so there is no hint to give.
+    assert exact[0.5]["hint_from"] is None and json.loads(exact[0.5]["stats"])["hint_events"] == 0
+    assert exact[1.0]["log_path"] is None  # the fake writes no solver log
+
+
+def test_exact_planners_skipped_above_the_size_limit(fakes, tmp_path, monkeypatch):
+    path = tmp_path / "chain.json"
+    chain(5).save(path)
+    monkeypatch.setitem(planners.REGISTRY, "cpsat", "fakeplanners:echo_hint")
+    rows, _ = run([path], ["cpsat"], [1.0], tmp_path / "res", exact_max_nodes=3)
+    assert len(rows) == 1 and rows[0]["status"] == "SKIPPED" and "6 nodes" in rows[0]["error"]
+
+
+def test_a_torn_last_line_is_ignored_and_the_next_row_survives(tmp_path):
+    log = tmp_path / batch.RESULTS
+    log.write_text(json.dumps({"key": "a", "status": "FEASIBLE"}) + "\n" + '{"key": "b", "sta')
+    assert [r["key"] for r in batch.read_rows(tmp_path)] == ["a"]
+    batch.ResultsLog(log).append({"key": "c", "status": "OPTIMAL"})
+    assert [r["key"] for r in batch.read_rows(tmp_path)] == ["a", "c"]
+
+
+def test_bad_inputs_fail_before_any_job(tmp_path, graph_dir):
+    inputs, _ = batch.load_inputs([graph_dir])
+    with pytest.raises(PlannerError, match="unknown planner"):
+        batch.plan_batch(inputs, ["no-such"], [0.5], tmp_path / "o")
+    with pytest.raises(BudgetError):
+        batch.plan_batch(inputs, ["no-remat"], [-0.5], tmp_path / "o")
+    with pytest.raises(GraphError, match="no such file"):
+        batch.load_inputs([tmp_path / "missing"])
+    with pytest.raises(GraphError, match="notes.json"):  # named explicitly, so it must be a graph
+        batch.load_inputs([graph_dir / "sub" / "notes.json"])
+
+
+@pytest.mark.parametrize("name, family", [
+    ("random_layered_n100", "random_layered"), ("vgg16_train", "vgg16"), ("mobilenet_train", "mobilenet"),
+    ("chain", "chain"), ("chain_d50", "chain"), ("gpt2_small_b8", "gpt2_small"), ("unet3_train", "unet3"),
+])
+def test_family_is_the_name_before_size_and_role_tokens(name, family):
+    assert batch.family_of(name) == family
+
+
+def test_dask_executor_gives_the_local_rows(graph_dir, tmp_path):
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
+                                  dashboard_address=None) as cluster:
+        rows, _ = run([graph_dir], ["no-remat"], [1.0], tmp_path / "dask", jobs=2, executor="dask",
+                      scheduler=cluster.scheduler_address)
+    local, _ = run([graph_dir], ["no-remat"], [1.0], tmp_path / "local", jobs=2)
+    figures = ("key", "status", "peak_bytes", "compute_cost", "budget")
+    assert sorted(tuple(r[k] for k in figures) for r in rows) == sorted(tuple(r[k] for k in figures) for r in local)
+
+
+def rematopt(*args):
+    return subprocess.run([sys.executable, "-m", "rematopt", *map(str, args)], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_cli_batch_then_report(graph_dir, tmp_path):
+    out, rep = tmp_path / "res", tmp_path / "rep"
+    done = rematopt("batch", graph_dir, "--planners", "no-remat", "--budget-ratios", "1.0,0.9", "--jobs", "2",
+                    "--time-limit", "5", "--out", out)
+    assert done.returncode == 0, done.stderr
+    assert "FEASIBLE 2" in done.stdout and "OVER_BUDGET 2" in done.stdout
+    assert json.loads((out / "batch.json").read_text())[0]["command"].startswith("rematopt batch")
+    again = rematopt("batch", graph_dir, "--planners", "no-remat", "--budget-ratios", "1.0,0.9", "--out", out)
+    assert again.returncode == 2 and "--resume" in again.stderr and "Traceback" not in again.stderr
+    resumed = rematopt("batch", graph_dir, "--planners", "no-remat", "--budget-ratios", "1.0,0.9", "--out", out,
+                       "--time-limit", "5", "--resume")
+    assert resumed.returncode == 0 and "no new rows" in resumed.stdout
+    made = rematopt("report", out, "-o", rep)
+    assert made.returncode == 0, made.stderr
+    index = (rep / "index.md").read_text()
+    assert "rematopt batch" in index and "rematopt report" in index and "pareto.png" in index
+    assert "data:image/png;base64," in (rep / "index.html").read_text()
+
+
+@pytest.mark.parametrize("args, problem", [
+    (["--planners", "nope"], "unknown planner 'nope'"),
+    (["--budget-ratios", "0.5,x"], "--budget-ratios"),
+])
+def test_cli_bad_input_is_one_line_and_exit_2(graph_dir, tmp_path, args, problem):
+    done = rematopt("batch", graph_dir, *args, "--out", tmp_path / "o")
+    assert done.returncode == 2 and problem in done.stderr and "Traceback" not in done.stderr
