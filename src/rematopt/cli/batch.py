@@ -36,6 +36,9 @@ def _floats(text: str) -> list[float]:
               help="Budgets as fractions of each graph's no-remat peak.")
 @click.option("--objective", type=click.Choice(["overhead", "peak"]), help="Passed to the planners (cpsat).")
 @click.option("--offload/--no-offload", default=None, help="Passed to the planners (cpsat).")
+@click.option("--host-bandwidth", type=float, help="Transfer cost = bytes / this (bytes per cost unit).")
+@click.option("--transfer-cost-per-byte", type=float, help="Transfer cost = bytes x this.")
+@click.option("--max-clone-expansion", type=float, help="Compute events <= X x compute nodes (0: unbounded).")
 @click.option("--time-limit", type=float, default=60.0, show_default=True,
               help="Per-job solver time limit, seconds; a worker is killed at this plus --timeout-margin.")
 @click.option("--timeout-margin", type=float, default=30.0, show_default=True,
