@@ -213,23 +213,29 @@ def _as_flags(graph: Graph, selected: list[bool] | set[int]) -> list[bool]:
 
 class PeakModel:
     """The pass's peak estimate over positions, index 0 being the start of the
-    program and index t+1 position t.
+    program and index t+1 position t. Selecting and unselecting are a few
+    interval updates of the :class:`PeakTracker`.
 
-    ``memory``: every value's interval as the simulator counts it in the
-    no-remat schedule (inputs from the start, outputs and persistent values to
-    the end); a selected node keeps its original's span up to its last early
-    consumer and one position at each late consumer (the clone resident while
-    that consumer runs). Values kept alive longer to feed clones, and the
-    transient clones of a chain, are not modelled: the simulated peak is
-    reported beside it. ``residual``: the compiler pass's own estimate, only
-    candidate intervals, both ends inclusive, removed whole on selection.
+    ``memory``: every live value's interval as the simulator counts it
+    (inputs from the start, outputs and persistent values to the end, both
+    ends inclusive), for the program the selection materialises: an
+    unselected value lives until its last use, which may be a clone of a
+    selected consumer (at that consumer's *reach*, the latest position one
+    of its clones is used); a selected value keeps its original up to its
+    last early consumer and occupies one position at each unselected late
+    consumer (the clone resident while that consumer runs). Only the
+    transient clones of a chain, built one after another right before their
+    consumer, are not counted; the simulated peak is reported beside it.
+
+    ``residual``: the compiler pass's own estimate: only candidate
+    intervals, both ends inclusive, removed whole on selection.
     """
 
     def __init__(self, program: Program, candidates: list[int], kind: str):
         g = program.graph
         self.program, self.kind, self.g = program, kind, g
-        pos, last = g.position, g.last_use
-        end = g.n
+        self.sel = [False] * g.n
+        pos = g.position
         diff = np.zeros(g.n + 2, dtype=np.int64)
 
         def span(lo: int, hi: int, b: int) -> None:
@@ -238,36 +244,109 @@ class PeakModel:
 
         if kind == "residual":
             for i in candidates:
-                span(pos[i] + 1, last[i] + 1, g.bytes[i])
+                span(pos[i] + 1, g.last_use[i] + 1, g.bytes[i])
         else:
-            for v in g.nodes:
-                i = v.id
-                start = 0 if v.is_input else pos[i] + 1
-                if v.persistent or v.output:
-                    stop = end
-                elif v.is_input and not g.succs[i]:
-                    stop = 0
-                else:
-                    stop = last[i] + 1
-                span(start, stop, v.bytes)
+            self.reach = [self._reach(i) for i in range(g.n)]
+            self.stop = [self._stop(i) for i in range(g.n)]
+            for i in range(g.n):
+                span(self._start(i), self.stop[i], g.bytes[i])
         self.tracker = PeakTracker(g.n + 1, diff)
 
-    def _selected_spans(self, i: int, sign: int) -> None:
-        """Replace node i's full interval with what a selection keeps of it
-        (``sign`` +1 to select, -1 to give the selection back)."""
-        g, pos, b = self.g, self.g.position, self.g.bytes[i]
-        early = self.program.early[i] if self.kind == "memory" else []
-        kept = max((pos[u] for u in early), default=pos[i] - 1)
-        self.tracker.add(kept + 2, g.last_use[i] + 1, -sign * b)
-        if self.kind == "memory":
-            for u in self.program.late[i]:
-                self.tracker.add(pos[u] + 1, pos[u] + 1, sign * b)
+    # Lifetimes in the materialised program (memory model).
+
+    def _start(self, i: int) -> int:
+        return 0 if self.g.nodes[i].is_input else self.g.position[i] + 1
+
+    def _reach(self, i: int) -> int:
+        """Unselected: position of the last use of the original. Selected: the
+        latest position at which one of its clones is used. -1: no use."""
+        pos, sel, reach, late = self.g.position, self.sel, getattr(self, "reach", None), self.program.is_late
+        best = -1
+        for u in self.g.succs[i]:
+            if sel[u]:
+                r = reach[u]
+            elif sel[i] and not late(i, u):
+                continue
+            else:
+                r = pos[u]
+            if r > best:
+                best = r
+        return best
+
+    def _stop(self, i: int) -> int:
+        v = self.g.nodes[i]
+        if v.output or v.persistent:
+            return self.g.n
+        if self.reach[i] < 0:
+            return self._start(i)
+        return self.reach[i] + 1
+
+    def _clone_points(self, i: int, sign: int) -> None:
+        """Node i selected: its original's early span and one position at each
+        unselected late consumer; and a selected producer loses (or regains)
+        its clone point at i's position when i's original goes (or returns)."""
+        g, pos, b, tracker = self.g, self.g.position, self.g.bytes[i], self.tracker
+        early = self.program.early[i]
+        if early:
+            tracker.add(pos[i] + 1, max(pos[u] for u in early) + 1, sign * b)
+        for u in self.program.late[i]:
+            if not self.sel[u]:
+                tracker.add(pos[u] + 1, pos[u] + 1, sign * b)
+        for q in g.preds[i]:
+            if self.sel[q] and self.program.is_late(q, i):
+                tracker.add(pos[i] + 1, pos[i] + 1, -sign * g.bytes[q])
+
+    def _settle(self, seeds: list[int]) -> None:
+        """Recompute the reach of ``seeds`` and, while reaches change, of their
+        producers, latest position first; unselected values' intervals follow."""
+        pos, g = self.g.position, self.g
+        heap = [(-pos[q], q) for q in set(seeds)]
+        heapq.heapify(heap)
+        queued = set(seeds)
+        while heap:
+            _, q = heapq.heappop(heap)
+            queued.discard(q)
+            new = self._reach(q)
+            if new == self.reach[q]:
+                continue
+            self.reach[q] = new
+            if self.sel[q]:
+                for r in g.preds[q]:
+                    if r not in queued:
+                        queued.add(r)
+                        heapq.heappush(heap, (-pos[r], r))
+            else:
+                old, stop = self.stop[q], self._stop(q)
+                self.stop[q] = stop
+                if stop > old:
+                    self.tracker.add(old + 1, stop, g.bytes[q])
+                else:
+                    self.tracker.add(stop + 1, old, -g.bytes[q])
 
     def select(self, i: int) -> None:
-        self._selected_spans(i, +1)
+        g = self.g
+        if self.kind == "residual":
+            self.sel[i] = True
+            self.tracker.add(g.position[i] + 1, g.last_use[i] + 1, -g.bytes[i])
+            return
+        self.tracker.add(self._start(i), self.stop[i], -g.bytes[i])
+        self.sel[i] = True
+        self._clone_points(i, +1)
+        self.reach[i] = self._reach(i)
+        self._settle(g.preds[i])
 
     def unselect(self, i: int) -> None:
-        self._selected_spans(i, -1)
+        g = self.g
+        if self.kind == "residual":
+            self.sel[i] = False
+            self.tracker.add(g.position[i] + 1, g.last_use[i] + 1, g.bytes[i])
+            return
+        self._clone_points(i, -1)
+        self.sel[i] = False
+        self.reach[i] = self._reach(i)
+        self.stop[i] = self._stop(i)
+        self.tracker.add(self._start(i), self.stop[i], g.bytes[i])
+        self._settle(g.preds[i])
 
     def peak(self) -> int:
         return self.tracker.peak()
