@@ -1,0 +1,399 @@
+"""``cpsat``: the exact planner. Builds the staged model of
+:mod:`rematopt.planners.cpsat_model` (formulation: ``docs/cpsat.md``), solves
+it with CP-SAT from a warm start, and returns the extracted plan.
+
+Objectives: ``overhead`` (default with a budget) minimises recompute plus
+transfer cost with every memory check <= budget; ``peak`` (default without a
+budget) minimises the peak with recompute plus transfer cost <= max_overhead x
+base cost. Once the primary optimum is proven, the other figure is minimised
+without losing it (lexicographic). Reported costs come from the plan
+(``cost_of_counts``), objective and bounds in cost units or bytes.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from ortools.sat.python import cp_model
+
+from ..errors import PlannerError
+from ..graph import Graph
+from ..plan import Plan
+from ..reference import no_remat_peak, peak_lower_bound
+from ..simulate import base_cost, cost_of_counts
+from .cpsat_backends import CpSatBackend, LpBackend
+from .cpsat_extract import Assignment, events, from_plan
+from .cpsat_model import Formulation, integer_scale, lin
+
+STATUS = {cp_model.OPTIMAL: "OPTIMAL", cp_model.FEASIBLE: "FEASIBLE",
+          cp_model.INFEASIBLE: "INFEASIBLE", cp_model.UNKNOWN: "UNKNOWN"}
+
+
+@dataclass
+class Settings:
+    """The planner's options, checked once."""
+
+    objective: str
+    budget: int | None
+    offload: bool
+    transfer_cost_per_byte: float
+    max_overhead: float | None
+    max_clone_expansion: float | None
+    time_limit: float
+    workers: int
+    seed: int
+    hint: Plan | None
+    warm_start: str
+    log_path: str | None
+    progress: bool
+    lp_bound: bool
+
+    @classmethod
+    def parse(cls, budget: int | None, o: dict[str, Any]) -> "Settings":
+        objective = o.get("objective") or ("overhead" if budget is not None else "peak")
+        if objective not in ("overhead", "peak"):
+            raise PlannerError(f"cpsat: objective must be 'overhead' or 'peak', got {objective!r}")
+        if objective == "overhead" and budget is None:
+            raise PlannerError("cpsat: --objective overhead needs a budget (--budget or --budget-ratio)")
+        bw, tcpb = o.get("host_bandwidth"), o.get("transfer_cost_per_byte")
+        if bw is not None and tcpb is not None:
+            raise PlannerError("cpsat: give --host-bandwidth or --transfer-cost-per-byte, not both")
+        if bw is not None and not bw > 0:
+            raise PlannerError(f"cpsat: host bandwidth must be > 0, got {bw}")
+        per_byte = 1.0 / bw if bw is not None else float(tcpb or 0.0)
+        for key in ("max_overhead", "max_clone_expansion", "time_limit"):
+            if o.get(key) is not None and not (o[key] >= 0 and math.isfinite(o[key])):
+                raise PlannerError(f"cpsat: {key.replace('_', '-')} must be a finite number >= 0, got {o[key]}")
+        hint = o.get("hint")
+        if hint is not None and not isinstance(hint, Plan):
+            raise PlannerError("cpsat: hint must be a Plan")
+        return cls(objective, budget, bool(o.get("offload", False)), per_byte, o.get("max_overhead"),
+                   o.get("max_clone_expansion") or None, float(o.get("time_limit") or 60.0),
+                   int(o.get("workers") or os.cpu_count() or 1), int(o.get("seed") or 0), hint,
+                   o.get("warm_start") or "auto", o.get("log_path"), bool(o.get("progress", False)),
+                   bool(o.get("lp_bound", True)))
+
+
+def plan(graph: Graph, budget: int | None, options: dict[str, Any]) -> Plan:
+    cfg = Settings.parse(budget, options)
+    if budget is not None and budget < peak_lower_bound(graph):
+        return _no_plan(graph, "INFEASIBLE", reason=f"budget {budget:,} bytes is below the lower bound "
+                                                    f"{peak_lower_bound(graph):,} bytes; no model built")
+    if not graph.compute_ids:
+        p = Plan(graph.name, "cpsat", [], [])
+        p.stats.update(status="OPTIMAL", peak_bytes=sum(graph.bytes[i] for i in graph.initial_resident),
+                       compute_cost=0.0, transfer_bytes=0)
+        return p
+    return CpSatRun(graph, cfg).run()
+
+
+def _no_plan(graph: Graph, status: str, **stats: Any) -> Plan:
+    p = Plan(graph.name, "cpsat", [], [])
+    p.stats.update(status=status, **stats)
+    return p
+
+
+@dataclass
+class Trace:
+    """Incumbents and bounds as the solver reports them (CSV with ``--log``)."""
+
+    start: float
+    rows: list[tuple[str, float, float | None, float | None]] = field(default_factory=list)
+    first: float | None = None
+    best: float | None = None
+    incumbent: float | None = None
+    bound: float | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def solution(self, phase: str, value: float, bound: float) -> None:
+        with self.lock:
+            t = time.perf_counter() - self.start
+            if phase == "primary":
+                if self.first is None:
+                    self.first = t
+                if self.incumbent is None or value < self.incumbent:
+                    self.best = t
+                self.incumbent, self.bound = value, bound
+            self.rows.append((phase, t, value, bound))
+
+    def new_bound(self, phase: str, bound: float) -> None:
+        with self.lock:
+            if phase == "primary":
+                self.bound = bound
+            self.rows.append((phase, time.perf_counter() - self.start, None, bound))
+
+    def write(self, path: str) -> None:
+        with open(path, "w") as f:
+            f.write("phase,elapsed_s,incumbent,bound\n")
+            for phase, t, inc, bnd in self.rows:
+                f.write(f"{phase},{t:.4f},{'' if inc is None else inc},{'' if bnd is None else bnd}\n")
+
+
+class _Callback(cp_model.CpSolverSolutionCallback):
+    def __init__(self, trace: Trace, phase: str, to_units: Any) -> None:
+        super().__init__()
+        self.trace, self.phase, self.to_units = trace, phase, to_units
+
+    def on_solution_callback(self) -> None:
+        self.trace.solution(self.phase, self.to_units(self.objective_value),
+                            self.to_units(self.best_objective_bound))
+
+
+class CpSatRun:
+    """One solve: build, warm-start, solve (primary, then secondary), extract."""
+
+    def __init__(self, graph: Graph, cfg: Settings):
+        self.graph, self.cfg = graph, cfg
+        self.start = time.perf_counter()
+        per_byte = cfg.transfer_cost_per_byte
+        self.scale, self.exact = integer_scale(
+            [graph.cost[i] for i in graph.compute_ids] + ([b * per_byte for b in graph.bytes] if cfg.offload else []))
+
+    # -- model ---------------------------------------------------------------
+
+    def formulation(self, backend: Any) -> Formulation:
+        """The model with its primary objective and side constraints."""
+        cfg, g = self.cfg, self.graph
+        top = cfg.budget if cfg.budget is not None else no_remat_peak(g)
+        form = Formulation(g, backend, offload=cfg.offload, transfer_cost_per_byte=cfg.transfer_cost_per_byte,
+                           cost_scale=self.scale, mem_cap_bytes=top)
+        form.add_all()
+        overhead = form.recompute_terms() + form.transfer_terms()
+        if cfg.max_clone_expansion:
+            limit = math.floor(cfg.max_clone_expansion * len(g.compute_ids)) - len(g.compute_ids)
+            backend.add([(1, v) for v in form.recompute_events()], -math.inf, limit)
+        if cfg.objective == "overhead":
+            backend.minimize(overhead)
+        else:
+            if cfg.max_overhead is not None:
+                base = sum(form.int_cost[i] for i in g.compute_ids)
+                backend.add(overhead, -math.inf, math.floor(cfg.max_overhead * base + 1e-9))
+            low = math.ceil((form.initial_bytes - form.persistent_bytes) / form.unit)
+            self.peak_var = backend.int_var(max(low, 0), max(form.mem_cap, low, 0), "peak")
+            form.bound_memory(self.peak_var)
+            backend.minimize([(1, self.peak_var)])
+        self.overhead_terms = overhead
+        return form
+
+    def to_units(self, value: float) -> float:
+        """Objective value in cost units (overhead) or bytes (peak)."""
+        if self.cfg.objective == "overhead":
+            return value / self.scale
+        return value * self.form.unit + self.form.persistent_bytes
+
+    def objective_of(self, a: Assignment) -> int:
+        """An assignment's primary objective, in model integers."""
+        if self.cfg.objective == "peak":
+            return max(max(a.memory(self.form).values(), default=0),
+                       math.ceil((self.form.initial_bytes - self.form.persistent_bytes) / self.form.unit))
+        f = self.form
+        cost = sum(f.int_cost[i] for (s, i) in a.R if s != f.ix.first[i])
+        return cost + sum(f.int_transfer[i] for i in a.O) + sum(f.int_transfer[i] for (s, i) in a.P)
+
+    # -- warm start -------------------------------------------------------------
+
+    def warm_start(self) -> tuple[Assignment | None, str | None]:
+        """The hint: the user's plan, else (``warm_start="auto"``) the best
+        fast planner's plan, projected into the model's plan space."""
+        cfg = self.cfg
+        candidates: list[tuple[str, Plan]] = []
+        if cfg.hint is not None:
+            candidates.append(("hint", cfg.hint))
+        elif cfg.warm_start == "auto":
+            from .warm_start import best_fast_plan
+
+            best = best_fast_plan(self.graph, cfg.budget)
+            if best is not None:
+                candidates.append((best.planner, best))
+        for name, p in candidates:
+            a = from_plan(self.form, p)
+            if a is not None and self.admissible(a):
+                return a, name
+        return None, (candidates[0][0] + " (not in the model's plan space)") if candidates else None
+
+    def admissible(self, a: Assignment) -> bool:
+        """Whether an assignment meets the budget, caps and clone bound."""
+        cfg, f = self.cfg, self.form
+        mem = max(a.memory(f).values(), default=0)
+        if mem > f.mem_cap:
+            return False
+        if cfg.max_clone_expansion and len(a.R) > math.floor(cfg.max_clone_expansion * len(self.graph.compute_ids)):
+            return False
+        if cfg.objective == "peak" and cfg.max_overhead is not None:
+            base = sum(f.int_cost[i] for i in self.graph.compute_ids)
+            cost = sum(f.int_cost[i] for (s, i) in a.R if s != f.ix.first[i])
+            cost += sum(f.int_transfer[i] for i in a.O) + sum(f.int_transfer[i] for (s, i) in a.P)
+            if cost > math.floor(cfg.max_overhead * base + 1e-9):
+                return False
+        return True
+
+    # -- solve ---------------------------------------------------------------------
+
+    def solve_phase(self, phase: str, limit: float) -> tuple[int, list[int] | None, float, float]:
+        cfg = self.cfg
+        solver = cp_model.CpSolver()
+        prm = solver.parameters
+        prm.max_time_in_seconds = max(limit, 0.01)
+        prm.num_workers = cfg.workers
+        prm.random_seed = cfg.seed
+        to_units = self.to_units if phase == "primary" else (lambda v: v)
+        solver.best_bound_callback = lambda b: self.trace.new_bound(phase, to_units(b))
+        with _stop_on_sigint(solver) as stopped, _progress(self.trace, cfg.progress and phase == "primary"):
+            status = solver.solve(self.backend.model, _Callback(self.trace, phase, to_units))
+        self.interrupted = self.interrupted or stopped()
+        if status == cp_model.MODEL_INVALID:
+            raise PlannerError(f"cpsat: model invalid ({self.backend.model.validate()})")
+        values = list(solver.response_proto.solution) if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) else None
+        return status, values, solver.objective_value, solver.best_objective_bound
+
+    def run(self) -> Plan:
+        cfg, g = self.cfg, self.graph
+        self.trace = Trace(self.start)
+        self.interrupted = False
+        self.backend = CpSatBackend()
+        self.form = form = self.formulation(self.backend)
+        n_vars, n_cons = self.backend.size
+        build_s = time.perf_counter() - self.start
+        hint, hint_source = self.warm_start()
+        hint_obj = None
+        if hint is not None:
+            hint_obj = self.objective_of(hint)
+            for var, val in hint.values(form):
+                self.backend.model.add_hint(var, val)
+        limit = cfg.time_limit - (time.perf_counter() - self.start)
+        status, values, obj, bound = self.solve_phase("primary", limit)
+        best = Assignment.from_values(form, lambda v: values[v.index]) if values else None
+        if hint is not None and (best is None or self.objective_of(best) > hint_obj):
+            best, obj = hint, hint_obj  # never worse than the hint
+            status = cp_model.FEASIBLE if status != cp_model.OPTIMAL else status
+            self.trace.solution("primary", self.to_units(hint_obj), self.to_units(bound))
+        primary_s = time.perf_counter() - self.start
+        secondary = None
+        if best is not None and status == cp_model.OPTIMAL and not self.interrupted:
+            secondary = self.lexicographic(best, int(round(obj)))
+            if secondary is not None:
+                best = secondary
+        stats: dict[str, Any] = {
+            "status": STATUS.get(status, "UNKNOWN"), "objective_kind": cfg.objective,
+            "objective": None, "best_bound": self.to_units(bound) if best is not None else None, "gap": None,
+            "time_to_first_s": self.trace.first, "time_to_best_s": self.trace.best,
+            "primary_s": primary_s, "variables": n_vars, "constraints": n_cons, "build_s": build_s,
+            "cost_scale": self.scale, "cost_scale_exact": self.exact, "memory_unit_bytes": form.unit,
+            "offload": cfg.offload, "warm_start": hint_source,
+            "hint_objective": self.to_units(hint_obj) if hint_obj is not None else None,
+            "interrupted": self.interrupted, "lexicographic": secondary is not None,
+        }
+        if cfg.lp_bound:
+            stats["lp_bound"] = self.lp_bound(max(1.0, cfg.time_limit / 4))
+        if cfg.log_path:
+            self.trace.write(cfg.log_path)
+        if best is None:
+            return _no_plan(g, stats["status"], **{k: v for k, v in stats.items() if k != "status"})
+        p = events(form, best)
+        objective = self.to_units(self.objective_of(best))
+        stats.update(objective=objective, peak_bytes=best.peak_bytes(form),
+                     compute_cost=cost_of_counts(g, best.counts(form)),
+                     transfer_bytes=best.transfer_bytes(form), compute_events=len(best.R),
+                     recompute_events=len(best.R) - len(g.compute_ids))
+        if stats["best_bound"] is not None:
+            b = min(stats["best_bound"], objective)
+            stats["best_bound"] = b
+            stats["gap"] = 0.0 if objective == b else (objective - b) / abs(objective)
+        p.stats.update(stats)
+        return p
+
+    def lexicographic(self, best: Assignment, optimum: int) -> Assignment | None:
+        """Fix the primary at its optimum and minimise the other figure
+        (peak after overhead, overhead after peak) in the remaining time."""
+        cfg, form, backend = self.cfg, self.form, self.backend
+        left = cfg.time_limit - (time.perf_counter() - self.start)
+        if left < 0.05:
+            return None
+        if cfg.objective == "overhead":
+            backend.add(self.overhead_terms, -math.inf, optimum)
+            low = math.ceil((form.initial_bytes - form.persistent_bytes) / form.unit)
+            peak = backend.int_var(max(low, 0), max(form.mem_cap, low, 0), "peak")
+            form.bound_memory(peak)
+            backend.minimize([(1, peak)])
+        else:
+            backend.add([(1, self.peak_var)], -math.inf, optimum)
+            backend.minimize(self.overhead_terms or [(0, self.peak_var)])
+        backend.model.clear_hints()
+        for var, val in best.values(form):
+            backend.model.add_hint(var, val)
+        if cfg.objective == "overhead":
+            backend.model.add_hint(peak, self.objective_of_peak(best))
+        else:
+            backend.model.add_hint(self.peak_var, optimum)
+        status, values, _, _ = self.solve_phase("secondary", left)
+        if values is None:
+            return None
+        return Assignment.from_values(form, lambda v: values[v.index])
+
+    def objective_of_peak(self, a: Assignment) -> int:
+        low = math.ceil((self.form.initial_bytes - self.form.persistent_bytes) / self.form.unit)
+        return max(max(a.memory(self.form).values(), default=0), max(low, 0))
+
+    def lp_bound(self, limit: float) -> float | None:
+        """The LP relaxation of the same formulation, in the objective's units."""
+        lp = LpBackend()
+        saved = self.form, getattr(self, "peak_var", None)
+        self.formulation(lp)
+        self.form, self.peak_var = saved
+        value = lp.solve(limit)
+        if value is None:
+            return None
+        if self.cfg.objective == "overhead":
+            return value / self.scale
+        return value * self.form.unit + self.form.persistent_bytes
+
+
+@contextmanager
+def _stop_on_sigint(solver: cp_model.CpSolver) -> Iterator[Any]:
+    """Ctrl-C stops the search and keeps the best solution found so far."""
+    hit = [False]
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: False
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        hit[0] = True
+        solver.stop_search()
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield lambda: hit[0]
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@contextmanager
+def _progress(trace: Trace, enabled: bool) -> Iterator[None]:
+    """Elapsed time, incumbent, bound and gap on stderr while the solver runs."""
+    if not enabled:
+        yield
+        return
+    from rich.console import Console
+    from rich.live import Live
+    from rich.text import Text
+
+    def line() -> Text:
+        t = time.perf_counter() - trace.start
+        inc, bnd = trace.incumbent, trace.bound
+        gap = "" if inc is None or bnd is None or not inc else f"  gap {(inc - bnd) / abs(inc):.2%}"
+        return Text(f"cpsat {t:6.1f}s  incumbent {'-' if inc is None else f'{inc:.6g}'}"
+                    f"  bound {'-' if bnd is None else f'{bnd:.6g}'}{gap}")
+
+    class _Line:
+        def __rich__(self) -> Text:
+            return line()
+
+    with Live(_Line(), console=Console(stderr=True), refresh_per_second=4, transient=True):
+        yield

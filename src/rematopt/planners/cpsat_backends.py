@@ -1,0 +1,76 @@
+"""The two emitters of the one formulation: CP-SAT (the exact model) and
+GLOP (its LP relaxation, for ``lp_bound``). Both implement
+:class:`rematopt.planners.cpsat_model.Backend`."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ortools.linear_solver import pywraplp
+from ortools.sat.python import cp_model
+
+_INT_MAX = 2**62
+
+
+def _clip(x: float) -> int:
+    if x == math.inf:
+        return _INT_MAX
+    if x == -math.inf:
+        return -_INT_MAX
+    return int(x)
+
+
+class CpSatBackend:
+    def __init__(self) -> None:
+        self.model = cp_model.CpModel()
+
+    def bool_var(self, name: str) -> cp_model.IntVar:
+        return self.model.new_bool_var("")
+
+    def int_var(self, lb: int, ub: int, name: str) -> cp_model.IntVar:
+        return self.model.new_int_var(lb, ub, "")
+
+    def add(self, terms: list[tuple[int, Any]], lb: float, ub: float) -> None:
+        expr = cp_model.LinearExpr.weighted_sum([x for _, x in terms], [c for c, _ in terms])
+        self.model.add_linear_constraint(expr, _clip(lb), _clip(ub))
+
+    def minimize(self, terms: list[tuple[int, Any]]) -> None:
+        self.model.minimize(cp_model.LinearExpr.weighted_sum([x for _, x in terms], [c for c, _ in terms]))
+
+    @property
+    def size(self) -> tuple[int, int]:
+        proto = self.model.proto
+        return len(proto.variables), len(proto.constraints)
+
+
+class LpBackend:
+    """0/1 variables relaxed to [0, 1], integers to reals."""
+
+    def __init__(self) -> None:
+        self.solver = pywraplp.Solver.CreateSolver("GLOP")
+        self.inf = self.solver.infinity()
+
+    def bool_var(self, name: str) -> Any:
+        return self.solver.NumVar(0.0, 1.0, "")
+
+    def int_var(self, lb: int, ub: int, name: str) -> Any:
+        return self.solver.NumVar(float(lb), float(ub), "")
+
+    def add(self, terms: list[tuple[int, Any]], lb: float, ub: float) -> None:
+        ct = self.solver.Constraint(max(lb, -self.inf), min(ub, self.inf))
+        for c, x in terms:
+            ct.SetCoefficient(x, ct.GetCoefficient(x) + c)
+
+    def minimize(self, terms: list[tuple[int, Any]]) -> None:
+        obj = self.solver.Objective()
+        for c, x in terms:
+            obj.SetCoefficient(x, obj.GetCoefficient(x) + c)
+        obj.SetMinimization()
+
+    def solve(self, time_limit_s: float) -> float | None:
+        """The LP optimum, or None if GLOP stops without one."""
+        self.solver.SetTimeLimit(int(time_limit_s * 1000))
+        if self.solver.Solve() != pywraplp.Solver.OPTIMAL:
+            return None
+        return self.solver.Objective().Value()

@@ -1,0 +1,371 @@
+"""The staged formulation behind ``cpsat``, written once against a tiny backend
+interface so CP-SAT (the exact model) and GLOP (its LP relaxation) are built
+by the same code. ``docs/cpsat.md`` states it as mathematics, family by family;
+each ``add_*`` function below is one family, its inequalities in its docstring.
+
+Notation. Stages ``s = 0..T-1`` follow the compute nodes in program order;
+``v_s`` is first computed in stage ``s``. A stage sweeps the *slots* of the
+nodes at positions ``0..pos(v_s)`` in program order: at its slot a node may be
+computed (R) or prefetched (P), and after a slot the values whose last in-stage
+use it was are freed (F) unless kept into the next stage (S). ``A[s,i] =
+S[s,i] + R[s,i] + P[s,i]`` says i is available in stage s. Memory U is
+tracked in units of ``gcd`` of all byte sizes (exact), costs as integers
+(see :func:`integer_scale`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import reduce
+from typing import Any, Protocol
+
+from ..graph import Graph
+
+# -- backend interface -------------------------------------------------------
+
+
+class Backend(Protocol):
+    """What the formulation needs from a solver: 0/1 and integer variables,
+    two-sided linear constraints, and a linear objective."""
+
+    def bool_var(self, name: str) -> Any: ...
+    def int_var(self, lb: int, ub: int, name: str) -> Any: ...
+    def add(self, terms: list[tuple[int, Any]], lb: float, ub: float) -> None: ...
+    def minimize(self, terms: list[tuple[int, Any]]) -> None: ...
+
+
+INF = math.inf
+
+
+class Lin:
+    """A linear expression over backend variables and 0/1 constants: the
+    formulation fixes many (stage, value) entries, and folding them into the
+    bounds keeps the emitted constraints small."""
+
+    __slots__ = ("terms", "const")
+
+    def __init__(self) -> None:
+        self.terms: list[tuple[int, Any]] = []
+        self.const = 0
+
+    def add(self, coef: int, x: Any) -> "Lin":
+        if isinstance(x, int):
+            self.const += coef * x
+        elif coef:
+            self.terms.append((coef, x))
+        return self
+
+
+def lin(*pairs: tuple[int, Any]) -> Lin:
+    e = Lin()
+    for c, x in pairs:
+        e.add(c, x)
+    return e
+
+
+def emit(backend: Backend, e: Lin, lb: float, ub: float) -> None:
+    """``lb <= e <= ub``; constraints left with no variables are dropped (the
+    index construction guarantees they hold)."""
+    if e.terms:
+        backend.add(e.terms, lb - e.const, ub - e.const)
+
+
+# -- data: stages, presence, integer scaling -----------------------------------
+
+
+def integer_scale(values: list[float], limit: int = 10**6) -> tuple[int, bool]:
+    """The smallest power of ten (up to ``limit``) that makes every value an
+    integer, and True; else a scale mapping the largest value to about
+    ``limit``, and False (the model then optimises rounded costs; reported
+    costs still come from the plan, via ``cost_of_counts``)."""
+    values = [v for v in values if v]
+    if not values:
+        return 1, True
+    for k in range(7):
+        scale = 10**k
+        if scale > limit:
+            break
+        if all(abs(v * scale - round(v * scale)) <= 1e-9 * max(1.0, abs(v * scale)) for v in values):
+            return scale, True
+    return max(1, int(limit / max(values))), False
+
+
+@dataclass
+class Stages:
+    """Which (stage, value) pairs exist. A value i lives in stages
+    ``first[i]..horizon[i]``: from its first computation (inputs: from the
+    start) to the last stage in which something that reads it could still be
+    computed, following recomputable consumers transitively (outputs: the end)."""
+
+    graph: Graph
+    offload: bool
+    stage_node: list[int] = field(init=False)
+    first: list[int] = field(init=False)
+    horizon: list[int] = field(init=False)
+    values: list[int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        g = self.graph
+        self.pos = g.position
+        self.stage_node = [i for i in g.order if not g.nodes[i].is_input]
+        self.T = len(self.stage_node)
+        stage_of = {v: s for s, v in enumerate(self.stage_node)}
+        self.first = [stage_of.get(i, -1) for i in range(g.n)]
+        horizon = list(self.first)
+        for i in reversed(g.order):
+            node = g.nodes[i]
+            if node.output:
+                horizon[i] = self.T - 1
+            for j in g.succs[i]:
+                reach = horizon[j] if g.nodes[j].recomputable else self.first[j]
+                horizon[i] = max(horizon[i], reach)
+        self.horizon = horizon
+        self.values = [v.id for v in g.nodes if not v.persistent and horizon[v.id] >= 0]
+        self.recomputable = [v.recomputable and not v.is_input for v in g.nodes]
+        self.offloadable = [self.offload and v.offloadable and v.bytes > 0 for v in g.nodes]
+
+    def stages(self, i: int) -> range:
+        return range(max(self.first[i], 0), self.horizon[i] + 1)
+
+    def has_slot(self, s: int, i: int) -> bool:
+        return self.pos[i] <= self.pos[self.stage_node[s]]
+
+    def may_compute(self, s: int, i: int) -> bool:
+        return s == self.first[i] or (self.recomputable[i] and self.first[i] < s <= self.horizon[i])
+
+    def may_prefetch(self, s: int, i: int) -> bool:
+        return self.offloadable[i] and self.first[i] < s <= self.horizon[i] and self.has_slot(s, i)
+
+
+# -- the formulation -----------------------------------------------------------
+
+
+class Formulation:
+    """Variables of the staged model and the constraint families that tie them.
+
+    Entries that the index fixes are plain ints (0 or 1), everything else a
+    backend variable: ``S[s,i]`` kept into stage s, ``R[s,i]`` computed in
+    stage s, ``P[s,i]`` prefetched in stage s, ``O[i]`` offloaded once (right
+    after its first computation; inputs: at the start), ``F[s,i,q]`` freed
+    right after slot q (position of i or of a consumer), ``U[s,q]`` memory
+    (in ``unit`` bytes) right after slot q's compute or prefetch.
+    """
+
+    def __init__(self, graph: Graph, backend: Backend, *, offload: bool = False,
+                 transfer_cost_per_byte: float = 0.0, cost_scale: int = 1, mem_cap_bytes: int | None = None):
+        self.graph = graph
+        self.b = backend
+        self.ix = Stages(graph, offload)
+        sizes = [graph.bytes[i] for i in self.ix.values if graph.bytes[i]]
+        self.unit = reduce(math.gcd, sizes, 0) or 1
+        self.size = [x // self.unit for x in graph.bytes]
+        self.cost_scale = cost_scale
+        self.int_cost = [round(c * cost_scale) for c in graph.cost]
+        self.int_transfer = [round(b * transfer_cost_per_byte * cost_scale) for b in graph.bytes]
+        self.persistent_bytes = sum(v.bytes for v in graph.nodes if v.persistent)
+        self.initial_bytes = sum(graph.bytes[i] for i in graph.initial_resident)
+        # the largest memory (units, persistent bytes aside) any slot may use
+        self.mem_cap = (sum(self.size) if mem_cap_bytes is None
+                        else max(0, (mem_cap_bytes - self.persistent_bytes) // self.unit))
+        self.S: dict[tuple[int, int], Any] = {}
+        self.R: dict[tuple[int, int], Any] = {}
+        self.P: dict[tuple[int, int], Any] = {}
+        self.O: dict[int, Any] = {}
+        self.F: dict[tuple[int, int, int], Any] = {}
+        self.U: dict[tuple[int, int], Any] = {}
+        self.make_variables()
+
+    # -- variables ---------------------------------------------------------
+
+    def make_variables(self) -> None:
+        ix, b, g = self.ix, self.b, self.graph
+        for i in ix.values:
+            for s in ix.stages(i):
+                if s > ix.first[i]:
+                    self.S[s, i] = b.bool_var(f"S[{s},{i}]")
+                if s == ix.first[i]:
+                    self.R[s, i] = 1
+                elif ix.may_compute(s, i):
+                    self.R[s, i] = b.bool_var(f"R[{s},{i}]")
+                if ix.may_prefetch(s, i):
+                    self.P[s, i] = b.bool_var(f"P[{s},{i}]")
+            if g.nodes[i].output:
+                self.S[ix.T, i] = 1
+            if any((s, i) in self.P for s in ix.stages(i)):
+                self.O[i] = b.bool_var(f"O[{i}]")
+        for s in range(ix.T):
+            for q in self.slots(s):
+                for i in self.freeable_at(s, q):
+                    self.F[s, i, q] = b.bool_var(f"F[{s},{i},{q}]")
+        for s in range(ix.T):
+            for q in self.slots(s):
+                self.U[s, q] = b.int_var(0, self.mem_cap, f"U[{s},{q}]")
+
+    def s(self, s: int, i: int) -> Any:
+        return self.S.get((s, i), 0)
+
+    def r(self, s: int, i: int) -> Any:
+        return self.R.get((s, i), 0)
+
+    def p(self, s: int, i: int) -> Any:
+        return self.P.get((s, i), 0)
+
+    def available(self, s: int, i: int) -> Lin:
+        """A[s,i] = S[s,i] + R[s,i] + P[s,i]."""
+        return lin((1, self.s(s, i)), (1, self.r(s, i)), (1, self.p(s, i)))
+
+    def consumers(self, s: int, i: int) -> list[int]:
+        """Consumers of i that may be computed in stage s."""
+        return [j for j in self.graph.succs[i] if (s, j) in self.R]
+
+    def materialises(self, s: int, i: int) -> bool:
+        return (s, i) in self.R or (s, i) in self.P
+
+    def slots(self, s: int) -> list[int]:
+        """Positions in stage s where a value may be computed or prefetched:
+        the only points where memory can reach a new maximum."""
+        if not hasattr(self, "_slots"):
+            by_stage: list[list[int]] = [[] for _ in range(self.ix.T)]
+            for (t, i) in list(self.R) + list(self.P):
+                if t < self.ix.T:
+                    by_stage[t].append(self.ix.pos[i])
+            self._slots = [sorted(set(x)) for x in by_stage]
+        return self._slots[s]
+
+    def free_points(self, s: int, i: int) -> list[int]:
+        """Q(s,i): slots after which i may be freed in stage s (its own slot if
+        it may materialise there, and the slots of its possible consumers)."""
+        own = [self.ix.pos[i]] if self.materialises(s, i) else []
+        return own + [self.ix.pos[j] for j in self.consumers(s, i)]
+
+    def freeable_at(self, s: int, q: int) -> list[int]:
+        if not hasattr(self, "_freeable"):
+            self._freeable: dict[tuple[int, int], list[int]] = {}
+            for i in self.ix.values:
+                for t in self.ix.stages(i):
+                    for point in self.free_points(t, i):
+                        self._freeable.setdefault((t, point), []).append(i)
+        return self._freeable.get((s, q), [])
+
+    # -- constraint families ------------------------------------------------
+
+    def add_all(self) -> None:
+        self.add_exclusive_availability()
+        self.add_usefulness()
+        self.add_dependency_constraints()
+        self.add_free_constraints()
+        self.add_offload_constraints()
+        self.add_memory_accounting()
+
+    def add_exclusive_availability(self) -> None:
+        """S[s,i] + R[s,i] + P[s,i] <= 1: a value resident at a stage's start
+        is never re-materialised in it (freeing it first and recomputing at its
+        slot is the same plan as not keeping it: S=0, R=1)."""
+        for i in self.ix.values:
+            for s in self.ix.stages(i):
+                emit(self.b, self.available(s, i), -INF, 1)
+
+    def add_usefulness(self) -> None:
+        """S[s,i] + R[s,i] + P[s,i] <= S[s+1,i] + sum_{j consumer} R[s,j] for
+        every s > first(i): nothing is kept or re-materialised that no one
+        reads (dropping it only lowers memory and cost)."""
+        for i in self.ix.values:
+            for s in self.ix.stages(i):
+                if s == self.ix.first[i]:
+                    continue
+                e = self.available(s, i).add(-1, self.s(s + 1, i))
+                for j in self.consumers(s, i):
+                    e.add(-1, self.r(s, j))
+                emit(self.b, e, -INF, 0)
+
+    def add_dependency_constraints(self) -> None:
+        """R[s,j] <= S[s,i] + R[s,i] + P[s,i] for every non-persistent
+        predecessor i of j: a computation needs its inputs resident (kept from
+        the previous stage, or materialised at their earlier slot)."""
+        g = self.graph
+        for (s, j), rv in self.R.items():
+            for i in g.preds[j]:
+                if g.nodes[i].persistent:
+                    continue
+                emit(self.b, self.available(s, i).add(-1, rv), 0, INF)
+
+    def add_free_constraints(self) -> None:
+        """For every (s, i) with consumers j in stage s and free points Q:
+
+        sum_{q in Q} F[s,i,q] + S[s+1,i] = A[s,i]    (freed once, or kept)
+        F[s,i,pos(j)] <= R[s,j],  F[s,i,pos(i)] <= R[s,i] + P[s,i]   (freed after a real use)
+        R[s,j] + sum_{q in Q, q < pos(j)} F[s,i,q] <= 1               (not freed before a use)
+        """
+        pos = self.ix.pos
+        for i in self.ix.values:
+            for s in self.ix.stages(i):
+                points = self.free_points(s, i)
+                e = lin(*((1, self.F[s, i, q]) for q in points))
+                e.add(1, self.s(s + 1, i))
+                for c, x in self.available(s, i).terms:
+                    e.add(-c, x)
+                e.const -= self.available(s, i).const
+                emit(self.b, e, 0, 0)
+                if self.materialises(s, i):
+                    emit(self.b, lin((1, self.F[s, i, pos[i]]), (-1, self.r(s, i)), (-1, self.p(s, i))), -INF, 0)
+                for j in self.consumers(s, i):
+                    emit(self.b, lin((1, self.F[s, i, pos[j]]), (-1, self.r(s, j))), -INF, 0)
+                    before = lin((1, self.r(s, j)), *((1, self.F[s, i, q]) for q in points if q < pos[j]))
+                    emit(self.b, before, -INF, 1)
+
+    def add_offload_constraints(self) -> None:
+        """P[s,i] <= O[i]: a prefetch needs the host copy, made once right
+        after i's first computation (inputs: at the start), where i is
+        resident; offloading later would change no figure."""
+        for (s, i), pv in self.P.items():
+            emit(self.b, lin((1, pv), (-1, self.O[i])), -INF, 0)
+
+    def add_memory_accounting(self) -> None:
+        """Memory after slot q of stage s, in units, persistent bytes aside:
+
+        U[s,q1] = sum_i size(i) S[s,i] + size(x1) (R+P)[s,x1]
+        U[s,q_k] = U[s,q_{k-1}} - sum_i size(i) F[s,i,q_{k-1}] + size(x_k) (R+P)[s,x_k]
+
+        over the stage's slots q1 < q2 < ... (x_k the node at q_k). This is
+        what the simulator checks at a compute (resident + new) or a prefetch
+        (resident after); at an idle slot U only falls, so bounding every U by
+        the cap (``mem_cap`` or the peak variable) is exact."""
+        ix, g = self.ix, self.graph
+        node_at = {ix.pos[i]: i for i in range(g.n)}
+        for s in range(ix.T):
+            prev = None
+            for q in self.slots(s):
+                x = node_at[q]
+                e = lin((self.size[x], self.r(s, x)), (self.size[x], self.p(s, x)), (-1, self.U[s, q]))
+                if prev is None:
+                    for i in ix.values:
+                        if (s, i) in self.S:
+                            e.add(self.size[i], self.S[s, i])
+                else:
+                    e.add(1, self.U[s, prev])
+                    for i in self.freeable_at(s, prev):
+                        e.add(-self.size[i], self.F[s, i, prev])
+                emit(self.b, e, 0, 0)
+                prev = q
+
+    # -- objective pieces ------------------------------------------------------
+
+    def recompute_terms(self) -> list[tuple[int, Any]]:
+        """sum cost(i) R[s,i] over re-computations (s > first(i)), in scaled integers."""
+        return [(self.int_cost[i], v) for (s, i), v in self.R.items()
+                if s != self.ix.first[i] and self.int_cost[i]]
+
+    def transfer_terms(self) -> list[tuple[int, Any]]:
+        """transfer(i) (O[i] + sum_s P[s,i]): every offload and prefetch moves bytes(i)."""
+        t = self.int_transfer
+        return ([(t[i], v) for i, v in self.O.items() if t[i]]
+                + [(t[i], v) for (s, i), v in self.P.items() if t[i]])
+
+    def recompute_events(self) -> list[Any]:
+        return [v for (s, i), v in self.R.items() if s != self.ix.first[i]]
+
+    def bound_memory(self, cap: Any) -> None:
+        """U[s,q] <= cap for every slot: the peak, as a constant or a variable."""
+        for u in self.U.values():
+            emit(self.b, lin((1, u), (-1, cap)), -INF, 0)
