@@ -64,8 +64,11 @@ ATTR_BYTES = "tessera.residual.retained_bytes"
 ATTR_BUDGET_MB = "tessera.remat_budget_mb"
 
 _NAME = r"[A-Za-z_$.\-0-9]+"
-_RESULTS_BEFORE_OP = re.compile(rf"%({_NAME})(?::\d+)?\s*(?:,\s*%{_NAME}(?::\d+)?\s*)*=\s*$")
+# "%a, %b = " or "%r:2 = " before an op's location; some custom parsers put the
+# location after the op name ("%s = stablehlo.reduce(...").
+_RESULTS_BEFORE_OP = re.compile(rf"%({_NAME})(?::\d+)?\s*(?:,\s*%{_NAME}(?::\d+)?\s*)*=\s*(?:[\w.$\-]+\s*)?$")
 _ARG_AT = re.compile(rf"%({_NAME})")
+_FILE_LOC = re.compile(r'^loc\(".*":(\d+):\d+\)$')
 _BOUNDS = re.compile(r"#stablehlo\.bounds<([^>]*)>")
 
 
@@ -145,7 +148,7 @@ def _parse(ir, path: Path, text: str):
         if not diags:
             raise ImportFailure(f"{path}: {e}") from None
         d = diags[0]
-        line = getattr(d.location, "start_line", None)
+        line = _loc_line(d.location)
         where = f"{path}:{line}" if line else str(path)
         raise ImportFailure(f"{where}: {d.message.splitlines()[0]}") from None
 
@@ -154,12 +157,17 @@ def _sym_name(func) -> str:
     return func.attributes["sym_name"].value
 
 
-def _line(op) -> int | None:
-    return getattr(op.location, "start_line", None)
+def _loc_line(loc) -> int | None:
+    """Line of a file location (diagnostics carry undowncast locations: read the text)."""
+    line = getattr(loc, "start_line", None)
+    if line is None:
+        m = _FILE_LOC.search(str(loc))
+        line = int(m.group(1)) if m else None
+    return line
 
 
 def fail_at(path: Path, op, problem: str):
-    line = _line(op)
+    line = _loc_line(op.location)
     raise ImportFailure(f"{path}:{line}: {problem}" if line else f"{path}: {problem}")
 
 
