@@ -61,3 +61,66 @@ def simulator_table(sizes: list[int]) -> Table:
         table.add_row(f"{len(plan):,}", f"{replay_s:.3f}", f"{len(plan) / replay_s:,.0f}",
                       f"{save_s:.3f}", f"{load_s:.3f}", f"{replay.peak_bytes:,}")
     return table
+
+
+def greedy_table(depth: int = 2000) -> Table:
+    """The greedy pass on ``chain(depth, sinks=True)`` at a budget of 0 (below
+    the working-set bound: everything is selected): unbounded, the default
+    clone bound with midpoint trimming, and the max-clone ablation. Planner
+    time is split by phase (from the plan's ``timings_s``); the replay is
+    timed separately and checks every figure."""
+    import warnings
+
+    from .planners import greedy
+    from .reference import no_remat_peak
+
+    graph = chain(depth, sinks=True)
+    before = no_remat_peak(graph)
+    table = Table(title=f"greedy on chain_sinks_d{depth} (budget 0, {len(graph.compute_ids):,} compute nodes)")
+    for col in ("variant", "selected", "dropped", "compute ops", "x nodes", "peak cut",
+                "planner s", "select", "project", "trim", "emit", "figures", "replay s"):
+        table.add_column(col, justify="right")
+    variants = [("unbounded", {"max_clone_expansion": 0}), ("bound 8, midpoint", {}),
+                ("bound 8, max-clone", {"trim": "max-clone"})]
+    for name, options in variants:
+        start = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            plan = greedy.plan(graph, 0, options)
+        planner_s = time.perf_counter() - start
+        start = time.perf_counter()
+        replay = simulate(graph, plan)
+        replay_s = time.perf_counter() - start
+        stats = plan.stats
+        assert replay.valid and replay.peak_bytes == stats["peak_bytes"], replay.error
+        assert replay.compute_events == stats["emitted_compute_events"]
+        t = stats["timings_s"]
+        table.add_row(name, f"{len(stats['selected']):,}", f"{len(stats['dropped']):,}",
+                      f"{replay.compute_events:,}", f"{replay.compute_events / len(graph.compute_ids):.2f}",
+                      f"{100 * (1 - replay.peak_bytes / before):.1f}%", f"{planner_s:.2f}",
+                      *(f"{t[k]:.2f}" for k in ("select_s", "project_s", "trim_s", "emit_s", "figures_s")),
+                      f"{replay_s:.2f}")
+    return table
+
+
+def greedy_exactness_table(depths: range = range(4, 49)) -> Table:
+    """Projected against emitted compute events on ``chain(d, sinks=True)``
+    with everything selected and no bound: emitted = compute nodes +
+    projected clones - selected originals dropped, counted by the replay."""
+    from .planners import greedy
+
+    table = Table(title="greedy clone projection, chain with sinks, unbounded")
+    for col in ("depth", "compute nodes", "projected clones", "originals dropped",
+                "projected ops", "emitted ops (replay)", "exact"):
+        table.add_column(col, justify="right")
+    for depth in depths:
+        graph = chain(depth, sinks=True)
+        plan = greedy.plan(graph, 0, {"max_clone_expansion": 0})
+        selected = {graph.node_by_name(name).id for name in plan.stats["selected"]}
+        proj = greedy.projection(graph, selected)
+        projected = proj.compute_events(graph)
+        emitted = simulate(graph, plan).compute_events
+        table.add_row(str(depth), str(len(graph.compute_ids)), f"{proj.total_clones:,}",
+                      str(proj.originals_dropped()), f"{projected:,}", f"{emitted:,}",
+                      "yes" if projected == emitted else "NO")
+    return table

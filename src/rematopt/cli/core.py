@@ -195,10 +195,17 @@ def import_nodelink(file: str, output: str) -> None:
 
 
 @cli.command()
-@click.argument("what", type=click.Choice(["simulator"]), default="simulator")
+@click.argument("what", type=click.Choice(["simulator", "greedy"]), default="simulator")
 @click.option("--sizes", default="10000,100000,2000000", show_default=True, help="Event counts to time.")
 def bench(what: str, sizes: str) -> None:
-    """Print timing tables (simulator: replay, save and load at several plan sizes)."""
+    """Print timing tables (simulator: replay, save and load at several plan sizes;
+    greedy: the d=2000 chain-with-sinks stress case and the clone projection check)."""
+    if what == "greedy":
+        from ..bench import greedy_exactness_table, greedy_table
+
+        Console().print(greedy_table())
+        Console().print(greedy_exactness_table())
+        return
     from ..bench import simulator_table
 
     Console().print(simulator_table([int(s) for s in sizes.split(",")]))

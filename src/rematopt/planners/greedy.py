@@ -78,29 +78,39 @@ class PeakTracker:
             k //= 2
         self.total: list[int] = total.tolist()
         self.best: list[int] = best.tolist()
-
-    def _point(self, k: int, delta: int) -> None:
-        total, best = self.total, self.best
-        i = self.size + k
-        total[i] += delta
-        best[i] = total[i]
-        i >>= 1
-        while i:
-            left = 2 * i
-            t = total[left]
-            total[i] = t + total[left + 1]
-            a, b = best[left], t + best[left + 1]
-            best[i] = a if a > b else b
-            i >>= 1
+        self.pending: dict[int, int] = {}
 
     def add(self, lo: int, hi: int, delta: int) -> None:
-        """Add ``delta`` bytes at every position in ``lo..hi`` (inclusive)."""
+        """Add ``delta`` bytes at every position in ``lo..hi`` (inclusive).
+        Point updates wait in ``pending`` until the next :meth:`peak`, so the
+        ones a selection makes at the same index cancel before touching the tree."""
         if delta and lo <= hi:
-            self._point(lo, delta)
-            self._point(hi + 1, -delta)
+            pending = self.pending
+            pending[lo] = pending.get(lo, 0) + delta
+            pending[hi + 1] = pending.get(hi + 1, 0) - delta
 
     def peak(self) -> int:
+        if self.pending:
+            self._flush()
         return max(self.best[1], 0)
+
+    def _flush(self) -> None:
+        total, best = self.total, self.best
+        for k, delta in self.pending.items():
+            if not delta:
+                continue
+            i = self.size + k
+            total[i] += delta
+            best[i] = total[i]
+            i >>= 1
+            while i:
+                left = 2 * i
+                t = total[left]
+                total[i] = t + total[left + 1]
+                a, b = best[left], t + best[left + 1]
+                best[i] = a if a > b else b
+                i >>= 1
+        self.pending.clear()
 
 
 @dataclass
