@@ -11,7 +11,8 @@ module {
   func.func private @block(%a: tensor<8x8xf32>) -> tensor<8x8xf32> {
     %t = stablehlo.tanh %a : tensor<8x8xf32>
     %s = func.call @scale(%t) : (tensor<8x8xf32>) -> tensor<8x8xf32>
-    return %s : tensor<8x8xf32>
+    %u = stablehlo.add %s, %t : tensor<8x8xf32>
+    return %u : tensor<8x8xf32>
   }
   func.func private @scale(%a: tensor<8x8xf32>) -> tensor<8x8xf32> {
     %m = stablehlo.multiply %a, %a : tensor<8x8xf32>
