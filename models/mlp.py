@@ -1,0 +1,30 @@
+"""A multilayer perceptron classifier: ``layers`` dense + tanh layers, softmax cross-entropy."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from .common import cross_entropy, dense_init
+
+CONFIG = {"layers": 4, "width": 256, "in_dim": 128, "classes": 10, "batch": 64, "seed": 0}
+
+
+def factory(**overrides):
+    """``(loss_fn, (params, batch))`` at ``CONFIG`` updated with ``overrides``."""
+    c = {**CONFIG, **overrides}
+    key = jax.random.PRNGKey(c["seed"])
+    dims = [c["in_dim"]] + [c["width"]] * c["layers"] + [c["classes"]]
+    keys = jax.random.split(key, len(dims))
+    params = [{"w": dense_init(k, a, b), "b": jnp.zeros((b,), jnp.float32)}
+              for k, a, b in zip(keys[1:], dims[:-1], dims[1:])]
+    x = jax.random.normal(keys[0], (c["batch"], c["in_dim"]), jnp.float32)
+    y = jnp.arange(c["batch"], dtype=jnp.int32) % c["classes"]
+
+    def loss_fn(params, batch):
+        h, labels = batch
+        for layer in params[:-1]:
+            h = jnp.tanh(h @ layer["w"] + layer["b"])
+        return cross_entropy(h @ params[-1]["w"] + params[-1]["b"], labels)
+
+    return loss_fn, (params, (x, y))

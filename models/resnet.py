@@ -1,0 +1,51 @@
+"""A ResNet-style CNN: a stem convolution, ``stages`` stages of ``blocks`` basic
+residual blocks (two 3x3 convolutions, ReLU), stride-2 downsampling between
+stages, global average pooling and a linear classifier. NHWC layout."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from .common import cross_entropy, dense_init
+
+CONFIG = {"stages": 2, "blocks": 1, "channels": 16, "image": 16, "classes": 10, "batch": 4, "seed": 0}
+DN = ("NHWC", "HWIO", "NHWC")
+
+
+def conv(x: jax.Array, w: jax.Array, stride: int = 1) -> jax.Array:
+    return jax.lax.conv_general_dilated(x, w, (stride, stride), "SAME", dimension_numbers=DN)
+
+
+def conv_init(key, cin: int, cout: int) -> jax.Array:
+    return jax.random.normal(key, (3, 3, cin, cout), jnp.float32) * (2.0 / (9 * cin)) ** 0.5
+
+
+def factory(**overrides):
+    """``(loss_fn, (params, (images, labels)))`` at ``CONFIG`` updated with ``overrides``."""
+    c = {**CONFIG, **overrides}
+    keys = iter(jax.random.split(jax.random.PRNGKey(c["seed"]), 4 + 3 * c["stages"] * c["blocks"]))
+    ch = c["channels"]
+    params = {"stem": conv_init(next(keys), 3, ch), "stages": []}
+    for s in range(c["stages"]):
+        cin, cout = ch * 2 ** max(s - 1, 0), ch * 2 ** s
+        params["stages"].append([{"c1": conv_init(next(keys), cin if b == 0 else cout, cout),
+                                  "c2": conv_init(next(keys), cout, cout) * 0.5,
+                                  "skip": conv_init(next(keys), cin, cout) if b == 0 and cin != cout else None}
+                                 for b in range(c["blocks"])])
+    params["head"] = dense_init(next(keys), ch * 2 ** (c["stages"] - 1), c["classes"])
+    x = jax.random.normal(next(keys), (c["batch"], c["image"], c["image"], 3), jnp.float32)
+    y = jnp.arange(c["batch"], dtype=jnp.int32) % c["classes"]
+
+    def loss_fn(params, batch):
+        h, labels = batch
+        h = jax.nn.relu(conv(h, params["stem"]))
+        for s, stage in enumerate(params["stages"]):
+            for b, blk in enumerate(stage):
+                stride = 2 if s > 0 and b == 0 else 1
+                out = conv(jax.nn.relu(conv(h, blk["c1"], stride)), blk["c2"])
+                skip = conv(h, blk["skip"], stride) if blk["skip"] is not None else h[:, ::stride, ::stride]
+                h = jax.nn.relu(out + skip)
+        return cross_entropy(jnp.mean(h, axis=(1, 2)) @ params["head"], labels)
+
+    return loss_fn, (params, (x, y))

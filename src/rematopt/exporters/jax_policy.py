@@ -1,0 +1,201 @@
+"""Plans back into JAX: ``apply_plan(loss_fn, graph, plan) -> loss_fn'``.
+
+A plan decides, for every forward value the backward pass reads, whether it is
+kept on the device, offloaded to the host, or recomputed. JAX's name-based
+policies (``save_only_these_names``) act on the primal program, but the
+graph's forward nodes are the equations of the ``jax.vjp`` forward pass, which
+include values the primal never names (``1 - tanh(x)**2``, say). So the plan
+is applied exactly with a ``jax.custom_vjp``: its forward pass runs the traced
+forward equations and saves the kept values (offloaded ones moved to host
+memory), and its backward pass recomputes the rest from those, then runs the
+traced backward equations.
+
+XLA would merge a recomputation with the identical forward computation (CSE)
+and so undo it; like ``jax.checkpoint``'s ``prevent_cse``, the inputs of the
+recomputation go through ``lax.optimization_barrier``, together with the loss
+cotangent, which also keeps XLA from hoisting the recomputation into the
+forward pass.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+from ..errors import ImportFailure, PlanError
+from ..graph import Graph
+from ..importers.jaxpr.flatten import Const, evaluate
+from ..importers.jaxpr.step import Step, trace_step
+from ..plan import COMPUTE, OFFLOAD, Plan
+
+
+@dataclass(frozen=True)
+class Fates:
+    """What a plan does with the forward values read after the backward pass starts."""
+
+    kept: frozenset[int]        # saved on the device
+    offloaded: frozenset[int]   # saved in host memory
+    recomputed: frozenset[int]  # computed again in the backward pass
+
+    @property
+    def saved(self) -> frozenset[int]:
+        return self.kept | self.offloaded
+
+
+def residual_fates(graph: Graph, plan: Plan) -> Fates:
+    """Classify forward nodes by the plan's events.
+
+    The backward pass starts at the plan's first compute of a backward node.
+    A forward node read from then on is *saved* if that read uses the copy
+    computed before (so it crossed the boundary), and *offloaded* if the plan
+    also offloads it; a forward node computed from then on before any such
+    read is *recomputed*. For a forward value with a backward consumer this is
+    the rule "computed once: kept (or offloaded); computed again: recomputed",
+    extended to values that a recomputation reads.
+    """
+    phase = [v.phase for v in graph.nodes]
+    if "backward" not in phase:
+        raise PlanError(f"{graph.name}: graph has no backward phase; plans apply to traced training steps")
+    ops, nodes = plan.ops.tolist(), plan.nodes.tolist()
+    start = next((t for t, (o, i) in enumerate(zip(ops, nodes))
+                  if o == COMPUTE and phase[i] == "backward"), len(ops))
+    offloaded = {i for o, i in zip(ops, nodes) if o == OFFLOAD}
+    fate: dict[int, str] = {}
+    preds = graph.preds
+    for o, i in zip(ops[start:], nodes[start:]):
+        if o != COMPUTE:
+            continue
+        for p in preds[i]:
+            if phase[p] == "forward" and p not in fate:
+                fate[p] = "offloaded" if p in offloaded else "kept"
+        if phase[i] == "forward" and i not in fate:
+            fate[i] = "recomputed"
+    pick = lambda what: frozenset(i for i, f in fate.items() if f == what)  # noqa: E731
+    return Fates(pick("kept"), pick("offloaded"), pick("recomputed"))
+
+
+def apply_plan(loss_fn: Callable, graph: Graph, plan: Plan) -> Callable:
+    """``loss_fn'`` with ``loss_fn``'s signature whose gradient (with respect to
+    the graph's ``argnums``, ``meta.argnums``) saves exactly what ``plan``
+    keeps, offloads what it offloads and recomputes the rest.
+
+    ``graph`` must come from :func:`rematopt.jax.trace_grad` of this function
+    at arguments of the same shapes (the function is traced again at call
+    time and checked node by node; ImportFailure if it differs). ``loss_fn'``
+    supports reverse-mode differentiation (``jax.grad``, ``jax.vjp``); its
+    cotangents for arguments outside ``argnums`` are zero.
+    """
+    fates = residual_fates(graph, plan)
+    argnums = tuple(graph.meta.get("argnums", (0,)))
+    fuse = bool(graph.meta.get("fuse", False))
+    built: dict[Any, Callable] = {}
+
+    @functools.wraps(loss_fn)
+    def planned(*args):
+        leaves, tree = jax.tree_util.tree_flatten(args)
+        key = (tree, tuple((np.shape(x), str(jax.numpy.result_type(x))) for x in leaves))
+        if key not in built:
+            step = trace_step(loss_fn, args, argnums, fuse)
+            check_matches(step, graph)
+            built[key] = _planned_step(step, fates)
+        return built[key](*leaves)
+
+    return planned
+
+
+def check_matches(step: Step, graph: Graph) -> None:
+    """ImportFailure unless ``step`` has ``graph``'s nodes, op for op."""
+    ops = ["input"] * step.n_inputs + [step.head(g).prim.name for g in range(len(step.groups))]
+    if len(ops) != graph.n:
+        raise ImportFailure(f"{graph.name}: graph has {graph.n} nodes, the function traces to {len(ops)}; "
+                            "trace the graph from this function at these argument shapes")
+    for node, op in zip(graph.nodes, ops):
+        if node.op != op:
+            raise ImportFailure(f"{graph.name}: node {node.id} is {node.op!r} in the graph but {op!r} "
+                                "in the traced function")
+
+
+def _planned_step(step: Step, fates: Fates) -> Callable:
+    """The custom_vjp function over the flat argument leaves."""
+    flat = step.flat
+    eqns = flat.eqns
+    prod = step.producers()
+    n_in = step.n_inputs
+    group_of = {step.node_of_group(g): members for g, members in enumerate(step.groups)}
+    fwd = [e for e in eqns if e.phase == "forward"]
+    bwd = [e for e in eqns if e.phase == "backward"]
+
+    # Recompute closure: forward nodes the backward pass needs and the plan
+    # does not save, back to saved values and arguments.
+    recompute: set[int] = set()
+    todo = [r for r in step.res_refs if not isinstance(r, Const)]
+    while todo:
+        node = prod[todo.pop()]
+        if node < n_in or node in fates.saved or node in recompute:
+            continue
+        recompute.add(node)
+        inside = {v for k in group_of[node] for v in eqns[k].outs}
+        todo.extend(r for k in group_of[node] for r in eqns[k].ins if not isinstance(r, Const) and r not in inside)
+    rec = sorted(k for node in recompute for k in group_of[node])
+    rec_eqns = [eqns[k] for k in rec]
+    rec_made = {v for e in rec_eqns for v in e.outs}
+    rec_inputs = sorted({r for e in rec_eqns for r in e.ins if not isinstance(r, Const) and r not in rec_made})
+    read_after = {r for r in step.res_refs if not isinstance(r, Const)} | set(rec_inputs)
+    saved_vals = sorted(v for v in read_after if prod[v] >= n_in)
+    host_vals = {v for v in saved_vals if prod[v] in fates.offloaded}
+    arg_vals = sorted(v for v in read_after if prod[v] < n_in)
+    loss_ref, grad_refs = step.out_refs[0], step.out_refs[1:]
+    zero_ct = [_zero_like(flat.avals[v]) for v in step.arg_ids]
+    grad_leaves = _grad_leaf_order(step)
+
+    def read(env, r):
+        return r.value if isinstance(r, Const) else env[r]
+
+    def forward_env(leaves):
+        return evaluate(fwd, dict(zip(step.arg_ids, leaves)))
+
+    @jax.custom_vjp
+    def f(*leaves):
+        return read(forward_env(leaves), loss_ref)
+
+    def f_fwd(*leaves):
+        env = forward_env(leaves)
+        saved = tuple(jax.device_put(env[v], jax.memory.Space.Host) if v in host_vals else env[v]
+                      for v in saved_vals)
+        return read(env, loss_ref), (tuple(env[v] for v in arg_vals), saved)
+
+    def f_bwd(res, ct):
+        arg_res, saved = res
+        env = dict(zip(arg_vals, arg_res))
+        env.update((v, jax.device_put(x, jax.memory.Space.Device) if v in host_vals else x)
+                   for v, x in zip(saved_vals, saved))
+        if rec_eqns:
+            barred, ct = jax.lax.optimization_barrier(([env[v] for v in rec_inputs], ct))
+            env.update(zip(rec_inputs, barred))
+            evaluate(rec_eqns, env)
+        env[step.ct_id] = ct
+        evaluate(bwd, env)
+        cts = list(zero_ct)
+        for leaf, r in zip(grad_leaves, grad_refs):
+            cts[leaf] = read(env, r)
+        return tuple(cts)
+
+    f.defvjp(f_fwd, f_bwd)
+    return f
+
+
+def _grad_leaf_order(step: Step) -> list[int]:
+    """Flat leaf index of each gradient output (argnums order, then leaves)."""
+    arg_tree_children = jax.tree_util.tree_unflatten(step.arg_tree, list(range(step.n_inputs)))
+    return [leaf for i in step.argnums for leaf in jax.tree_util.tree_leaves(arg_tree_children[i])]
+
+
+def _zero_like(aval: Any) -> Any:
+    """The cotangent of an argument the graph does not differentiate."""
+    if jax.numpy.issubdtype(aval.dtype, jax.numpy.inexact):
+        return jax.numpy.zeros(aval.shape, aval.dtype)
+    return np.zeros(aval.shape, dtype=jax.dtypes.float0)

@@ -1,0 +1,42 @@
+"""The JAX front end: traced programs become graphs (``rematopt.jax`` is the public face).
+
+``flatten`` inlines nested jaxprs into one equation list, ``cost`` prices each
+equation on the shared roofline model, ``step`` splits a training step into
+forward and backward the way ``jax.vjp`` does and builds the graph.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+from ...graph import Graph
+from ..costmodel import DEFAULT_DEVICE
+from .step import Step, to_graph, trace_program, trace_step
+
+
+def trace_grad(loss_fn: Callable, *example_args: Any, argnums: int | Sequence[int] = 0,
+               name: str | None = None, fuse: bool = False, device: str = DEFAULT_DEVICE,
+               persistent_params: bool = True, meta: dict | None = None) -> Graph:
+    """The graph of one training step, ``jax.value_and_grad(loss_fn, argnums)(*example_args)``.
+
+    Forward equations get ``phase: "forward"``, backward ones ``"backward"``;
+    argument leaves are input nodes, and the differentiated ones (the
+    parameters, which the training loop keeps) are ``persistent`` unless
+    ``persistent_params`` is false. The loss and the gradients are outputs.
+
+    Raises ImportFailure if the function cannot be traced or its loss is not a
+    float scalar.
+    """
+    step = trace_step(loss_fn, example_args, argnums, fuse)
+    return to_graph(step, name or getattr(loss_fn, "__name__", "step"), device,
+                    [d and persistent_params for d in step.diff_leaves], meta)
+
+
+def trace(fn: Callable, *example_args: Any, name: str | None = None, fuse: bool = False,
+          device: str = DEFAULT_DEVICE, meta: dict | None = None) -> Graph:
+    """The graph of ``fn(*example_args)`` taken as it is (no phases)."""
+    step = trace_program(fn, example_args, fuse)
+    return to_graph(step, name or getattr(fn, "__name__", "fn"), device, None, meta)
+
+
+__all__ = ["Step", "trace", "trace_grad", "trace_program", "trace_step"]

@@ -1,0 +1,124 @@
+"""Per-equation cost on the shared roofline model (:mod:`rematopt.importers.costmodel`).
+
+FLOPs come from the equation's avals: ``dot_general`` and convolutions from
+their dimension numbers, per element for elementwise ops and reductions (the
+transcendental ones weighted), none for pure data movement. Control flow is
+costed from its body: ``scan`` as ``length`` iterations, ``while`` as one
+iteration (its trip count is not known when tracing), ``cond`` as its dearest
+branch.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .. import costmodel
+from .flatten import Const, Eqn, Flat, aval_bytes
+
+# Data movement: no arithmetic, cost is bytes moved only.
+LAYOUT = frozenset({
+    "reshape", "broadcast_in_dim", "transpose", "squeeze", "expand_dims", "slice", "dynamic_slice",
+    "dynamic_update_slice", "concatenate", "pad", "gather", "convert_element_type", "copy", "copy_p",
+    "rev", "iota", "device_put", "split", "bitcast_convert_type", "reduce_precision", "stop_gradient",
+})
+# One result element per input element (after broadcasting): what XLA fuses freely.
+ELEMENTWISE = frozenset({
+    "add", "add_any", "sub", "mul", "div", "neg", "max", "min", "abs", "sign", "floor", "ceil", "round",
+    "select_n", "integer_pow", "square", "sqrt", "rsqrt", "cbrt", "exp", "exp2", "expm1", "log", "log1p",
+    "tanh", "logistic", "erf", "erfc", "erf_inv", "sin", "cos", "tan", "atan2", "pow", "eq", "ne", "lt",
+    "le", "gt", "ge", "and", "or", "not", "xor", "clamp", "rem", "is_finite", "nextafter", "real", "imag",
+    "conj", "shift_left", "shift_right_logical", "shift_right_arithmetic", "population_count",
+})
+REDUCTIONS = frozenset({
+    "reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or", "argmax", "argmin",
+    "cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp", "reduce_precision",
+})
+CONTROL_FLOW = frozenset({"scan", "while", "cond"})
+
+
+def fusible(op: str) -> bool:
+    """A cheap equation XLA would fuse into its consumer."""
+    return op in ELEMENTWISE or op in LAYOUT
+
+
+def fusion_consumer(op: str) -> bool:
+    """An equation XLA's loop/input fusion can absorb producers into."""
+    return op in ELEMENTWISE or op in LAYOUT or op in REDUCTIONS
+
+
+def in_bytes(flat: Flat, eqn: Eqn) -> int:
+    return sum(_ref_bytes(flat, r) for r in eqn.ins)
+
+
+def out_bytes(flat: Flat, eqn: Eqn) -> int:
+    return sum(aval_bytes(flat.avals[v]) for v in eqn.outs)
+
+
+def _ref_bytes(flat: Flat, r: Any) -> int:
+    if isinstance(r, Const):
+        return aval_bytes(getattr(r.value, "aval", None) or _np_aval(r.value))
+    return aval_bytes(flat.avals[r])
+
+
+def _np_aval(x: Any) -> Any:
+    import numpy as np
+
+    return np.asarray(x)
+
+
+def _elements(aval: Any) -> int:
+    return int(math.prod(getattr(aval, "shape", ())))
+
+
+def eqn_flops(flat: Flat, eqn: Eqn) -> float:
+    """Arithmetic of one non-control-flow equation."""
+    op = eqn.prim.name
+    out_avals = [flat.avals[v] for v in eqn.outs]
+    in_avals = [flat.avals[r] if not isinstance(r, Const) else _np_aval(r.value) for r in eqn.ins]
+    out_el = sum(_elements(a) for a in out_avals)
+    if op == "dot_general":
+        (lhs_contract, _), _ = eqn.params["dimension_numbers"]
+        contracted = math.prod(in_avals[0].shape[d] for d in lhs_contract)
+        return costmodel.matmul_flops(out_el, contracted)
+    if op == "conv_general_dilated":
+        rhs = in_avals[1]
+        out_features = rhs.shape[eqn.params["dimension_numbers"].rhs_spec[0]]
+        return costmodel.conv_flops(out_el, _elements(rhs), out_features)
+    if op in LAYOUT:
+        return 0.0
+    return costmodel.elementwise_flops(op, max([out_el] + [_elements(a) for a in in_avals]))
+
+
+def eqn_seconds(flat: Flat, eqn: Eqn, dev: costmodel.Device) -> float:
+    """Roofline seconds of one equation; control flow from its body."""
+    op = eqn.prim.name
+    if op == "scan":
+        return eqn.params["length"] * jaxpr_seconds(eqn.params["jaxpr"], dev)
+    if op == "while":
+        return jaxpr_seconds(eqn.params["body_jaxpr"], dev) + jaxpr_seconds(eqn.params["cond_jaxpr"], dev)
+    if op == "cond":
+        return max(jaxpr_seconds(b, dev) for b in eqn.params["branches"])
+    return costmodel.roofline_seconds(eqn_flops(flat, eqn), in_bytes(flat, eqn) + out_bytes(flat, eqn), dev)
+
+
+def jaxpr_seconds(closed: Any, dev: costmodel.Device) -> float:
+    """Summed roofline seconds of a (sub-)jaxpr, flattened the same way."""
+    flat = _flatten_abstract(closed)
+    return math.fsum(eqn_seconds(flat, e, dev) for e in flat.eqns)
+
+
+def jaxpr_bytes(closed: Any) -> int:
+    """Bytes a (sub-)jaxpr's equations produce per execution: its working data."""
+    flat = _flatten_abstract(closed)
+    return sum(out_bytes(flat, e) for e in flat.eqns)
+
+
+def _flatten_abstract(closed: Any) -> Flat:
+    from jax.extend import core as jcore
+
+    if not isinstance(closed, jcore.ClosedJaxpr):
+        closed = jcore.ClosedJaxpr(closed, ())
+    flat = Flat()
+    flat.add(closed, [flat.new_value(v.aval) for v in closed.jaxpr.invars])
+    return flat

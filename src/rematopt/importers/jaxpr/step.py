@@ -1,0 +1,271 @@
+"""A traced program as flat equations grouped into graph nodes.
+
+:func:`trace_step` splits a training step the way ``jax.vjp`` does: the
+forward jaxpr computes the loss and the residuals (the leaves of the function
+``jax.vjp`` returns, which is exactly what ``jax.ad_checkpoint`` reports as
+saved residuals), the backward jaxpr turns residuals and the loss cotangent
+into gradients. Both are flattened into one value space, so residuals are the
+values crossing from forward to backward. :func:`trace_program` takes any
+function as it is. A :class:`Step` keeps the equations, so the exporter can run
+them again under a plan.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+
+from ...errors import ImportFailure
+from .. import costmodel
+from . import cost
+from .flatten import Const, Flat, aval_bytes
+
+# Primitives whose re-execution is unsafe even when JAX lists no effect for them.
+NOT_RECOMPUTABLE = frozenset({"io_callback", "debug_callback", "rng_uniform", "debug_print"})
+
+
+@dataclass
+class Step:
+    """Flat equations of one traced program and their grouping into nodes.
+
+    Node ids: the argument leaves first (input nodes, in flattening order), then
+    one node per group of equations in program order. Unfused, every group is
+    one equation; fused, a group is a consumer plus the cheap elementwise
+    producers folded into it, and only its last equation's results leave it.
+    """
+
+    flat: Flat
+    arg_ids: list[int]                # value id of each flat argument leaf
+    arg_names: list[str]
+    arg_tree: Any                     # PyTreeDef of the argument tuple
+    diff_leaves: list[bool]           # leaf belongs to a differentiated argument
+    out_refs: list                    # the program's results (loss then gradients)
+    res_refs: list = field(default_factory=list)  # residuals, as ``jax.vjp`` saves them
+    ct_id: int | None = None          # the loss cotangent (not a node: the constant 1)
+    argnums: tuple[int, ...] = ()
+    groups: list[list[int]] = field(default_factory=list)  # equation indices per compute node
+    fused: bool = False
+
+    @property
+    def n_inputs(self) -> int:
+        return len(self.arg_ids)
+
+    def node_of_group(self, g: int) -> int:
+        return self.n_inputs + g
+
+    def producers(self) -> dict[int, int]:
+        """value id -> node id of the node producing it."""
+        prod = {v: i for i, v in enumerate(self.arg_ids)}
+        for g, members in enumerate(self.groups):
+            for k in members:
+                for v in self.flat.eqns[k].outs:
+                    prod[v] = self.node_of_group(g)
+        return prod
+
+    def head(self, g: int):
+        return self.flat.eqns[self.groups[g][-1]]
+
+
+def _arg_structs(args: Sequence) -> tuple[list, list[str], Any]:
+    leaves_with_path, tree = jax.tree_util.tree_flatten_with_path(tuple(args))
+    structs, names = [], []
+    for path, x in leaves_with_path:
+        if not hasattr(x, "shape") and not isinstance(x, (int, float, bool, complex)):
+            raise ImportFailure(f"argument {jax.tree_util.keystr(path)}: not an array ({type(x).__name__})")
+        x = jax.numpy.asarray(x) if not hasattr(x, "dtype") else x
+        structs.append(jax.ShapeDtypeStruct(x.shape, x.dtype))
+        names.append("args" + jax.tree_util.keystr(path))
+    return structs, names, tree
+
+
+def trace_step(loss_fn: Callable, args: Sequence, argnums: int | Sequence[int] = 0,
+               fuse: bool = False) -> Step:
+    """Trace ``jax.value_and_grad(loss_fn, argnums)(*args)`` as forward + backward."""
+    argnums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
+    if not argnums or any(not 0 <= i < len(args) for i in argnums):
+        raise ImportFailure(f"argnums {argnums} out of range for {len(args)} arguments")
+    structs, names, tree = _arg_structs(args)
+    sizes = [len(jax.tree_util.tree_leaves(a)) for a in args]
+    diff_leaves = [i in argnums for i, s in enumerate(sizes) for _ in range(s)]
+    held: dict[str, Any] = {}
+
+    def forward(*leaves):
+        full = list(jax.tree_util.tree_unflatten(tree, leaves))
+
+        def f(*diff):
+            for i, x in zip(argnums, diff):
+                full[i] = x
+            return loss_fn(*full)
+
+        loss, vjp = jax.vjp(f, *[full[i] for i in argnums])
+        res, held["res_tree"] = jax.tree_util.tree_flatten(vjp)
+        return loss, res
+
+    try:
+        closed_fwd, (loss_shape, res_shapes) = jax.make_jaxpr(forward, return_shape=True)(*structs)
+    except Exception as e:  # the user's function failed to trace: report it in one line
+        raise ImportFailure(f"tracing the loss function failed: {type(e).__name__}: {_first_line(e)}") from None
+    if getattr(loss_shape, "shape", None) != () or not jax.numpy.issubdtype(loss_shape.dtype, jax.numpy.floating):
+        raise ImportFailure(f"the loss function must return a float scalar, got {loss_shape}")
+
+    def backward(res, ct):
+        return jax.tree_util.tree_unflatten(held["res_tree"], res)(ct)
+
+    closed_bwd = jax.make_jaxpr(backward)(res_shapes, loss_shape)
+    flat = Flat()
+    arg_ids = [flat.new_value(v.aval) for v in closed_fwd.jaxpr.invars]
+    loss_ref, *res_refs = flat.add(closed_fwd, arg_ids, "forward")
+    ct_id = flat.new_value(closed_bwd.jaxpr.invars[-1].aval)
+    grad_refs = flat.add(closed_bwd, res_refs + [ct_id], "backward")
+    step = Step(flat, arg_ids, names, tree, diff_leaves, [loss_ref] + grad_refs, res_refs, ct_id, argnums)
+    step.groups = _groups(step, fuse)
+    step.fused = fuse
+    return step
+
+
+def trace_program(fn: Callable, args: Sequence, fuse: bool = False) -> Step:
+    """Trace ``fn(*args)`` as it is: no phases, no residuals."""
+    structs, names, tree = _arg_structs(args)
+    try:
+        closed = jax.make_jaxpr(fn)(*structs)
+    except Exception as e:
+        raise ImportFailure(f"tracing the function failed: {type(e).__name__}: {_first_line(e)}") from None
+    flat = Flat()
+    arg_ids = [flat.new_value(v.aval) for v in closed.jaxpr.invars]
+    outs = flat.add(closed, arg_ids, None)
+    step = Step(flat, arg_ids, names, tree, [False] * len(arg_ids), outs)
+    step.groups = _groups(step, fuse)
+    step.fused = fuse
+    return step
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else ""
+
+
+def _groups(step: Step, fuse: bool) -> list[list[int]]:
+    eqns = step.flat.eqns
+    if not fuse:
+        return [[k] for k in range(len(eqns))]
+    # Values that must stay visible: program results and residuals.
+    pinned = {r for r in step.out_refs + step.res_refs if not isinstance(r, Const)}
+    users: dict[int, list[int]] = {}
+    for k, e in enumerate(eqns):
+        for r in e.ins:
+            if not isinstance(r, Const):
+                users.setdefault(r, []).append(k)
+    head = list(range(len(eqns)))
+    # Walk backwards so a consumer's group is settled before its producers are
+    # considered; every member of a group then comes after the producer being
+    # folded in, so folding never creates a cycle.
+    for k in reversed(range(len(eqns))):
+        e = eqns[k]
+        if (len(e.outs) != 1 or e.effectful or not cost.fusible(e.prim.name) or e.outs[0] in pinned
+                or e.prim.name in NOT_RECOMPUTABLE):
+            continue
+        heads = {head[c] for c in users.get(e.outs[0], [])}
+        if len(heads) != 1:
+            continue
+        h = heads.pop()
+        he = eqns[h]
+        if he.phase == e.phase and cost.fusion_consumer(he.prim.name) and not he.effectful:
+            head[k] = h
+    members: dict[int, list[int]] = {}
+    for k in range(len(eqns)):
+        members.setdefault(head[k], []).append(k)
+    return [members[h] for h in sorted(members)]
+
+
+def to_graph(step: Step, name: str, device: str = costmodel.DEFAULT_DEVICE,
+             persistent_leaves: Sequence[bool] | None = None, meta: dict | None = None):
+    """The :class:`~rematopt.graph.Graph` of ``step`` with costs on ``device``."""
+    from ...graph import Graph, Node
+
+    try:
+        dev = costmodel.device(device)
+    except KeyError as e:
+        raise ImportFailure(str(e.args[0])) from None
+    flat = step.flat
+    persistent_leaves = persistent_leaves or [False] * step.n_inputs
+    prod = step.producers()
+    nodes = [Node(i, name=step.arg_names[i], op="input", kind="input", bytes=aval_bytes(flat.avals[v]),
+                  persistent=bool(persistent_leaves[i]), extra={"aval": _short(flat.avals[v])})
+             for i, v in enumerate(step.arg_ids)]
+    edges: list[tuple[int, int]] = []
+    residual_values = {r for r in step.res_refs if not isinstance(r, Const)}
+    for g, members in enumerate(step.groups):
+        nid = step.node_of_group(g)
+        head = flat.eqns[members[-1]]
+        op = head.prim.name
+        srcs = sorted({prod[r] for k in members for r in flat.eqns[k].ins
+                       if not isinstance(r, Const) and r in prod and prod[r] != nid})
+        edges.extend((s, nid) for s in srcs)
+        node = Node(nid, name=f"{op}.{nid}", op=op, bytes=sum(aval_bytes(flat.avals[v]) for v in head.outs),
+                    cost=_group_seconds(step, members, dev), phase=head.phase,
+                    recomputable=not any(flat.eqns[k].effectful or flat.eqns[k].prim.name in NOT_RECOMPUTABLE
+                                         for k in members))
+        if len(head.outs) == 1:
+            node.extra["aval"] = _short(flat.avals[head.outs[0]])
+        else:
+            node.extra["out_bytes"] = [aval_bytes(flat.avals[v]) for v in head.outs]
+            crossing = [j for j, v in enumerate(head.outs) if v in residual_values]
+            if crossing:
+                node.extra["residual_outputs"] = crossing
+        if len(members) > 1:
+            node.extra["fused"] = len(members)
+        if op in cost.CONTROL_FLOW:
+            node.extra["body_bytes"] = _body_bytes(head)
+        if head.source:
+            node.extra["source"] = head.source
+        nodes.append(node)
+    for r in step.out_refs:
+        if not isinstance(r, Const) and r in prod:
+            nodes[prod[r]].output = True
+    res_vals = [r for r in residual_values if r in prod and not nodes[prod[r]].is_input]
+    info = {
+        "source": "jax",
+        "cost_unit": "s",
+        "jax_version": jax.__version__,
+        "device": dev.name,
+        "device_source": dev.source,
+        "argnums": list(step.argnums),
+        "fuse": step.fused,
+        "args": [f"{n}: {_short(flat.avals[v])}" for n, v in zip(step.arg_names, step.arg_ids)],
+        "equations": len(flat.eqns),
+        "nodes_unfused": step.n_inputs + len(flat.eqns),
+        "nodes": step.n_inputs + len(step.groups),
+        "residuals": {"count": len(res_vals), "bytes": sum(aval_bytes(flat.avals[r]) for r in res_vals)},
+    }
+    info.update(meta or {})
+    return Graph(name, nodes, sorted(set(edges)), None, info)
+
+
+def _group_seconds(step: Step, members: list[int], dev: costmodel.Device) -> float:
+    flat = step.flat
+    if len(members) == 1:
+        return cost.eqn_seconds(flat, flat.eqns[members[0]], dev)
+    # A fusion reads its external operands and writes its result once; the
+    # intermediates stay in registers.
+    inside = {v for k in members for v in flat.eqns[k].outs}
+    external = {r for k in members for r in flat.eqns[k].ins if not isinstance(r, Const) and r not in inside}
+    moved = sum(aval_bytes(flat.avals[r]) for r in external) + cost.out_bytes(flat, flat.eqns[members[-1]])
+    flops = math.fsum(cost.eqn_flops(flat, flat.eqns[k]) for k in members)
+    return costmodel.roofline_seconds(flops, moved, dev)
+
+
+def _body_bytes(eqn) -> int:
+    p = eqn.params
+    bodies = [p["jaxpr"]] if "jaxpr" in p else [p["body_jaxpr"]] if "body_jaxpr" in p else list(p.get("branches", ()))
+    return max((cost.jaxpr_bytes(b) for b in bodies), default=0)
+
+
+def _short(aval: Any) -> str:
+    try:
+        return aval.str_short(short_dtypes=True)
+    except (AttributeError, TypeError):
+        return str(aval)

@@ -1,0 +1,50 @@
+"""rematopt for JAX programs (``pip install rematopt[jax]``).
+
+- :func:`trace_grad` / :func:`trace`: a training step or any function as a graph;
+- :func:`apply_plan`: a plan back into JAX as a loss function whose gradient
+  keeps, offloads and recomputes what the plan says;
+- :func:`measure`: XLA's memory and FLOPs under JAX's policies and rematopt's plans;
+- :func:`load_factory`: ``"MODULE:FACTORY"`` -> ``(loss_fn, example_args)``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from .errors import ImportFailure
+from .exporters.jax_measure import Measurement, measure
+from .exporters.jax_policy import Fates, apply_plan, residual_fates
+from .importers.jaxpr import trace, trace_grad
+
+
+def load_factory(spec: str, **config: Any) -> tuple[Callable, tuple]:
+    """Import ``MODULE:FACTORY`` (the current directory first on the path) and
+    call it with ``config``; ImportFailure unless it returns ``(loss_fn, args)``."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ImportFailure(f"{spec}: expected MODULE:FACTORY, e.g. models.gpt:factory")
+    cwd = str(Path.cwd())
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ImportFailure(f"{spec}: cannot import {module_name} ({e})") from None
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise ImportFailure(f"{spec}: {module_name} has no callable {attr}")
+    try:
+        made = factory(**config)
+    except TypeError as e:
+        raise ImportFailure(f"{spec}: calling the factory failed ({e})") from None
+    if not (isinstance(made, tuple) and len(made) == 2 and callable(made[0])):
+        raise ImportFailure(f"{spec}: the factory must return (loss_fn, example_args)")
+    fn, args = made
+    return fn, tuple(args) if isinstance(args, (tuple, list)) else (args,)
+
+
+__all__ = ["Fates", "Measurement", "apply_plan", "load_factory", "measure", "residual_fates", "trace",
+           "trace_grad"]
