@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("jax")
 
-from rematopt.errors import PlanError  # noqa: E402
+from rematopt.errors import PlanError, PlannerError  # noqa: E402
 from rematopt.exporters.mlir import export_mlir  # noqa: E402
 from rematopt.importers.mlir import import_mlir  # noqa: E402
 from rematopt.plan import Plan, PlanBuilder  # noqa: E402
@@ -152,7 +152,6 @@ def test_clones_keep_measured_costs_and_budget(tmp_path):
 
 def test_greedy_plan_round_trips(tmp_path):
     from rematopt import planners
-    from rematopt.errors import PlannerError
     from rematopt.solve import solve
 
     try:
@@ -216,3 +215,56 @@ def test_export_cli(tmp_path):
     wrong = rematopt("export", "mlir", DATA / "chain.mlir", plan, "-o", tmp_path / "bad.mlir")
     assert wrong.returncode == 2 and len(wrong.stderr.strip().splitlines()) == 1
     assert wrong.stderr.startswith(f"rematopt: {plan}: does not replay on ")
+
+
+def as_mlir(g) -> str:
+    """A program with ``g``'s shape: one pure generic op per compute node,
+    reading its predecessors, with a result of the node's bytes (f32)."""
+    ty = {v.id: f"tensor<{max(v.bytes // 4, 1)}xf32>" for v in g.nodes}
+    args = [v for v in g.nodes if v.is_input]
+    lines = [f"func.func @main({', '.join(f'%v{v.id}: {ty[v.id]}' for v in args)}) -> "
+             f"({', '.join(ty[v.id] for v in g.nodes if v.output)}) {{"]
+    for i in g.order:
+        if not g.nodes[i].is_input:
+            ps = g.preds[i]
+            lines.append(f'  %v{i} = "tessera.gelu"({", ".join(f"%v{p}" for p in ps)}) : '
+                         f'({", ".join(ty[p] for p in ps)}) -> {ty[i]}')
+    outs = [v.id for v in g.nodes if v.output]
+    lines.append(f"  return {', '.join(f'%v{i}' for i in outs)} : {', '.join(ty[i] for i in outs)}")
+    return "\n".join(lines + ["}"]) + "\n"
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_programs_keep_the_plan_peak(tmp_path, seed):
+    import numpy as np
+
+    from rematopt.importers.synthetic import random_layered
+
+    g0 = random_layered(18, seed=seed)
+    g0.nodes[g0.order[-1]].output = True
+    for v in g0.nodes:
+        v.bytes = 4 * max(v.bytes // 4, 1)
+    src = tmp_path / "g.mlir"
+    src.write_text(as_mlir(g0))
+    g = import_mlir(src)
+    assert [(v.bytes, v.output) for v in g.nodes] == [(g0.nodes[int(v.name[1:])].bytes, g0.nodes[int(v.name[1:])].output)
+                                                       for v in g.nodes]
+    shared = [v.id for v in g.nodes if not v.is_input and len(g.succs[v.id]) >= 2]
+    rng = np.random.default_rng(seed)
+    targets = sorted(rng.choice(shared, size=min(3, len(shared)), replace=False).tolist())
+    plan = remat_plan(g, targets)
+    replay = simulate(g, plan)
+    assert replay.valid, replay.error
+    out = tmp_path / "out.mlir"
+    out.write_text(export_mlir(src, plan))
+    g2 = import_mlir(out)
+    assert g2.n == g.n + len(targets) and no_remat_peak(g2) == replay.peak_bytes
+    from rematopt.reference import peak_lower_bound
+    from rematopt.solve import solve
+
+    try:
+        sol = solve(g, "greedy", budget=max(peak_lower_bound(g), int(0.8 * no_remat_peak(g))))
+    except PlannerError as e:
+        pytest.skip(f"greedy planner not available: {e}")
+    out.write_text(export_mlir(src, sol.plan))
+    assert no_remat_peak(import_mlir(out)) <= sol.replay.peak_bytes

@@ -70,7 +70,7 @@ def test_budget_attribute_and_measured_costs_in_ns():
     assert all(v[n].recomputable for n in "hgny")
 
 
-def test_solve_uses_the_budget_attribute(tmp_path):
+def test_solve_uses_the_budget_attribute():
     from rematopt.solve import solve
 
     g = import_mlir(DATA / "budget_measured.mlir")

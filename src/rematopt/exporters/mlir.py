@@ -74,7 +74,8 @@ def export_mlir(path: str | Path, plan: Plan, function: str | None = None,
         attrs[ATTR_PEAK_BEFORE] = ir.IntegerAttr.get(i64, no_remat_peak(graph))
         attrs[ATTR_PEAK_AFTER] = ir.IntegerAttr.get(i64, replay.peak_bytes)
         attrs[ATTR_SELECTED_COST] = ir.FloatAttr.get(ir.F64Type.get(), replay.recompute_cost)
-        attrs[ATTR_NUM_CLONES] = ir.IntegerAttr.get(i64, sum(1 for x in layout.instances if x.clone and x.op is not None))
+        clones = sum(1 for x in layout.instances if x.clone and x.op is not None)
+        attrs[ATTR_NUM_CLONES] = ir.IntegerAttr.get(i64, clones)
         attrs[ATTR_COST_UNIT] = ir.StringAttr.get(graph.cost_unit)
         if not fn.module.operation.verify():
             raise PlanError(f"{where}: the rewritten {fn.path} does not verify")

@@ -166,7 +166,7 @@ def _loc_line(loc) -> int | None:
     return line
 
 
-def fail_at(path: Path, op, problem: str):
+def _fail_at(path: Path, op, problem: str):
     line = _loc_line(op.location)
     raise ImportFailure(f"{path}:{line}: {problem}" if line else f"{path}: {problem}")
 
@@ -192,9 +192,9 @@ def _select_function(ir, path: Path, module, name: str | None):
         raise ImportFailure(f"{path}: no function {name!r} (functions: {', '.join(funcs)})")
     func = funcs[name]
     if not _has_body(func):
-        fail_at(path, func, f"function {name!r} is only a declaration (no body)")
+        _fail_at(path, func, f"function {name!r} is only a declaration (no body)")
     if len(func.regions[0].blocks) != 1:
-        fail_at(path, func, f"function {name!r} has several blocks (unstructured control flow is not supported)")
+        _fail_at(path, func, f"function {name!r} has several blocks (unstructured control flow is not supported)")
     return func
 
 
@@ -261,9 +261,9 @@ def _inline_calls(ir, path: Path, module, block, names: _Names, stack: list[str]
         if callee is None or not _has_body(callee):
             continue  # an external declaration stays an opaque call
         if callee_name in stack:
-            fail_at(path, op, f"recursive call to @{callee_name} cannot be inlined")
+            _fail_at(path, op, f"recursive call to @{callee_name} cannot be inlined")
         if len(callee.regions[0].blocks) != 1:
-            fail_at(path, callee, f"function {callee_name!r} has several blocks "
+            _fail_at(path, callee, f"function {callee_name!r} has several blocks "
                                   "(unstructured control flow is not supported)")
         prefix = names.of_op(op) or f"call.{callee_name}.{k}"
         body = callee.regions[0].blocks[0]
@@ -437,13 +437,13 @@ def _build_graph(ir, path: Path, func, names: _Names, device: str):
         if ATTR_BYTES in attrs:
             override = _number(attrs[ATTR_BYTES])
             if override is None or override < 0:
-                fail_at(path, op, f"{ATTR_BYTES} must be a number >= 0")
+                _fail_at(path, op, f"{ATTR_BYTES} must be a number >= 0")
             size = int(override)
         for key in ATTR_COST:
             if key in attrs:
                 cost = _number(attrs[key])
                 if cost is None or not cost >= 0 or not math.isfinite(cost):
-                    fail_at(path, op, f"{key} must be a finite number >= 0")
+                    _fail_at(path, op, f"{key} must be a finite number >= 0")
                 measured[i] = cost
                 break
         if ATTR_PHASE in attrs:
@@ -460,7 +460,7 @@ def _build_graph(ir, path: Path, func, names: _Names, device: str):
         for r in op.results:
             producer[r] = i
     if terminator is None:
-        fail_at(path, func, "function body does not end in func.return")
+        _fail_at(path, func, "function body does not end in func.return")
     for v in terminator.operands:
         nodes[producer[v]].output = True
 
@@ -481,7 +481,7 @@ def _build_graph(ir, path: Path, func, names: _Names, device: str):
     if ATTR_BUDGET_MB in fattrs:
         mb = _number(fattrs[ATTR_BUDGET_MB])
         if mb is None or not mb >= 0 or not math.isfinite(mb):
-            fail_at(path, func, f"{ATTR_BUDGET_MB} must be a finite number >= 0")
+            _fail_at(path, func, f"{ATTR_BUDGET_MB} must be a finite number >= 0")
         meta["budget_bytes"] = int(mb * 2**20)
     fname = _sym_name(func)
     gname = path.stem if fname == "main" else f"{path.stem}.{fname}"
