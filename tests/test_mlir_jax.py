@@ -68,7 +68,7 @@ def test_same_bytes_as_the_jax_front_end_up_to_lowering(step_mlir):
     (jaxpr names on the left: ``mul`` and ``integer_pow`` lower to multiply,
     ``add_any`` to add, ``reduce_sum`` to a reduce)."""
     try:
-        from rematopt.importers.jaxpr import trace_grad
+        from rematopt.jax import trace_grad
     except ImportError as e:
         pytest.skip(f"the JAX front end is not importable here: {e}")
     j = bytes_by_op(trace_grad(loss, PARAMS, X, Y))
