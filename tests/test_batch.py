@@ -17,7 +17,7 @@ from rematopt.errors import BudgetError, GraphError, PlannerError, RematoptError
 from rematopt.importers.synthetic import chain, random_layered, unet
 
 FAKES = '''
-import os, time
+import os, signal, time
 from rematopt.planners.no_remat import plan as no_remat
 
 def crash(graph, budget, options):
@@ -37,6 +37,18 @@ def liar(graph, budget, options):
     p.stats["peak_bytes"] -= 1
     return p
 
+def patient(graph, budget, options):
+    """Searches until SIGINT, then returns its best plan (as cpsat does)."""
+    stop = []
+    signal.signal(signal.SIGINT, lambda *a: stop.append(1))
+    while not stop:
+        time.sleep(0.05)
+    return no_remat(graph, budget, options)
+
+def stubborn(graph, budget, options):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    time.sleep(120)
+
 def echo_hint(graph, budget, options):
     """An 'exact' planner that reports the hint it was given."""
     p = no_remat(graph, budget, options)
@@ -53,7 +65,7 @@ def fakes(tmp_path, monkeypatch):
     (tmp_path / "fakeplanners.py").write_text(textwrap.dedent(FAKES))
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
-    for name in ("crash", "hang", "hog", "broken", "liar", "echo_hint"):
+    for name in ("crash", "hang", "hog", "broken", "liar", "patient", "stubborn", "echo_hint"):
         monkeypatch.setitem(planners.REGISTRY, f"fake-{name}", f"fakeplanners:{name}")
     return tmp_path
 
@@ -106,16 +118,23 @@ def test_rows_hold_the_replay_of_saved_plans_and_resume_skips_them(graph_dir, tm
     assert len(changed.specs) == 2  # other options, other jobs
 
 
-def test_failures_become_rows_and_never_stop_the_batch(fakes, tmp_path):
+def test_failures_become_rows_and_never_stop_the_batch(fakes, tmp_path, monkeypatch):
     path = tmp_path / "unet.json"
     unet(2, train=True).save(path)
-    names = ["fake-crash", "fake-hang", "fake-hog", "fake-broken", "fake-liar", "no-remat"]
-    rows, _ = run([path], names, [1.0], tmp_path / "res", jobs=2, options={"time_limit": 0.1},
-                  timeout_margin=8, memory_limit=1 << 30)
+    monkeypatch.setattr(batch, "STOP_GRACE_S", 1.0)
+    names = ["fake-crash", "fake-hang", "fake-patient", "fake-stubborn", "fake-hog", "fake-broken", "fake-liar",
+             "no-remat"]
+    rows, _ = run([path], names, [1.0], tmp_path / "res", jobs=4, options={"time_limit": 0.1},
+                  timeout_margin=6, memory_limit=1 << 30)  # the workers mostly sleep: 4 at once is light
     status = {r["planner"]: (r["status"], r["error"]) for r in rows}
     assert status["no-remat"] == ("FEASIBLE", None)
     assert status["fake-crash"][0] == "CRASH" and "SIGABRT" in status["fake-crash"][1]
-    assert status["fake-hang"][0] == "TIMEOUT" and "8.1 s" in status["fake-hang"][1]
+    assert status["fake-hang"][0] == "TIMEOUT" and "6.1 s" in status["fake-hang"][1]
+    assert status["fake-stubborn"][0] == "TIMEOUT" and "6.1 s" in status["fake-stubborn"][1]
+    # Stopped by SIGINT at the hard timeout, it hands back its plan: a replayed row.
+    patient = next(r for r in rows if r["planner"] == "fake-patient")
+    assert patient["status"] == "FEASIBLE" and "best plan kept" in patient["error"]
+    assert simulate(unet(2, train=True), Plan.load(tmp_path / "res" / patient["plan_path"])).valid
     assert status["fake-hog"][0] == "OOM"
     assert status["fake-broken"] == ("ERROR", "ValueError: bad model")
     assert status["fake-liar"][0] == "ERROR" and "replay" in status["fake-liar"][1]
@@ -197,8 +216,6 @@ def test_cli_batch_then_report(graph_dir, tmp_path):
     assert done.returncode == 0, done.stderr
     assert "FEASIBLE 2" in done.stdout and "OVER_BUDGET 2" in done.stdout
     assert json.loads((out / "batch.json").read_text())[0]["command"].startswith("rematopt batch")
-    again = rematopt("batch", graph_dir, "--planners", "no-remat", "--budget-ratios", "1.0,0.9", "--out", out)
-    assert again.returncode == 2 and "--resume" in again.stderr and "Traceback" not in again.stderr
     resumed = rematopt("batch", graph_dir, "--planners", "no-remat", "--budget-ratios", "1.0,0.9", "--out", out,
                        "--time-limit", "5", "--resume")
     assert resumed.returncode == 0 and "no new rows" in resumed.stdout

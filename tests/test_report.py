@@ -15,7 +15,7 @@ import pytest
 from rematopt import report
 from rematopt.batch import RESULTS, ResultsLog
 from rematopt.errors import RematoptError
-from rematopt.report_figures import pareto_front, read_solver_log
+from rematopt.report_figures import pareto_front, read_solver_log, solver_progress
 
 pytest.importorskip("matplotlib")
 
@@ -107,11 +107,11 @@ def test_tables_figures_and_a_self_contained_index(results, tmp_path):
 
 
 def test_progress_figure_is_skipped_without_readable_logs(results, tmp_path):
-    rows = [json.loads(line) for line in (results / RESULTS).read_text().splitlines()]
-    (results / RESULTS).write_text("".join(json.dumps({**r, "log_path": None}) + "\n" for r in rows))
-    report.write_report(results, tmp_path / "rep")
-    assert not (tmp_path / "rep" / "solver_progress.png").exists()
-    assert (tmp_path / "rep" / "pareto.png").exists()
+    df = report.load_results(results)
+    assert solver_progress(df.assign(log_path=None), results, tmp_path) is None
+    assert solver_progress(df.assign(log_path="logs/missing.csv"), results, tmp_path) is None
+    assert not (tmp_path / "solver_progress.png").exists()
+    assert solver_progress(df, results, tmp_path)["file"] == "solver_progress.png"
 
 
 def test_solver_log_keeps_the_primary_phase_and_carries_the_incumbent(results, tmp_path):

@@ -45,6 +45,7 @@ from typing import Any, Callable, Iterable
 from . import planners
 from .errors import BudgetError, GraphError, RematoptError
 from .graph import Graph
+from .reference import no_remat_peak, peak_lower_bound
 
 RESULTS = "results.jsonl"
 EXACT = ("cpsat",)  # take a hint from the fast planners, so they run last
@@ -53,6 +54,7 @@ GRAPH_SUFFIXES = (".json", ".mlir")
 FAILURES = ("INFEASIBLE_BUDGET", "ERROR", "CRASH", "OOM", "TIMEOUT", "SKIPPED")
 DEFAULT_MEMORY_LIMIT = 4 << 30
 DEFAULT_TIMEOUT_MARGIN = 30.0  # interpreter start, graph load, replay, plan save
+STOP_GRACE_S = 10.0  # after SIGINT at the hard timeout, for the planner to hand back its best plan
 _ROLE_TOKENS = {"train", "training", "infer", "inference", "fwd", "bwd", "forward", "backward", "grad"}
 
 
@@ -69,6 +71,8 @@ class GraphInput:
     family: str
     nodes: int
     edges: int
+    no_remat_peak: int
+    peak_lower_bound: int
 
 
 def family_of(name: str) -> str:
@@ -118,7 +122,8 @@ def load_inputs(paths: Iterable[str | Path]) -> tuple[list[GraphInput], list[tup
             continue
         seen.add(digest)
         family = str(g.meta.get("family") or family_of(g.name))
-        inputs.append(GraphInput(path.resolve(), digest, g.name, family, g.n, len(g.edges)))
+        inputs.append(GraphInput(path.resolve(), digest, g.name, family, g.n, len(g.edges),
+                                 no_remat_peak(g), peak_lower_bound(g)))
     return inputs, skipped
 
 
@@ -309,6 +314,8 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
             path.parent.mkdir(parents=True, exist_ok=True)
             sol.plan.save(path)
             row["plan_path"] = spec["plan_path"]
+    except KeyboardInterrupt:  # the SIGINT of the hard timeout, before the planner could return
+        row.update(status="TIMEOUT", error="stopped before the planner returned")
     except MemoryError:
         row.update(status="OOM", error=f"out of memory (limit {spec.get('memory_limit')} bytes)")
     except PlanMismatch as e:
@@ -351,17 +358,19 @@ def execute(spec: dict[str, Any]) -> dict[str, Any]:
                                     start_new_session=True)  # Ctrl-C reaches the batch, which ends it
             with _LIVE_LOCK:
                 _LIVE.add(proc)
+            stopped = False
             try:
                 code = proc.wait(timeout=spec["timeout"])
             except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-                code = None
+                stopped, code = True, _stop(proc)
             finally:
                 with _LIVE_LOCK:
                     _LIVE.discard(proc)
         if code == 0 and result_file.exists():
             row = json.loads(result_file.read_text())
+            if stopped:
+                row["error"] = (f"stopped at the hard timeout ({spec['timeout']:g} s); "
+                                + ("best plan kept" if row.get("plan_path") else "no plan"))
         else:
             row = base_row(spec)
             row["status"], row["error"] = _failure(spec, code, err_file.read_text(errors="replace"))
@@ -369,10 +378,22 @@ def execute(spec: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
+def _stop(proc: subprocess.Popen) -> int | None:
+    """SIGINT first (cpsat then stops its search and returns its best plan),
+    SIGKILL after a grace period. Returns the exit status, None if killed."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        return proc.wait(timeout=STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return None
+
+
 def _failure(spec: dict[str, Any], code: int | None, stderr: str) -> tuple[str, str]:
     tail = " | ".join(stderr.strip().splitlines()[-3:])
-    if code is None:
-        return "TIMEOUT", f"killed after {spec['timeout']:g} s (time limit + margin)"
+    if code is None or "KeyboardInterrupt" in stderr:
+        return "TIMEOUT", f"stopped after {spec['timeout']:g} s (time limit + margin)"
     if "MemoryError" in stderr or "bad_alloc" in stderr or "out of memory" in stderr.lower():
         return "OOM", f"out of memory (limit {spec.get('memory_limit')} bytes): {tail}"
     how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
@@ -394,7 +415,7 @@ class BatchPlan:
 
     specs: list[dict[str, Any]]
     done: dict[str, dict[str, Any]]  # key -> row from an earlier run (--resume)
-    skipped: list[dict[str, Any]] = field(default_factory=list)  # rows written without running
+    skipped: list[dict[str, Any]] = field(default_factory=list)  # rows decided without a worker
 
 
 def plan_batch(inputs: list[GraphInput], planner_names: list[str], ratios: list[float], out: str | Path,
@@ -431,13 +452,19 @@ def plan_batch(inputs: list[GraphInput], planner_names: list[str], ratios: list[
                     spec["run_options"].setdefault("workers", default_workers)
                 if spec["key"] in done:
                     continue
-                if planner in EXACT and exact_max_nodes is not None and g.nodes > exact_max_nodes:
-                    row = base_row(spec)
-                    row.update(status="SKIPPED", error=f"{g.nodes} nodes > --exact-max-nodes {exact_max_nodes}",
-                               log_path=None)
+                budget = math.floor(r * g.no_remat_peak)  # as resolve_budget does
+                row = base_row(spec)
+                row.update(budget=budget, log_path=None)
+                if budget < g.peak_lower_bound:
+                    row.update(status="INFEASIBLE_BUDGET",
+                               error=f"{g.path}: budget {budget:,} bytes is below the lower bound "
+                                     f"{g.peak_lower_bound:,} bytes (working set or resident inputs)")
                     skipped.append(row)
-                    continue
-                specs.append(spec)
+                elif planner in EXACT and exact_max_nodes is not None and g.nodes > exact_max_nodes:
+                    row.update(status="SKIPPED", error=f"{g.nodes} nodes > --exact-max-nodes {exact_max_nodes}")
+                    skipped.append(row)
+                else:
+                    specs.append(spec)
     return BatchPlan(specs, done, skipped)
 
 
