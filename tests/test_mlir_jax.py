@@ -83,6 +83,36 @@ def test_same_bytes_as_the_jax_front_end_up_to_lowering(step_mlir):
     assert m["constant"] > 0 and j["constant"] == 0
 
 
+# jaxpr primitive -> the StableHLO op it lowers to, where the names differ.
+LOWERS_TO = {"mul": "multiply", "integer_pow": "multiply", "add_any": "add", "sub": "subtract",
+             "div": "divide", "neg": "negate", "exp": "exponential", "max": "maximum",
+             "reduce_sum": "reduce", "reduce_max": "reduce", "scatter-add": "scatter"}
+
+
+def test_models_mlp_step_against_the_jax_front_end(tmp_path):
+    """models/mlp.py's step (softmax cross-entropy: gathers, scatters, reductions).
+    Besides constants and broadcasts, lowering adds index arithmetic around the
+    label gather (compare / select / and) and drops ``stop_gradient``; every
+    op kind the two graphs share by name carries the same bytes."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    mlp = pytest.importorskip("models.mlp")
+    from rematopt.jax import trace_grad
+
+    loss_fn, args = mlp.factory(layers=2, width=32, in_dim=16, batch=8)
+    path = tmp_path / "mlp.mlir"
+    path.write_text(jax.jit(jax.value_and_grad(loss_fn)).lower(*args).as_text())
+    m = bytes_by_op(import_mlir(path))
+    j: Counter = Counter()
+    for op, b in bytes_by_op(trace_grad(loss_fn, *args)).items():
+        j[LOWERS_TO.get(op, op)] += b
+    for op in ("dot_general", "transpose", "tanh", "exponential", "log", "gather", "scatter", "reshape",
+               "multiply", "subtract", "add", "divide", "negate", "maximum"):
+        assert m[op] == j[op] > 0, op
+
+
 def test_a_plan_goes_back_into_the_stablehlo(step_mlir, tmp_path):
     g = import_mlir(step_mlir)
     # recompute both forward activations (each read by the next layer and by the backward pass)
