@@ -724,8 +724,8 @@ def plan(graph: Graph, budget: int | None, options: dict[str, Any]) -> Plan:
     marks = {i for i in eligible if graph.nodes[i].recompute}
     bad = next((v for v in graph.nodes if v.recompute and not v.is_input and not v.recomputable), None)
     if bad is not None:
-        raise PlannerError(located(graph.source or graph.name, f"node {bad.id} ({bad.name}) is marked recompute "
-                                               "but is not recomputable"))
+        raise PlannerError(located(graph.source or graph.name,
+                                   f"node {bad.id} ({bad.name}) is marked recompute but is not recomputable"))
     model = PeakModel(program, candidates, kind)
     sel = select(program, model, candidates, sorted(marks, key=graph.position.__getitem__), budget)
     lap("select_s")
@@ -776,6 +776,7 @@ def plan(graph: Graph, budget: int | None, options: dict[str, Any]) -> Plan:
         "transfer_bytes": 0,
         "peak_model": kind,
         "model_peak_bytes": model.peak(),
+        "model_peak_before_trim_bytes": peak_before_trim,
         "peak_before_bytes": no_remat_peak(graph),
         "peak_after_bytes": peak,
         "selected": [graph.nodes[i].name for i in selected],
