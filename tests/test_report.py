@@ -15,7 +15,7 @@ import pytest
 from rematopt import report
 from rematopt.batch import RESULTS, ResultsLog
 from rematopt.errors import RematoptError
-from rematopt.report_figures import pareto_front, read_solver_log, solver_progress
+from rematopt.report_figures import pareto_front, read_solver_log, solver_progress, with_final_point
 
 pytest.importorskip("matplotlib")
 
@@ -118,6 +118,9 @@ def test_solver_log_keeps_the_primary_phase_and_carries_the_incumbent(results, t
     log = read_solver_log(results / "logs" / "b.csv")
     assert log["time"].tolist() == [0.5, 1.0, 2.0]
     assert log["incumbent"].tolist() == [40, 40, 30] and log["bound"].tolist() == [5, 12, 20]
+    # An optimality proof fires no bound event: the row's objective and bound end the trace.
+    done = with_final_point(log, pd.Series({"bound": 22.0, "stats": json.dumps({"objective": 25, "primary_s": 3})}))
+    assert done.iloc[-1].tolist() == [3.0, 25.0, 22.0] and len(done) == 4
     (tmp_path / "odd.csv").write_text("a,b\n1,2\n")
     assert read_solver_log(tmp_path / "odd.csv") is None
     assert read_solver_log(tmp_path / "absent.csv") is None

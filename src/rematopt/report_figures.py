@@ -5,6 +5,7 @@ the same data, or None when there is nothing to draw."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -176,6 +177,20 @@ def read_solver_log(path: Path) -> pd.DataFrame | None:
     return frame if frame["incumbent"].notna().any() else None
 
 
+def with_final_point(log: pd.DataFrame, row: pd.Series) -> pd.DataFrame:
+    """The solver reports no bound event when it proves optimality, so end the
+    trace at the row's own objective and bound (at the primary solve's end)."""
+    try:
+        stats = json.loads(row.get("stats") or "{}")
+    except (TypeError, ValueError):
+        stats = {}
+    if pd.isna(row.get("bound")) or stats.get("objective") is None:
+        return log
+    end = max(float(stats.get("primary_s") or 0.0), float(log["time"].max()))
+    return pd.concat([log, pd.DataFrame({"time": [end], "incumbent": [float(stats["objective"])],
+                                         "bound": [float(row["bound"])]})], ignore_index=True)
+
+
 def solver_progress(df: pd.DataFrame, results_dir: Path, out: Path) -> dict[str, Any] | None:
     ex = df[df["exact"] & df.get("log_path", pd.Series(index=df.index, dtype=object)).notna()]
     logs = []
@@ -183,7 +198,7 @@ def solver_progress(df: pd.DataFrame, results_dir: Path, out: Path) -> dict[str,
         path = Path(row["log_path"])
         log = read_solver_log(path if path.is_absolute() else results_dir / path)
         if log is not None:
-            logs.append((row, log))
+            logs.append((row, with_final_point(log, row)))
     # Hardest: not proven optimal first, then the longest runs.
     logs.sort(key=lambda rl: (rl[0]["status"] == "OPTIMAL", -(rl[0]["wall_s"] or 0)))
     logs = logs[:HARDEST]
@@ -209,5 +224,5 @@ def solver_progress(df: pd.DataFrame, results_dir: Path, out: Path) -> dict[str,
     worst = max(finals, key=lambda f: f[2], default=None)
     tail = (f"; the widest final gap is {100 * worst[2]:.2f}% on {worst[0]} at r={worst[1]:g}" if worst else "")
     return {"file": "solver_progress.png", "title": "CP-SAT incumbent and bound over time, hardest instances",
-            "reading": f"Incumbent (upper) and bound (lower) of the exact solver on the {len(logs)} hardest "
-                       f"instances with a solver log{tail}."}
+            "reading": f"Incumbent (upper) and bound (lower) of the exact solver's objective on the "
+                       f"{len(logs)} hardest instance{'s' if len(logs) > 1 else ''} with a solver log{tail}."}
