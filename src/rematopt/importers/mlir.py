@@ -453,10 +453,8 @@ def _build_graph(ir, path: Path, func, names: _Names, device: str):
                           cost=roofline_cost(ir, op, dev), recomputable=recomputable,
                           recompute=recomputable and ATTR_RECOMPUTE in attrs))
         node_ops.append(op)
-        for v in used_values(op):
-            p = producer.get(v)
-            if p is not None and (p, i) not in edges:
-                edges.append((p, i))
+        for p in dict.fromkeys(producer[v] for v in used_values(op) if v in producer):
+            edges.append((p, i))
         for r in op.results:
             producer[r] = i
     if terminator is None:
