@@ -5,8 +5,11 @@ explicit marks are never trimmed."""
 
 from __future__ import annotations
 
+import json
 import math
 import random
+import subprocess
+import sys
 import warnings
 from collections import Counter
 
@@ -17,7 +20,7 @@ from conftest import nodelink_files
 from rematopt import Graph, Node, no_remat_peak, simulate, solve
 from rematopt.errors import PlannerError
 from rematopt.importers import synthetic
-from rematopt.plan import COMPUTE
+from rematopt.plan import COMPUTE, Plan
 from rematopt.planners.greedy import (CLONE_BOUND, PeakModel, PeakTracker, Program, project_clone_count,
                                       projection)
 
@@ -379,3 +382,45 @@ def test_tie_goes_to_the_earliest_position():
 def test_bad_options_are_refused(options, match):
     with pytest.raises(PlannerError, match=match):
         run(synthetic.chain(4, sinks=True), **options)
+
+
+# -- program shapes and the command line ------------------------------------------
+
+def test_forward_use_after_the_backward_pass_starts_keeps_a_node_out():
+    # a's forward consumer c runs after the first backward node gb: a clone
+    # of a at gb would be computed while the original still waits for c.
+    f, b = "forward", "backward"
+    nodes = [Node(0, "a", bytes=8, cost=1, phase=f), Node(1, "gb", bytes=1, cost=1, phase=b),
+             Node(2, "c", bytes=8, cost=1, phase=f), Node(3, "gc", bytes=1, cost=1, phase=b)]
+    g = Graph("interleaved", nodes, [(0, 1), (0, 2), (2, 3), (0, 3)])
+    program = Program.of(g)
+    assert not program.eligible[0] and program.eligible[2]
+    sol = run(g, 0)
+    assert sol.plan.stats["selected"] == ["c"]
+    check_exact(g, sol)
+
+
+def test_without_phases_every_use_gets_its_own_clone():
+    # A plain chain: every link is selected, each is rebuilt right before its
+    # one consumer and its original dropped, so nothing is computed twice.
+    g = synthetic.chain(6)
+    sol = run(g, 0)
+    assert len(sol.plan.stats["selected"]) == 6  # x, c1..c5 (c6 feeds nothing)
+    assert sol.replay.compute_events == len(g.compute_ids)
+    assert sol.plan.stats["originals_dropped"] == 6 and sol.plan.stats["projected_clones"] == 6
+
+
+def test_cli_solve_with_greedy_options(tmp_path):
+    path, plan = tmp_path / "chain.json", tmp_path / "plan.json"
+    synthetic.chain(16, sinks=True).save(path)
+    out = subprocess.run([sys.executable, "-m", "rematopt", "solve", str(path), "--planner", "greedy",
+                          "--budget-ratio", "0.3", "--max-clone-expansion", "2", "--trim", "max-clone",
+                          "--peak-model", "residual", "-o", str(plan), "--json"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert CLONE_BOUND in out.stderr
+    info = json.loads(out.stdout)
+    assert info["planner"] == "greedy" and info["peak_model"] == "residual" and info["trim"] == "max-clone"
+    assert info["compute_events"] <= 2 * 33 and info["dropped"]
+    replay = simulate(Graph.load(path), Plan.load(plan))
+    assert replay.valid and replay.peak_bytes == info["peak_bytes"]

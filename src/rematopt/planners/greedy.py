@@ -158,11 +158,11 @@ class Program:
 class Projection:
     """What materialising a selection will emit: clones per node, whether each
     node's original computation survives, and the latest position at which
-    a clone of each selected node is used (its horizon)."""
+    a clone of each selected node is used (its reach)."""
 
     clones: list[int]
     original: list[bool]
-    horizon: list[int]
+    reach: list[int]
 
     @property
     def total_clones(self) -> int:
@@ -186,21 +186,21 @@ def projection(graph: Graph, selected: list[bool] | set[int], program: Program |
     pos = graph.position
     clones = [0] * graph.n
     original = [True] * graph.n
-    horizon = [-1] * graph.n
+    reach = [-1] * graph.n
     for i in reversed(graph.order):
         if not sel[i]:
             continue
-        count, reach = 0, -1
+        count, latest = 0, -1
         for u in graph.succs[i]:
             if sel[u]:
                 count += clones[u]
-                reach = max(reach, horizon[u])
+                latest = max(latest, reach[u])
             if original[u] and program.is_late(i, u):
                 count += 1
-                reach = max(reach, pos[u])
-        clones[i], horizon[i] = count, reach
+                latest = max(latest, pos[u])
+        clones[i], reach[i] = count, latest
         original[i] = any(original[u] for u in program.early[i])
-    return Projection(clones, original, horizon)
+    return Projection(clones, original, reach)
 
 
 def project_clone_count(graph: Graph, selected: list[bool] | set[int]) -> int:
@@ -615,7 +615,7 @@ def emit(program: Program, sel: list[bool], proj: Projection) -> np.ndarray:
     resident waiting for its consumer) and copied wherever it is needed."""
     g = program.graph
     pos, preds = g.position, g.preds
-    original, horizon = proj.original, proj.horizon
+    original, reach = proj.original, proj.reach
 
     def inputs_to_clone(i: int, as_clone: bool) -> list[int]:
         return sorted((p for p in preds[i] if sel[p] and (as_clone or program.is_late(p, i))),
@@ -623,7 +623,7 @@ def emit(program: Program, sel: list[bool], proj: Projection) -> np.ndarray:
 
     # When each surviving original is last used: by a surviving original
     # (unless through a late edge of a selected producer) or by a clone of a
-    # selected consumer (at that consumer's horizon).
+    # selected consumer (at that consumer's reach).
     last = [-1] * g.n
     for i in g.order:
         if original[i]:
@@ -633,7 +633,7 @@ def emit(program: Program, sel: list[bool], proj: Projection) -> np.ndarray:
         if sel[i] and proj.clones[i]:
             for p in preds[i]:
                 if not sel[p]:
-                    last[p] = max(last[p], horizon[i])
+                    last[p] = max(last[p], reach[i])
     frees_at: list[list[int]] = [[] for _ in range(g.n)]
     pieces: list[np.ndarray] = []
     buf: list[int] = []
@@ -758,7 +758,7 @@ def plan(graph: Graph, budget: int | None, options: dict[str, Any]) -> Plan:
         raise PlannerError(f"greedy: {graph.name}: the selection would emit {expected:,} compute events "
                            f"(limit {MAX_EVENTS:,}); bound it with max_clone_expansion")
 
-    if dropped:  # settle the horizons too; the totals must not move
+    if dropped:  # settle the reaches too; the totals must not move
         proj = projection(graph, sel, program)
         if (proj.total_clones, proj.originals_dropped()) != (trimmer.total_clones, trimmer.dropped_originals):
             raise RuntimeError("greedy: incremental clone projection drifted from the full walk")
