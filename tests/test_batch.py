@@ -24,6 +24,9 @@ def crash(graph, budget, options):
     os.abort()
 
 def hang(graph, budget, options):
+    if os.environ.get("FAKE_PID_FILE"):
+        with open(os.environ["FAKE_PID_FILE"], "a") as f:
+            f.write(str(os.getpid()) + " ")
     time.sleep(120)
 
 def hog(graph, budget, options):
@@ -233,3 +236,40 @@ def test_cli_batch_then_report(graph_dir, tmp_path):
 def test_cli_bad_input_is_one_line_and_exit_2(graph_dir, tmp_path, args, problem):
     done = rematopt("batch", graph_dir, *args, "--out", tmp_path / "o")
     assert done.returncode == 2 and problem in done.stderr and "Traceback" not in done.stderr
+
+
+INTERRUPTED = """
+import sys
+from rematopt import batch, planners
+planners.REGISTRY["fake-hang"] = "fakeplanners:hang"
+inputs, _ = batch.load_inputs([sys.argv[1]])
+bp = batch.plan_batch(inputs, ["no-remat", "fake-hang"], [1.0], sys.argv[2], resume=True)
+batch.run_batch(bp, sys.argv[2], jobs=2)
+"""
+
+
+def test_ctrl_c_keeps_finished_rows_ends_workers_and_resume_runs_the_rest(fakes, graph_dir, tmp_path):
+    import os
+    import signal
+    import time
+
+    out, pids = tmp_path / "res", tmp_path / "pids"
+    env = {**os.environ, "FAKE_PID_FILE": str(pids)}
+    proc = subprocess.Popen([sys.executable, "-c", INTERRUPTED, str(graph_dir), str(out)], env=env,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and not (pids.exists() and len(pids.read_text().split()) == 2
+                                               and len(batch.read_rows(out)) == 2):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err
+    rows = batch.read_rows(out)
+    assert sorted(r["planner"] for r in rows) == ["no-remat", "no-remat"]  # finished rows only, none torn
+    time.sleep(0.5)
+    for pid in map(int, pids.read_text().split()):  # the hung workers were ended
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    inputs, _ = batch.load_inputs([graph_dir])
+    rest = batch.plan_batch(inputs, ["no-remat", "fake-hang"], [1.0], out, resume=True)
+    assert sorted(s["planner"] for s in rest.specs) == ["fake-hang", "fake-hang"]

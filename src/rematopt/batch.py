@@ -186,8 +186,10 @@ def write_tables(results_dir: str | Path) -> list[Path]:
     try:
         import pyarrow  # noqa: F401
 
-        targets.append(("results.parquet", lambda p: df.astype({c: str for c in df.columns
-                                                                if df[c].dtype == object}).to_parquet(p)))
+        # Parquet wants one type per column: text for the mixed ones, nulls kept.
+        mixed = {c: df[c].map(lambda v: v if v is None or isinstance(v, str) else str(v))
+                 for c in df.columns if df[c].dtype == object}
+        targets.append(("results.parquet", lambda p: df.assign(**mixed).to_parquet(p, index=False)))
     except ImportError:
         pass
     for name, write in targets:
