@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PlanError
-from ..importers.mlir import ATTR_RECOMPUTE, MlirFunction, load_function, used_values
+from ..importers.mlir import ATTR_RECOMPUTE, MlirFunction, load_function, replace_operands, used_values
 from ..plan import COMPUTE, OFFLOAD, PREFETCH, Plan
 from ..reference import no_remat_peak
 from ..simulate import simulate
@@ -159,11 +159,8 @@ class _Layout:
 
     def _rewire(self, op) -> None:
         """Point every use in ``op`` (regions included) at the resident instance."""
-        for v in set(used_values(op)):
-            if v in self.owner:
-                new = self.value(*self.owner[v])
-                if new != v:
-                    _replace_everywhere(op, v, new)
+        resident = {v: self.value(*self.owner[v]) for v in used_values(op) if v in self.owner}
+        replace_operands(op, {v: new for v, new in resident.items() if new != v})
 
     def erase_unused(self) -> None:
         """Erase, last first so that chains of dead instances go too, clones
@@ -222,15 +219,6 @@ class _Layout:
 
 def _strings(ir, names: list[str]):
     return ir.ArrayAttr.get([ir.StringAttr.get(n) for n in names])
-
-
-def _replace_everywhere(op, old, new) -> None:
-    if any(v == old for v in op.operands):
-        op.operation.replace_uses_of_with(old, new)
-    for region in op.regions:
-        for block in region.blocks:
-            for inner in block.operations:
-                _replace_everywhere(inner, old, new)
 
 
 def _has_uses(op) -> bool:

@@ -98,6 +98,8 @@ def import_mlir(path: str | Path, function: str | None = None) -> Graph:
 
 
 def load_function(path: str | Path, function: str | None = None, device: str | None = None) -> MlirFunction:
+    """Parse ``path``, select ``function``, inline its calls and build its graph
+    (roofline costs on ``device``, default A100), keeping the IR for the exporter."""
     path = Path(path)
     ir = _ir()
     text = _read(path)
@@ -275,7 +277,7 @@ def _inline_calls(ir, path: Path, module, block, names: _Names, stack: list[str]
                 returned = [mapping.get(v, v) for v in inner.operands]
                 break
             copy = inner.operation.clone(ip=ir.InsertionPoint(op))
-            _replace_operands(copy, mapping)
+            replace_operands(copy, mapping)
             mapping.update(zip(inner.results, copy.results))
             copy.location = ir.Location.name(f"{prefix}.{names.of_op(inner) or f'{inner.operation.name}.{j}'}")
             copies.append(copy)
@@ -285,7 +287,7 @@ def _inline_calls(ir, path: Path, module, block, names: _Names, stack: list[str]
         _inline_calls(ir, path, module, block, names, stack + [callee_name], copies)
 
 
-def _replace_operands(op, mapping: dict) -> None:
+def replace_operands(op, mapping: dict) -> None:
     """Rewire every use in ``op`` and its regions of a key of ``mapping``."""
     for v in list(op.operands):
         if v in mapping:
@@ -293,7 +295,7 @@ def _replace_operands(op, mapping: dict) -> None:
     for region in op.regions:
         for block in region.blocks:
             for inner in block.operations:
-                _replace_operands(inner, mapping)
+                replace_operands(inner, mapping)
 
 
 def used_values(op) -> list:
