@@ -218,13 +218,14 @@ def make_spec(g: GraphInput, ratio: float, planner: str, options: dict[str, Any]
     key = job_key(g.sha256, ratio, planner, options)
     stem = f"plans/{_slug(g.name)}-{g.sha256[:8]}/{_slug(planner)}-r{ratio:g}-{key[:8]}"
     opts = dict(options)
-    if planner in EXACT:
-        opts["log_path"] = str(out / (stem.replace("plans/", "logs/", 1) + ".csv"))
+    log = stem.replace("plans/", "logs/", 1) + ".csv" if planner in EXACT else None
+    if log:
+        opts["log_path"] = str(out / log)
     return {
         "key": key, "graph": g.name, "family": g.family, "graph_file": str(g.path),
         "graph_sha256": g.sha256, "nodes": g.nodes, "edges": g.edges, "budget_ratio": ratio,
         "planner": planner, "planner_ref": planners.REGISTRY[planner], "options": options,
-        "run_options": opts, "out": str(out), "plan_path": stem + ".json", "hint_path": None,
+        "run_options": opts, "out": str(out), "plan_path": stem + ".json", "log_path": log, "hint_path": None,
         "hint_from": None, "memory_limit": memory_limit, "timeout": timeout,
     }
 
@@ -241,7 +242,7 @@ def base_row(spec: dict[str, Any]) -> dict[str, Any]:
         "overhead": None, "transfer_bytes": None, "gap": None, "bound": None, "wall_s": None,
         "time_to_first_s": None, "time_to_best_s": None, "job_s": None,
         "rematopt_version": _version("rematopt"), "ortools_version": _version("ortools"),
-        "plan_path": None, "log_path": spec["run_options"].get("log_path"),
+        "plan_path": None, "log_path": spec.get("log_path"),
         "hint_from": spec.get("hint_from"), "error": None,
     }
 
@@ -324,7 +325,7 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
         row.update(status="ERROR", error=f"plan failed its replay: {e}")
     except Exception as e:  # noqa: BLE001  (any planner failure is a row, not a stopped batch)
         row.update(status="ERROR", error=f"{type(e).__name__}: {e}")
-    if row.get("log_path") and not Path(row["log_path"]).exists():
+    if row.get("log_path") and not (out / row["log_path"]).exists():
         row["log_path"] = None
     return row
 
