@@ -133,6 +133,23 @@ def test_dtr_meets_every_ratio_on_mobilenet(benchmarks_dir):
         assert check(g, "dtr", ratio).status == "FEASIBLE"
 
 
+@pytest.mark.parametrize("heuristic,recomputed", [("h_dtr", ["c2"]), ("local", ["x", "c1"])])
+def test_dtr_by_hand_on_a_chain_with_sinks(heuristic, recomputed):
+    """x -> c1 -> c2 -> c3 -> c4, sinks s4..s1 read c4..c1; 1 MiB and cost 1
+    each; no-remat peak 5 MiB (c1..c4 and s4). At 4 MiB, computing s4 needs
+    one eviction among c1, c2, c3 (c4 is pinned), last touched 3, 2 and 1
+    computations ago. Local cost 1/staleness evicts c1, whose return later
+    also needs x (freed after c1); h_DTR adds the evicted x to c1's cost
+    (2/3 > 1/2) and evicts c2, which comes back alone."""
+    g = synthetic.chain(4, sinks=True)
+    sol = solve(g, "dtr", budget=4 << 20, dtr_heuristic=heuristic)
+    assert sol.status == "FEASIBLE" and sol.replay.peak_bytes == 4 << 20
+    assert sol.plan.stats["evictions"] == 1
+    counts = compute_counts(g, sol.plan)
+    assert {g.nodes[i].name for i in np.flatnonzero(counts == 2)} == set(recomputed)
+    assert counts.max() == 2
+
+
 def test_dtr_without_budget_is_no_remat():
     g = SHAPES["unet_train"]()
     sol = solve(g, "dtr")

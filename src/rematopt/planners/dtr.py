@@ -75,6 +75,7 @@ class _Runtime:
         self.last_access = [0] * n
         self.clock = 1
         self.needed = needed_until(graph)
+        self.neighbours = [graph.preds[u] + graph.succs[u] for u in range(n)]
         self.now = 0  # position of the program step under way
         self.schedule: Schedule = []
         self.evictions = 0
@@ -82,27 +83,26 @@ class _Runtime:
 
     # -- eviction ---------------------------------------------------------
 
-    def _evicted(self, u: int) -> bool:
-        return self.computed[u] and not self.resident[u] and self.needed[u] >= self.now
-
     def _evicted_components(self) -> tuple[list[int], list[float]]:
         """Connected components (through producers and consumers) of the
-        evicted values: each value's component id (-1 if not evicted) and
-        each component's total cost."""
-        g = self.g
+        evicted values: values computed, not resident, and possibly read
+        again. Returns each value's component id (-1 if not evicted) and each
+        component's total cost."""
+        g, now, nbrs = self.g, self.now, self.neighbours
+        evicted = [c and not r and t >= now for c, r, t in zip(self.computed, self.resident, self.needed)]
         comp = [-1] * g.n
         costs: list[float] = []
         for s in range(g.n):
-            if comp[s] >= 0 or not self._evicted(s):
+            if not evicted[s] or comp[s] >= 0:
                 continue
-            comp[s] = len(costs)
+            k = comp[s] = len(costs)
             total, stack = 0.0, [s]
             while stack:
                 u = stack.pop()
                 total += g.cost[u]
-                for w in (*g.preds[u], *g.succs[u]):
-                    if comp[w] < 0 and self._evicted(w):
-                        comp[w] = comp[s]
+                for w in nbrs[u]:
+                    if evicted[w] and comp[w] < 0:
+                        comp[w] = k
                         stack.append(w)
             costs.append(total)
         return comp, costs
@@ -117,7 +117,7 @@ class _Runtime:
                 continue
             c = g.cost[u]
             if not self.local:  # plus the evicted components u touches
-                c += sum(comp_cost[k] for k in {comp[w] for w in (*g.preds[u], *g.succs[u])} if k >= 0)
+                c += sum(comp_cost[k] for k in {comp[w] for w in self.neighbours[u]} if k >= 0)
             key = (c / (g.bytes[u] * (self.clock - self.last_access[u])), g.position[u])
             if best_key is None or key < best_key:
                 best, best_key = u, key

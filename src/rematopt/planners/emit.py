@@ -18,7 +18,7 @@ consumer misses from the values still resident, right before that consumer.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from ..graph import Graph
 from ..plan import COMPUTE, OFFLOAD, PREFETCH, Plan, PlanBuilder
@@ -27,8 +27,9 @@ from ..simulate import cost_of_counts
 Schedule = list[tuple[int, int]]  # (op code, node) without frees
 
 
-def is_late(graph: Graph, u: int, c: int) -> bool:
-    """Whether consumer ``c`` reads ``u`` late (from a saved or recomputed copy).
+def late_rule(graph: Graph) -> Callable[[int, int], bool]:
+    """``late(u, c)``: whether consumer ``c`` reads ``u`` late (from a saved or
+    recomputed copy).
 
     With phases: a backward consumer of a non-backward value (the forward
     residuals of a training step). Without phases, the whole graph counts as
@@ -36,16 +37,17 @@ def is_late(graph: Graph, u: int, c: int) -> bool:
     ``u`` is used straight away, and each later read would come from a residual.
     """
     if graph.has_phases:
-        nodes = graph.nodes
-        return nodes[u].phase != "backward" and nodes[c].phase == "backward"
-    return c != graph.succs[u][0]
+        backward = [v.phase == "backward" for v in graph.nodes]
+        return lambda u, c: not backward[u] and backward[c]
+    first = [s[0] if s else -1 for s in graph.succs]
+    return lambda u, c: c != first[u]
 
 
 def drop_points(graph: Graph) -> list[int]:
     """Position after which a value that is not saved leaves the device: its
     last early consumer (its own position when it has none)."""
-    pos = graph.position
-    return [max((pos[c] for c in graph.succs[u] if not is_late(graph, u, c)), default=pos[u])
+    pos, late = graph.position, late_rule(graph)
+    return [max((pos[c] for c in graph.succs[u] if not late(u, c)), default=pos[u])
             for u in range(graph.n)]
 
 

@@ -10,7 +10,7 @@ with one of its stock policies (``jax.checkpoint_policies``):
 Everything not saved is recomputed for the backward pass: each late consumer's
 missing forward inputs are recomputed from saved values right before it and
 dropped right after it (:func:`~rematopt.planners.emit.keep_schedule`;
-"late" is defined by :func:`~rematopt.planners.emit.is_late`, so graphs
+"late" is defined by :func:`~rematopt.planners.emit.late_rule`, so graphs
 without phases count as all-forward). Inputs, outputs and non-recomputable
 values are always kept; a non-offloadable dot is kept on the device.
 
