@@ -30,7 +30,13 @@ from ..reference import no_remat_peak, peak_lower_bound
 from ..simulate import base_cost, cost_of_counts
 from .cpsat_backends import CpSatBackend, LpBackend
 from .cpsat_extract import Assignment, events, from_plan
-from .cpsat_model import Formulation, integer_scale, lin
+from .cpsat_model import Formulation, Stages, integer_scale
+
+# Largest full staged model (sum over values of the stages they live in)
+# solved as is; beyond it, depth 1 then 2 (the full model of
+# random_layered_n100, about 5,000 pairs, found no solution in 30 s, its
+# depth-1 model is solved to optimality in under 2 s).
+FULL_MODEL_PAIRS = 2500
 
 STATUS = {cp_model.OPTIMAL: "OPTIMAL", cp_model.FEASIBLE: "FEASIBLE",
           cp_model.INFEASIBLE: "INFEASIBLE", cp_model.UNKNOWN: "UNKNOWN"}
@@ -54,6 +60,7 @@ class Settings:
     log_path: str | None
     progress: bool
     lp_bound: bool
+    depth: int | str | None  # None: automatic; "full"; or a number of producer hops
 
     @classmethod
     def parse(cls, budget: int | None, o: dict[str, Any]) -> "Settings":
@@ -78,7 +85,17 @@ class Settings:
                    o.get("max_clone_expansion") or None, float(o.get("time_limit") or 60.0),
                    int(o.get("workers") or os.cpu_count() or 1), int(o.get("seed") or 0), hint,
                    o.get("warm_start") or "auto", o.get("log_path"), bool(o.get("progress", False)),
-                   bool(o.get("lp_bound", True)))
+                   bool(o.get("lp_bound", True)), _depth(o.get("recompute_depth")))
+
+
+def _depth(value: Any) -> int | str | None:
+    if value in (None, "auto"):
+        return None
+    if value == "full":
+        return "full"
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise PlannerError(f"cpsat: recompute depth must be 'auto', 'full' or an integer >= 0, got {value!r}")
+    return value
 
 
 def plan(graph: Graph, budget: int | None, options: dict[str, Any]) -> Plan:
@@ -158,12 +175,12 @@ class CpSatRun:
 
     # -- model ---------------------------------------------------------------
 
-    def formulation(self, backend: Any) -> Formulation:
+    def formulation(self, backend: Any, depth: int | None) -> Formulation:
         """The model with its primary objective and side constraints."""
         cfg, g = self.cfg, self.graph
         top = cfg.budget if cfg.budget is not None else no_remat_peak(g)
         form = Formulation(g, backend, offload=cfg.offload, transfer_cost_per_byte=cfg.transfer_cost_per_byte,
-                           cost_scale=self.scale, mem_cap_bytes=top)
+                           cost_scale=self.scale, mem_cap_bytes=top, depth=depth)
         form.add_all()
         overhead = form.recompute_terms() + form.transfer_terms()
         if cfg.max_clone_expansion:
@@ -216,7 +233,13 @@ class CpSatRun:
             a = from_plan(self.form, p)
             if a is not None and self.admissible(a):
                 return a, name
-        return None, (candidates[0][0] + " (not in the model's plan space)") if candidates else None
+        if cfg.warm_start == "auto":
+            from .warm_start import staged_eviction
+
+            a = staged_eviction(self.form)
+            if a is not None and self.admissible(a):
+                return a, "staged-eviction"
+        return None, None
 
     def admissible(self, a: Assignment) -> bool:
         """Whether an assignment meets the budget, caps and clone bound."""
@@ -243,6 +266,10 @@ class CpSatRun:
         prm.max_time_in_seconds = max(limit, 0.01)
         prm.num_workers = cfg.workers
         prm.random_seed = cfg.seed
+        # Probing and symmetry detection cost tens of seconds on the larger
+        # benchmark models and found nothing the search needed there.
+        prm.cp_model_probing_level = 0
+        prm.symmetry_level = 0
         to_units = self.to_units if phase == "primary" else (lambda v: v)
         solver.best_bound_callback = lambda b: self.trace.new_bound(phase, to_units(b))
         with _stop_on_sigint(solver) as stopped, _progress(self.trace, cfg.progress and phase == "primary"):
@@ -253,27 +280,53 @@ class CpSatRun:
         values = list(solver.response_proto.solution) if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) else None
         return status, values, solver.objective_value, solver.best_objective_bound
 
+    def depths(self) -> list[int | None]:
+        """The recompute depths to solve in turn (see ``Stages``): the full
+        staged space when it is small, else depth 1 then 2, each model
+        warm-started from the previous one's best (the spaces are nested, so
+        the hint carries over and the incumbent only improves)."""
+        d = self.cfg.depth
+        if d == "full":
+            return [None]
+        if d is not None:
+            return [int(d)]
+        ix = Stages(self.graph, self.cfg.offload)
+        pairs = sum(len(ix.stages(i)) for i in ix.values)
+        return [None] if pairs <= FULL_MODEL_PAIRS else [1, 2]
+
     def run(self) -> Plan:
         cfg, g = self.cfg, self.graph
         self.trace = Trace(self.start)
         self.interrupted = False
-        self.backend = CpSatBackend()
-        self.form = form = self.formulation(self.backend)
-        n_vars, n_cons = self.backend.size
-        build_s = time.perf_counter() - self.start
-        hint, hint_source = self.warm_start()
-        hint_obj = None
-        if hint is not None:
-            hint_obj = self.objective_of(hint)
-            for var, val in hint.values(form):
-                self.backend.model.add_hint(var, val)
-        limit = cfg.time_limit - (time.perf_counter() - self.start)
-        status, values, obj, bound = self.solve_phase("primary", limit)
-        best = Assignment.from_values(form, lambda v: values[v.index]) if values else None
-        if hint is not None and (best is None or self.objective_of(best) > hint_obj):
-            best, obj = hint, hint_obj  # never worse than the hint
-            status = cp_model.FEASIBLE if status != cp_model.OPTIMAL else status
-            self.trace.solution("primary", self.to_units(hint_obj), self.to_units(bound))
+        best = hint_obj = hint_source = None
+        status, obj, bound = cp_model.UNKNOWN, None, None
+        for depth in self.depths():
+            if best is not None and (status != cp_model.OPTIMAL or self.interrupted):
+                break
+            prev = events(self.form, best) if best is not None else None
+            self.backend = CpSatBackend()
+            self.form = form = self.formulation(self.backend, depth)
+            n_vars, n_cons = self.backend.size
+            build_s = time.perf_counter() - self.start
+            if prev is None:
+                hint, hint_source = self.warm_start()
+                hint_obj = self.objective_of(hint) if hint is not None else None
+            else:
+                hint = from_plan(form, prev)
+            if hint is not None:
+                for var, val in hint.values(form):
+                    self.backend.model.add_hint(var, val)
+                if cfg.objective == "peak":
+                    self.backend.model.add_hint(self.peak_var, self.objective_of(hint))
+            limit = cfg.time_limit - (time.perf_counter() - self.start)
+            status, values, obj, bound = self.solve_phase("primary", limit)
+            best = Assignment.from_values(form, lambda v: values[v.index]) if values else None
+            if hint is not None and (best is None or self.objective_of(best) > self.objective_of(hint)):
+                best, obj = hint, self.objective_of(hint)  # never worse than the hint
+                status = cp_model.FEASIBLE if status != cp_model.OPTIMAL else status
+                self.trace.solution("primary", self.to_units(obj), self.to_units(bound))
+            if best is None:
+                break
         primary_s = time.perf_counter() - self.start
         secondary = None
         if best is not None and status == cp_model.OPTIMAL and not self.interrupted:
@@ -285,13 +338,14 @@ class CpSatRun:
             "objective": None, "best_bound": self.to_units(bound) if best is not None else None, "gap": None,
             "time_to_first_s": self.trace.first, "time_to_best_s": self.trace.best,
             "primary_s": primary_s, "variables": n_vars, "constraints": n_cons, "build_s": build_s,
+            "recompute_depth": "full" if depth is None else depth,
             "cost_scale": self.scale, "cost_scale_exact": self.exact, "memory_unit_bytes": form.unit,
             "offload": cfg.offload, "warm_start": hint_source,
             "hint_objective": self.to_units(hint_obj) if hint_obj is not None else None,
             "interrupted": self.interrupted, "lexicographic": secondary is not None,
         }
         if cfg.lp_bound:
-            stats["lp_bound"] = self.lp_bound(max(1.0, cfg.time_limit / 4))
+            stats["lp_bound"] = self.lp_bound(max(1.0, cfg.time_limit / 4), depth)
         if cfg.log_path:
             self.trace.write(cfg.log_path)
         if best is None:
@@ -341,17 +395,16 @@ class CpSatRun:
         low = math.ceil((self.form.initial_bytes - self.form.persistent_bytes) / self.form.unit)
         return max(max(a.memory(self.form).values(), default=0), max(low, 0))
 
-    def lp_bound(self, limit: float) -> float | None:
+    def lp_bound(self, limit: float, depth: int | None) -> float | None:
         """The LP relaxation of the same formulation, in the objective's units."""
-        lp = LpBackend()
-        saved = self.form, getattr(self, "peak_var", None)
-        self.formulation(lp)
-        self.form, self.peak_var = saved
+        overhead = self.cfg.objective == "overhead"
+        lp = LpBackend(self.scale if overhead else 1.0)
+        saved = self.form, getattr(self, "peak_var", None), self.overhead_terms
+        self.formulation(lp, depth)
+        self.form, self.peak_var, self.overhead_terms = saved
         value = lp.solve(limit)
-        if value is None:
-            return None
-        if self.cfg.objective == "overhead":
-            return value / self.scale
+        if value is None or overhead:
+            return value
         return value * self.form.unit + self.form.persistent_bytes
 
 

@@ -45,9 +45,12 @@ class CpSatBackend:
 
 
 class LpBackend:
-    """0/1 variables relaxed to [0, 1], integers to reals."""
+    """0/1 variables relaxed to [0, 1], integers to reals. Objective
+    coefficients are divided by ``objective_scale`` (GLOP reports ABNORMAL on
+    some models whose costs were scaled up to integers for CP-SAT)."""
 
-    def __init__(self) -> None:
+    def __init__(self, objective_scale: float = 1.0) -> None:
+        self.objective_scale = objective_scale
         self.solver = pywraplp.Solver.CreateSolver("GLOP")
         self.inf = self.solver.infinity()
 
@@ -65,7 +68,7 @@ class LpBackend:
     def minimize(self, terms: list[tuple[int, Any]]) -> None:
         obj = self.solver.Objective()
         for c, x in terms:
-            obj.SetCoefficient(x, obj.GetCoefficient(x) + c)
+            obj.SetCoefficient(x, obj.GetCoefficient(x) + c / self.objective_scale)
         obj.SetMinimization()
 
     def solve(self, time_limit_s: float) -> float | None:

@@ -76,13 +76,15 @@ class Assignment:
 
     def values(self, form: Formulation) -> list[tuple[Any, int]]:
         """(variable, value) for every model variable: a complete hint."""
-        out: list[tuple[Any, int]] = []
+        out: dict[int, tuple[Any, int]] = {}  # by id: S variables are shared across carry stages
         for table, ones in ((form.S, self.S), (form.R, self.R), (form.P, self.P),
                             (form.O, self.O), (form.F, self.F)):
-            out += [(v, int(k in ones)) for k, v in table.items() if not isinstance(v, int)]
+            for k, v in table.items():
+                if not isinstance(v, int):
+                    out.setdefault(id(v), (v, int(k in ones)))
         mem = self.memory(form)
-        out += [(v, mem[k]) for k, v in form.U.items()]
-        return out
+        out.update((id(v), (v, mem[k])) for k, v in form.U.items())
+        return list(out.values())
 
 
 def events(form: Formulation, a: Assignment) -> Plan:
@@ -147,68 +149,82 @@ def from_plan(form: Formulation, plan: Plan) -> Assignment | None:
         return None
     if any(k not in form.R for k in R) or any(k not in form.P for k in P):
         return None
-    _drop_unread(form, R, P)
-    a = Assignment(R=R, P=P, O={i for i in O if i in form.O and any((s, i) in P for s in ix.stages(i))})
-    if not all(_keep_and_free(form, a, i) for i in ix.values):
-        return None
+    return canonical(form, R, P, O)
+
+
+def canonical(form: Formulation, R: set, P: set, O: set) -> Assignment | None:
+    """The assignment that computes R and prefetches P with the fewest
+    resident bytes: materialisations no one reads are dropped, a value is
+    kept into the next stage iff its next event is a read (not a
+    re-materialisation), else freed after its last read in the stage. None if
+    a computation's inputs are not available (or R/P break the model's
+    index). One pass per value over its events, so it is cheap enough for
+    heuristics to call in a loop."""
+    g, ix, pos = form.graph, form.ix, form.ix.pos
+    R, P = set(R), set(P)
+    reads: dict[int, set[int]] = {}
+    for (s, i) in sorted(R | P, key=lambda k: (k[0], pos[k[1]]), reverse=True):
+        if s != ix.first[i] and not _read_later(form, reads, R, P, s, i):
+            R.discard((s, i))
+            P.discard((s, i))
+            continue
+        if (s, i) in R:
+            for p in g.preds[i]:
+                reads.setdefault(p, set()).add(s)
+    a = Assignment(R=R, P=P, O={i for i in O if any((s, i) in P for s in ix.stages(i))})
+    mats: dict[int, set[int]] = {}
+    for (s, i) in R | P:
+        mats.setdefault(i, set()).add(s)
+    for i in ix.values:
+        if not _keep_and_free(form, a, i, sorted(reads.get(i, ())), mats.get(i, set())):
+            return None
     return a if _satisfies(form, a) else None
 
 
-def _reads(form: Formulation, R: set, s: int, i: int) -> bool:
-    return any((s, j) in R for j in form.graph.succs[i])
-
-
-def _drop_unread(form: Formulation, R: set, P: set) -> None:
-    """Remove re-materialisations that nothing reads before the value is
-    materialised again (or the plan ends, outputs aside), until none is left."""
-    ix, g = form.ix, form.graph
-    changed = True
-    while changed:
-        changed = False
-        for (s, i) in sorted(R | P, reverse=True):
-            if s == ix.first[i]:
-                continue
-            if not _needed_from(form, R, P, s, i, include_own=True):
-                R.discard((s, i))
-                P.discard((s, i))
-                changed = True
-
-
-def _needed_from(form: Formulation, R: set, P: set, s: int, i: int, include_own: bool) -> bool:
-    """Whether i, available in stage s, is read in stage s (if ``include_own``)
-    or in a later stage before it is materialised again, or is an output."""
+def _read_later(form: Formulation, reads: dict, R: set, P: set, s: int, i: int) -> bool:
+    """Whether i, materialised in stage s, is read in s or later before it is
+    materialised again (outputs: or at the end). ``reads`` holds the reads
+    from (s, pos(i)) on, as the caller walks backwards."""
     ix = form.ix
-    if include_own and _reads(form, R, s, i):
+    later = [t for t in reads.get(i, ()) if t >= s]
+    nxt = min(later, default=None)
+    if nxt == s:
         return True
-    for t in range(s + 1, ix.horizon[i] + 1):
-        if (t, i) in R or (t, i) in P:
-            return False
-        if _reads(form, R, t, i):
-            return True
-    return form.graph.nodes[i].output
+    stop = nxt if nxt is not None else ix.horizon[i] + 1
+    if any((t, i) in R or (t, i) in P for t in range(s + 1, min(stop, ix.horizon[i]) + 1)):
+        return False
+    return nxt is not None or form.graph.nodes[i].output
 
 
-def _keep_and_free(form: Formulation, a: Assignment, i: int) -> bool:
-    """Fill S and F for value i: kept into stage s+1 iff read there (or later)
-    before its next materialisation, else freed after its last read in stage
-    s (or its own slot). False if a kept value is read nowhere."""
-    ix, pos = form.ix, form.ix.pos
-    kept = form.graph.nodes[i].is_input and _needed_from(form, a.R, a.P, -1, i, include_own=False)
-    if kept and ix.T:
-        a.S.add((0, i))
-    for s in ix.stages(i):
-        mat = (s, i) in a.R or (s, i) in a.P
-        if not (kept or mat):
-            continue
-        kept = _needed_from(form, a.R, a.P, s, i, include_own=False)
-        if kept:
-            if s + 1 <= ix.horizon[i] or form.graph.nodes[i].output:
-                a.S.add((s + 1, i))
-            continue
-        reads = [pos[j] for j in form.graph.succs[i] if (s, j) in a.R]
-        if not (reads or mat):
+def _keep_and_free(form: Formulation, a: Assignment, i: int, reads: list[int], mats: set[int]) -> bool:
+    """Fill S and F for value i from its read and materialisation stages:
+    kept into stage s+1 iff its next event after s is a read, else freed
+    after its last read in s (or its own slot). False if a read finds i
+    unavailable."""
+    ix, pos, g = form.ix, form.ix.pos, form.graph
+    events = sorted(set(reads) | mats)
+    avail = g.nodes[i].is_input  # inputs are resident before stage 0
+    prev = -1
+    for k, s in enumerate(events + [None]):
+        end = ix.T if s is None else s
+        nxt_is_read = s is not None and s not in mats
+        keep = avail and (nxt_is_read or (s is None and g.nodes[i].output))
+        if keep:
+            a.S.update((t, i) for t in range(prev + 1, min(end, ix.horizon[i]) + 1))
+            if s is None:
+                a.S.add((ix.T, i))
+        elif avail and prev >= 0:
+            last = [pos[j] for j in g.succs[i] if (prev, j) in a.R]
+            if prev in mats:
+                last.append(pos[i])
+            a.F.add((prev, i, max(last)))
+        if s is None:
+            break
+        if s in mats:
+            avail = True
+        elif not keep:
             return False
-        a.F.add((s, i, max(reads + ([pos[i]] if mat else []))))
+        prev = s
     return True
 
 

@@ -95,11 +95,19 @@ def integer_scale(values: list[float], limit: int = 10**6) -> tuple[int, bool]:
 class Stages:
     """Which (stage, value) pairs exist. A value i lives in stages
     ``first[i]..horizon[i]``: from its first computation (inputs: from the
-    start) to the last stage in which something that reads it could still be
-    computed, following recomputable consumers transitively (outputs: the end)."""
+    start) to the last stage in which something that reads it may be computed
+    (outputs: the end).
+
+    ``depth`` None gives the full staged space: a value may be recomputed in
+    any stage up to its horizon, which follows recomputable consumers
+    transitively. ``depth`` k restricts re-materialisation in stage s to the
+    nodes within k producer hops of ``v_s`` (through recomputable nodes): the
+    recomputes that feed the stage's own first computation. It shrinks the
+    model from O(n^2) to about O(n x k x in-degree) decision variables."""
 
     graph: Graph
     offload: bool
+    depth: int | None = None
     stage_node: list[int] = field(init=False)
     first: list[int] = field(init=False)
     horizon: list[int] = field(init=False)
@@ -112,18 +120,36 @@ class Stages:
         self.T = len(self.stage_node)
         stage_of = {v: s for s, v in enumerate(self.stage_node)}
         self.first = [stage_of.get(i, -1) for i in range(g.n)]
-        horizon = list(self.first)
-        for i in reversed(g.order):
-            node = g.nodes[i]
-            if node.output:
-                horizon[i] = self.T - 1
-            for j in g.succs[i]:
-                reach = horizon[j] if g.nodes[j].recomputable else self.first[j]
-                horizon[i] = max(horizon[i], reach)
-        self.horizon = horizon
-        self.values = [v.id for v in g.nodes if not v.persistent and horizon[v.id] >= 0]
         self.recomputable = [v.recomputable and not v.is_input for v in g.nodes]
         self.offloadable = [self.offload and v.offloadable and v.bytes > 0 for v in g.nodes]
+        self.near = None if self.depth is None else [self._ancestors(v) for v in self.stage_node]
+        horizon = list(self.first)
+        if self.near is None:
+            for i in reversed(g.order):
+                for j in g.succs[i]:
+                    horizon[i] = max(horizon[i], horizon[j] if self.recomputable[j] else self.first[j])
+        else:
+            for s, near in enumerate(self.near):
+                for j in [self.stage_node[s]] + [j for j in near if self.recomputable[j]]:
+                    for i in g.preds[j]:
+                        horizon[i] = max(horizon[i], s)
+        for v in g.nodes:
+            if v.output:
+                horizon[v.id] = self.T - 1
+        self.horizon = horizon
+        self.values = [v.id for v in g.nodes if not v.persistent and horizon[v.id] >= 0]
+
+    def _ancestors(self, v: int) -> set[int]:
+        """Producers within ``depth`` hops of v, expanding only through
+        recomputable nodes (a kept or prefetched value needs no producers)."""
+        preds = self.graph.preds
+        seen: set[int] = set()
+        frontier = [v]
+        for _ in range(self.depth or 0):
+            nxt = [p for u in frontier if u == v or self.recomputable[u] for p in preds[u] if p not in seen]
+            seen.update(nxt)
+            frontier = nxt
+        return seen
 
     def stages(self, i: int) -> range:
         return range(max(self.first[i], 0), self.horizon[i] + 1)
@@ -131,11 +157,16 @@ class Stages:
     def has_slot(self, s: int, i: int) -> bool:
         return self.pos[i] <= self.pos[self.stage_node[s]]
 
+    def is_near(self, s: int, i: int) -> bool:
+        return self.near is None or i in self.near[s]
+
     def may_compute(self, s: int, i: int) -> bool:
-        return s == self.first[i] or (self.recomputable[i] and self.first[i] < s <= self.horizon[i])
+        return s == self.first[i] or (self.recomputable[i] and self.first[i] < s <= self.horizon[i]
+                                      and self.is_near(s, i))
 
     def may_prefetch(self, s: int, i: int) -> bool:
-        return self.offloadable[i] and self.first[i] < s <= self.horizon[i] and self.has_slot(s, i)
+        return (self.offloadable[i] and self.first[i] < s <= self.horizon[i] and self.has_slot(s, i)
+                and self.is_near(s, i))
 
 
 # -- the formulation -----------------------------------------------------------
@@ -153,10 +184,11 @@ class Formulation:
     """
 
     def __init__(self, graph: Graph, backend: Backend, *, offload: bool = False,
-                 transfer_cost_per_byte: float = 0.0, cost_scale: int = 1, mem_cap_bytes: int | None = None):
+                 transfer_cost_per_byte: float = 0.0, cost_scale: int = 1, mem_cap_bytes: int | None = None,
+                 depth: int | None = None):
         self.graph = graph
         self.b = backend
-        self.ix = Stages(graph, offload)
+        self.ix = Stages(graph, offload, depth)
         sizes = [graph.bytes[i] for i in self.ix.values if graph.bytes[i]]
         self.unit = reduce(math.gcd, sizes, 0) or 1
         self.size = [x // self.unit for x in graph.bytes]
@@ -182,18 +214,20 @@ class Formulation:
         ix, b, g = self.ix, self.b, self.graph
         for i in ix.values:
             for s in ix.stages(i):
-                if s > ix.first[i]:
-                    self.S[s, i] = b.bool_var(f"S[{s},{i}]")
                 if s == ix.first[i]:
                     self.R[s, i] = 1
                 elif ix.may_compute(s, i):
                     self.R[s, i] = b.bool_var(f"R[{s},{i}]")
                 if ix.may_prefetch(s, i):
                     self.P[s, i] = b.bool_var(f"P[{s},{i}]")
-            if g.nodes[i].output:
-                self.S[ix.T, i] = 1
             if any((s, i) in self.P for s in ix.stages(i)):
                 self.O[i] = b.bool_var(f"O[{i}]")
+        for i in ix.values:
+            for s in ix.stages(i):
+                if s > ix.first[i]:
+                    self.S[s, i] = self.S[s - 1, i] if self.carries(s - 1, i) else b.bool_var(f"S[{s},{i}]")
+            if g.nodes[i].output:
+                self.S[ix.T, i] = 1
         for s in range(ix.T):
             for q in self.slots(s):
                 for i in self.freeable_at(s, q):
@@ -201,6 +235,12 @@ class Formulation:
         for s in range(ix.T):
             for q in self.slots(s):
                 self.U[s, q] = b.int_var(0, self.mem_cap, f"U[{s},{q}]")
+
+    def carries(self, s: int, i: int) -> bool:
+        """Stage s only carries i (no slot may touch it, nothing may read it):
+        then S[s+1,i] = S[s,i], so both are one variable."""
+        return (s > self.ix.first[i] and s < self.ix.horizon[i] and not self.materialises(s, i)
+                and not self.consumers(s, i))
 
     def s(self, s: int, i: int) -> Any:
         return self.S.get((s, i), 0)
@@ -264,7 +304,8 @@ class Formulation:
         slot is the same plan as not keeping it: S=0, R=1)."""
         for i in self.ix.values:
             for s in self.ix.stages(i):
-                emit(self.b, self.available(s, i), -INF, 1)
+                if not self.carries(s, i):
+                    emit(self.b, self.available(s, i), -INF, 1)
 
     def add_usefulness(self) -> None:
         """S[s,i] + R[s,i] + P[s,i] <= S[s+1,i] + sum_{j consumer} R[s,j] for
@@ -272,7 +313,7 @@ class Formulation:
         reads (dropping it only lowers memory and cost)."""
         for i in self.ix.values:
             for s in self.ix.stages(i):
-                if s == self.ix.first[i]:
+                if s == self.ix.first[i] or self.carries(s, i):
                     continue
                 e = self.available(s, i).add(-1, self.s(s + 1, i))
                 for j in self.consumers(s, i):
@@ -300,6 +341,8 @@ class Formulation:
         pos = self.ix.pos
         for i in self.ix.values:
             for s in self.ix.stages(i):
+                if self.carries(s, i):
+                    continue
                 points = self.free_points(s, i)
                 e = lin(*((1, self.F[s, i, q]) for q in points))
                 e.add(1, self.s(s + 1, i))

@@ -1,0 +1,263 @@
+"""The exact planner against exhaustive search, and its contract: plans that
+replay to the figures the model reports, flags respected, hints honoured.
+
+Every solve goes through :func:`rematopt.solve`, which replays the plan and
+raises PlanMismatch unless peak, compute cost and transfer bytes match the
+planner's claims exactly."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from rematopt import solve
+from rematopt.graph import Graph, Node
+from rematopt.importers import synthetic
+from rematopt.plan import Plan
+from rematopt.planners.cpsat import plan as cpsat_plan
+from rematopt.reference import no_remat_peak, peak_lower_bound, working_set_bound
+from rematopt.simulate import simulate
+
+from brute_force import exhaustive_dags, min_cost, min_peak
+
+FAST = dict(workers=1, time_limit=20, seed=1, lp_bound=False, warm_start="none")
+BENCH = Path(__file__).resolve().parents[2] / "shared" / "benchmarks" / "nodelink"
+
+
+def tiny(edges: list[tuple[int, int]], n: int, rng: random.Random, flags: bool = True) -> Graph:
+    """Graph on ids 0..n-1 with random sizes and integer costs; with
+    ``flags``, sometimes an input source, an output sink, a non-recomputable
+    node, or a persistent input."""
+    nodes = [Node(i, f"n{i}", bytes=rng.randint(1, 8), cost=rng.randint(0, 5)) for i in range(n)]
+    extra_edges = list(edges)
+    if flags:
+        if rng.random() < 0.3:
+            nodes[0].kind, nodes[0].cost = "input", 0
+        if rng.random() < 0.3:
+            nodes[-1].output = True
+        if rng.random() < 0.3:
+            nodes[rng.randrange(1, n)].recomputable = False
+        if rng.random() < 0.15:
+            nodes.append(Node(n, "param", kind="input", persistent=True, bytes=rng.randint(1, 4)))
+            extra_edges.append((n, rng.randrange(1, n)))
+    order = None
+    if nodes[-1].persistent:
+        order = [n] + list(range(n))
+    return Graph(f"tiny{n}", nodes, extra_edges, order)
+
+
+def budget_between(g: Graph, rng: random.Random) -> int:
+    """A budget below the no-remat peak (when the lower bound allows), where
+    recomputation, offload and infeasibility happen."""
+    lo, hi = peak_lower_bound(g), no_remat_peak(g)
+    return rng.randint(lo, hi - 1) if hi > lo else lo
+
+
+def cases(n: int, every: bool, count: int, seed: int):
+    """Every shape on n nodes, or ``count`` sampled shapes whose no-remat
+    peak exceeds the peak lower bound (so the budget forces a choice)."""
+    rng = random.Random(seed)
+    shapes = list(exhaustive_dags(n))
+    if every:
+        for edges in shapes:
+            yield tiny(edges, n, rng), rng
+        return
+    found = 0
+    while found < count:
+        g = tiny(rng.choice(shapes), n, rng)
+        if no_remat_peak(g) > peak_lower_bound(g):
+            found += 1
+            yield g, rng
+
+
+def check_overhead(g: Graph, budget: int, offload: bool = False, per_byte: int = 0) -> None:
+    expect = min_cost(g, budget, offload, per_byte)
+    sol = solve(g, "cpsat", budget=budget, objective="overhead", offload=offload,
+                transfer_cost_per_byte=per_byte, **FAST)
+    if expect is None:
+        assert sol.status == "INFEASIBLE"
+        return
+    assert sol.status == "OPTIMAL"
+    st = sol.plan.stats
+    assert st["objective"] == expect[0]
+    assert sol.replay.peak_bytes == expect[1]  # lexicographic: lowest peak at that cost
+    recompute = sol.replay.compute_cost - sol.replay.base_cost
+    assert recompute + sol.replay.transfer_bytes * per_byte == pytest.approx(expect[0])
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_overhead_optimum_equals_exhaustive_on_every_shape(n):
+    for g, rng in cases(n, every=True, count=0, seed=n):
+        check_overhead(g, budget_between(g, rng))
+
+
+@pytest.mark.parametrize("n,count", [(5, 80), (6, 20)])
+def test_overhead_optimum_equals_exhaustive_on_sampled_shapes(n, count):
+    for g, rng in cases(n, every=False, count=count, seed=10 + n):
+        check_overhead(g, budget_between(g, rng))
+
+
+@pytest.mark.parametrize("n,count", [(3, 10), (4, 25), (5, 15)])
+def test_overhead_optimum_with_offload_equals_exhaustive(n, count):
+    for g, rng in cases(n, every=False, count=count, seed=20 + n):
+        check_overhead(g, budget_between(g, rng), offload=True, per_byte=rng.choice([0, 1]))
+
+
+@pytest.mark.parametrize("n,count", [(3, 10), (4, 30), (5, 20), (6, 5)])
+def test_peak_optimum_equals_exhaustive(n, count):
+    for g, rng in cases(n, every=False, count=count, seed=30 + n):
+        cap = rng.choice([None, 0, 3])
+        expect = min_peak(g, cost_cap=cap)
+        base = sum(g.cost[i] for i in g.compute_ids)
+        opts = dict(FAST, objective="peak")
+        if cap is not None:
+            if base == 0:
+                continue
+            opts["max_overhead"] = cap / base
+        sol = solve(g, "cpsat", **opts)
+        assert sol.status == "OPTIMAL"
+        assert sol.replay.peak_bytes == expect[0]
+        assert sol.replay.compute_cost - sol.replay.base_cost == pytest.approx(expect[1])
+
+
+def test_peak_optimum_with_offload_equals_exhaustive():
+    for g, rng in cases(4, every=False, count=8, seed=41):
+        expect = min_peak(g, offload=True, transfer_per_byte=1, cost_cap=4)
+        sol = solve(g, "cpsat", objective="peak", offload=True, transfer_cost_per_byte=1,
+                    max_overhead=4 / max(1e-9, sum(g.cost[i] for i in g.compute_ids)), **FAST)
+        if sum(g.cost[i] for i in g.compute_ids) == 0:
+            continue
+        assert sol.replay.peak_bytes == expect[0]
+
+
+def offload_graph() -> Graph:
+    """a (big, expensive, needed at the end) -> b -> c -> d(a, c): keeping a
+    costs its bytes through b and c; recomputing it costs 100; a host copy
+    costs 2 x 1 per byte... cheaper than recomputing."""
+    nodes = [Node(0, "a", bytes=4, cost=100), Node(1, "b", bytes=4, cost=1),
+             Node(2, "c", bytes=4, cost=1), Node(3, "d", bytes=1, cost=1)]
+    return Graph("offload", nodes, [(0, 1), (1, 2), (2, 3), (0, 3)])
+
+
+def test_offload_strictly_lowers_the_optimum():
+    g = offload_graph()
+    budget = 9  # no-remat needs a + b + c = 12 at c
+    without = solve(g, "cpsat", budget=budget, **FAST)
+    with_offload = solve(g, "cpsat", budget=budget, offload=True, transfer_cost_per_byte=1, **FAST)
+    assert without.status == with_offload.status == "OPTIMAL"
+    assert with_offload.plan.stats["objective"] < without.plan.stats["objective"]
+    assert with_offload.replay.transfer_bytes > 0
+    assert with_offload.plan.stats["objective"] == min_cost(g, budget, True, 1)[0]
+
+
+def test_non_recomputable_node_is_computed_once():
+    g = offload_graph()
+    g.nodes[0].recomputable = False
+    g = Graph.from_dict(g.to_dict())
+    sol = solve(g, "cpsat", budget=12, **FAST)
+    counts = [op == "compute" and node == 0 for op, node in sol.plan.events()]
+    assert sum(counts) == 1
+    assert solve(g, "cpsat", budget=9, **FAST).status == "INFEASIBLE"
+
+
+def test_budget_below_working_set_reports_infeasible_without_a_model():
+    g = synthetic.linear_training(4)
+    p = cpsat_plan(g, working_set_bound(g) - 1, dict(FAST))
+    assert p.stats["status"] == "INFEASIBLE" and len(p) == 0 and "variables" not in p.stats
+
+
+def test_persistent_never_freed_and_outputs_resident():
+    g = synthetic.unet(1, train=True)
+    sol = solve(g, "cpsat", budget_ratio=0.8, **FAST)
+    assert sol.status == "OPTIMAL"
+    outputs = {v.id for v in g.nodes if v.output}
+    freed_last = {}
+    for op, node in sol.plan.events():
+        freed_last[node] = op == "free"
+    assert not any(freed_last.get(i, False) for i in outputs)
+
+
+def test_model_figures_match_replay_on_random_graphs():
+    """Hundreds of random small graphs, budgets and modes: solve() replays
+    every plan and refuses any mismatch with the model's peak, compute cost
+    and transfer bytes; the reported objective is the plan's own."""
+    rng = random.Random(7)
+    solved = 0
+    for k in range(200):
+        n = rng.randint(3, 7)
+        edges = [(i, j) for j in range(n) for i in range(j) if rng.random() < 0.45]
+        g = tiny(edges, n, rng)
+        offload = rng.random() < 0.3
+        if rng.random() < 0.5:
+            sol = solve(g, "cpsat", budget=budget_between(g, rng), offload=offload,
+                        transfer_cost_per_byte=1, **dict(FAST, time_limit=5))
+        else:
+            sol = solve(g, "cpsat", objective="peak", offload=offload, **dict(FAST, time_limit=5))
+        if sol.replay is None:
+            continue
+        solved += 1
+        st = sol.plan.stats
+        transfer = sol.replay.transfer_bytes if offload and st["objective_kind"] == "overhead" else 0
+        if st["objective_kind"] == "overhead":
+            assert st["objective"] == pytest.approx(sol.replay.compute_cost - sol.replay.base_cost + transfer)
+        else:
+            assert st["objective"] == sol.replay.peak_bytes
+    assert solved > 150
+
+
+def test_complete_hint_is_never_beaten_by_the_result():
+    """A plan from a previous solve, given as hint with no time to search,
+    comes back at least as good."""
+    g = synthetic.random_layered(14, seed=3)
+    first = solve(g, "cpsat", budget_ratio=0.85, **FAST)
+    assert first.status == "OPTIMAL"
+    again = solve(g, "cpsat", budget_ratio=0.85, hint=first.plan, **dict(FAST, time_limit=0.01))
+    assert again.replay is not None
+    assert again.plan.stats["objective"] <= first.plan.stats["objective"]
+    assert again.plan.stats["warm_start"] == "hint"
+
+
+def test_lp_bound_and_best_bound_are_below_the_objective():
+    g = synthetic.unet(2, train=True)
+    sol = solve(g, "cpsat", budget_ratio=0.7, **dict(FAST, lp_bound=True))
+    st = sol.plan.stats
+    assert st["status"] == "OPTIMAL" and st["gap"] == 0.0
+    assert st["lp_bound"] <= st["objective"] + 1e-6
+    assert st["best_bound"] == st["objective"]
+    assert st["variables"] > 0 and st["constraints"] > 0 and st["build_s"] >= 0
+
+
+def test_max_clone_expansion_bounds_compute_events():
+    g = synthetic.linear_training(6)
+    loose = solve(g, "cpsat", objective="peak", **FAST)
+    tight = solve(g, "cpsat", objective="peak", max_clone_expansion=1.0, **FAST)
+    assert tight.replay.compute_events == len(g.compute_ids)
+    assert loose.replay.peak_bytes <= tight.replay.peak_bytes
+
+
+def test_log_writes_incumbent_and_bound(tmp_path):
+    g = synthetic.unet(1, train=True)
+    log = tmp_path / "log.csv"
+    solve(g, "cpsat", budget_ratio=0.8, log_path=str(log), **FAST)
+    lines = log.read_text().splitlines()
+    assert lines[0] == "phase,elapsed_s,incumbent,bound"
+    assert any(line.startswith("primary,") and line.split(",")[2] for line in lines[1:])
+
+
+def test_overhead_objective_without_budget_is_refused():
+    from rematopt.errors import PlannerError
+
+    with pytest.raises(PlannerError):
+        cpsat_plan(synthetic.chain(3), None, {"objective": "overhead"})
+
+
+def test_benchmark_graph_meets_its_budget():
+    path = BENCH / "mobilenet_train.json"
+    if not path.exists():
+        pytest.skip("../shared/benchmarks is absent")
+    g = Graph.load(path)
+    sol = solve(g, "cpsat", budget_ratio=0.9, workers=2, time_limit=30, lp_bound=False)
+    assert sol.status in ("OPTIMAL", "FEASIBLE")
+    assert sol.replay.peak_bytes <= sol.budget
