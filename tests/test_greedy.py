@@ -15,6 +15,8 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import nodelink_files
 from rematopt import Graph, Node, no_remat_peak, simulate, solve
@@ -94,7 +96,7 @@ def shapes() -> list[Graph]:
     return [synthetic.linear_training(12), synthetic.unet(3, train=True), synthetic.unet(3),
             synthetic.random_layered(60, seed=1), synthetic.random_layered(90, seed=2),
             synthetic.chain(10), synthetic.chain(9, sinks=True, seed=3),
-            synthetic.linear_training(7, seed=5)]
+            synthetic.linear_training(7, seed=5), synthetic.training(synthetic.random_layered(30, seed=3))]
 
 
 # -- the clone projection --------------------------------------------------------
@@ -424,3 +426,41 @@ def test_cli_solve_with_greedy_options(tmp_path):
     assert info["compute_events"] <= 2 * 33 and info["dropped"]
     replay = simulate(Graph.load(path), Plan.load(plan))
     assert replay.valid and replay.peak_bytes == info["peak_bytes"]
+
+
+N_MAX = 14
+
+
+@st.composite
+def small_programs(draw):
+    """Random DAGs in program order: some inputs (maybe persistent), random
+    sizes and costs, outputs, unrecomputable and marked nodes, and phases
+    that may be absent, in two blocks, or interleaved."""
+    n = draw(st.integers(2, N_MAX))
+    phases = draw(st.sampled_from(["none", "blocks", "mixed"]))
+    cut = draw(st.integers(1, n))
+    nodes, edges = [], []
+    for i in range(n):
+        kind = "input" if i < 2 and draw(st.booleans()) else "compute"
+        phase = {"none": None, "blocks": "forward" if i < cut else "backward",
+                 "mixed": draw(st.sampled_from(["forward", "backward"]))}[phases]
+        recomputable = draw(st.integers(0, 6)) > 0
+        nodes.append(Node(i, f"n{i}", kind=kind, bytes=draw(st.integers(0, 9)), cost=draw(st.integers(0, 3)),
+                          phase=phase, persistent=kind == "input" and draw(st.booleans()),
+                          output=kind == "compute" and draw(st.integers(0, 5)) == 0,
+                          recomputable=recomputable,
+                          recompute=kind == "compute" and recomputable and draw(st.integers(0, 6)) == 0))
+        if kind == "compute":
+            edges += [(j, i) for j in range(i) if draw(st.integers(0, 3)) == 0]
+    return Graph("fuzz", nodes, edges)
+
+
+@settings(max_examples=150, deadline=None)
+@given(g=small_programs(), ratio=st.sampled_from([0.0, 0.5, 0.8, 1.0]),
+       options=st.sampled_from([{}, {"max_clone_expansion": 0}, {"max_clone_expansion": 1.5},
+                                {"trim": "max-clone", "max_clone_expansion": 1.5}, {"peak_model": "residual"}]))
+def test_random_programs(g, ratio, options):
+    sol = run(g, math.floor(ratio * no_remat_peak(g)), **options)
+    check_exact(g, sol)
+    if options.get("peak_model") != "residual":
+        assert sol.plan.stats["model_peak_bytes"] == sol.replay.peak_bytes
