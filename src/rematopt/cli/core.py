@@ -203,8 +203,9 @@ def bench(what: str, sizes: str) -> None:
     if what == "greedy":
         from ..bench import greedy_exactness_table, greedy_table
 
-        Console().print(greedy_table())
-        Console().print(greedy_exactness_table())
+        console = Console(width=max(Console().width, 150))  # keep the wide table whole in logs
+        console.print(greedy_table())
+        console.print(greedy_exactness_table())
         return
     from ..bench import simulator_table
 
