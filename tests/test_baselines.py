@@ -6,12 +6,15 @@ whose claims differ from its replay), plus hand-checked small cases."""
 from __future__ import annotations
 
 import math
+import random
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import NODELINK_DIR, nodelink_files
-from rematopt import Graph, solve
+from rematopt import Graph, Node, solve
 from rematopt.errors import PlannerError
 from rematopt.importers import synthetic
 from rematopt.plan import COMPUTE, OFFLOAD, PREFETCH
@@ -72,7 +75,7 @@ def check(graph: Graph, planner: str, ratio: float, **options):
         assert status == "OVER_BUDGET"
     counts = compute_counts(graph, sol.plan)
     for v in graph.nodes:
-        if not v.recomputable:
+        if not v.recomputable and not v.is_input:
             assert counts[v.id] == 1, f"non-recomputable {v.name} computed {counts[v.id]} times"
         if not v.offloadable:
             assert not np.any((sol.plan.ops == OFFLOAD) & (sol.plan.nodes == v.id))
@@ -100,6 +103,34 @@ def test_published_graphs(planner, path):
 def test_no_budget(planner):
     sol = solve(synthetic.unet(2, train=True, seed=1), planner)
     assert sol.budget is None and sol.status == "FEASIBLE"
+
+
+@st.composite
+def flagged_dags(draw, max_nodes=12):
+    """Small random DAGs with every flag a baseline must respect: inputs,
+    persistent inputs, outputs, non-recomputable and non-offloadable nodes,
+    dot ops, and (half the time) forward/backward phases by position."""
+    n = draw(st.integers(1, max_nodes))
+    phased = draw(st.booleans())
+    nodes = []
+    for i in range(n):
+        kind = draw(st.sampled_from(["compute", "compute", "compute", "input"]))
+        nodes.append(Node(i, f"v{i}", op=draw(st.sampled_from(["add", "dot_general", "conv"])), kind=kind,
+                          bytes=draw(st.integers(0, 100)), cost=draw(st.floats(0, 10, allow_nan=False)),
+                          persistent=kind == "input" and draw(st.booleans()),
+                          output=draw(st.booleans()) and draw(st.booleans()),
+                          recomputable=draw(st.integers(0, 3)) > 0, offloadable=draw(st.integers(0, 3)) > 0,
+                          phase=("forward" if 2 * i < n else "backward") if phased else None))
+    edges = [(u, v) for v in range(n) for u in range(v)
+             if nodes[v].kind == "compute" and draw(st.integers(0, 2)) == 0]
+    return Graph("random", nodes, edges)
+
+
+@settings(max_examples=50, deadline=None)
+@given(flagged_dags(), st.floats(0.3, 1.0), st.integers(0, 1000))
+def test_random_dags(g, ratio, seed):
+    for planner in PLANNERS:
+        check(g, planner, ratio, dtr_heuristic=random.Random(seed).choice(["h_dtr", "local"]))
 
 
 # -- DTR ---------------------------------------------------------------------
@@ -178,9 +209,11 @@ def test_dtr_thrash_limit_stops_eviction():
     assert capped.replay.compute_events < free.replay.compute_events
 
 
-def test_dtr_rejects_unknown_heuristic():
-    with pytest.raises(PlannerError, match="dtr_heuristic"):
-        solve(synthetic.chain(3), "dtr", dtr_heuristic="lru")
+@pytest.mark.parametrize("option", [{"dtr_heuristic": "lru"}, {"dtr_thrash_limit": -1},
+                                    {"dtr_thrash_limit": "many"}])
+def test_dtr_rejects_bad_options(option):
+    with pytest.raises(PlannerError, match=next(iter(option))):
+        solve(synthetic.chain(3), "dtr", **option)
 
 
 # -- Chen --------------------------------------------------------------------
