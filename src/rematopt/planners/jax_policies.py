@@ -5,7 +5,9 @@ with one of its stock policies (``jax.checkpoint_policies``):
 - ``jax-dots-saveable``: save the outputs of matrix multiplies and
   convolutions (expensive to recompute, cheap to keep relative to their FLOPs).
 - ``jax-offload-dots``: offload those outputs to host right after they are
-  computed and prefetch them before their first backward use.
+  computed, free the device copy after its last forward read, and prefetch it
+  (once) right before its first backward use. A dot without backward readers
+  stays on the device, as it would under any policy.
 
 Everything not saved is recomputed for the backward pass: each late consumer's
 missing forward inputs are recomputed from saved values right before it and
