@@ -128,3 +128,41 @@ def greedy_exactness_table(depths: range = range(4, 49)) -> Table:
                       str(proj.originals_dropped()), f"{projected:,}", f"{emitted:,}",
                       "yes" if projected == emitted else "NO")
     return table
+
+
+def cpsat_table(ratios: tuple[float, ...] = (0.9, 0.8), time_limit: float = 60.0, workers: int = 2,
+                folder: Path | None = None) -> Table:
+    """``cpsat`` on the published node-link graphs at each budget ratio: status,
+    overhead, gap, time to first and to best solution (seconds from the call)."""
+    from .errors import RematoptError
+    from .solve import solve
+
+    folder = folder or Path(__file__).resolve().parents[3] / "shared" / "benchmarks" / "nodelink"
+    files = sorted(folder.glob("*.json"))
+    if not files:
+        raise RematoptError(f"{folder}: no node-link graphs to benchmark")
+    table = Table(title=f"cpsat on {folder.name}: {time_limit:g} s limit, {workers} workers")
+    for col in ("graph", "ratio", "status", "overhead %", "gap %", "first s", "best s", "wall s",
+                "depth", "warm start"):
+        table.add_column(col, justify="right")
+    for path in files:
+        graph = Graph.load(path)
+        for ratio in ratios:
+            sol = solve(graph, "cpsat", budget_ratio=ratio, check_budget=False, time_limit=time_limit,
+                        workers=workers, lp_bound=False)
+            st = sol.plan.stats
+            if sol.replay is None:
+                note = st.get("reason", "")
+                table.add_row(graph.name, f"{ratio:g}", st["status"], "", "", "", "", f"{sol.wall_s:.1f}",
+                              "", note[:60])
+                continue
+            gap = st.get("gap")
+            table.add_row(graph.name, f"{ratio:g}", st["status"], f"{100 * sol.replay.overhead:.3f}",
+                          "" if gap is None else f"{100 * gap:.2f}", _secs(st.get("time_to_first_s")),
+                          _secs(st.get("time_to_best_s")), f"{sol.wall_s:.1f}",
+                          str(st.get("recompute_depth")), str(st.get("warm_start")))
+    return table
+
+
+def _secs(x: float | None) -> str:
+    return "" if x is None else f"{x:.1f}"

@@ -105,7 +105,7 @@ def simulate_cmd(graph: str, plan: str, as_json: bool, timeline: str | None) -> 
 
 @cli.command(name="solve")
 @click.argument("graph", required=False, type=click.Path(dir_okay=False))
-@click.option("--planner", "-p", default="no-remat", show_default=True,
+@click.option("--planner", "-p", default="cpsat", show_default=True,
               help=f"One of: {', '.join(planners.names())}.")
 @click.option("--budget", help="Memory budget in bytes (512MiB, 1.5GB... accepted).")
 @click.option("--budget-ratio", type=float, help="Budget as a fraction of the no-remat peak.")
@@ -123,6 +123,8 @@ def simulate_cmd(graph: str, plan: str, as_json: bool, timeline: str | None) -> 
 @click.option("--seed", type=int, help="Solver random seed.")
 @click.option("--hint", type=click.Path(dir_okay=False), help="A plan to start the solver from.")
 @click.option("--warm-start", type=click.Choice(["auto", "none"]), help="cpsat: run fast planners first.")
+@click.option("--recompute-depth", type=str, callback=lambda c, p, v: v if v in (None, "auto", "full") else int(v),
+              help="cpsat: auto, full, or recompute only within N producer hops of each stage's node.")
 @click.option("--log", "log_path", type=click.Path(dir_okay=False), help="Write incumbent/bound over time (CSV).")
 @click.option("--peak-model", type=click.Choice(["memory", "residual"]), help="greedy: peak estimate.")
 @click.option("--trim", type=click.Choice(["midpoint", "max-clone"]), help="greedy: clone-bound trimming rule.")
@@ -195,11 +197,16 @@ def import_nodelink(file: str, output: str) -> None:
 
 
 @cli.command()
-@click.argument("what", type=click.Choice(["simulator", "greedy"]), default="simulator")
+@click.argument("what", type=click.Choice(["simulator", "greedy", "cpsat"]), default="simulator")
 @click.option("--sizes", default="10000,100000,2000000", show_default=True, help="Event counts to time.")
 def bench(what: str, sizes: str) -> None:
     """Print timing tables (simulator: replay, save and load at several plan sizes;
     greedy: the d=2000 chain-with-sinks stress case and the clone projection check)."""
+    if what == "cpsat":
+        from ..bench import cpsat_table
+
+        Console(width=max(Console().width, 150)).print(cpsat_table())
+        return
     if what == "greedy":
         from ..bench import greedy_exactness_table, greedy_table
 

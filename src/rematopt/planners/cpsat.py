@@ -300,14 +300,16 @@ class CpSatRun:
         self.interrupted = False
         best = hint_obj = hint_source = None
         status, obj, bound = cp_model.UNKNOWN, None, None
+        build_s, rounds = 0.0, []
         for depth in self.depths():
             if best is not None and (status != cp_model.OPTIMAL or self.interrupted):
                 break
             prev = events(self.form, best) if best is not None else None
+            began = time.perf_counter()
             self.backend = CpSatBackend()
             self.form = form = self.formulation(self.backend, depth)
             n_vars, n_cons = self.backend.size
-            build_s = time.perf_counter() - self.start
+            build_s += time.perf_counter() - began
             if prev is None:
                 hint, hint_source = self.warm_start()
                 hint_obj = self.objective_of(hint) if hint is not None else None
@@ -325,6 +327,10 @@ class CpSatRun:
                 best, obj = hint, self.objective_of(hint)  # never worse than the hint
                 status = cp_model.FEASIBLE if status != cp_model.OPTIMAL else status
                 self.trace.solution("primary", self.to_units(obj), self.to_units(bound))
+            rounds.append({"recompute_depth": "full" if depth is None else depth, "status": STATUS.get(status),
+                           "objective": None if best is None else self.to_units(self.objective_of(best)),
+                           "best_bound": self.to_units(bound), "variables": n_vars, "constraints": n_cons,
+                           "elapsed_s": time.perf_counter() - self.start})
             if best is None:
                 break
         primary_s = time.perf_counter() - self.start
@@ -342,7 +348,7 @@ class CpSatRun:
             "cost_scale": self.scale, "cost_scale_exact": self.exact, "memory_unit_bytes": form.unit,
             "offload": cfg.offload, "warm_start": hint_source,
             "hint_objective": self.to_units(hint_obj) if hint_obj is not None else None,
-            "interrupted": self.interrupted, "lexicographic": secondary is not None,
+            "interrupted": self.interrupted, "lexicographic": secondary is not None, "rounds": rounds,
         }
         if cfg.lp_bound:
             stats["lp_bound"] = self.lp_bound(max(1.0, cfg.time_limit / 4), depth)

@@ -4,6 +4,7 @@ searching for a first one."""
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING, Any
 
 from ..graph import Graph
@@ -33,7 +34,9 @@ def best_fast_plan(graph: Graph, budget: int | None, options: dict[str, Any] | N
     best: tuple[tuple[float, int, int], Plan] | None = None
     for name in fast_planners():
         try:
-            p = get(name)(graph, budget, dict(options or {}))
+            with warnings.catch_warnings():  # a baseline's own warnings are not the user's concern here
+                warnings.simplefilter("ignore")
+                p = get(name)(graph, budget, dict(options or {}))
         except Exception:  # a baseline that fails here is simply not a candidate
             continue
         r = simulate(graph, p)
@@ -50,12 +53,13 @@ def staged_eviction(form: "Formulation", max_rounds: int = 10_000) -> "Assignmen
     """A first solution inside the staged model's own plan space, for when no
     fast planner's plan projects under the budget. Start from computing every
     node once; at the first slot whose memory exceeds the cap, evict values
-    that are resident there, kept past the stage and not read again in it,
-    cheapest recompute cost per byte first, until the excess is covered. An
+    resident there that are kept past the stage and not read again in it: an
     evicted value is freed after its last read before that slot and
-    recomputed at the stage of its next read, from producers that are kept
-    there or can be recomputed there from kept ones (one level, no cascade).
-    None if it gets stuck."""
+    recomputed at the stage of its next read. Its producers must then be
+    resident there: each is recomputed too if it can be from kept values,
+    else kept alive until then (which may cost memory at this slot). Values
+    go cheapest recompute cost per byte saved first, until the excess is
+    covered. None if it gets stuck."""
     from .cpsat_extract import canonical
 
     ix, g, size = form.ix, form.graph, form.size
@@ -70,29 +74,36 @@ def staged_eviction(form: "Formulation", max_rounds: int = 10_000) -> "Assignmen
         if over is None:
             return a
         s, q = over
+        freed = {i: f for (t, i, f) in a.F if t == s}
+        resident = {i for i in ix.values
+                    if ((s, i) in a.S or ((s, i) in a.R and pos[i] <= q)) and freed.get(i, q) >= q}
         read_late = {p for (t, j) in a.R if t == s and pos[j] >= q for p in g.preds[j]}
         candidates = []
-        for i in ix.values:
-            if ((s + 1, i) not in a.S or s + 1 >= ix.T or i in read_late or not ix.recomputable[i]
-                    or not size[i] or not ((s, i) in a.S or ((s, i) in a.R and pos[i] <= q))):
+        for i in resident:
+            if ((s + 1, i) not in a.S or i in read_late or not ix.recomputable[i] or not size[i]):
                 continue
             t = s + 1
             while (t, i) in a.S and not any((t, j) in a.R for j in g.succs[i]):
                 t += 1
             if (t, i) not in a.S or (t, i) not in form.R:
                 continue
-            missing = [p for p in g.preds[i] if not g.nodes[p].persistent and (t, p) not in a.S]
-            if all((t, p) in form.R and all(g.nodes[u].persistent or (t, u) in a.S for u in g.preds[p])
-                   for p in missing):
-                cost = g.cost[i] + sum(g.cost[p] for p in missing)
-                candidates.append((cost / size[i], -size[i], i, t, missing))
-        excess = mem[over] - form.mem_cap
+            cost, saved, redo = g.cost[i], size[i], [(t, i)]
+            for p in g.preds[i]:
+                if g.nodes[p].persistent or (t, p) in a.S or (t, p) in a.R:
+                    continue
+                if (t, p) in form.R and all(g.nodes[u].persistent or (t, u) in a.S for u in g.preds[p]):
+                    cost += g.cost[p]
+                    redo.append((t, p))
+                elif p not in resident:
+                    saved -= size[p]
+            if saved > 0:
+                candidates.append((cost / saved, -saved, i, redo))
         if not candidates:
             return None
-        for _, neg_size, i, t, missing in sorted(candidates):
-            R.add((t, i))
-            R.update((t, p) for p in missing)
-            excess += neg_size
+        excess = mem[over] - form.mem_cap
+        for _, neg_saved, i, redo in sorted(candidates):
+            R.update(redo)
+            excess += neg_saved
             if excess <= 0:
                 break
     return None
