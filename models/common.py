@@ -21,3 +21,11 @@ def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
     """Mean softmax cross-entropy of integer ``labels``."""
     logp = jax.nn.log_softmax(logits, axis=-1)
     return -jnp.mean(jnp.take_along_axis(logp, labels[..., None], axis=-1))
+
+
+def configure(defaults: dict, overrides: dict) -> dict:
+    """``defaults`` updated with ``overrides``; TypeError names an unknown key."""
+    unknown = sorted(set(overrides) - set(defaults))
+    if unknown:
+        raise TypeError(f"unknown config {', '.join(unknown)}; known: {', '.join(defaults)}")
+    return {**defaults, **overrides}

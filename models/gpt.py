@@ -7,7 +7,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from .common import cross_entropy, dense_init, layer_norm
+from .common import configure, cross_entropy, dense_init, layer_norm
 
 CONFIG = {"layers": 2, "width": 64, "heads": 4, "seq": 32, "vocab": 128, "batch": 2, "seed": 0}
 
@@ -47,7 +47,7 @@ def forward(params: dict, tokens: jax.Array, heads: int) -> jax.Array:
 
 def factory(**overrides):
     """``(loss_fn, (params, tokens))`` at ``CONFIG`` updated with ``overrides``."""
-    c = {**CONFIG, **overrides}
+    c = configure(CONFIG, overrides)
     params = init(c)
     tokens = jax.random.randint(jax.random.PRNGKey(c["seed"] + 1), (c["batch"], c["seq"] + 1), 0, c["vocab"])
 

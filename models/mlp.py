@@ -5,14 +5,14 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from .common import cross_entropy, dense_init
+from .common import configure, cross_entropy, dense_init
 
 CONFIG = {"layers": 4, "width": 256, "in_dim": 128, "classes": 10, "batch": 64, "seed": 0}
 
 
 def factory(**overrides):
     """``(loss_fn, (params, batch))`` at ``CONFIG`` updated with ``overrides``."""
-    c = {**CONFIG, **overrides}
+    c = configure(CONFIG, overrides)
     key = jax.random.PRNGKey(c["seed"])
     dims = [c["in_dim"]] + [c["width"]] * c["layers"] + [c["classes"]]
     keys = jax.random.split(key, len(dims))

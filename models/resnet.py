@@ -7,7 +7,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from .common import cross_entropy, dense_init
+from .common import configure, cross_entropy, dense_init
 
 CONFIG = {"stages": 2, "blocks": 1, "channels": 16, "image": 16, "classes": 10, "batch": 4, "seed": 0}
 DN = ("NHWC", "HWIO", "NHWC")
@@ -23,7 +23,7 @@ def conv_init(key, cin: int, cout: int) -> jax.Array:
 
 def factory(**overrides):
     """``(loss_fn, (params, (images, labels)))`` at ``CONFIG`` updated with ``overrides``."""
-    c = {**CONFIG, **overrides}
+    c = configure(CONFIG, overrides)
     keys = iter(jax.random.split(jax.random.PRNGKey(c["seed"]), 4 + 3 * c["stages"] * c["blocks"]))
     ch = c["channels"]
     params = {"stem": conv_init(next(keys), 3, ch), "stages": []}

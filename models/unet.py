@@ -7,6 +7,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from .common import configure
 from .resnet import conv, conv_init
 
 CONFIG = {"depth": 2, "channels": 8, "image": 16, "batch": 2, "seed": 0}
@@ -23,7 +24,7 @@ def up(x: jax.Array) -> jax.Array:
 
 def factory(**overrides):
     """``(loss_fn, (params, (images, targets)))`` at ``CONFIG`` updated with ``overrides``."""
-    c = {**CONFIG, **overrides}
+    c = configure(CONFIG, overrides)
     ch, depth = c["channels"], c["depth"]
     keys = iter(jax.random.split(jax.random.PRNGKey(c["seed"]), 4 * depth + 6))
     widths = [ch * 2 ** i for i in range(depth + 1)]

@@ -20,6 +20,7 @@ def cli() -> None:
 from . import core  # noqa: E402  (commands register themselves on `cli`)
 from . import mlir  # noqa: E402,F401
 from . import batch  # noqa: E402,F401
+from . import jax as _jax  # noqa: E402,F401
 
 
 def main() -> None:

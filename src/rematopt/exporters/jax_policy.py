@@ -132,7 +132,10 @@ def _planned_step(step: Step, fates: Fates) -> Callable:
     # Recompute closure: forward nodes the backward pass needs and the plan
     # does not save, back to saved values and arguments.
     recompute: set[int] = set()
-    todo = [r for r in step.res_refs if not isinstance(r, Const)]
+    bwd_made = {v for e in bwd for v in e.outs}
+    bwd_reads = {r for e in bwd for r in e.ins
+                 if not isinstance(r, Const) and r not in bwd_made and r != step.ct_id}
+    todo = list(bwd_reads)
     while todo:
         node = prod[todo.pop()]
         if node < n_in or node in fates.saved or node in recompute:
@@ -144,12 +147,12 @@ def _planned_step(step: Step, fates: Fates) -> Callable:
     rec_eqns = [eqns[k] for k in rec]
     rec_made = {v for e in rec_eqns for v in e.outs}
     rec_inputs = sorted({r for e in rec_eqns for r in e.ins if not isinstance(r, Const) and r not in rec_made})
-    read_after = {r for r in step.res_refs if not isinstance(r, Const)} | set(rec_inputs)
+    read_after = {r for r in bwd_reads if prod[r] not in recompute}
+    read_after |= set(rec_inputs)
     saved_vals = sorted(v for v in read_after if prod[v] >= n_in)
     host_vals = {v for v in saved_vals if prod[v] in fates.offloaded}
     arg_vals = sorted(v for v in read_after if prod[v] < n_in)
     loss_ref, grad_refs = step.out_refs[0], step.out_refs[1:]
-    zero_ct = [_zero_like(flat.avals[v]) for v in step.arg_ids]
     grad_leaves = _grad_leaf_order(step)
 
     def read(env, r):
@@ -179,7 +182,7 @@ def _planned_step(step: Step, fates: Fates) -> Callable:
             evaluate(rec_eqns, env)
         env[step.ct_id] = ct
         evaluate(bwd, env)
-        cts = list(zero_ct)
+        cts = [_zero_like(flat.avals[v]) for v in step.arg_ids]
         for leaf, r in zip(grad_leaves, grad_refs):
             cts[leaf] = read(env, r)
         return tuple(cts)

@@ -209,11 +209,13 @@ def to_graph(step: Step, name: str, device: str = costmodel.DEFAULT_DEVICE,
                     cost=_group_seconds(step, members, dev), phase=head.phase,
                     recomputable=not any(flat.eqns[k].effectful or flat.eqns[k].prim.name in NOT_RECOMPUTABLE
                                          for k in members))
+        crossing = [j for j, v in enumerate(head.outs) if v in residual_values]
+        if crossing:  # saved by jax.vjp (even where the backward pass never reads it)
+            node.extra["residual"] = True
         if len(head.outs) == 1:
             node.extra["aval"] = _short(flat.avals[head.outs[0]])
         else:
             node.extra["out_bytes"] = [aval_bytes(flat.avals[v]) for v in head.outs]
-            crossing = [j for j, v in enumerate(head.outs) if v in residual_values]
             if crossing:
                 node.extra["residual_outputs"] = crossing
         if len(members) > 1:

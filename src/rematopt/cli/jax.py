@@ -1,0 +1,100 @@
+"""JAX commands: ``import jax`` (a factory's training step to a graph) and
+``jax-measure`` (XLA's memory and FLOPs under JAX's policies and rematopt's plans)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from ..errors import ImportFailure
+from . import cli
+from .core import import_group
+
+_DEVICES = ("a100", "h100", "tpu-v4", "cpu")
+
+
+def _config(pairs: tuple[str, ...]) -> dict:
+    """``("layers=4", "seq=64")`` -> ``{"layers": 4, "seq": 64}`` (values read as JSON when they parse)."""
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ImportFailure(f"--set {pair!r}: expected KEY=VALUE")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+_set_option = click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
+                           help="Factory keyword argument (repeatable), e.g. --set layers=4.")
+_device_option = click.option("--device", type=click.Choice(_DEVICES), default="a100", show_default=True,
+                              help="Roofline device profile for node costs.")
+
+
+@import_group.command(name="jax")
+@click.argument("spec", metavar="MODULE:FACTORY")
+@click.option("--fuse", is_flag=True, help="Fold cheap elementwise equations into their consumers (XLA-like).")
+@_device_option
+@click.option("--name", help="Graph name (default: the factory's module).")
+@click.option("--argnums", default="0", show_default=True, help="Differentiated arguments, e.g. 0 or 0,1.")
+@_set_option
+@click.option("--output", "-o", type=click.Path(dir_okay=False), required=True)
+def import_jax(spec: str, fuse: bool, device: str, name: str | None, argnums: str, settings: tuple[str, ...],
+               output: str) -> None:
+    """Trace FACTORY's training step, jax.value_and_grad(loss_fn)(*example_args), as a graph.
+
+    FACTORY is a callable returning (loss_fn, example_args); MODULE is imported
+    with the current directory on the path (e.g. models.gpt:factory).
+    """
+    from ..jax import load_factory, trace_grad
+
+    config = _config(settings)
+    fn, args = load_factory(spec, **config)
+    nums = _argnums(argnums)
+    g = trace_grad(fn, *args, argnums=nums, fuse=fuse, device=device,
+                   name=name or spec.partition(":")[0].rsplit(".", 1)[-1],
+                   meta={"model": spec, "config": config})
+    g.save(output)
+    sizes = f"{g.meta['nodes']} nodes fused from {g.meta['nodes_unfused']}" if fuse else f"{g.n} nodes"
+    click.echo(f"wrote {output}: {sizes}, {len(g.edges)} edges, "
+               f"{g.meta['residuals']['count']} residuals ({g.meta['residuals']['bytes']:,} B)")
+
+
+def _argnums(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise ImportFailure(f"--argnums {text!r}: expected integers separated by commas") from None
+
+
+@cli.command(name="jax-measure")
+@click.argument("spec", metavar="MODULE:FACTORY")
+@click.option("--budget-ratio", type=float, required=True, help="Plan budget as a fraction of the no-remat peak.")
+@_device_option
+@click.option("--fuse", is_flag=True, help="Plan on the fused graph.")
+@click.option("--planner", "planners", multiple=True, default=("greedy", "cpsat"), show_default=True,
+              help="rematopt planners to compare (repeatable).")
+@click.option("--time-limit", type=float, default=20.0, show_default=True, help="cpsat time limit, seconds.")
+@click.option("--argnums", default="0", show_default=True, help="Differentiated arguments, e.g. 0 or 0,1.")
+@_set_option
+@click.option("--output", "-o", type=click.Path(dir_okay=False), help="Write the Markdown table here.")
+def jax_measure(spec: str, budget_ratio: float, device: str, fuse: bool, planners: tuple[str, ...],
+                time_limit: float, argnums: str, settings: tuple[str, ...], output: str | None) -> None:
+    """Compile FACTORY's step with XLA under no checkpointing, JAX's policies and
+    rematopt's plans; print XLA's temp bytes and FLOPs for each (Markdown)."""
+    from ..jax import load_factory, measure
+
+    config = _config(settings)
+    fn, args = load_factory(spec, **config)
+    m = measure(fn, *args, budget_ratio=budget_ratio, argnums=_argnums(argnums), planners=planners,
+                time_limit=time_limit, fuse=fuse, device=device)
+    text = m.markdown(f"{spec} {json.dumps(config) if config else ''}".strip())
+    if output:
+        Path(output).write_text(text)
+        click.echo(f"wrote {output}")
+    else:
+        click.echo(text, nl=False)
