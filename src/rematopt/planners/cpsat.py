@@ -373,7 +373,9 @@ class CpSatRun:
         """Fix the primary at its optimum and minimise the other figure
         (peak after overhead, overhead after peak) in the remaining time."""
         cfg, form, backend = self.cfg, self.form, self.backend
-        left = cfg.time_limit - (time.perf_counter() - self.start)
+        elapsed = time.perf_counter() - self.start
+        # the tie-break gets at most as long as the optimum took (>= 1 s)
+        left = min(cfg.time_limit - elapsed, max(1.0, elapsed))
         if left < 0.05:
             return None
         if cfg.objective == "overhead":
