@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 import os
-import signal
 import threading
 import time
 from contextlib import contextmanager
@@ -37,6 +36,10 @@ from .cpsat_model import Formulation, Stages, integer_scale
 # random_layered_n100, about 5,000 pairs, found no solution in 30 s, its
 # depth-1 model is solved to optimality in under 2 s).
 FULL_MODEL_PAIRS = 2500
+# A deeper round starts only with this much time left (and a fifth of the
+# limit): building and presolving the depth-2 model of random_layered_n250
+# alone takes about 5 s.
+MIN_ROUND_S = 5.0
 
 STATUS = {cp_model.OPTIMAL: "OPTIMAL", cp_model.FEASIBLE: "FEASIBLE",
           cp_model.INFEASIBLE: "INFEASIBLE", cp_model.UNKNOWN: "UNKNOWN"}
@@ -272,9 +275,13 @@ class CpSatRun:
         prm.symmetry_level = 0
         to_units = self.to_units if phase == "primary" else (lambda v: v)
         solver.best_bound_callback = lambda b: self.trace.new_bound(phase, to_units(b))
-        with _stop_on_sigint(solver) as stopped, _progress(self.trace, cfg.progress and phase == "primary"):
+        # CP-SAT catches SIGINT itself and stops with its best solution (a
+        # Python handler would only run once solve() returns).
+        prm.catch_sigint_signal = True
+        with _progress(self.trace, cfg.progress and phase == "primary"):
             status = solver.solve(self.backend.model, _Callback(self.trace, phase, to_units))
-        self.interrupted = self.interrupted or stopped()
+        stopped_early = status in (cp_model.FEASIBLE, cp_model.UNKNOWN) and solver.wall_time < 0.9 * limit - 0.5
+        self.interrupted = self.interrupted or stopped_early
         if status == cp_model.MODEL_INVALID:
             raise PlannerError(f"cpsat: model invalid ({self.backend.model.validate()})")
         values = list(solver.response_proto.solution) if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) else None
@@ -302,7 +309,9 @@ class CpSatRun:
         status, obj, bound = cp_model.UNKNOWN, None, None
         build_s, rounds = 0.0, []
         for depth in self.depths():
-            if best is not None and (status != cp_model.OPTIMAL or self.interrupted):
+            left = cfg.time_limit - (time.perf_counter() - self.start)
+            if best is not None and (status != cp_model.OPTIMAL or self.interrupted
+                                     or left < max(MIN_ROUND_S, cfg.time_limit / 5)):
                 break
             prev = events(self.form, best) if best is not None else None
             began = time.perf_counter()
@@ -414,25 +423,6 @@ class CpSatRun:
         if value is None or overhead:
             return value
         return value * self.form.unit + self.form.persistent_bytes
-
-
-@contextmanager
-def _stop_on_sigint(solver: cp_model.CpSolver) -> Iterator[Any]:
-    """Ctrl-C stops the search and keeps the best solution found so far."""
-    hit = [False]
-    if threading.current_thread() is not threading.main_thread():
-        yield lambda: False
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        hit[0] = True
-        solver.stop_search()
-
-    previous = signal.signal(signal.SIGINT, handler)
-    try:
-        yield lambda: hit[0]
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 @contextmanager
