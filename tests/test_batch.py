@@ -144,6 +144,7 @@ def test_failures_become_rows_and_never_stop_the_batch(fakes, tmp_path, monkeypa
     assert status["fake-broken"] == ("ERROR", "ValueError: bad model")
     assert status["fake-liar"][0] == "ERROR" and "replay" in status["fake-liar"][1]
     assert len(batch.read_rows(tmp_path / "res")) == len(names)
+    assert {r["budget"] for r in rows} == {no_remat_peak(unet(2, train=True))}  # failed rows too
 
 
 def test_exact_jobs_run_last_with_the_best_fast_plan_as_hint(fakes, tmp_path, monkeypatch):

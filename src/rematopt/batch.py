@@ -224,6 +224,7 @@ def make_spec(g: GraphInput, ratio: float, planner: str, options: dict[str, Any]
     return {
         "key": key, "graph": g.name, "family": g.family, "graph_file": str(g.path),
         "graph_sha256": g.sha256, "nodes": g.nodes, "edges": g.edges, "budget_ratio": ratio,
+        "budget": math.floor(ratio * g.no_remat_peak),  # as resolve_budget does
         "planner": planner, "planner_ref": planners.REGISTRY[planner], "options": options,
         "run_options": opts, "out": str(out), "plan_path": stem + ".json", "log_path": log, "hint_path": None,
         "hint_from": None, "memory_limit": memory_limit, "timeout": timeout,
@@ -235,7 +236,7 @@ def base_row(spec: dict[str, Any]) -> dict[str, Any]:
     return {
         "key": spec["key"], "graph": spec["graph"], "family": spec["family"],
         "graph_file": spec["graph_file"], "graph_sha256": spec["graph_sha256"],
-        "nodes": spec["nodes"], "edges": spec["edges"], "budget": None,
+        "nodes": spec["nodes"], "edges": spec["edges"], "budget": spec["budget"],
         "budget_ratio": spec["budget_ratio"], "planner": spec["planner"],
         "options": json.dumps(spec["options"], sort_keys=True, default=str),
         "status": "ERROR", "peak_bytes": None, "compute_cost": None, "base_cost": None,
@@ -455,12 +456,11 @@ def plan_batch(inputs: list[GraphInput], planner_names: list[str], ratios: list[
                     spec["run_options"].setdefault("workers", default_workers)
                 if spec["key"] in done:
                     continue
-                budget = math.floor(r * g.no_remat_peak)  # as resolve_budget does
                 row = base_row(spec)
-                row.update(budget=budget, log_path=None)
-                if budget < g.peak_lower_bound:
+                row["log_path"] = None
+                if spec["budget"] < g.peak_lower_bound:
                     row.update(status="INFEASIBLE_BUDGET",
-                               error=f"{g.path}: budget {budget:,} bytes is below the lower bound "
+                               error=f"{g.path}: budget {spec['budget']:,} bytes is below the lower bound "
                                      f"{g.peak_lower_bound:,} bytes (working set or resident inputs)")
                     skipped.append(row)
                 elif planner in EXACT and exact_max_nodes is not None and g.nodes > exact_max_nodes:
