@@ -15,7 +15,6 @@ import pytest
 from rematopt import solve
 from rematopt.graph import Graph, Node
 from rematopt.importers import synthetic
-from rematopt.plan import Plan
 from rematopt.planners.cpsat import plan as cpsat_plan
 from rematopt.reference import no_remat_peak, peak_lower_bound, working_set_bound
 from rematopt.simulate import simulate

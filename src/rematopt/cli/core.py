@@ -103,6 +103,14 @@ def simulate_cmd(graph: str, plan: str, as_json: bool, timeline: str | None) -> 
         sys.exit(1)
 
 
+def _depth_arg(value: str | None) -> str | int | None:
+    if value in (None, "auto", "full"):
+        return value
+    if not value.isdigit():
+        raise click.BadParameter(f"expected auto, full or an integer >= 0, got {value!r}")
+    return int(value)
+
+
 @cli.command(name="solve")
 @click.argument("graph", required=False, type=click.Path(dir_okay=False))
 @click.option("--planner", "-p", default="cpsat", show_default=True,
@@ -123,7 +131,7 @@ def simulate_cmd(graph: str, plan: str, as_json: bool, timeline: str | None) -> 
 @click.option("--seed", type=int, help="Solver random seed.")
 @click.option("--hint", type=click.Path(dir_okay=False), help="A plan to start the solver from.")
 @click.option("--warm-start", type=click.Choice(["auto", "none"]), help="cpsat: run fast planners first.")
-@click.option("--recompute-depth", type=str, callback=lambda c, p, v: v if v in (None, "auto", "full") else int(v),
+@click.option("--recompute-depth", type=str, callback=lambda c, p, v: _depth_arg(v),
               help="cpsat: auto, full, or recompute only within N producer hops of each stage's node.")
 @click.option("--log", "log_path", type=click.Path(dir_okay=False), help="Write incumbent/bound over time (CSV).")
 @click.option("--peak-model", type=click.Choice(["memory", "residual"]), help="greedy: peak estimate.")

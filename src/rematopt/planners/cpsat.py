@@ -26,7 +26,7 @@ from ..errors import PlannerError
 from ..graph import Graph
 from ..plan import Plan
 from ..reference import no_remat_peak, peak_lower_bound
-from ..simulate import base_cost, cost_of_counts
+from ..simulate import cost_of_counts
 from .cpsat_backends import CpSatBackend, LpBackend
 from .cpsat_extract import Assignment, events, from_plan
 from .cpsat_model import Formulation, Stages, integer_scale

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..plan import COMPUTE, FREE, OFFLOAD, PREFETCH, Plan, PlanBuilder
+from ..plan import COMPUTE, OFFLOAD, PREFETCH, Plan, PlanBuilder
 from .cpsat_model import Formulation
 
 
