@@ -132,15 +132,16 @@ class Trace:
     bound: float | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def solution(self, phase: str, value: float, bound: float) -> None:
+    def solution(self, phase: str, value: float, bound: float | None) -> None:
         with self.lock:
             t = time.perf_counter() - self.start
             if phase == "primary":
                 if self.first is None:
                     self.first = t
                 if self.incumbent is None or value < self.incumbent:
-                    self.best = t
-                self.incumbent, self.bound = value, bound
+                    self.best, self.incumbent = t, value
+                if bound is not None:
+                    self.bound = bound
             self.rows.append((phase, t, value, bound))
 
     def new_bound(self, phase: str, bound: float) -> None:
@@ -315,6 +316,7 @@ class CpSatRun:
                 break
             prev = events(self.form, best) if best is not None else None
             began = time.perf_counter()
+            solved_depth = depth
             self.backend = CpSatBackend()
             self.form = form = self.formulation(self.backend, depth)
             n_vars, n_cons = self.backend.size
@@ -322,6 +324,8 @@ class CpSatRun:
             if prev is None:
                 hint, hint_source = self.warm_start()
                 hint_obj = self.objective_of(hint) if hint is not None else None
+                if hint is not None:  # a valid plan in hand: the first incumbent
+                    self.trace.solution("primary", self.to_units(hint_obj), None)
             else:
                 hint = from_plan(form, prev)
             if hint is not None:
@@ -353,14 +357,14 @@ class CpSatRun:
             "objective": None, "best_bound": self.to_units(bound) if best is not None else None, "gap": None,
             "time_to_first_s": self.trace.first, "time_to_best_s": self.trace.best,
             "primary_s": primary_s, "variables": n_vars, "constraints": n_cons, "build_s": build_s,
-            "recompute_depth": "full" if depth is None else depth,
+            "recompute_depth": "full" if solved_depth is None else solved_depth,
             "cost_scale": self.scale, "cost_scale_exact": self.exact, "memory_unit_bytes": form.unit,
             "offload": cfg.offload, "warm_start": hint_source,
             "hint_objective": self.to_units(hint_obj) if hint_obj is not None else None,
             "interrupted": self.interrupted, "lexicographic": secondary is not None, "rounds": rounds,
         }
         if cfg.lp_bound:
-            stats["lp_bound"] = self.lp_bound(max(1.0, cfg.time_limit / 4), depth)
+            stats["lp_bound"] = self.lp_bound(max(1.0, cfg.time_limit / 4), solved_depth)
         if cfg.log_path:
             self.trace.write(cfg.log_path)
         if best is None:
