@@ -221,29 +221,31 @@ class CpSatRun:
     # -- warm start -------------------------------------------------------------
 
     def warm_start(self) -> tuple[Assignment | None, str | None]:
-        """The hint: the user's plan, else (``warm_start="auto"``) the best
-        fast planner's plan, projected into the model's plan space."""
+        """The hint: the user's plan, else (``warm_start="auto"``) the better
+        of staged eviction (run first: it is fast, and its plan is the first
+        incumbent) and the best fast planner's plan, projected into the
+        model's plan space. Only plans that meet the budget and caps count."""
+        from .warm_start import best_fast_plan, staged_eviction
+
         cfg = self.cfg
-        candidates: list[tuple[str, Plan]] = []
+        found: list[tuple[int, str, Assignment]] = []
+
+        def consider(a: Assignment | None, name: str) -> None:
+            if a is not None and self.admissible(a):
+                found.append((self.objective_of(a), name, a))
+                self.trace.solution("primary", self.to_units(found[-1][0]), None)
+
         if cfg.hint is not None:
-            candidates.append(("hint", cfg.hint))
+            consider(from_plan(self.form, cfg.hint), "hint")
         elif cfg.warm_start == "auto":
-            from .warm_start import best_fast_plan
-
-            best = best_fast_plan(self.graph, cfg.budget)
-            if best is not None:
-                candidates.append((best.planner, best))
-        for name, p in candidates:
-            a = from_plan(self.form, p)
-            if a is not None and self.admissible(a):
-                return a, name
-        if cfg.warm_start == "auto":
-            from .warm_start import staged_eviction
-
-            a = staged_eviction(self.form)
-            if a is not None and self.admissible(a):
-                return a, "staged-eviction"
-        return None, None
+            consider(staged_eviction(self.form), "staged-eviction")
+            fast = best_fast_plan(self.graph, cfg.budget)
+            if fast is not None:
+                consider(from_plan(self.form, fast), fast.planner)
+        if not found:
+            return None, None
+        obj, name, a = min(found, key=lambda x: x[0])
+        return a, name
 
     def admissible(self, a: Assignment) -> bool:
         """Whether an assignment meets the budget, caps and clone bound."""
@@ -324,8 +326,6 @@ class CpSatRun:
             if prev is None:
                 hint, hint_source = self.warm_start()
                 hint_obj = self.objective_of(hint) if hint is not None else None
-                if hint is not None:  # a valid plan in hand: the first incumbent
-                    self.trace.solution("primary", self.to_units(hint_obj), None)
             else:
                 hint = from_plan(form, prev)
             if hint is not None:
