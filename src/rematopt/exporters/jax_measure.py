@@ -11,6 +11,7 @@ gradients of every variant are checked against the un-checkpointed step.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -52,7 +53,7 @@ class Measurement:
                 f"Graph: {g.n} nodes ({g.meta.get('equations')} equations), device profile "
                 f"`{g.meta.get('device')}`, jax {jax.__version__} on {jax.default_backend()}; "
                 f"no-remat peak {no_remat_peak(g):,} B, budget ratio {self.budget_ratio} "
-                f"= {self.budget:,} B.", "",
+                f"= {self.budget:,} B. XLA_FLAGS=`{os.environ.get('XLA_FLAGS', '')}`.", "",
                 "| variant | XLA temp bytes | XLA FLOPs | max grad error | graph peak | graph overhead "
                 "| kept/offloaded/recomputed | note |",
                 "|---|---:|---:|---:|---:|---:|---|---|"]
@@ -100,13 +101,14 @@ def measure(loss_fn: Callable, *args: Any, budget_ratio: float, argnums: int | S
             start = time.perf_counter()
             sol = solve(graph, planner, budget=budget, time_limit=time_limit, workers=2)
         except (PlannerError, BudgetError) as e:
-            out.rows.append(Row(label, note=f"not available: {e}"))
+            plans.append((label, None, f"not available: {e}"))
             continue
-        if sol.replay is None:
-            out.rows.append(Row(label, note=f"no plan ({sol.status})"))
-            continue
-        plans.append((label, sol.plan, f"{sol.status}, {time.perf_counter() - start:.1f} s"))
+        took = f"{time.perf_counter() - start:.1f} s"
+        plans.append((label, sol.plan if sol.replay else None, f"{sol.status}, {took}"))
     for label, plan, note in plans:
+        if plan is None:
+            out.rows.append(Row(label, note=note if "available" in note else f"no plan ({note})"))
+            continue
         row = _row(label, apply_plan(loss_fn, graph, plan), args, argnums, base_grads)
         replay = _replay(graph, plan)
         row.graph_peak, row.graph_overhead = replay.peak_bytes, replay.overhead

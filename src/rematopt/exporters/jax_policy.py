@@ -40,6 +40,7 @@ class Fates:
     kept: frozenset[int]        # saved on the device
     offloaded: frozenset[int]   # saved in host memory
     recomputed: frozenset[int]  # computed again in the backward pass
+    schedule: tuple[int, ...] = ()  # nodes the backward pass computes, in the plan's order (first time each)
 
     @property
     def saved(self) -> frozenset[int]:
@@ -66,16 +67,19 @@ def residual_fates(graph: Graph, plan: Plan) -> Fates:
     offloaded = {i for o, i in zip(ops, nodes) if o == OFFLOAD}
     fate: dict[int, str] = {}
     preds = graph.preds
+    schedule: dict[int, None] = {}
     for o, i in zip(ops[start:], nodes[start:]):
         if o != COMPUTE:
             continue
+        if phase[i] == "backward" or i not in fate:
+            schedule.setdefault(i)
         for p in preds[i]:
             if phase[p] == "forward" and p not in fate:
                 fate[p] = "offloaded" if p in offloaded else "kept"
         if phase[i] == "forward" and i not in fate:
             fate[i] = "recomputed"
     pick = lambda what: frozenset(i for i, f in fate.items() if f == what)  # noqa: E731
-    return Fates(pick("kept"), pick("offloaded"), pick("recomputed"))
+    return Fates(pick("kept"), pick("offloaded"), pick("recomputed"), tuple(schedule))
 
 
 def apply_plan(loss_fn: Callable, graph: Graph, plan: Plan) -> Callable:
@@ -143,10 +147,21 @@ def _planned_step(step: Step, fates: Fates) -> Callable:
         recompute.add(node)
         inside = {v for k in group_of[node] for v in eqns[k].outs}
         todo.extend(r for k in group_of[node] for r in eqns[k].ins if not isinstance(r, Const) and r not in inside)
-    rec = sorted(k for node in recompute for k in group_of[node])
-    rec_eqns = [eqns[k] for k in rec]
-    rec_made = {v for e in rec_eqns for v in e.outs}
-    rec_inputs = sorted({r for e in rec_eqns for r in e.ins if not isinstance(r, Const) and r not in rec_made})
+    # Backward pass in the plan's order: a recomputation runs where the plan
+    # puts it, its inputs passed through an optimization barrier together with
+    # the backward value computed just before it, so XLA can neither merge it
+    # with the forward computation (CSE) nor hoist it ahead of that point.
+    planned_order = [i for i in fates.schedule if i in recompute or i in group_of and eqns[group_of[i][-1]].phase == "backward"]
+    missing = sorted(recompute - set(planned_order))  # recomputed by the closure but not by the plan
+    bwd_nodes = {step.node_of_group(g) for g in range(len(step.groups)) if step.head(g).phase == "backward"}
+    order = missing + planned_order + sorted(bwd_nodes - set(planned_order))
+    inputs_of = {}
+    for node in recompute:
+        inside = {v for k in group_of[node] for v in eqns[k].outs}
+        inputs_of[node] = sorted({r for k in group_of[node] for r in eqns[k].ins
+                                  if not isinstance(r, Const) and r not in inside})
+    rec_inputs = sorted({r for node in recompute for r in inputs_of[node]
+                         if prod[r] < n_in or prod[r] not in recompute})
     read_after = {r for r in bwd_reads if prod[r] not in recompute}
     read_after |= set(rec_inputs)
     saved_vals = sorted(v for v in read_after if prod[v] >= n_in)
@@ -176,12 +191,17 @@ def _planned_step(step: Step, fates: Fates) -> Callable:
         env = dict(zip(arg_vals, arg_res))
         env.update((v, jax.device_put(x, jax.memory.Space.Device) if v in host_vals else x)
                    for v, x in zip(saved_vals, saved))
-        if rec_eqns:
-            barred, ct = jax.lax.optimization_barrier(([env[v] for v in rec_inputs], ct))
-            env.update(zip(rec_inputs, barred))
-            evaluate(rec_eqns, env)
-        env[step.ct_id] = ct
-        evaluate(bwd, env)
+        env[step.ct_id] = last = ct
+        for node in order:
+            members = [eqns[k] for k in group_of[node]]
+            if node in recompute:
+                ins = inputs_of[node]
+                barred, _ = jax.lax.optimization_barrier(([env[v] for v in ins], last))
+                made = evaluate(members, dict(zip(ins, barred)))
+                env.update((v, made[v]) for e in members for v in e.outs)
+            else:
+                evaluate(members, env)
+                last = env[members[-1].outs[0]]
         cts = [_zero_like(flat.avals[v]) for v in step.arg_ids]
         for leaf, r in zip(grad_leaves, grad_refs):
             cts[leaf] = read(env, r)
