@@ -276,6 +276,11 @@ class CpSatRun:
         # benchmark models and found nothing the search needed there.
         prm.cp_model_probing_level = 0
         prm.symmetry_level = 0
+        if cfg.workers in (2, 3):
+            # The LP-heavy worker proves what the default pair cannot: depth-2
+            # random_layered_n250 at 0.9 optimal in 15 s (default: 45% gap
+            # after 40 s), n100 at 0.8 in 3 s (default: 39 s).
+            prm.subsolvers.extend(["max_lp", "default_lp"])
         to_units = self.to_units if phase == "primary" else (lambda v: v)
         solver.best_bound_callback = lambda b: self.trace.new_bound(phase, to_units(b))
         # CP-SAT catches SIGINT itself and stops with its best solution (a
