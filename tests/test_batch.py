@@ -48,6 +48,10 @@ def patient(graph, budget, options):
         time.sleep(0.05)
     return no_remat(graph, budget, options)
 
+def fragile(graph, budget, options):
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # dies of the SIGINT instead of raising
+    time.sleep(120)
+
 def stubborn(graph, budget, options):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     time.sleep(120)
@@ -70,7 +74,8 @@ def fakes(tmp_path, monkeypatch):
     (tmp_path / "fakeplanners.py").write_text(textwrap.dedent(FAKES))
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
-    for name in ("crash", "hang", "hog", "broken", "liar", "patient", "stubborn", "echo_hint"):
+    for name in ("crash", "hang", "hog", "broken", "liar", "patient", "stubborn", "fragile",
+                 "echo_hint"):
         monkeypatch.setitem(planners.REGISTRY, f"fake-{name}", f"fakeplanners:{name}")
     return tmp_path
 
@@ -127,8 +132,8 @@ def test_failures_become_rows_and_never_stop_the_batch(fakes, tmp_path, monkeypa
     path = tmp_path / "unet.json"
     unet(2, train=True).save(path)
     monkeypatch.setattr(batch, "STOP_GRACE_S", 1.0)
-    names = ["fake-crash", "fake-hang", "fake-patient", "fake-stubborn", "fake-hog", "fake-broken", "fake-liar",
-             "no-remat"]
+    names = ["fake-crash", "fake-hang", "fake-patient", "fake-stubborn", "fake-fragile", "fake-hog", "fake-broken",
+             "fake-liar", "no-remat"]
     rows, _ = run([path], names, [1.0], tmp_path / "res", jobs=4, options={"time_limit": 0.1},
                   timeout_margin=6, memory_limit=1 << 30)  # the workers mostly sleep: 4 at once is light
     status = {r["planner"]: (r["status"], r["error"]) for r in rows}
@@ -136,6 +141,7 @@ def test_failures_become_rows_and_never_stop_the_batch(fakes, tmp_path, monkeypa
     assert status["fake-crash"][0] == "CRASH" and "SIGABRT" in status["fake-crash"][1]
     assert status["fake-hang"][0] == "TIMEOUT" and "6.1 s" in status["fake-hang"][1]
     assert status["fake-stubborn"][0] == "TIMEOUT" and "6.1 s" in status["fake-stubborn"][1]
+    assert status["fake-fragile"][0] == "TIMEOUT"
     # Stopped by SIGINT at the hard timeout, it hands back its plan: a replayed row.
     patient = next(r for r in rows if r["planner"] == "fake-patient")
     assert patient["status"] == "FEASIBLE" and "best plan kept" in patient["error"]

@@ -76,6 +76,15 @@ def test_gaps_against_the_optimum_or_the_best_bound(results):
     assert "cpsat" not in t.index.get_level_values("planner")
 
 
+def test_exact_infeasible_beside_a_plan_within_budget_is_flagged(results):
+    log = ResultsLog(results / RESULTS)
+    log.append(row("third_d3", "cpsat", "INFEASIBLE", None, None, 100))
+    df = report.load_results(results)
+    odd = report.model_infeasible(df)
+    assert odd[["graph", "met_by"]].values.tolist() == [["third_d3", "greedy"]]
+    assert any("INFEASIBLE on 1 " in line and "third_d3 r=0.8" in line for line in report.summary_lines(df))
+
+
 def test_priced_transfers_count_in_the_gap(tmp_path):
     d = tmp_path / "res"
     d.mkdir()

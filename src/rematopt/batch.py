@@ -377,7 +377,7 @@ def execute(spec: dict[str, Any]) -> dict[str, Any]:
                                 + ("best plan kept" if row.get("plan_path") else "no plan"))
         else:
             row = base_row(spec)
-            row["status"], row["error"] = _failure(spec, code, err_file.read_text(errors="replace"))
+            row["status"], row["error"] = _failure(spec, code, err_file.read_text(errors="replace"), stopped)
     row["job_s"] = time.perf_counter() - start
     return row
 
@@ -394,10 +394,12 @@ def _stop(proc: subprocess.Popen) -> int | None:
         return None
 
 
-def _failure(spec: dict[str, Any], code: int | None, stderr: str) -> tuple[str, str]:
+def _failure(spec: dict[str, Any], code: int | None, stderr: str, stopped: bool) -> tuple[str, str]:
     tail = " | ".join(stderr.strip().splitlines()[-3:])
-    if code is None or "KeyboardInterrupt" in stderr:
+    if stopped:  # whatever the worker did with our SIGINT, it ran out of time
         return "TIMEOUT", f"stopped after {spec['timeout']:g} s (time limit + margin)"
+    if code == -signal.SIGKILL:  # not ours, so most likely the kernel's OOM killer
+        return "OOM", "worker killed by SIGKILL (out of memory?)"
     if "MemoryError" in stderr or "bad_alloc" in stderr or "out of memory" in stderr.lower():
         return "OOM", f"out of memory (limit {spec.get('memory_limit')} bytes): {tail}"
     how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"

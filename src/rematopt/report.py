@@ -219,14 +219,30 @@ def _commands(results_dir: Path, command: str | None) -> list[str]:
     return cmds + ([command] if command else [])
 
 
+def model_infeasible(df: pd.DataFrame) -> pd.DataFrame:
+    """Exact runs that report INFEASIBLE although another planner's replayed
+    plan meets the same budget: infeasible in the exact planner's model only."""
+    met = df[df["meets"]].groupby(["graph_sha256", "budget_ratio"])["planner"].agg(lambda p: ", ".join(sorted(p)))
+    ex = df[df["exact"] & (df["status"] == "INFEASIBLE")]
+    keys = pd.MultiIndex.from_frame(ex[["graph_sha256", "budget_ratio"]])
+    ex = ex.assign(met_by=met.reindex(keys).to_numpy())
+    return ex[ex["met_by"].notna()][["graph", "budget_ratio", "planner", "met_by"]]
+
+
 def summary_lines(df: pd.DataFrame) -> list[str]:
     n_graphs = df["graph"].nunique()
     ratios = ", ".join(f"{r:g}" for r in sorted(df["budget_ratio"].unique(), reverse=True))
     versions = sorted({f"rematopt {a}, OR-Tools {b}" for a, b in
                        zip(df.get("rematopt_version", []), df.get("ortools_version", []))})
-    return [f"{len(df)} jobs: {n_graphs} graphs x budget ratios {ratios} x planners "
-            f"{', '.join(sorted(df['planner'].unique()))}.",
-            f"Versions: {'; '.join(versions) or 'unknown'}."]
+    lines = [f"{len(df)} jobs: {n_graphs} graphs x budget ratios {ratios} x planners "
+             f"{', '.join(sorted(df['planner'].unique()))}.",
+             f"Versions: {'; '.join(versions) or 'unknown'}."]
+    odd = model_infeasible(df)
+    if len(odd):
+        lines.append(f"Warning: the exact planner reports INFEASIBLE on {len(odd)} (graph, budget) instances where "
+                     f"another planner's replayed plan meets the budget, so those are infeasible in its model "
+                     f"only: {'; '.join(f'{r.graph} r={r.budget_ratio:g}' for r in odd.itertuples())}.")
+    return lines
 
 
 def _index_md(df, title, tables, figures, commands) -> str:

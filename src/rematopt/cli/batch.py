@@ -45,7 +45,8 @@ def _floats(text: str) -> list[float]:
               help="Seconds a job may run past --time-limit before its worker is killed.")
 @click.option("--workers", type=int, help="Solver threads per job (default: cores / --jobs).")
 @click.option("--seed", type=int, help="Solver random seed.")
-@click.option("--jobs", "-j", type=int, default=1, show_default=True, help="Jobs run at once.")
+@click.option("--jobs", "-j", type=int, default=1, show_default=True,
+              help="Jobs run at once (with dask: tasks in flight on the cluster).")
 @click.option("--memory-limit", default="4GiB", show_default=True, help="Address-space cap per job (0: none).")
 @click.option("--exact-max-nodes", type=int, help="Skip exact planners (cpsat) on graphs with more nodes.")
 @click.option("--out", "-o", "out", required=True, type=click.Path(file_okay=False), help="Results directory.")
