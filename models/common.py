@@ -4,11 +4,22 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
-def dense_init(key, fan_in: int, fan_out: int) -> jax.Array:
+def rng(seed: int) -> np.random.Generator:
+    """Initialisation uses numpy's generator: eager ``jax.random`` calls compile a
+    kernel per shape, which made building a model cost more than tracing it."""
+    return np.random.default_rng(seed)
+
+
+def normal(gen: np.random.Generator, shape: tuple[int, ...], scale: float = 1.0) -> jax.Array:
+    return jnp.asarray(gen.standard_normal(shape, dtype=np.float32) * np.float32(scale))
+
+
+def dense_init(gen: np.random.Generator, fan_in: int, fan_out: int) -> jax.Array:
     """He-style scaled normal weights, so activations stay O(1) through depth."""
-    return jax.random.normal(key, (fan_in, fan_out), jnp.float32) * (2.0 / fan_in) ** 0.5
+    return normal(gen, (fan_in, fan_out), (2.0 / fan_in) ** 0.5)
 
 
 def layer_norm(x: jax.Array, scale: jax.Array, eps: float = 1e-5) -> jax.Array:

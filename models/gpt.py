@@ -6,23 +6,23 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from .common import configure, cross_entropy, dense_init, layer_norm
+from .common import configure, cross_entropy, dense_init, layer_norm, normal, rng
 
 CONFIG = {"layers": 2, "width": 64, "heads": 4, "seq": 32, "vocab": 128, "batch": 2, "seed": 0}
 
 
 def init(c: dict) -> dict:
     d = c["width"]
-    keys = iter(jax.random.split(jax.random.PRNGKey(c["seed"]), 2 + 4 * c["layers"]))
+    gen = rng(c["seed"])
     blocks = [{
-        "ln1": jnp.ones((d,), jnp.float32), "qkv": dense_init(next(keys), d, 3 * d),
-        "proj": dense_init(next(keys), d, d) / c["layers"] ** 0.5,
-        "ln2": jnp.ones((d,), jnp.float32), "up": dense_init(next(keys), d, 4 * d),
-        "down": dense_init(next(keys), 4 * d, d) / c["layers"] ** 0.5,
+        "ln1": jnp.ones((d,), jnp.float32), "qkv": dense_init(gen, d, 3 * d),
+        "proj": dense_init(gen, d, d) / c["layers"] ** 0.5,
+        "ln2": jnp.ones((d,), jnp.float32), "up": dense_init(gen, d, 4 * d),
+        "down": dense_init(gen, 4 * d, d) / c["layers"] ** 0.5,
     } for _ in range(c["layers"])]
-    return {"embed": 0.02 * jax.random.normal(next(keys), (c["vocab"], d), jnp.float32),
-            "pos": 0.02 * jax.random.normal(next(keys), (c["seq"], d), jnp.float32),
+    return {"embed": normal(gen, (c["vocab"], d), 0.02), "pos": normal(gen, (c["seq"], d), 0.02),
             "blocks": blocks, "ln_f": jnp.ones((d,), jnp.float32)}
 
 
@@ -49,7 +49,7 @@ def factory(**overrides):
     """``(loss_fn, (params, tokens))`` at ``CONFIG`` updated with ``overrides``."""
     c = configure(CONFIG, overrides)
     params = init(c)
-    tokens = jax.random.randint(jax.random.PRNGKey(c["seed"] + 1), (c["batch"], c["seq"] + 1), 0, c["vocab"])
+    tokens = jnp.asarray(rng(c["seed"] + 1).integers(0, c["vocab"], (c["batch"], c["seq"] + 1), dtype=np.int32))
 
     def loss_fn(params, tokens):
         logits = forward(params, tokens[:, :-1], c["heads"])

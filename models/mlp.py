@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
-from .common import configure, cross_entropy, dense_init
+from .common import configure, cross_entropy, dense_init, normal, rng
 
 CONFIG = {"layers": 4, "width": 256, "in_dim": 128, "classes": 10, "batch": 64, "seed": 0}
 
@@ -13,12 +12,11 @@ CONFIG = {"layers": 4, "width": 256, "in_dim": 128, "classes": 10, "batch": 64, 
 def factory(**overrides):
     """``(loss_fn, (params, batch))`` at ``CONFIG`` updated with ``overrides``."""
     c = configure(CONFIG, overrides)
-    key = jax.random.PRNGKey(c["seed"])
+    gen = rng(c["seed"])
     dims = [c["in_dim"]] + [c["width"]] * c["layers"] + [c["classes"]]
-    keys = jax.random.split(key, len(dims))
-    params = [{"w": dense_init(k, a, b), "b": jnp.zeros((b,), jnp.float32)}
-              for k, a, b in zip(keys[1:], dims[:-1], dims[1:])]
-    x = jax.random.normal(keys[0], (c["batch"], c["in_dim"]), jnp.float32)
+    params = [{"w": dense_init(gen, a, b), "b": jnp.zeros((b,), jnp.float32)}
+              for a, b in zip(dims[:-1], dims[1:])]
+    x = normal(gen, (c["batch"], c["in_dim"]))
     y = jnp.arange(c["batch"], dtype=jnp.int32) % c["classes"]
 
     def loss_fn(params, batch):

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from .common import configure, cross_entropy, dense_init
+from .common import configure, cross_entropy, dense_init, normal, rng
 
 CONFIG = {"stages": 2, "blocks": 1, "channels": 16, "image": 16, "classes": 10, "batch": 4, "seed": 0}
 DN = ("NHWC", "HWIO", "NHWC")
@@ -17,24 +18,24 @@ def conv(x: jax.Array, w: jax.Array, stride: int = 1) -> jax.Array:
     return jax.lax.conv_general_dilated(x, w, (stride, stride), "SAME", dimension_numbers=DN)
 
 
-def conv_init(key, cin: int, cout: int) -> jax.Array:
-    return jax.random.normal(key, (3, 3, cin, cout), jnp.float32) * (2.0 / (9 * cin)) ** 0.5
+def conv_init(gen: np.random.Generator, cin: int, cout: int) -> jax.Array:
+    return normal(gen, (3, 3, cin, cout), (2.0 / (9 * cin)) ** 0.5)
 
 
 def factory(**overrides):
     """``(loss_fn, (params, (images, labels)))`` at ``CONFIG`` updated with ``overrides``."""
     c = configure(CONFIG, overrides)
-    keys = iter(jax.random.split(jax.random.PRNGKey(c["seed"]), 4 + 3 * c["stages"] * c["blocks"]))
+    gen = rng(c["seed"])
     ch = c["channels"]
-    params = {"stem": conv_init(next(keys), 3, ch), "stages": []}
+    params = {"stem": conv_init(gen, 3, ch), "stages": []}
     for s in range(c["stages"]):
         cin, cout = ch * 2 ** max(s - 1, 0), ch * 2 ** s
-        params["stages"].append([{"c1": conv_init(next(keys), cin if b == 0 else cout, cout),
-                                  "c2": conv_init(next(keys), cout, cout) * 0.5,
-                                  "skip": conv_init(next(keys), cin, cout) if b == 0 and cin != cout else None}
+        params["stages"].append([{"c1": conv_init(gen, cin if b == 0 else cout, cout),
+                                  "c2": conv_init(gen, cout, cout) * 0.5,
+                                  "skip": conv_init(gen, cin, cout) if b == 0 and cin != cout else None}
                                  for b in range(c["blocks"])])
-    params["head"] = dense_init(next(keys), ch * 2 ** (c["stages"] - 1), c["classes"])
-    x = jax.random.normal(next(keys), (c["batch"], c["image"], c["image"], 3), jnp.float32)
+    params["head"] = dense_init(gen, ch * 2 ** (c["stages"] - 1), c["classes"])
+    x = normal(gen, (c["batch"], c["image"], c["image"], 3))
     y = jnp.arange(c["batch"], dtype=jnp.int32) % c["classes"]
 
     def loss_fn(params, batch):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from .common import configure
+from .common import configure, normal, rng
 from .resnet import conv, conv_init
 
 CONFIG = {"depth": 2, "channels": 8, "image": 16, "batch": 2, "seed": 0}
@@ -26,18 +26,18 @@ def factory(**overrides):
     """``(loss_fn, (params, (images, targets)))`` at ``CONFIG`` updated with ``overrides``."""
     c = configure(CONFIG, overrides)
     ch, depth = c["channels"], c["depth"]
-    keys = iter(jax.random.split(jax.random.PRNGKey(c["seed"]), 4 * depth + 6))
+    gen = rng(c["seed"])
     widths = [ch * 2 ** i for i in range(depth + 1)]
     params = {
-        "enc": [(conv_init(next(keys), 3 if i == 0 else widths[i - 1], widths[i]),
-                 conv_init(next(keys), widths[i], widths[i])) for i in range(depth)],
-        "mid": (conv_init(next(keys), widths[depth - 1], widths[depth]),
-                conv_init(next(keys), widths[depth], widths[depth])),
-        "dec": [(conv_init(next(keys), widths[i + 1] + widths[i], widths[i]),
-                 conv_init(next(keys), widths[i], widths[i])) for i in reversed(range(depth))],
-        "out": conv_init(next(keys), widths[0], 3),
+        "enc": [(conv_init(gen, 3 if i == 0 else widths[i - 1], widths[i]),
+                 conv_init(gen, widths[i], widths[i])) for i in range(depth)],
+        "mid": (conv_init(gen, widths[depth - 1], widths[depth]),
+                conv_init(gen, widths[depth], widths[depth])),
+        "dec": [(conv_init(gen, widths[i + 1] + widths[i], widths[i]),
+                 conv_init(gen, widths[i], widths[i])) for i in reversed(range(depth))],
+        "out": conv_init(gen, widths[0], 3),
     }
-    x = jax.random.normal(next(keys), (c["batch"], c["image"], c["image"], 3), jnp.float32)
+    x = normal(gen, (c["batch"], c["image"], c["image"], 3))
     target = jnp.tanh(x)
 
     def block(h, ws):
