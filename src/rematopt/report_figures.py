@@ -71,8 +71,10 @@ def pareto(df: pd.DataFrame, out: Path) -> dict[str, str] | None:
         wsb = g["working_set_bound_bytes"].iloc[0] / g["no_remat_peak_bytes"].iloc[0]
         ax.axvline(wsb, color="grey", ls=":", lw=0.8)
         ax.set_title(graph, fontsize=9)
+        ax.set_yscale("symlog", linthresh=1)  # 0.1% and 1000% on one axis
+        ax.set_ylim(bottom=0, top=max(2.0, 1.5 * y.max()))
         ax.set_xlabel("peak / no-remat peak", fontsize=8)
-        ax.set_ylabel("overhead %", fontsize=8)
+        ax.set_ylabel("overhead % (symlog)", fontsize=8)
         ax.tick_params(labelsize=7)
     for ax in list(axes.flat)[len(graphs):]:
         ax.axis("off")
