@@ -105,6 +105,7 @@ def test_tables_figures_and_a_self_contained_index(results, tmp_path):
     for png in ("pareto.png", "gaps.png", "exact_time.png", "solver_progress.png"):
         assert (out / png).stat().st_size > 1000 and f"]({png})" in md
     assert "rematopt report res -o rep" in md
+    assert len(pd.read_csv(results / "results.csv")) == 8  # derived from results.jsonl at report time
     html = (out / "index.html").read_text()
     assert html.count("data:image/png;base64,") == 4
     assert not re.search(r'src="(?!data:)', html)  # nothing outside the file

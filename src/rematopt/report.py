@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .batch import EXACT, RESULTS, read_rows
+from .batch import EXACT, RESULTS, read_rows, write_tables
 from .errors import RematoptError
 
 MEETS = ("OPTIMAL", "FEASIBLE")  # statuses of a plan that meets its budget
@@ -193,6 +193,8 @@ def write_report(results_dir: str | Path, out: str | Path, title: str | None = N
 
     results_dir, out = Path(results_dir), Path(out)
     df = load_results(results_dir)
+    if (results_dir / RESULTS).exists():
+        write_tables(results_dir)  # refresh them: a batch that died never derived its own
     out.mkdir(parents=True, exist_ok=True)
     raw, shown = budget_table(df)
     tables = {
