@@ -283,3 +283,15 @@ def test_ctrl_c_keeps_finished_rows_ends_workers_and_resume_runs_the_rest(fakes,
     inputs, _ = batch.load_inputs([graph_dir])
     rest = batch.plan_batch(inputs, ["no-remat", "fake-hang"], [1.0], out, resume=True)
     assert sorted(s["planner"] for s in rest.specs) == ["fake-hang", "fake-hang"]
+
+
+def test_mlir_inputs_run_like_any_graph(tmp_path):
+    from pathlib import Path
+
+    mlir = Path(__file__).parent / "data" / "mlir" / "chain.mlir"
+    if not mlir.exists():
+        pytest.skip(f"{mlir} not found")
+    rows, _ = run([mlir], ["no-remat"], [1.0], tmp_path / "res")
+    g = Graph.load(mlir)
+    assert rows[0]["status"] == "FEASIBLE" and rows[0]["peak_bytes"] == no_remat_peak(g)
+    assert simulate(g, Plan.load(tmp_path / "res" / rows[0]["plan_path"])).valid
