@@ -176,6 +176,9 @@ def test_exact_planners_skipped_above_the_size_limit(fakes, tmp_path, monkeypatc
     monkeypatch.setitem(planners.REGISTRY, "cpsat", "fakeplanners:echo_hint")
     rows, _ = run([path], ["cpsat"], [1.0], tmp_path / "res", exact_max_nodes=3)
     assert len(rows) == 1 and rows[0]["status"] == "SKIPPED" and "6 nodes" in rows[0]["error"]
+    inputs, _ = batch.load_inputs([path])
+    lifted = batch.plan_batch(inputs, ["cpsat"], [1.0], tmp_path / "res", resume=True)
+    assert [s["key"] for s in lifted.specs] == [rows[0]["key"]]  # a resume without the cap runs it
 
 
 def test_a_torn_last_line_is_ignored_and_the_next_row_survives(tmp_path):

@@ -443,10 +443,11 @@ def plan_batch(inputs: list[GraphInput], planner_names: list[str], ratios: list[
     for r in ratios:
         if not (r > 0 and math.isfinite(r)):
             raise BudgetError(f"budget ratio must be a finite number > 0, got {r}")
-    done = {row["key"]: row for row in read_rows(out)}
-    if done and not resume:
-        raise RematoptError(f"{out}: already holds {len(done)} results; pass --resume to continue that "
+    rows = read_rows(out)
+    if rows and not resume:
+        raise RematoptError(f"{out}: already holds {len(rows)} results; pass --resume to continue that "
                             "batch, or choose a new --out directory")
+    done = {row["key"]: row for row in rows if row["status"] != "SKIPPED"}  # a resume may lift the size cap
     timeout = float(options.get("time_limit") or 3600.0) + timeout_margin
     specs, skipped = [], []
     order = sorted(planner_names, key=lambda p: p in EXACT)
