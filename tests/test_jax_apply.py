@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from models import gpt, mlp  # noqa: E402
 
 MLP = {"layers": 3, "width": 32, "in_dim": 16, "batch": 8}
-GPT = {"layers": 1, "width": 32, "heads": 2, "seq": 8, "vocab": 32}
+GPT = {"layers": 1, "width": 16, "heads": 2, "seq": 4, "vocab": 16}
 
 
 def recompute_plan(g, recompute=(), offload=()):
@@ -181,3 +181,25 @@ def test_a_graph_without_phases_is_refused():
     g = trace(lambda x: x * 2.0, np.ones(3, np.float32))
     with pytest.raises(PlanError, match="no backward phase"):
         residual_fates(g, no_remat_plan(g))
+
+
+def test_scan_is_one_node_whose_stacked_residuals_cross_together():
+    def loss(ws, x):
+        h, _ = jax.lax.scan(lambda h, w: (jax.numpy.tanh(h @ w), None), x, ws)
+        return jax.numpy.sum(h ** 2)
+
+    ws = np.random.default_rng(0).standard_normal((3, 8, 8)).astype(np.float32) * 0.3
+    args = (ws, np.ones((4, 8), np.float32))
+    g = trace_grad(loss, *args)
+    (scan,) = [v for v in g.nodes if v.op == "scan" and v.phase == "forward"]
+    assert scan.extra["residual_outputs"] and scan.id in residual_nodes(g)
+    others = {i for i in residual_nodes(g) if i != scan.id}
+    plan = recompute_plan(g, recompute=others)
+    fates = residual_fates(g, plan)
+    assert fates.kept == {scan.id} and fates.recomputed == others
+    planned = apply_plan(loss, g, plan)
+    assert_same_gradients(loss, planned, args)
+    # saved: the stacked residuals (read by the backward scan) and the final
+    # carry (read by the recomputation of h ** 2's derivative): all four outputs
+    assert saved(planned, args) == (sorted(scan.extra["out_bytes"]), [])
+    assert len(scan.extra["out_bytes"]) == 4
