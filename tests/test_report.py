@@ -85,6 +85,14 @@ def test_exact_infeasible_beside_a_plan_within_budget_is_flagged(results):
     assert any("INFEASIBLE on 1 " in line and "third_d3 r=0.8" in line for line in report.summary_lines(df))
 
 
+def test_a_heuristic_beating_the_exact_optimum_is_flagged(results):
+    ResultsLog(results / RESULTS).append(row("fam_n10", "dtr", "FEASIBLE", 99, 100, 100, key="fam-dtr-again"))
+    df = report.load_results(results)
+    assert df.loc[df["key"] == "fam-dtr-again", "gap_to_ref"].item() == pytest.approx(-0.1)
+    assert any("1 heuristic plans beat" in line and "dtr on fam_n10 r=0.8 (-10.000%)" in line
+               for line in report.summary_lines(df))
+
+
 def test_priced_transfers_count_in_the_gap(tmp_path):
     d = tmp_path / "res"
     d.mkdir()

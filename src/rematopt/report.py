@@ -239,6 +239,12 @@ def summary_lines(df: pd.DataFrame) -> list[str]:
     lines = [f"{len(df)} jobs: {n_graphs} graphs x budget ratios {ratios} x planners "
              f"{', '.join(sorted(df['planner'].unique()))}.",
              f"Versions: {'; '.join(versions) or 'unknown'}."]
+    beat = df[~df["exact"] & (df["ref_kind"] == "optimum") & (df["gap_to_ref"] < 0)]
+    if len(beat):
+        which = "; ".join(f"{r.planner} on {r.graph} r={r.budget_ratio:g} ({100 * r.gap_to_ref:.3f}%)"
+                          for r in beat.itertuples())
+        lines.append(f"Warning: {len(beat)} heuristic plans beat the exact planner's OPTIMAL (optimal in its model "
+                     f"only; negative gaps): {which}.")
     odd = model_infeasible(df)
     if len(odd):
         lines.append(f"Warning: the exact planner reports INFEASIBLE on {len(odd)} (graph, budget) instances where "
