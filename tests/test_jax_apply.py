@@ -174,6 +174,14 @@ def test_graph_of_another_function_is_refused(mlp_step):
         planned(*other_args)
 
 
+def test_an_invalid_plan_is_refused(mlp_step):
+    from rematopt import Plan, PlanError
+
+    fn, _, g = mlp_step
+    with pytest.raises(PlanError, match="invalid: end of plan: compute node .* was never computed"):
+        apply_plan(fn, g, Plan.from_events(g.name, "bad", []))
+
+
 def test_a_graph_without_phases_is_refused():
     from rematopt import PlanError
     from rematopt.jax import trace

@@ -50,8 +50,7 @@ def import_jax(spec: str, fuse: bool, device: str, name: str | None, argnums: st
     FACTORY is a callable returning (loss_fn, example_args); MODULE is imported
     with the current directory on the path (e.g. models.gpt:factory).
     """
-    from ..jax import load_factory, trace_grad
-
+    load_factory, trace_grad = _api("load_factory", "trace_grad")
     config = _config(settings)
     fn, args = load_factory(spec, **config)
     nums = _argnums(argnums)
@@ -62,6 +61,15 @@ def import_jax(spec: str, fuse: bool, device: str, name: str | None, argnums: st
     sizes = f"{g.meta['nodes']} nodes fused from {g.meta['nodes_unfused']}" if fuse else f"{g.n} nodes"
     click.echo(f"wrote {output}: {sizes}, {len(g.edges)} edges, "
                f"{g.meta['residuals']['count']} residuals ({g.meta['residuals']['bytes']:,} B)")
+
+
+def _api(*names: str):
+    """Names from :mod:`rematopt.jax`; jax is an optional extra."""
+    try:
+        from .. import jax as api
+    except ModuleNotFoundError as e:
+        raise ImportFailure(f"the JAX front end needs jax ({e}); pip install 'rematopt[jax]'") from None
+    return [getattr(api, n) for n in names]
 
 
 def _argnums(text: str) -> tuple[int, ...]:
@@ -86,8 +94,7 @@ def jax_measure(spec: str, budget_ratio: float, device: str, fuse: bool, planner
                 time_limit: float, argnums: str, settings: tuple[str, ...], output: str | None) -> None:
     """Compile FACTORY's step with XLA under no checkpointing, JAX's policies and
     rematopt's plans; print XLA's temp bytes and FLOPs for each (Markdown)."""
-    from ..jax import load_factory, measure
-
+    load_factory, measure = _api("load_factory", "measure")
     config = _config(settings)
     fn, args = load_factory(spec, **config)
     m = measure(fn, *args, budget_ratio=budget_ratio, argnums=_argnums(argnums), planners=planners,

@@ -31,6 +31,7 @@ from ..graph import Graph
 from ..importers.jaxpr.flatten import Const, evaluate
 from ..importers.jaxpr.step import Step, trace_step
 from ..plan import COMPUTE, OFFLOAD, Plan
+from ..simulate import simulate
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,10 @@ def apply_plan(loss_fn: Callable, graph: Graph, plan: Plan) -> Callable:
     supports reverse-mode differentiation (``jax.grad``, ``jax.vjp``); its
     cotangents for arguments outside ``argnums`` are zero.
     """
+    replay = simulate(graph, plan)
+    if not replay.valid:
+        where = "" if replay.error_event is None else f" at event {replay.error_event}"
+        raise PlanError(f"plan for {graph.name}: invalid{where}: {replay.error}")
     fates = residual_fates(graph, plan)
     argnums = tuple(graph.meta.get("argnums", (0,)))
     fuse = bool(graph.meta.get("fuse", False))
@@ -133,35 +138,31 @@ def _planned_step(step: Step, fates: Fates) -> Callable:
     fwd = [e for e in eqns if e.phase == "forward"]
     bwd = [e for e in eqns if e.phase == "backward"]
 
+    def inputs_of(node: int) -> list[int]:
+        inside = {v for k in group_of[node] for v in eqns[k].outs}
+        return sorted({r for k in group_of[node] for r in eqns[k].ins if not isinstance(r, Const) and r not in inside})
+
     # Recompute closure: forward nodes the backward pass needs and the plan
     # does not save, back to saved values and arguments.
-    recompute: set[int] = set()
     bwd_made = {v for e in bwd for v in e.outs}
     bwd_reads = {r for e in bwd for r in e.ins
                  if not isinstance(r, Const) and r not in bwd_made and r != step.ct_id}
+    recompute: dict[int, list[int]] = {}  # node -> its external inputs
     todo = list(bwd_reads)
     while todo:
         node = prod[todo.pop()]
         if node < n_in or node in fates.saved or node in recompute:
             continue
-        recompute.add(node)
-        inside = {v for k in group_of[node] for v in eqns[k].outs}
-        todo.extend(r for k in group_of[node] for r in eqns[k].ins if not isinstance(r, Const) and r not in inside)
-    # Backward pass in the plan's order: a recomputation runs where the plan
-    # puts it, its inputs passed through an optimization barrier together with
-    # the backward value computed just before it, so XLA can neither merge it
-    # with the forward computation (CSE) nor hoist it ahead of that point.
-    planned_order = [i for i in fates.schedule if i in recompute or i in group_of and eqns[group_of[i][-1]].phase == "backward"]
-    missing = sorted(recompute - set(planned_order))  # recomputed by the closure but not by the plan
-    bwd_nodes = {step.node_of_group(g) for g in range(len(step.groups)) if step.head(g).phase == "backward"}
-    order = missing + planned_order + sorted(bwd_nodes - set(planned_order))
-    inputs_of = {}
-    for node in recompute:
-        inside = {v for k in group_of[node] for v in eqns[k].outs}
-        inputs_of[node] = sorted({r for k in group_of[node] for r in eqns[k].ins
-                                  if not isinstance(r, Const) and r not in inside})
-    rec_inputs = sorted({r for node in recompute for r in inputs_of[node]
-                         if prod[r] < n_in or prod[r] not in recompute})
+        recompute[node] = inputs_of(node)
+        todo.extend(recompute[node])
+    # The backward pass runs in the plan's order (a valid plan computes every
+    # backward node, and every node of the closure, after its backward pass
+    # starts). Each recomputation's inputs pass through an optimization barrier
+    # together with the backward value computed just before it, so that XLA,
+    # where it keeps the barriers, neither merges the recomputation with the
+    # forward computation (CSE) nor hoists it ahead of that point.
+    order = [i for i in fates.schedule if i in recompute or eqns[group_of[i][-1]].phase == "backward"]
+    rec_inputs = sorted({r for ins in recompute.values() for r in ins if prod[r] not in recompute})
     read_after = {r for r in bwd_reads if prod[r] not in recompute}
     read_after |= set(rec_inputs)
     saved_vals = sorted(v for v in read_after if prod[v] >= n_in)
@@ -195,7 +196,7 @@ def _planned_step(step: Step, fates: Fates) -> Callable:
         for node in order:
             members = [eqns[k] for k in group_of[node]]
             if node in recompute:
-                ins = inputs_of[node]
+                ins = recompute[node]
                 barred, _ = jax.lax.optimization_barrier(([env[v] for v in ins], last))
                 made = evaluate(members, dict(zip(ins, barred)))
                 env.update((v, made[v]) for e in members for v in e.outs)

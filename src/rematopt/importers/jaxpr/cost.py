@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
+
 from .. import costmodel
 from .flatten import Const, Eqn, Flat, aval_bytes
 
@@ -56,15 +58,12 @@ def out_bytes(flat: Flat, eqn: Eqn) -> int:
 
 
 def _ref_bytes(flat: Flat, r: Any) -> int:
-    if isinstance(r, Const):
-        return aval_bytes(getattr(r.value, "aval", None) or _np_aval(r.value))
-    return aval_bytes(flat.avals[r])
+    return aval_bytes(_ref_aval(flat, r))
 
 
-def _np_aval(x: Any) -> Any:
-    import numpy as np
-
-    return np.asarray(x)
+def _ref_aval(flat: Flat, r: Any) -> Any:
+    """A value id's aval; for a constant, the array itself (it has shape and dtype)."""
+    return np.asarray(r.value) if isinstance(r, Const) else flat.avals[r]
 
 
 def _elements(aval: Any) -> int:
@@ -75,7 +74,7 @@ def eqn_flops(flat: Flat, eqn: Eqn) -> float:
     """Arithmetic of one non-control-flow equation."""
     op = eqn.prim.name
     out_avals = [flat.avals[v] for v in eqn.outs]
-    in_avals = [flat.avals[r] if not isinstance(r, Const) else _np_aval(r.value) for r in eqn.ins]
+    in_avals = [_ref_aval(flat, r) for r in eqn.ins]
     out_el = sum(_elements(a) for a in out_avals)
     if op == "dot_general":
         (lhs_contract, _), _ = eqn.params["dimension_numbers"]

@@ -31,14 +31,11 @@ class Const:
     value: Any
 
 
-Ref = "int | Const"  # an operand: a value id, or a constant
-
-
 @dataclass
 class Eqn:
     prim: Any                  # jax.extend.core.Primitive
     params: dict[str, Any]
-    ins: list                  # list[Ref]
+    ins: list                  # operands: value ids (int) or Const
     outs: list[int]            # value ids, one per result
     effectful: bool
     source: str = ""
