@@ -3,7 +3,6 @@ saved-residual report, the roofline formulas and the format contract."""
 
 from __future__ import annotations
 
-import math
 import sys
 from pathlib import Path
 

@@ -23,6 +23,7 @@ from ..errors import BudgetError, PlannerError
 from ..graph import Graph
 from ..importers.jaxpr import trace_grad
 from ..reference import no_remat_peak, no_remat_plan
+from ..simulate import simulate
 from .jax_policy import apply_plan, residual_fates
 
 POLICIES = ("nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable")
@@ -110,19 +111,13 @@ def measure(loss_fn: Callable, *args: Any, budget_ratio: float, argnums: int | S
             out.rows.append(Row(label, note=note if "available" in note else f"no plan ({note})"))
             continue
         row = _row(label, apply_plan(loss_fn, graph, plan), args, argnums, base_grads)
-        replay = _replay(graph, plan)
+        replay = simulate(graph, plan)
         row.graph_peak, row.graph_overhead = replay.peak_bytes, replay.overhead
         f = residual_fates(graph, plan)
         row.fates = f"{len(f.kept)}/{len(f.offloaded)}/{len(f.recomputed)}"
         row.note = "; ".join(x for x in (note, row.note) if x)
         out.rows.append(row)
     return out
-
-
-def _replay(graph: Graph, plan):
-    from ..simulate import simulate
-
-    return simulate(graph, plan)
 
 
 def _row(label: str, fn: Callable, args: Sequence, argnums: tuple[int, ...], base: Any) -> Row:

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import jax
-import numpy as np
 
 from ...errors import ImportFailure
 from .. import costmodel
