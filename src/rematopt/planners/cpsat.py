@@ -196,8 +196,8 @@ class CpSatRun:
             if cfg.max_overhead is not None:
                 base = sum(form.int_cost[i] for i in g.compute_ids)
                 backend.add(overhead, -math.inf, math.floor(cfg.max_overhead * base + 1e-9))
-            low = math.ceil((form.initial_bytes - form.persistent_bytes) / form.unit)
-            self.peak_var = backend.int_var(max(low, 0), max(form.mem_cap, low, 0), "peak")
+            low = self.peak_floor(form)
+            self.peak_var = backend.int_var(low, max(form.mem_cap, low), "peak")
             form.bound_memory(self.peak_var)
             backend.minimize([(1, self.peak_var)])
         self.overhead_terms = overhead
@@ -212,8 +212,7 @@ class CpSatRun:
     def objective_of(self, a: Assignment) -> int:
         """An assignment's primary objective, in model integers."""
         if self.cfg.objective == "peak":
-            return max(max(a.memory(self.form).values(), default=0),
-                       math.ceil((self.form.initial_bytes - self.form.persistent_bytes) / self.form.unit))
+            return self.objective_of_peak(a)
         f = self.form
         cost = sum(f.int_cost[i] for (s, i) in a.R if s != f.ix.first[i])
         return cost + sum(f.int_transfer[i] for i in a.O) + sum(f.int_transfer[i] for (s, i) in a.P)
@@ -398,8 +397,8 @@ class CpSatRun:
             return None
         if cfg.objective == "overhead":
             backend.add(self.overhead_terms, -math.inf, optimum)
-            low = math.ceil((form.initial_bytes - form.persistent_bytes) / form.unit)
-            peak = backend.int_var(max(low, 0), max(form.mem_cap, low, 0), "peak")
+            low = self.peak_floor(form)
+            peak = backend.int_var(low, max(form.mem_cap, low), "peak")
             form.bound_memory(peak)
             backend.minimize([(1, peak)])
         else:
@@ -418,8 +417,12 @@ class CpSatRun:
         return Assignment.from_values(form, lambda v: values[v.index])
 
     def objective_of_peak(self, a: Assignment) -> int:
-        low = math.ceil((self.form.initial_bytes - self.form.persistent_bytes) / self.form.unit)
-        return max(max(a.memory(self.form).values(), default=0), max(low, 0))
+        return max(max(a.memory(self.form).values(), default=0), self.peak_floor(self.form))
+
+    def peak_floor(self, form: Formulation) -> int:
+        """The peak lower bound (working set, resident inputs) in model units:
+        the peak variable's floor, so a plan reaching it is proven at once."""
+        return max(0, math.ceil((peak_lower_bound(self.graph) - form.persistent_bytes) / form.unit))
 
     def lp_bound(self, limit: float, depth: int | None) -> float | None:
         """The LP relaxation of the same formulation, in the objective's units."""

@@ -189,7 +189,7 @@ class Formulation:
         self.graph = graph
         self.b = backend
         self.ix = Stages(graph, offload, depth)
-        sizes = [graph.bytes[i] for i in self.ix.values if graph.bytes[i]]
+        sizes = [v.bytes for v in graph.nodes if v.bytes and not v.persistent]
         self.unit = reduce(math.gcd, sizes, 0) or 1
         self.size = [x // self.unit for x in graph.bytes]
         self.cost_scale = cost_scale
