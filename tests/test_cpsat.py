@@ -86,7 +86,7 @@ def check_overhead(g: Graph, budget: int, offload: bool = False, per_byte: int =
     assert recompute + sol.replay.transfer_bytes * per_byte == pytest.approx(expect[0])
 
 
-@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("n", [2, 3, 4, 5])
 def test_overhead_optimum_equals_exhaustive_on_every_shape(n):
     for g, rng in cases(n, every=True, count=0, seed=n):
         check_overhead(g, budget_between(g, rng))
@@ -96,6 +96,19 @@ def test_overhead_optimum_equals_exhaustive_on_every_shape(n):
 def test_overhead_optimum_equals_exhaustive_on_sampled_shapes(n, count):
     for g, rng in cases(n, every=False, count=count, seed=10 + n):
         check_overhead(g, budget_between(g, rng))
+
+
+def test_offload_optimum_equals_exhaustive_on_every_4_node_shape():
+    for g, rng in cases(4, every=True, count=0, seed=44):
+        check_overhead(g, budget_between(g, rng), offload=True, per_byte=rng.choice([0, 1]))
+
+
+def test_peak_optimum_equals_exhaustive_on_every_4_node_shape():
+    for g, rng in cases(4, every=True, count=0, seed=45):
+        sol = solve(g, "cpsat", objective="peak", **FAST)
+        assert sol.status == "OPTIMAL"
+        assert (sol.replay.peak_bytes, sol.replay.compute_cost - sol.replay.base_cost) == \
+            pytest.approx(min_peak(g))
 
 
 @pytest.mark.parametrize("n,count", [(3, 10), (4, 25), (5, 15)])
