@@ -48,6 +48,7 @@ class Step:
     argnums: tuple[int, ...] = ()
     groups: list[list[int]] = field(default_factory=list)  # equation indices per compute node
     fused: bool = False
+    dead: int = 0                     # equations dropped because nothing reads their results
 
     @property
     def n_inputs(self) -> int:
@@ -121,6 +122,7 @@ def trace_step(loss_fn: Callable, args: Sequence, argnums: int | Sequence[int] =
     ct_id = flat.new_value(closed_bwd.jaxpr.invars[-1].aval)
     grad_refs = flat.add(closed_bwd, res_refs + [ct_id], "backward")
     step = Step(flat, arg_ids, names, tree, diff_leaves, [loss_ref] + grad_refs, res_refs, ct_id, argnums)
+    step.dead = _drop_dead(flat, step.out_refs + res_refs)
     step.groups = _groups(step, fuse)
     step.fused = fuse
     return step
@@ -137,6 +139,7 @@ def trace_program(fn: Callable, args: Sequence, fuse: bool = False) -> Step:
     arg_ids = [flat.new_value(v.aval) for v in closed.jaxpr.invars]
     outs = flat.add(closed, arg_ids, None)
     step = Step(flat, arg_ids, names, tree, [False] * len(arg_ids), outs)
+    step.dead = _drop_dead(flat, outs)
     step.groups = _groups(step, fuse)
     step.fused = fuse
     return step
@@ -145,6 +148,21 @@ def trace_program(fn: Callable, args: Sequence, fuse: bool = False) -> Step:
 def _first_line(e: Exception) -> str:
     text = str(e).strip().splitlines()
     return text[0] if text else ""
+
+
+def _drop_dead(flat: Flat, roots: list) -> int:
+    """Drop equations whose results nothing reads (JAX's AD leaves a few, e.g.
+    the unused halves of ``argmax``-style tangent rules; XLA drops them too),
+    keeping effectful ones; return how many were dropped."""
+    live = {r for r in roots if not isinstance(r, Const)}
+    keep = []
+    for e in reversed(flat.eqns):
+        if e.effectful or any(v in live for v in e.outs):
+            keep.append(e)
+            live.update(r for r in e.ins if not isinstance(r, Const))
+    dropped = len(flat.eqns) - len(keep)
+    flat.eqns = keep[::-1]
+    return dropped
 
 
 def _groups(step: Step, fuse: bool) -> list[list[int]]:
@@ -238,6 +256,7 @@ def to_graph(step: Step, name: str, device: str = costmodel.DEFAULT_DEVICE,
         "fuse": step.fused,
         "args": [f"{n}: {_short(flat.avals[v])}" for n, v in zip(step.arg_names, step.arg_ids)],
         "equations": len(flat.eqns),
+        "dead_equations_dropped": step.dead,
         "nodes_unfused": step.n_inputs + len(flat.eqns),
         "nodes": step.n_inputs + len(step.groups),
         "residuals": {"count": len(res_vals), "bytes": sum(aval_bytes(flat.avals[r]) for r in res_vals)},
