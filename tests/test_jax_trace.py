@@ -200,3 +200,27 @@ def test_bad_input_raises_one_line_import_failures():
         trace_grad(lambda x: jnp.sum(x), jnp.ones(3), argnums=2)
     with pytest.raises(ImportFailure, match="not an array"):
         trace_grad(lambda x, s: jnp.sum(x), jnp.ones(3), "text")
+
+
+INSTANCES = Path(__file__).resolve().parents[1] / "instances"
+
+
+@pytest.mark.parametrize("path", sorted(INSTANCES.glob("*.json")), ids=lambda p: p.name)
+def test_committed_instances_carry_provenance_and_validate(path):
+    g = Graph.load(path)
+    for key in ("model", "config", "args", "jax_version", "device", "device_source", "nodes_unfused"):
+        assert key in g.meta, key
+    assert g.has_phases and simulate(g, no_remat_plan(g)).valid
+    assert path.stat().st_size < 2_000_000
+
+
+def test_a_committed_decoder_has_2000_nodes_unfused_and_matches_a_fresh_trace():
+    big = [Graph.load(p) for p in INSTANCES.glob("gpt_*.json")]
+    assert any(not g.meta["fuse"] and g.n >= 2000 for g in big)
+    small = Graph.load(INSTANCES / "gpt_l2_w64.json")
+    module, _, attr = small.meta["model"].partition(":")
+    assert module == "models.gpt"
+    fn, args = gpt.factory(**small.meta["config"])
+    fresh = trace_grad(fn, *args, device=small.meta["device"])
+    assert [v.op for v in fresh.nodes] == [v.op for v in small.nodes] and fresh.edges == small.edges
+    assert fresh.meta["residuals"] == small.meta["residuals"]
