@@ -86,7 +86,7 @@ class Settings:
         if hint is not None and not isinstance(hint, Plan):
             raise PlannerError("cpsat: hint must be a Plan")
         return cls(objective, budget, bool(o.get("offload", False)), per_byte, o.get("max_overhead"),
-                   o.get("max_clone_expansion") or None, float(o.get("time_limit") or 60.0),
+                   o.get("max_clone_expansion") or None, float(60.0 if o.get("time_limit") is None else o["time_limit"]),
                    int(o.get("workers") or os.cpu_count() or 1), int(o.get("seed") or 0), hint,
                    o.get("warm_start") or "auto", o.get("log_path"), bool(o.get("progress", False)),
                    bool(o.get("lp_bound", True)), _depth(o.get("recompute_depth")))
