@@ -209,7 +209,8 @@ def import_nodelink(file: str, output: str) -> None:
 @click.option("--sizes", default="10000,100000,2000000", show_default=True, help="Event counts to time.")
 def bench(what: str, sizes: str) -> None:
     """Print timing tables (simulator: replay, save and load at several plan sizes;
-    greedy: the d=2000 chain-with-sinks stress case and the clone projection check)."""
+    greedy: the d=2000 chain-with-sinks stress case and the clone projection check;
+    cpsat: the exact planner on ../shared/benchmarks/nodelink at ratios 0.9 and 0.8)."""
     if what == "cpsat":
         from ..bench import cpsat_table
 

@@ -375,10 +375,12 @@ class CpSatRun:
         if best is None:
             return _no_plan(g, stats["status"], **{k: v for k, v in stats.items() if k != "status"})
         p = events(form, best)
-        objective = self.to_units(self.objective_of(best))
-        stats.update(objective=objective, peak_bytes=best.peak_bytes(form),
-                     compute_cost=cost_of_counts(g, best.counts(form)),
-                     transfer_bytes=best.transfer_bytes(form), compute_events=len(best.R),
+        counts, peak, moved = best.counts(form), best.peak_bytes(form), best.transfer_bytes(form)
+        # the objective as the plan realises it, not the model's scaled integers
+        recompute = cost_of_counts(g, [max(c - 1, 0) for c in counts])
+        objective = recompute + moved * cfg.transfer_cost_per_byte if cfg.objective == "overhead" else peak
+        stats.update(objective=objective, peak_bytes=peak, compute_cost=cost_of_counts(g, counts),
+                     transfer_bytes=moved, compute_events=len(best.R),
                      recompute_events=len(best.R) - len(g.compute_ids))
         if stats["best_bound"] is not None:
             b = min(stats["best_bound"], objective)
