@@ -7,6 +7,7 @@ planner's claims exactly."""
 
 from __future__ import annotations
 
+import math
 import random
 from pathlib import Path
 
@@ -273,3 +274,27 @@ def test_benchmark_graph_meets_its_budget():
     sol = solve(g, "cpsat", budget_ratio=0.9, workers=2, time_limit=30, lp_bound=False)
     assert sol.status in ("OPTIMAL", "FEASIBLE")
     assert sol.replay.peak_bytes <= sol.budget
+
+
+def test_lp_bound_never_exceeds_the_optimum():
+    for g, rng in cases(5, every=False, count=10, seed=51):
+        sol = solve(g, "cpsat", budget=budget_between(g, rng), **dict(FAST, lp_bound=True))
+        if sol.status == "OPTIMAL":
+            assert sol.plan.stats["lp_bound"] <= sol.plan.stats["objective"] + 1e-6
+
+
+def test_deeper_recompute_spaces_never_do_worse():
+    """Depth k restricts recomputes to k producer hops of each stage's node;
+    the spaces are nested, so a budget feasible at depth k stays feasible
+    deeper, at no higher cost, down to the full space. An empty restricted
+    space is UNKNOWN (not INFEASIBLE: a deeper one may hold a plan)."""
+    g = synthetic.linear_training(8)
+    lo, hi = peak_lower_bound(g), no_remat_peak(g)
+    for budget in (lo + (hi - lo) // 5, lo + 2 * (hi - lo) // 5):
+        results = []
+        for depth in (1, 2, 3, "full"):
+            sol = solve(g, "cpsat", budget=budget, recompute_depth=depth, **FAST)
+            assert sol.status == "OPTIMAL" or (sol.status == "UNKNOWN" and depth != "full")
+            results.append(sol.plan.stats["objective"] if sol.status == "OPTIMAL" else math.inf)
+        assert results == sorted(results, reverse=True)
+        assert results[0] > results[-1]  # the restriction costs something at these budgets

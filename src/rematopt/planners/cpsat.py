@@ -299,7 +299,8 @@ class CpSatRun:
         """The recompute depths to solve in turn (see ``Stages``): the full
         staged space when it is small, else depth 1 then 2, each model
         warm-started from the previous one's best (the spaces are nested, so
-        the hint carries over and the incumbent only improves)."""
+        the hint carries over and the incumbent only improves), and the full
+        space only if depth 2 holds no plan at all."""
         d = self.cfg.depth
         if d == "full":
             return [None]
@@ -307,7 +308,7 @@ class CpSatRun:
             return [int(d)]
         ix = Stages(self.graph, self.cfg.offload)
         pairs = sum(len(ix.stages(i)) for i in ix.values)
-        return [None] if pairs <= FULL_MODEL_PAIRS else [1, 2]
+        return [None] if pairs <= FULL_MODEL_PAIRS else [1, 2, None]
 
     def run(self) -> Plan:
         cfg, g = self.cfg, self.graph
@@ -316,10 +317,11 @@ class CpSatRun:
         best = hint_obj = hint_source = None
         status, obj, bound = cp_model.UNKNOWN, None, None
         build_s, rounds = 0.0, []
-        for depth in self.depths():
+        for k, depth in enumerate(self.depths()):
             elapsed = time.perf_counter() - self.start
-            if best is not None and (status != cp_model.OPTIMAL or self.interrupted
-                                     or cfg.time_limit - elapsed < max(MIN_ROUND_S, 2 * elapsed)):
+            proven = status in (cp_model.OPTIMAL, cp_model.INFEASIBLE)  # a deeper space may do better
+            if k and (not proven or self.interrupted or cfg.time_limit - elapsed < max(MIN_ROUND_S, 2 * elapsed)
+                      or (depth is None and status != cp_model.INFEASIBLE)):
                 break
             prev = events(self.form, best) if best is not None else None
             began = time.perf_counter()
@@ -349,8 +351,6 @@ class CpSatRun:
                            "objective": None if best is None else self.to_units(self.objective_of(best)),
                            "best_bound": self.to_units(bound), "variables": n_vars, "constraints": n_cons,
                            "elapsed_s": time.perf_counter() - self.start})
-            if best is None:
-                break
         primary_s = time.perf_counter() - self.start
         secondary = None
         if best is not None and status == cp_model.OPTIMAL and not self.interrupted:
@@ -373,6 +373,10 @@ class CpSatRun:
         if cfg.log_path:
             self.trace.write(cfg.log_path)
         if best is None:
+            if status == cp_model.INFEASIBLE and solved_depth is not None:
+                stats["status"] = "UNKNOWN"  # only a restricted space was shown empty
+                stats["reason"] = (f"no plan recomputes within {solved_depth} producer hops of each stage's "
+                                   "node; try --recompute-depth full")
             return _no_plan(g, stats["status"], **{k: v for k, v in stats.items() if k != "status"})
         p = events(form, best)
         counts, peak, moved = best.counts(form), best.peak_bytes(form), best.transfer_bytes(form)
