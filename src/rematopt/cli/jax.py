@@ -9,10 +9,11 @@ from pathlib import Path
 import click
 
 from ..errors import ImportFailure
+from ..importers.costmodel import DEVICES
 from . import cli
 from .core import import_group
 
-_DEVICES = ("a100", "h100", "tpu-v4", "cpu")
+_DEVICES = sorted(DEVICES)
 
 
 def _config(pairs: tuple[str, ...]) -> dict:
