@@ -11,10 +11,11 @@ memory), and its backward pass recomputes the rest from those, then runs the
 traced backward equations.
 
 XLA would merge a recomputation with the identical forward computation (CSE)
-and so undo it; like ``jax.checkpoint``'s ``prevent_cse``, the inputs of the
-recomputation go through ``lax.optimization_barrier``, together with the loss
-cotangent, which also keeps XLA from hoisting the recomputation into the
-forward pass.
+and so undo it; like ``jax.checkpoint``'s ``prevent_cse``, the inputs of each
+recomputation go through ``lax.optimization_barrier``, here together with the
+backward value the plan computes just before it, to pin it in place. XLA's CPU
+pipeline drops the barriers before CSE, for ``jax.checkpoint`` as for this
+(measured in ``reports/jax_measure/README.md``).
 """
 
 from __future__ import annotations
