@@ -142,8 +142,8 @@ def cpsat_table(ratios: tuple[float, ...] = (0.9, 0.8), time_limit: float = 60.0
     if not files:
         raise RematoptError(f"{folder}: no node-link graphs to benchmark")
     table = Table(title=f"cpsat on {folder.name}: {time_limit:g} s limit, {workers} workers")
-    for col in ("graph", "ratio", "status", "overhead %", "gap %", "first s", "best s", "wall s",
-                "depth", "proven optimal", "warm start"):
+    for col in ("graph", "ratio", "status", "overhead %", "gap %", "space", "space status", "space gap %",
+                "first s", "best s", "wall s", "proven optimal", "warm start"):
         table.add_column(col, justify="right")
     for path in files:
         graph = Graph.load(path)
@@ -153,14 +153,14 @@ def cpsat_table(ratios: tuple[float, ...] = (0.9, 0.8), time_limit: float = 60.0
             st = sol.plan.stats
             if sol.replay is None:
                 note = st.get("reason", "")
-                table.add_row(graph.name, f"{ratio:g}", st["status"], "", "", "", "", f"{sol.wall_s:.1f}",
-                              "", "", note[:60])
+                table.add_row(graph.name, f"{ratio:g}", st["status"], "", "", "", "", "", "", "",
+                              f"{sol.wall_s:.1f}", "", note[:60])
                 continue
-            gap = st.get("gap")
             table.add_row(graph.name, f"{ratio:g}", st["status"], f"{100 * sol.replay.overhead:.3f}",
-                          "" if gap is None else f"{100 * gap:.2f}", _secs(st.get("time_to_first_s")),
+                          _pct(st.get("gap")), st.get("space", ""), st.get("space_status", st["status"]),
+                          _pct(st.get("space_gap", st.get("gap"))), _secs(st.get("time_to_first_s")),
                           _secs(st.get("time_to_best_s")), f"{sol.wall_s:.1f}",
-                          str(st.get("recompute_depth")), _proven(st.get("rounds", [])), str(st.get("warm_start")))
+                          _proven(st.get("rounds", [])), str(st.get("warm_start")))
     return table
 
 
@@ -168,6 +168,10 @@ def _proven(rounds: list[dict]) -> str:
     """The deepest model solved to optimality, and when: "depth 1 at 11.0 s"."""
     done = [r for r in rounds if r["status"] == "OPTIMAL"]
     return f"depth {done[-1]['recompute_depth']} at {done[-1]['elapsed_s']:.1f} s" if done else ""
+
+
+def _pct(x: float | None) -> str:
+    return "" if x is None else f"{100 * x:.2f}"
 
 
 def _secs(x: float | None) -> str:

@@ -368,7 +368,21 @@ class CpSatRun:
             "hint_objective": self.to_units(hint_obj) if hint_obj is not None else None,
             "interrupted": self.interrupted, "lexicographic": secondary is not None, "rounds": rounds,
         }
+        restricted = solved_depth is not None and cfg.depth is None
+        if restricted:
+            # The default asked about the whole staged space, but only a
+            # depth-restricted subspace was solved: its optimum and bound say
+            # nothing about the whole space, so neither is reported as such.
+            stats.update(space=f"depth {solved_depth}", space_status=stats["status"],
+                         space_bound=stats["best_bound"], best_bound=None)
+            if stats["status"] == "OPTIMAL":
+                stats["status"] = "FEASIBLE"
+        else:
+            stats["space"] = "staged" if solved_depth is None else f"depth {solved_depth}"
+        if restricted and best is not None:
+            stats["best_bound"] = self.trivial_bound()
         if cfg.lp_bound:
+            # the LP of the model solved (the whole space's LP takes minutes on n100)
             stats["lp_bound"] = self.lp_bound(max(1.0, cfg.time_limit / 4), solved_depth)
         if cfg.log_path:
             self.trace.write(cfg.log_path)
@@ -386,10 +400,13 @@ class CpSatRun:
         stats.update(objective=objective, peak_bytes=peak, compute_cost=cost_of_counts(g, counts),
                      transfer_bytes=moved, compute_events=len(best.R),
                      recompute_events=len(best.R) - len(g.compute_ids))
+        if restricted and stats["space_bound"] is not None:
+            stats["space_bound"] = min(stats["space_bound"], objective)
+            stats["space_gap"] = _gap(objective, stats["space_bound"])
         if stats["best_bound"] is not None:
             b = min(stats["best_bound"], objective)
             stats["best_bound"] = b
-            stats["gap"] = 0.0 if objective == b else (objective - b) / abs(objective)
+            stats["gap"] = _gap(objective, b)
         p.stats.update(stats)
         return p
 
@@ -423,6 +440,10 @@ class CpSatRun:
             return None
         return Assignment.from_values(form, lambda v: values[v.index])
 
+    def trivial_bound(self) -> float:
+        """What every plan pays: no recompute for overhead, the peak lower bound for peak."""
+        return 0.0 if self.cfg.objective == "overhead" else float(peak_lower_bound(self.graph))
+
     def objective_of_peak(self, a: Assignment) -> int:
         return max(max(a.memory(self.form).values(), default=0), self.peak_floor(self.form))
 
@@ -442,6 +463,10 @@ class CpSatRun:
         if value is None or overhead:
             return value
         return value * self.form.unit + self.form.persistent_bytes
+
+
+def _gap(objective: float, bound: float) -> float:
+    return 0.0 if objective == bound else (objective - bound) / abs(objective)
 
 
 @contextmanager
