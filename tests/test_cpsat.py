@@ -316,3 +316,20 @@ def test_a_restricted_solve_never_claims_the_whole_space(monkeypatch):
     full = solve(g, "cpsat", budget_ratio=0.8, time_limit=20, workers=1, recompute_depth="full")
     assert full.plan.stats["space"] == "staged"
     assert full.replay.compute_cost <= sol.replay.compute_cost
+
+
+def test_a_budget_met_outside_the_models_space_returns_the_fast_plan(monkeypatch):
+    """When the model's space holds no plan (here: forced by a depth-0 space on
+    a chain that must recompute), cpsat hands back the best fast planner's plan
+    under the budget instead of nothing, marked as coming from it."""
+    import rematopt.planners.cpsat as cpsat
+
+    g = synthetic.linear_training(8)
+    lo, hi = peak_lower_bound(g), no_remat_peak(g)
+    budget = lo + (hi - lo) // 5
+    monkeypatch.setattr(cpsat.CpSatRun, "depths", lambda self: [0])
+    monkeypatch.setattr(cpsat, "from_plan", lambda form, plan: None)  # nothing projects
+    sol = solve(g, "cpsat", budget=budget, time_limit=10, workers=1)
+    st = sol.plan.stats
+    assert sol.status == "FEASIBLE" and st["plan_from"] != "cpsat" and st["space_status"] == "INFEASIBLE"
+    assert sol.replay.valid and sol.replay.peak_bytes <= budget

@@ -26,7 +26,7 @@ from ..errors import PlannerError
 from ..graph import Graph
 from ..plan import Plan
 from ..reference import no_remat_peak, peak_lower_bound
-from ..simulate import cost_of_counts
+from ..simulate import cost_of_counts, simulate
 from .cpsat_backends import CpSatBackend, LpBackend
 from .cpsat_extract import Assignment, events, from_plan
 from .cpsat_model import Formulation, Stages, integer_scale
@@ -36,6 +36,10 @@ from .cpsat_model import Formulation, Stages, integer_scale
 # random_layered_n100, about 5,000 pairs, found no solution in 30 s, its
 # depth-1 model is solved to optimality in under 2 s).
 FULL_MODEL_PAIRS = 2500
+WARM_START_SHARE = 0.25
+# Building the LP of a bigger model takes longer than its bound is worth
+# (about 20 s on the 2,090-node decoder's depth-1 model).
+LP_MAX_VARIABLES = 40_000
 # A deeper round starts only with twice the time spent so far left (the
 # depth-2 proofs took 2-3x the depth-1 ones on the benchmark graphs) and at
 # least this much: building and presolving the depth-2 model of
@@ -222,9 +226,9 @@ class CpSatRun:
 
     def warm_start(self) -> tuple[Assignment | None, str | None]:
         """The hint: the user's plan, else (``warm_start="auto"``) the better
-        of staged eviction (run first: it is fast, and its plan is the first
-        incumbent) and the best fast planner's plan, projected into the
-        model's plan space. Only plans that meet the budget and caps count."""
+        of the best fast planner's plan, projected into the model's plan
+        space, and staged eviction (slow on big models, so both stop at a
+        deadline). Only plans that meet the budget and caps count."""
         from .warm_start import best_fast_plan, staged_eviction
 
         cfg = self.cfg
@@ -238,10 +242,13 @@ class CpSatRun:
         if cfg.hint is not None:
             consider(from_plan(self.form, cfg.hint), "hint")
         elif cfg.warm_start == "auto":
-            consider(staged_eviction(self.form), "staged-eviction")
-            fast = best_fast_plan(self.graph, cfg.budget)
+            # the warm start may use a quarter of the time limit, the search the rest
+            deadline = time.perf_counter() + WARM_START_SHARE * cfg.time_limit
+            fast = best_fast_plan(self.graph, cfg.budget, deadline=deadline)
             if fast is not None:
+                self.fast_plan = fast
                 consider(from_plan(self.form, fast), fast.planner)
+            consider(staged_eviction(self.form, deadline=deadline), "staged-eviction")
         if not found:
             return None, None
         obj, name, a = min(found, key=lambda x: x[0])
@@ -314,6 +321,7 @@ class CpSatRun:
         cfg, g = self.cfg, self.graph
         self.trace = Trace(self.start)
         self.interrupted = False
+        self.fast_plan: Plan | None = None  # a fast planner's plan under the budget, if any
         best = hint_obj = hint_source = None
         status, obj, bound = cp_model.UNKNOWN, None, None
         build_s, rounds = 0.0, []
@@ -381,7 +389,10 @@ class CpSatRun:
             stats["space"] = "staged" if solved_depth is None else f"depth {solved_depth}"
         if restricted and best is not None:
             stats["best_bound"] = self.trivial_bound()
-        if cfg.lp_bound:
+        if cfg.lp_bound and n_vars > LP_MAX_VARIABLES:
+            stats["lp_bound"] = None
+            stats["lp_bound_skipped"] = f"model has {n_vars:,} variables (> {LP_MAX_VARIABLES:,})"
+        elif cfg.lp_bound:
             # the LP of the model solved (the whole space's LP takes minutes on n100)
             stats["lp_bound"] = self.lp_bound(max(1.0, cfg.time_limit / 4), solved_depth)
         if cfg.log_path:
@@ -391,6 +402,8 @@ class CpSatRun:
                 stats["status"] = "UNKNOWN"  # only a restricted space was shown empty
                 stats["reason"] = (f"no plan recomputes within {solved_depth} producer hops of each stage's "
                                    "node; try --recompute-depth full")
+            if self.fast_plan is not None:  # the model's space is empty, the budget is not
+                return self.fallback(stats)
             return _no_plan(g, stats["status"], **{k: v for k, v in stats.items() if k != "status"})
         p = events(form, best)
         counts, peak, moved = best.counts(form), best.peak_bytes(form), best.transfer_bytes(form)
@@ -407,6 +420,22 @@ class CpSatRun:
             b = min(stats["best_bound"], objective)
             stats["best_bound"] = b
             stats["gap"] = _gap(objective, b)
+        p.stats.update(stats)
+        return p
+
+    def fallback(self, stats: dict[str, Any]) -> Plan:
+        """No plan in the model's space, but a fast planner met the budget with
+        a plan outside it: hand that back (replayed already) rather than
+        nothing, marked as such."""
+        fast, cfg = self.fast_plan, self.cfg
+        r = simulate(self.graph, fast)
+        objective = (r.recompute_cost + r.transfer_bytes * cfg.transfer_cost_per_byte
+                     if cfg.objective == "overhead" else r.peak_bytes)
+        p = Plan(self.graph.name, "cpsat", fast.ops, fast.nodes)
+        stats.update(peak_bytes=r.peak_bytes, compute_cost=r.compute_cost, transfer_bytes=r.transfer_bytes,
+                     space_status=stats.get("space_status", stats["status"]), status="FEASIBLE",
+                     plan_from=fast.planner, objective=objective, best_bound=None, gap=None,
+                     reason=f"no plan found in the model's space; the plan is {fast.planner}'s")
         p.stats.update(stats)
         return p
 

@@ -7,6 +7,7 @@ cost on the benchmark graphs)."""
 
 from __future__ import annotations
 
+import time
 import warnings
 from typing import TYPE_CHECKING, Any
 
@@ -28,14 +29,18 @@ def fast_planners() -> list[str]:
     return [name for name in available() if name not in SLOW]
 
 
-def best_fast_plan(graph: Graph, budget: int | None, options: dict[str, Any] | None = None) -> Plan | None:
+def best_fast_plan(graph: Graph, budget: int | None, options: dict[str, Any] | None = None,
+                   deadline: float | None = None) -> Plan | None:
     """The valid plan with the lowest compute cost plus transfer bytes (then
     the lowest peak) among the fast planners' plans that meet ``budget``
     (every plan qualifies when it is None). Each candidate is replayed by the
     simulator, so a planner's own claims are never trusted; a planner that
-    fails on this graph is skipped. None if no plan meets the budget."""
+    fails on this graph is skipped, and none starts after ``deadline`` (a
+    ``time.perf_counter()`` value). None if no plan meets the budget."""
     best: tuple[tuple[float, int, int], Plan] | None = None
     for name in fast_planners():
+        if deadline is not None and time.perf_counter() > deadline:
+            break
         try:
             with warnings.catch_warnings():  # a baseline's own warnings are not the user's concern here
                 warnings.simplefilter("ignore")
@@ -52,7 +57,8 @@ def best_fast_plan(graph: Graph, budget: int | None, options: dict[str, Any] | N
     return best[1] if best else None
 
 
-def staged_eviction(form: "Formulation", max_rounds: int = 10_000) -> "Assignment | None":
+def staged_eviction(form: "Formulation", max_rounds: int = 10_000,
+                    deadline: float | None = None) -> "Assignment | None":
     """A first solution inside the staged model's own plan space, where the
     fast planners' plans often do not fit once projected. Start from computing every
     node once; at the first slot whose memory exceeds the cap, evict values
@@ -62,13 +68,17 @@ def staged_eviction(form: "Formulation", max_rounds: int = 10_000) -> "Assignmen
     resident there: each is recomputed too if it can be from kept values,
     else kept alive until then (which may cost memory at this slot). Values
     go cheapest recompute cost per byte saved first, until the excess is
-    covered. None if it gets stuck."""
+    covered. None if it gets stuck or runs past ``deadline`` (a
+    ``time.perf_counter()`` value: on a 2,000-node decoder a round takes
+    seconds)."""
     from .cpsat_extract import canonical
 
     ix, g, size = form.ix, form.graph, form.size
     pos = ix.pos
     R = {(ix.first[i], i) for i in g.compute_ids}
     for _ in range(max_rounds):
+        if deadline is not None and time.perf_counter() > deadline:
+            return None
         a = canonical(form, R, set(), set())
         if a is None:
             return None
