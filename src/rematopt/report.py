@@ -159,11 +159,19 @@ def status_table(df: pd.DataFrame) -> pd.DataFrame:
     return t.reset_index()
 
 
+# Planner stats worth a column in the exact table (cpsat: the plan space
+# solved, and its status there when that is only a subspace).
+EXACT_STATS = ("space", "space_status", "space_gap", "warm_start")
+
+
 def exact_table(df: pd.DataFrame) -> pd.DataFrame:
     """The exact planner's runs: size, status, time, gap to its own bound."""
     cols = ["graph", "nodes", "budget_ratio", "planner", "status", "overhead", "gap", "wall_s",
-            "time_to_first_s", "time_to_best_s", "hint_from"]
-    ex = df[df["exact"]].reindex(columns=cols)
+            "time_to_first_s", "time_to_best_s", "hint_from", *EXACT_STATS]
+    ex = df[df["exact"]]
+    stats = ex.get("stats", pd.Series(index=ex.index, dtype=object)).map(_options)
+    ex = ex.assign(**{k: stats.map(lambda d, k=k: d.get(k)) for k in EXACT_STATS}).reindex(columns=cols)
+    ex = ex.dropna(axis=1, how="all")
     return ex.sort_values(["nodes", "graph", "budget_ratio"], ascending=[True, True, False]).reset_index(drop=True)
 
 
