@@ -5,6 +5,7 @@ status 2 (see :func:`main`)."""
 from __future__ import annotations
 
 import sys
+import warnings
 
 import click
 
@@ -23,8 +24,14 @@ from . import batch  # noqa: E402,F401
 from . import jax as _jax  # noqa: E402,F401
 
 
+def _warn_one_line(message, category, filename, lineno, file=None, line=None) -> None:
+    """Planner warnings (e.g. ``REMAT_PLAN_CLONE_BOUND``) as one stderr line, not two."""
+    click.echo(f"rematopt: warning: {message}", err=True)
+
+
 def main() -> None:
     """Console entry point: typed errors become one line and exit status 2."""
+    warnings.showwarning = _warn_one_line
     try:
         code = cli.main(standalone_mode=False)
     except RematoptError as e:
