@@ -196,11 +196,13 @@ def with_final_point(log: pd.DataFrame, row: pd.Series) -> pd.DataFrame:
     """The solver reports no bound event when it proves optimality, so end the
     trace at the row's own objective and bound (at the primary solve's end)."""
     stats = _stats(row.get("stats"))
-    if pd.isna(row.get("bound")) or stats.get("objective") is None:
+    # The trace is of the space the solver searched: end it at that space's bound.
+    bound = stats.get("space_bound") if stats.get("space_bound") is not None else row.get("bound")
+    if bound is None or pd.isna(bound) or stats.get("objective") is None:
         return log
     end = max(float(stats.get("primary_s") or 0.0), float(log["time"].max()))
     return pd.concat([log, pd.DataFrame({"time": [end], "incumbent": [float(stats["objective"])],
-                                         "bound": [float(row["bound"])]})], ignore_index=True)
+                                         "bound": [float(bound)]})], ignore_index=True)
 
 
 def solver_progress(df: pd.DataFrame, results_dir: Path, out: Path) -> dict[str, Any] | None:
@@ -222,7 +224,9 @@ def solver_progress(df: pd.DataFrame, results_dir: Path, out: Path) -> dict[str,
     for ax, (row, log) in zip(axes.flat, logs):
         ax.step(log["time"], log["incumbent"], where="post", label="incumbent")
         ax.step(log["time"], log["bound"], where="post", label="bound")
-        ax.set_title(f"{row['graph']} r={row['budget_ratio']:g} ({row['status']})", fontsize=8)
+        space = _stats(row.get("stats")).get("space")
+        ax.set_title(f"{row['graph']} r={row['budget_ratio']:g} ({row['status']}"
+                     + (f", {space} space)" if space else ")"), fontsize=8)
         ax.set_xlabel("s", fontsize=8)
         ax.set_ylabel("objective", fontsize=8)
         ax.tick_params(labelsize=7)
@@ -237,4 +241,5 @@ def solver_progress(df: pd.DataFrame, results_dir: Path, out: Path) -> dict[str,
     tail = (f"; the widest final gap is {100 * worst[2]:.2f}% on {worst[0]} at r={worst[1]:g}" if worst else "")
     return {"file": "solver_progress.png", "title": "CP-SAT incumbent and bound over time, hardest instances",
             "reading": f"Incumbent (upper) and bound (lower) of the exact solver's objective on the "
-                       f"{len(logs)} hardest instance{'s' if len(logs) > 1 else ''} with a solver log{tail}."}
+                       f"{len(logs)} hardest instance{'s' if len(logs) > 1 else ''} with a solver log, in the plan "
+                       f"space it searched{tail}."}
