@@ -240,13 +240,16 @@ class CpSatRun:
                 self.trace.solution("primary", self.to_units(found[-1][0]), None)
 
         if cfg.hint is not None:
+            if self.meets_settings(cfg.hint):
+                self.fast_plan = cfg.hint
             consider(from_plan(self.form, cfg.hint), "hint")
         elif cfg.warm_start == "auto":
             # the warm start may use a quarter of the time limit, the search the rest
             deadline = time.perf_counter() + WARM_START_SHARE * cfg.time_limit
             fast = best_fast_plan(self.graph, cfg.budget, deadline=deadline)
             if fast is not None:
-                self.fast_plan = fast
+                if self.meets_settings(fast):
+                    self.fast_plan = fast
                 consider(from_plan(self.form, fast), fast.planner)
             consider(staged_eviction(self.form, deadline=deadline), "staged-eviction")
         if not found:
@@ -422,6 +425,17 @@ class CpSatRun:
             stats["gap"] = _gap(objective, b)
         p.stats.update(stats)
         return p
+
+    def meets_settings(self, plan: Plan) -> bool:
+        """Whether a plan from outside the model is valid and within the budget,
+        the clone bound and the overhead cap, so it may stand in for one."""
+        cfg, g = self.cfg, self.graph
+        r = simulate(g, plan)
+        n = len(g.compute_ids)
+        return (r.valid and (cfg.budget is None or r.peak_bytes <= cfg.budget)
+                and (not cfg.max_clone_expansion or r.compute_events <= cfg.max_clone_expansion * n)
+                and (cfg.max_overhead is None or r.recompute_cost + r.transfer_bytes * cfg.transfer_cost_per_byte
+                     <= cfg.max_overhead * r.base_cost))
 
     def fallback(self, stats: dict[str, Any]) -> Plan:
         """No plan in the model's space, but a fast planner met the budget with
