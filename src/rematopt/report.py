@@ -171,7 +171,8 @@ def exact_table(df: pd.DataFrame) -> pd.DataFrame:
     ex = df[df["exact"]]
     stats = ex.get("stats", pd.Series(index=ex.index, dtype=object)).map(_options)
     ex = ex.assign(**{k: stats.map(lambda d, k=k: d.get(k)) for k in EXACT_STATS}).reindex(columns=cols)
-    ex = ex.dropna(axis=1, how="all")
+    # optional columns nobody filled go; the key columns stay even with no exact runs
+    ex = ex.drop(columns=[c for c in ("hint_from", *EXACT_STATS) if ex[c].isna().all()])
     return ex.sort_values(["nodes", "graph", "budget_ratio"], ascending=[True, True, False]).reset_index(drop=True)
 
 
