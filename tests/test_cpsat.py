@@ -333,3 +333,20 @@ def test_a_budget_met_outside_the_models_space_returns_the_fast_plan(monkeypatch
     st = sol.plan.stats
     assert sol.status == "FEASIBLE" and st["plan_from"] != "cpsat" and st["space_status"] == "INFEASIBLE"
     assert sol.replay.valid and sol.replay.peak_bytes <= budget
+
+
+def test_never_worse_than_a_hint_from_outside_the_models_space():
+    """On this small random layered graph greedy, which rebuilds every selected
+    value right before each use, meets the budget with no recompute by computing
+    values later than their program position: outside the staged space, whose
+    optimum recomputes. Given greedy's plan as a hint, cpsat returns it."""
+    g = synthetic.random_layered(12, seed=0)
+    lo, hi = peak_lower_bound(g), no_remat_peak(g)
+    budget = lo + (hi - lo) // 5
+    hint = solve(g, "greedy", budget=budget)
+    staged = solve(g, "cpsat", budget=budget, recompute_depth="full", **FAST)
+    assert hint.status == "FEASIBLE" and staged.status == "OPTIMAL"
+    assert hint.replay.recompute_cost < staged.replay.recompute_cost
+    sol = solve(g, "cpsat", budget=budget, recompute_depth="full", hint=hint.plan, **FAST)
+    assert sol.plan.stats["plan_from"] == "greedy" and "beats the model's best" in sol.plan.stats["reason"]
+    assert sol.replay.recompute_cost == hint.replay.recompute_cost and sol.replay.peak_bytes <= budget

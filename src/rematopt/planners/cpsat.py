@@ -26,7 +26,7 @@ from ..errors import PlannerError
 from ..graph import Graph
 from ..plan import Plan
 from ..reference import no_remat_peak, peak_lower_bound
-from ..simulate import cost_of_counts, simulate
+from ..simulate import Replay, cost_of_counts, simulate
 from .cpsat_backends import CpSatBackend, LpBackend
 from .cpsat_extract import Assignment, events, from_plan
 from .cpsat_model import Formulation, Stages, integer_scale
@@ -225,10 +225,10 @@ class CpSatRun:
     # -- warm start -------------------------------------------------------------
 
     def warm_start(self) -> tuple[Assignment | None, str | None]:
-        """The hint: the user's plan, else (``warm_start="auto"``) the better
-        of the best fast planner's plan, projected into the model's plan
-        space, and staged eviction (slow on big models, so both stop at a
-        deadline). Only plans that meet the budget and caps count."""
+        """The hint: the better of the user's plan (else, with
+        ``warm_start="auto"``, the best fast planner's plan), projected into
+        the model's plan space, and staged eviction (slow on big models, so
+        both stop at a deadline). Only plans that meet the budget and caps count."""
         from .warm_start import best_fast_plan, staged_eviction
 
         cfg = self.cfg
@@ -239,18 +239,19 @@ class CpSatRun:
                 found.append((self.objective_of(a), name, a))
                 self.trace.solution("primary", self.to_units(found[-1][0]), None)
 
+        # the warm start may use a quarter of the time limit, the search the rest
+        deadline = time.perf_counter() + WARM_START_SHARE * cfg.time_limit
         if cfg.hint is not None:
             if self.meets_settings(cfg.hint):
                 self.fast_plan = cfg.hint
             consider(from_plan(self.form, cfg.hint), "hint")
         elif cfg.warm_start == "auto":
-            # the warm start may use a quarter of the time limit, the search the rest
-            deadline = time.perf_counter() + WARM_START_SHARE * cfg.time_limit
             fast = best_fast_plan(self.graph, cfg.budget, deadline=deadline)
             if fast is not None:
                 if self.meets_settings(fast):
                     self.fast_plan = fast
                 consider(from_plan(self.form, fast), fast.planner)
+        if cfg.hint is not None or cfg.warm_start == "auto":
             consider(staged_eviction(self.form, deadline=deadline), "staged-eviction")
         if not found:
             return None, None
@@ -413,6 +414,9 @@ class CpSatRun:
         # the objective as the plan realises it, not the model's scaled integers
         recompute = cost_of_counts(g, [max(c - 1, 0) for c in counts])
         objective = recompute + moved * cfg.transfer_cost_per_byte if cfg.objective == "overhead" else peak
+        if self.fast_plan is not None and self.objective_outside(self.fast_plan)[0] < objective:
+            return self.fallback(stats, f"{self.fast_plan.planner}'s plan, outside the model's space, "
+                                        f"beats the model's best ({objective:.6g})")
         stats.update(objective=objective, peak_bytes=peak, compute_cost=cost_of_counts(g, counts),
                      transfer_bytes=moved, compute_events=len(best.R),
                      recompute_events=len(best.R) - len(g.compute_ids))
@@ -437,19 +441,24 @@ class CpSatRun:
                 and (cfg.max_overhead is None or r.recompute_cost + r.transfer_bytes * cfg.transfer_cost_per_byte
                      <= cfg.max_overhead * r.base_cost))
 
-    def fallback(self, stats: dict[str, Any]) -> Plan:
-        """No plan in the model's space, but a fast planner met the budget with
-        a plan outside it: hand that back (replayed already) rather than
-        nothing, marked as such."""
-        fast, cfg = self.fast_plan, self.cfg
-        r = simulate(self.graph, fast)
-        objective = (r.recompute_cost + r.transfer_bytes * cfg.transfer_cost_per_byte
-                     if cfg.objective == "overhead" else r.peak_bytes)
+    def objective_outside(self, plan: Plan) -> tuple[float, Replay]:
+        """The primary objective of a plan from outside the model, as replayed."""
+        r = simulate(self.graph, plan)
+        if self.cfg.objective == "overhead":
+            return r.recompute_cost + r.transfer_bytes * self.cfg.transfer_cost_per_byte, r
+        return float(r.peak_bytes), r
+
+    def fallback(self, stats: dict[str, Any],
+                 reason: str = "no plan found in the model's space") -> Plan:
+        """Hand back the fast planner's (or the hint's) plan, which met every
+        setting, when the model's space yields nothing or only worse: never
+        less than the hint. Marked as such; no bound holds for it."""
+        fast = self.fast_plan
+        objective, r = self.objective_outside(fast)
         p = Plan(self.graph.name, "cpsat", fast.ops, fast.nodes)
         stats.update(peak_bytes=r.peak_bytes, compute_cost=r.compute_cost, transfer_bytes=r.transfer_bytes,
                      space_status=stats.get("space_status", stats["status"]), status="FEASIBLE",
-                     plan_from=fast.planner, objective=objective, best_bound=None, gap=None,
-                     reason=f"no plan found in the model's space; the plan is {fast.planner}'s")
+                     plan_from=fast.planner, objective=objective, best_bound=None, gap=None, reason=reason)
         p.stats.update(stats)
         return p
 
