@@ -242,14 +242,12 @@ class CpSatRun:
         # the warm start may use a quarter of the time limit, the search the rest
         deadline = time.perf_counter() + WARM_START_SHARE * cfg.time_limit
         if cfg.hint is not None:
-            if self.meets_settings(cfg.hint):
-                self.fast_plan = cfg.hint
+            self.adopt_outside(cfg.hint)
             consider(from_plan(self.form, cfg.hint), "hint")
         elif cfg.warm_start == "auto":
             fast = best_fast_plan(self.graph, cfg.budget, deadline=deadline)
             if fast is not None:
-                if self.meets_settings(fast):
-                    self.fast_plan = fast
+                self.adopt_outside(fast)
                 consider(from_plan(self.form, fast), fast.planner)
         if cfg.hint is not None or cfg.warm_start == "auto":
             consider(staged_eviction(self.form, deadline=deadline), "staged-eviction")
@@ -325,7 +323,7 @@ class CpSatRun:
         cfg, g = self.cfg, self.graph
         self.trace = Trace(self.start)
         self.interrupted = False
-        self.fast_plan: Plan | None = None  # a fast planner's plan under the budget, if any
+        self.outside: tuple[Plan, Replay, float] | None = None  # see adopt_outside
         best = hint_obj = hint_source = None
         status, obj, bound = cp_model.UNKNOWN, None, None
         build_s, rounds = 0.0, []
@@ -406,7 +404,7 @@ class CpSatRun:
                 stats["status"] = "UNKNOWN"  # only a restricted space was shown empty
                 stats["reason"] = (f"no plan recomputes within {solved_depth} producer hops of each stage's "
                                    "node; try --recompute-depth full")
-            if self.fast_plan is not None:  # the model's space is empty, the budget is not
+            if self.outside is not None:  # the model's space is empty, the budget is not
                 return self.fallback(stats)
             return _no_plan(g, stats["status"], **{k: v for k, v in stats.items() if k != "status"})
         p = events(form, best)
@@ -414,8 +412,8 @@ class CpSatRun:
         # the objective as the plan realises it, not the model's scaled integers
         recompute = cost_of_counts(g, [max(c - 1, 0) for c in counts])
         objective = recompute + moved * cfg.transfer_cost_per_byte if cfg.objective == "overhead" else peak
-        if self.fast_plan is not None and self.objective_outside(self.fast_plan)[0] < objective:
-            return self.fallback(stats, f"{self.fast_plan.planner}'s plan, outside the model's space, "
+        if self.outside is not None and self.outside[2] < objective:
+            return self.fallback(stats, f"{self.outside[0].planner}'s plan, outside the model's space, "
                                         f"beats the model's best ({objective:.6g})")
         stats.update(objective=objective, peak_bytes=peak, compute_cost=cost_of_counts(g, counts),
                      transfer_bytes=moved, compute_events=len(best.R),
@@ -430,35 +428,28 @@ class CpSatRun:
         p.stats.update(stats)
         return p
 
-    def meets_settings(self, plan: Plan) -> bool:
-        """Whether a plan from outside the model is valid and within the budget,
-        the clone bound and the overhead cap, so it may stand in for one."""
+    def adopt_outside(self, plan: Plan) -> None:
+        """Keep a plan from outside the model (the hint, or the best fast
+        planner's), replayed once with its primary objective, if it is valid and
+        within the budget, the clone bound and the overhead cap: it stands in
+        when the model's space yields nothing or only worse."""
         cfg, g = self.cfg, self.graph
         r = simulate(g, plan)
-        n = len(g.compute_ids)
-        return (r.valid and (cfg.budget is None or r.peak_bytes <= cfg.budget)
-                and (not cfg.max_clone_expansion or r.compute_events <= cfg.max_clone_expansion * n)
-                and (cfg.max_overhead is None or r.recompute_cost + r.transfer_bytes * cfg.transfer_cost_per_byte
-                     <= cfg.max_overhead * r.base_cost))
-
-    def objective_outside(self, plan: Plan) -> tuple[float, Replay]:
-        """The primary objective of a plan from outside the model, as replayed."""
-        r = simulate(self.graph, plan)
-        if self.cfg.objective == "overhead":
-            return r.recompute_cost + r.transfer_bytes * self.cfg.transfer_cost_per_byte, r
-        return float(r.peak_bytes), r
+        overhead = r.recompute_cost + r.transfer_bytes * cfg.transfer_cost_per_byte
+        if (r.valid and (cfg.budget is None or r.peak_bytes <= cfg.budget)
+                and (not cfg.max_clone_expansion or r.compute_events <= cfg.max_clone_expansion * len(g.compute_ids))
+                and (cfg.max_overhead is None or overhead <= cfg.max_overhead * r.base_cost)):
+            self.outside = (plan, r, overhead if cfg.objective == "overhead" else float(r.peak_bytes))
 
     def fallback(self, stats: dict[str, Any],
                  reason: str = "no plan found in the model's space") -> Plan:
-        """Hand back the fast planner's (or the hint's) plan, which met every
-        setting, when the model's space yields nothing or only worse: never
-        less than the hint. Marked as such; no bound holds for it."""
-        fast = self.fast_plan
-        objective, r = self.objective_outside(fast)
-        p = Plan(self.graph.name, "cpsat", fast.ops, fast.nodes)
+        """Hand back the plan kept by :meth:`adopt_outside`: never less than
+        the hint. Marked as such; no bound holds for it."""
+        plan, r, objective = self.outside
+        p = Plan(self.graph.name, "cpsat", plan.ops, plan.nodes)
         stats.update(peak_bytes=r.peak_bytes, compute_cost=r.compute_cost, transfer_bytes=r.transfer_bytes,
                      space_status=stats.get("space_status", stats["status"]), status="FEASIBLE",
-                     plan_from=fast.planner, objective=objective, best_bound=None, gap=None, reason=reason)
+                     plan_from=plan.planner, objective=objective, best_bound=None, gap=None, reason=reason)
         p.stats.update(stats)
         return p
 
