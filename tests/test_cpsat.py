@@ -300,24 +300,6 @@ def test_deeper_recompute_spaces_never_do_worse():
         assert results[0] > results[-1]  # the restriction costs something at these budgets
 
 
-def test_a_restricted_solve_never_claims_the_whole_space(monkeypatch):
-    """With auto depth on a model too big for the whole space, only a depth-
-    restricted subspace is solved: its optimum is reported as FEASIBLE, with the
-    subspace's own status and bound kept apart from the valid (trivial) bound."""
-    import rematopt.planners.cpsat as cpsat
-
-    monkeypatch.setattr(cpsat, "FULL_MODEL_PAIRS", 0)
-    g = synthetic.unet(2, train=True, seed=1)
-    sol = solve(g, "cpsat", budget_ratio=0.8, time_limit=20, workers=1)
-    st = sol.plan.stats
-    assert st["space"].startswith("depth ") and st["space_status"] == "OPTIMAL"
-    assert st["status"] == "FEASIBLE" and st["best_bound"] == 0.0
-    assert st["space_gap"] == 0.0 and st["gap"] == (1.0 if st["objective"] else 0.0)
-    full = solve(g, "cpsat", budget_ratio=0.8, time_limit=20, workers=1, recompute_depth="full")
-    assert full.plan.stats["space"] == "staged"
-    assert full.replay.compute_cost <= sol.replay.compute_cost
-
-
 def test_a_budget_met_outside_the_models_space_returns_the_fast_plan(monkeypatch):
     """When the model's space holds no plan (here: forced by a depth-0 space on
     a chain that must recompute), cpsat hands back the best fast planner's plan

@@ -28,14 +28,22 @@ from ..plan import Plan
 from ..reference import no_remat_peak, peak_lower_bound
 from ..simulate import Replay, cost_of_counts, simulate
 from .cpsat_backends import CpSatBackend, LpBackend
+from .cpsat_bound import GapBound, gap_bound
 from .cpsat_extract import Assignment, events, from_plan
 from .cpsat_model import Formulation, Stages, integer_scale
 
 # Largest full staged model (sum over values of the stages they live in)
 # solved as is; beyond it, depth 1 then 2 (the full model of
 # random_layered_n100, about 5,000 pairs, found no solution in 30 s, its
-# depth-1 model is solved to optimality in under 2 s).
+# depth-1 model is solved to optimality in under 2 s), then the full model
+# warm-started from their best if it has at most FULL_ROUND_PAIRS (hinted,
+# n100's is proven in 12-15 s, mobilenet_train's 17,000 pairs in 25 s;
+# building random_layered_n250's 31,000 takes 11 s and presolving it 40 s).
 FULL_MODEL_PAIRS = 2500
+FULL_ROUND_PAIRS = 40_000
+# The gap relaxation (cpsat_bound) takes well under a second on the
+# benchmark graphs; this share of the limit caps it on bigger ones.
+GAP_BOUND_SHARE = 0.1
 WARM_START_SHARE = 0.25
 # Building the LP of a bigger model takes longer than its bound is worth
 # (about 20 s on the 2,090-node decoder's depth-1 model).
@@ -229,7 +237,7 @@ class CpSatRun:
         ``warm_start="auto"``, the best fast planner's plan), projected into
         the model's plan space, and staged eviction (slow on big models, so
         both stop at a deadline). Only plans that meet the budget and caps count."""
-        from .warm_start import best_fast_plan, staged_eviction
+        from .warm_start import staged_eviction
 
         cfg = self.cfg
         found: list[tuple[int, str, Assignment]] = []
@@ -241,20 +249,28 @@ class CpSatRun:
 
         # the warm start may use a quarter of the time limit, the search the rest
         deadline = time.perf_counter() + WARM_START_SHARE * cfg.time_limit
-        if cfg.hint is not None:
-            self.adopt_outside(cfg.hint)
-            consider(from_plan(self.form, cfg.hint), "hint")
-        elif cfg.warm_start == "auto":
-            fast = best_fast_plan(self.graph, cfg.budget, deadline=deadline)
-            if fast is not None:
-                self.adopt_outside(fast)
-                consider(from_plan(self.form, fast), fast.planner)
+        outside = self.outside_plan(deadline)
+        if outside is not None:
+            consider(from_plan(self.form, outside), "hint" if cfg.hint is not None else outside.planner)
         if cfg.hint is not None or cfg.warm_start == "auto":
             consider(staged_eviction(self.form, deadline=deadline), "staged-eviction")
         if not found:
             return None, None
         obj, name, a = min(found, key=lambda x: x[0])
         return a, name
+
+    def outside_plan(self, deadline: float) -> Plan | None:
+        """The user's hint, else (``warm_start="auto"``) the best fast
+        planner's plan, kept by :meth:`adopt_outside` when it qualifies."""
+        from .warm_start import best_fast_plan
+
+        cfg = self.cfg
+        plan = cfg.hint
+        if plan is None and cfg.warm_start == "auto":
+            plan = best_fast_plan(self.graph, cfg.budget, deadline=deadline)
+        if plan is not None:
+            self.adopt_outside(plan)
+        return plan
 
     def admissible(self, a: Assignment) -> bool:
         """Whether an assignment meets the budget, caps and clone bound."""
@@ -308,16 +324,45 @@ class CpSatRun:
         """The recompute depths to solve in turn (see ``Stages``): the full
         staged space when it is small, else depth 1 then 2, each model
         warm-started from the previous one's best (the spaces are nested, so
-        the hint carries over and the incumbent only improves), and the full
-        space only if depth 2 holds no plan at all."""
+        the hint carries over and the incumbent only improves), then the full
+        space (see :meth:`run` for when a round starts)."""
         d = self.cfg.depth
         if d == "full":
             return [None]
         if d is not None:
             return [int(d)]
-        ix = Stages(self.graph, self.cfg.offload)
-        pairs = sum(len(ix.stages(i)) for i in ix.values)
-        return [None] if pairs <= FULL_MODEL_PAIRS else [1, 2, None]
+        return [None] if self.full_pairs <= FULL_MODEL_PAIRS else [1, 2, None]
+
+    def next_round(self, depth: int | None, status: int, found: bool) -> bool:
+        """Whether a deeper round may start after one ended in ``status``: it
+        must have been proven (a deeper space may do better), with twice the
+        time spent so far (and MIN_ROUND_S) left; the full space, when depth 2
+        found a plan, only if its model is at most FULL_ROUND_PAIRS."""
+        elapsed = time.perf_counter() - self.start
+        if status not in (cp_model.OPTIMAL, cp_model.INFEASIBLE) or self.interrupted:
+            return False
+        if self.cfg.time_limit - elapsed < max(MIN_ROUND_S, 2 * elapsed):
+            return False
+        return depth is not None or not found or self.full_pairs <= FULL_ROUND_PAIRS
+
+    def gap_bound(self, form: Formulation) -> GapBound:
+        """The whole staged space's lower bound from :mod:`cpsat_bound`, in
+        model integers (costs floored when the scale is inexact, so it stays
+        a bound on the costs the model optimises)."""
+        cfg, g = self.cfg, self.graph
+        exact = self.exact
+        int_cost = form.int_cost if exact else [math.floor(c * self.scale) for c in g.cost]
+        int_transfer = (form.int_transfer if exact else
+                        [math.floor(b * cfg.transfer_cost_per_byte * self.scale) for b in g.bytes])
+        n = len(g.compute_ids)
+        base = sum(form.int_cost[i] for i in g.compute_ids)
+        return gap_bound(
+            g, objective=cfg.objective, unit=form.unit, cap_units=form.mem_cap, int_cost=int_cost,
+            int_transfer=int_transfer, offload=cfg.offload,
+            overhead_cap=(math.floor(cfg.max_overhead * base + 1e-9) if cfg.max_overhead is not None
+                          and cfg.objective == "peak" else None),
+            max_recomputes=(math.floor(cfg.max_clone_expansion * n) - n if cfg.max_clone_expansion else None),
+            peak_floor=self.peak_floor(form), time_limit=GAP_BOUND_SHARE * cfg.time_limit, workers=cfg.workers)
 
     def run(self) -> Plan:
         cfg, g = self.cfg, self.graph
@@ -327,11 +372,11 @@ class CpSatRun:
         best = hint_obj = hint_source = None
         status, obj, bound = cp_model.UNKNOWN, None, None
         build_s, rounds = 0.0, []
+        ix = Stages(g, cfg.offload)
+        self.full_pairs = sum(len(ix.stages(i)) for i in ix.values)
+        whole: GapBound | None = None  # the whole space's bound, from cpsat_bound
         for k, depth in enumerate(self.depths()):
-            elapsed = time.perf_counter() - self.start
-            proven = status in (cp_model.OPTIMAL, cp_model.INFEASIBLE)  # a deeper space may do better
-            if k and (not proven or self.interrupted or cfg.time_limit - elapsed < max(MIN_ROUND_S, 2 * elapsed)
-                      or (depth is None and status != cp_model.INFEASIBLE)):
+            if k and (self.proven_whole(best, whole) or not self.next_round(depth, status, best is not None)):
                 break
             prev = events(self.form, best) if best is not None else None
             began = time.perf_counter()
@@ -340,6 +385,12 @@ class CpSatRun:
             self.form = form = self.formulation(self.backend, depth)
             n_vars, n_cons = self.backend.size
             build_s += time.perf_counter() - began
+            if whole is None:
+                whole = self.gap_bound(form)
+                if whole.status == "INFEASIBLE":  # no staged plan at all: nothing to search
+                    status = cp_model.INFEASIBLE
+                    self.outside_plan(time.perf_counter() + WARM_START_SHARE * cfg.time_limit)
+                    break
             if prev is None:
                 hint, hint_source = self.warm_start()
                 hint_obj = self.objective_of(hint) if hint is not None else None
@@ -378,20 +429,34 @@ class CpSatRun:
             "hint_objective": self.to_units(hint_obj) if hint_obj is not None else None,
             "interrupted": self.interrupted, "lexicographic": secondary is not None, "rounds": rounds,
         }
+        if whole is not None:
+            stats["gap_relaxation"] = {"status": whole.status,
+                                       "bound": None if whole.bound is None else self.to_units(whole.bound)}
         restricted = solved_depth is not None and cfg.depth is None
         if restricted:
             # The default asked about the whole staged space, but only a
             # depth-restricted subspace was solved: its optimum and bound say
-            # nothing about the whole space, so neither is reported as such.
+            # nothing about the whole space; the gap relaxation's bound does.
             stats.update(space=f"depth {solved_depth}", space_status=stats["status"],
                          space_bound=stats["best_bound"], best_bound=None)
             if stats["status"] == "OPTIMAL":
-                stats["status"] = "FEASIBLE"
+                stats["status"] = "OPTIMAL" if self.proven_whole(best, whole) else "FEASIBLE"
         else:
             stats["space"] = "staged" if solved_depth is None else f"depth {solved_depth}"
-        if restricted and best is not None:
+        if best is not None and whole is not None and whole.bound is not None and (restricted or solved_depth is None):
+            # a whole-space bound (the relaxation's, or the trivial one) under
+            # the full model's own, whichever is higher
+            own = stats["best_bound"] if stats["best_bound"] is not None else self.trivial_bound()
+            stats["best_bound"] = max(own, self.trivial_bound(), self.to_units(whole.bound))
+            if self.proven_whole(best, whole):
+                stats["status"] = "OPTIMAL"
+        elif restricted and best is not None:
             stats["best_bound"] = self.trivial_bound()
-        if cfg.lp_bound and n_vars > LP_MAX_VARIABLES:
+        if whole is not None and whole.status == "INFEASIBLE":
+            stats["reason"] = "the gap relaxation of the staged space is infeasible: no staged plan meets the budget"
+        if whole is not None and whole.status == "INFEASIBLE":
+            pass  # no model was solved, so there is no relaxation of it to report
+        elif cfg.lp_bound and n_vars > LP_MAX_VARIABLES:
             stats["lp_bound"] = None
             stats["lp_bound_skipped"] = f"model has {n_vars:,} variables (> {LP_MAX_VARIABLES:,})"
         elif cfg.lp_bound:
@@ -400,7 +465,7 @@ class CpSatRun:
         if cfg.log_path:
             self.trace.write(cfg.log_path)
         if best is None:
-            if status == cp_model.INFEASIBLE and solved_depth is not None:
+            if status == cp_model.INFEASIBLE and solved_depth is not None and whole.status != "INFEASIBLE":
                 stats["status"] = "UNKNOWN"  # only a restricted space was shown empty
                 stats["reason"] = (f"no plan recomputes within {solved_depth} producer hops of each stage's "
                                    "node; try --recompute-depth full")
@@ -427,6 +492,12 @@ class CpSatRun:
             stats["gap"] = _gap(objective, b)
         p.stats.update(stats)
         return p
+
+    def proven_whole(self, best: Assignment | None, whole: GapBound | None) -> bool:
+        """Whether ``best`` reaches the gap relaxation's bound, so it is
+        optimal over the whole staged space whatever the round's space."""
+        return (best is not None and whole is not None and whole.bound is not None
+                and self.objective_of(best) <= whole.bound)
 
     def adopt_outside(self, plan: Plan) -> None:
         """Keep a plan from outside the model (the hint, or the best fast
