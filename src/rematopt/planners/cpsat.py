@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import threading
 import time
 from contextlib import contextmanager
@@ -311,7 +312,7 @@ class CpSatRun:
         # CP-SAT catches SIGINT itself and stops with its best solution (a
         # Python handler would only run once solve() returns).
         prm.catch_sigint_signal = True
-        with _progress(self.trace, cfg.progress and phase == "primary"):
+        with _progress(self.trace, cfg.progress and phase == "primary"), _restored_sigint():
             status = solver.solve(self.backend.model, _Callback(self.trace, phase, to_units))
         stopped_early = status in (cp_model.FEASIBLE, cp_model.UNKNOWN) and solver.wall_time < 0.9 * limit - 0.5
         self.interrupted = self.interrupted or stopped_early
@@ -365,6 +366,14 @@ class CpSatRun:
             peak_floor=self.peak_floor(form), time_limit=GAP_BOUND_SHARE * cfg.time_limit, workers=cfg.workers)
 
     def run(self) -> Plan:
+        """Solve with Ctrl-C deferred: during the search CP-SAT stops itself
+        and hands back its best solution; elsewhere (warm start, building a
+        round's model) a SIGINT only marks the run interrupted, and the run
+        ends at the next checkpoint with the best plan so far."""
+        with _deferred_sigint(self):
+            return self._run()
+
+    def _run(self) -> Plan:
         cfg, g = self.cfg, self.graph
         self.trace = Trace(self.start)
         self.interrupted = False
@@ -375,8 +384,10 @@ class CpSatRun:
         ix = Stages(g, cfg.offload)
         self.full_pairs = sum(len(ix.stages(i)) for i in ix.values)
         whole: GapBound | None = None  # the whole space's bound, from cpsat_bound
+        done = None  # the last round with a plan: (form, backend, peak_var, depth, variables, constraints)
         for k, depth in enumerate(self.depths()):
-            if k and (self.proven_whole(best, whole) or not self.next_round(depth, status, best is not None)):
+            if k and (self.interrupted or self.proven_whole(best, whole)
+                      or not self.next_round(depth, status, best is not None)):
                 break
             prev = events(self.form, best) if best is not None else None
             began = time.perf_counter()
@@ -396,6 +407,11 @@ class CpSatRun:
                 hint_obj = self.objective_of(hint) if hint is not None else None
             else:
                 hint = from_plan(form, prev)
+            if self.interrupted:  # Ctrl-C while building or warm-starting: keep the best so far
+                if best is None and hint is not None:
+                    best, obj, status = hint, self.objective_of(hint), cp_model.FEASIBLE
+                    done = (form, self.backend, getattr(self, "peak_var", None), depth, n_vars, n_cons)
+                break
             if hint is not None:
                 for var, val in hint.values(form):
                     self.backend.model.add_hint(var, val)
@@ -408,10 +424,15 @@ class CpSatRun:
                 best, obj = hint, self.objective_of(hint)  # never worse than the hint
                 status = cp_model.FEASIBLE if status != cp_model.OPTIMAL else status
                 self.trace.solution("primary", self.to_units(obj), self.to_units(bound))
+            if best is not None:
+                done = (form, self.backend, getattr(self, "peak_var", None), depth, n_vars, n_cons)
             rounds.append({"recompute_depth": "full" if depth is None else depth, "status": STATUS.get(status),
                            "objective": None if best is None else self.to_units(self.objective_of(best)),
                            "best_bound": self.to_units(bound), "variables": n_vars, "constraints": n_cons,
                            "elapsed_s": time.perf_counter() - self.start})
+        if done is not None:  # a round interrupted before its search leaves the previous one's plan
+            self.form, self.backend, self.peak_var, solved_depth, n_vars, n_cons = done
+            form = self.form
         primary_s = time.perf_counter() - self.start
         secondary = None
         if best is not None and status == cp_model.OPTIMAL and not self.interrupted:
@@ -420,7 +441,8 @@ class CpSatRun:
                 best = secondary
         stats: dict[str, Any] = {
             "status": STATUS.get(status, "UNKNOWN"), "objective_kind": cfg.objective,
-            "objective": None, "best_bound": self.to_units(bound) if best is not None else None, "gap": None,
+            "objective": None, "best_bound": self.to_units(bound) if best is not None and bound is not None else None,
+            "gap": None,
             "time_to_first_s": self.trace.first, "time_to_best_s": self.trace.best,
             "primary_s": primary_s, "variables": n_vars, "constraints": n_cons, "build_s": build_s,
             "recompute_depth": "full" if solved_depth is None else solved_depth,
@@ -577,6 +599,38 @@ class CpSatRun:
         if value is None or overhead:
             return value
         return value * self.form.unit + self.form.persistent_bytes
+
+
+@contextmanager
+def _deferred_sigint(run: CpSatRun) -> Iterator[None]:
+    """While the block runs, SIGINT sets ``run.interrupted`` instead of
+    raising (main thread only: elsewhere signals cannot be handled)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        run.interrupted = True
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@contextmanager
+def _restored_sigint() -> Iterator[None]:
+    """CP-SAT replaces the SIGINT handler while it solves and leaves the
+    default one (which kills the process) behind: put the caller's back."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _gap(objective: float, bound: float) -> float:

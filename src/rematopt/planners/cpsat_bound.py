@@ -101,6 +101,8 @@ def gap_bound(graph: Graph, *, objective: str, unit: int, cap_units: int, int_co
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(time_limit, 0.01)
     solver.parameters.num_workers = workers
+    # CP-SAT's own SIGINT handler would swallow a Ctrl-C meant for cpsat
+    solver.parameters.catch_sigint_signal = False
     status = solver.solve(m)
     if status == cp_model.INFEASIBLE:
         return GapBound("INFEASIBLE", None)

@@ -1,0 +1,76 @@
+"""Ctrl-C never loses a finished result: a real SIGINT, sent at each stage of
+a cpsat run (the search, the warm start, the build of a deeper round), ends
+the run with the best plan so far, which the simulator replays."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+import rematopt.planners.cpsat as cpsat
+from rematopt import solve
+from rematopt.importers import synthetic
+
+OPTS = dict(budget_ratio=0.8, time_limit=60, workers=1, lp_bound=False)
+
+
+@pytest.fixture
+def graph(monkeypatch):
+    monkeypatch.setattr(cpsat, "FULL_MODEL_PAIRS", 0)  # depth rounds, so there is a "between"
+    return synthetic.random_layered(40, seed=1)
+
+
+def ctrl_c() -> None:
+    os.kill(os.getpid(), signal.SIGINT)
+
+
+def check(sol, rounds: int) -> None:
+    st = sol.plan.stats
+    assert st["interrupted"] and sol.status == "FEASIBLE"
+    assert sol.replay.valid and sol.replay.peak_bytes <= sol.budget
+    assert len(st["rounds"]) == rounds
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the caller's handler is back
+
+
+def test_ctrl_c_during_the_search_returns_the_incumbent(graph, monkeypatch):
+    original = cpsat._Callback.on_solution_callback
+
+    def first_solution_then_ctrl_c(self):
+        original(self)
+        ctrl_c()
+
+    monkeypatch.setattr(cpsat._Callback, "on_solution_callback", first_solution_then_ctrl_c)
+    sol = solve(graph, "cpsat", **OPTS)
+    check(sol, rounds=1)
+    assert sol.plan.stats["wall_s"] < 30
+
+
+def test_ctrl_c_during_the_warm_start_returns_the_hint(graph, monkeypatch):
+    original = cpsat.CpSatRun.warm_start
+
+    def warm_start_then_ctrl_c(self):
+        found = original(self)
+        ctrl_c()
+        return found
+
+    monkeypatch.setattr(cpsat.CpSatRun, "warm_start", warm_start_then_ctrl_c)
+    sol = solve(graph, "cpsat", **OPTS)
+    check(sol, rounds=0)
+    assert sol.plan.stats["objective"] == sol.plan.stats["hint_objective"]
+
+
+def test_ctrl_c_while_building_a_deeper_round_keeps_the_previous_rounds_plan(graph, monkeypatch):
+    original = cpsat.CpSatRun.formulation
+
+    def build_then_ctrl_c(self, backend, depth):
+        form = original(self, backend, depth)
+        if depth == 2:
+            ctrl_c()
+        return form
+
+    monkeypatch.setattr(cpsat.CpSatRun, "formulation", build_then_ctrl_c)
+    sol = solve(graph, "cpsat", **OPTS)
+    check(sol, rounds=1)
+    assert sol.plan.stats["recompute_depth"] == 1
