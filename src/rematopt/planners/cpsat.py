@@ -399,7 +399,7 @@ class CpSatRun:
             if whole is None:
                 whole = self.gap_bound(form)
                 if whole.status == "INFEASIBLE":  # no staged plan at all: nothing to search
-                    status = cp_model.INFEASIBLE
+                    status, solved_depth = cp_model.INFEASIBLE, None
                     self.outside_plan(time.perf_counter() + WARM_START_SHARE * cfg.time_limit)
                     break
             if prev is None:
