@@ -351,9 +351,8 @@ class CpSatRun:
         model integers (costs floored when the scale is inexact, so it stays
         a bound on the costs the model optimises)."""
         cfg, g = self.cfg, self.graph
-        exact = self.exact
-        int_cost = form.int_cost if exact else [math.floor(c * self.scale) for c in g.cost]
-        int_transfer = (form.int_transfer if exact else
+        int_cost = form.int_cost if self.exact else [math.floor(c * self.scale) for c in g.cost]
+        int_transfer = (form.int_transfer if self.exact else
                         [math.floor(b * cfg.transfer_cost_per_byte * self.scale) for b in g.bytes])
         n = len(g.compute_ids)
         base = sum(form.int_cost[i] for i in g.compute_ids)
@@ -474,10 +473,8 @@ class CpSatRun:
                 stats["status"] = "OPTIMAL"
         elif restricted and best is not None:
             stats["best_bound"] = self.trivial_bound()
-        if whole is not None and whole.status == "INFEASIBLE":
+        if whole is not None and whole.status == "INFEASIBLE":  # no model solved, so no LP of it either
             stats["reason"] = "the gap relaxation of the staged space is infeasible: no staged plan meets the budget"
-        if whole is not None and whole.status == "INFEASIBLE":
-            pass  # no model was solved, so there is no relaxation of it to report
         elif cfg.lp_bound and n_vars > LP_MAX_VARIABLES:
             stats["lp_bound"] = None
             stats["lp_bound_skipped"] = f"model has {n_vars:,} variables (> {LP_MAX_VARIABLES:,})"
