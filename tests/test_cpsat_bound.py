@@ -1,9 +1,11 @@
-"""The gap relaxation (``cpsat_bound``): a lower bound for the whole staged
-space, checked against exhaustive search and the full model, and how ``cpsat``
-uses it to claim whole-space optimality from a depth-restricted solve."""
+"""The relaxations of ``cpsat_bound`` (gaps alone, and with recompute
+chains): lower bounds for the whole staged space, checked against exhaustive
+search and the full model, and how ``cpsat`` uses them to claim whole-space
+optimality from a depth-restricted solve."""
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -11,7 +13,8 @@ import pytest
 from rematopt import solve
 from rematopt.graph import Graph
 from rematopt.importers import synthetic
-from rematopt.planners.cpsat_bound import gap_bound
+from rematopt.planners.cpsat_bound import relaxation_bound
+from rematopt.planners.cpsat_model import integer_scale
 from rematopt.reference import no_remat_peak, peak_lower_bound
 
 from brute_force import min_cost, min_peak
@@ -19,58 +22,91 @@ from test_cpsat import FAST, budget_between, cases
 
 
 def bound(g: Graph, budget: int | None, offload: bool = False, per_byte: int = 0, objective: str = "overhead",
-          overhead_cap: int | None = None):
-    """The relaxation on a tiny graph (integer costs and bytes: unit 1, scale 1)."""
+          overhead_cap: int | None = None, chains: bool = False, below: int | None = None,
+          max_recomputes: int | None = None):
+    """A relaxation on a tiny graph (integer costs and bytes: unit 1, scale 1)."""
     pinned = sum(v.bytes for v in g.nodes if v.persistent)
     cap = sum(g.bytes) if budget is None else budget - pinned
-    return gap_bound(g, objective=objective, unit=1, cap_units=cap, int_cost=[int(c) for c in g.cost],
-                     int_transfer=[b * per_byte for b in g.bytes], offload=offload, overhead_cap=overhead_cap,
-                     peak_floor=0)
+    return relaxation_bound(g, chains=chains, objective=objective, unit=1, cap_units=cap,
+                            int_cost=[int(c) for c in g.cost], int_transfer=[b * per_byte for b in g.bytes],
+                            offload=offload, overhead_cap=overhead_cap, max_recomputes=max_recomputes,
+                            peak_floor=0, below=below)
 
 
 def check_below_exhaustive(g: Graph, budget: int, offload: bool, per_byte: int, tally: list[int]) -> None:
+    """Both relaxations stay at or below the exhaustive optimum (infeasible
+    only when no plan exists), the chains one at or above the gaps one; and
+    asked whether a plan as good as the optimum exists, chains never says no."""
     expect = min_cost(g, budget, offload, per_byte)
-    got = bound(g, budget, offload, per_byte)
-    if got.status == "INFEASIBLE":
-        assert expect is None, f"relaxation infeasible, exhaustive search finds cost {expect[0]}"
+    gaps = bound(g, budget, offload, per_byte)
+    chains = bound(g, budget, offload, per_byte, chains=True)
+    for got in (gaps, chains):
+        if got.status == "INFEASIBLE":
+            assert expect is None, f"relaxation infeasible, exhaustive search finds cost {expect[0]}"
+            continue
+        assert got.status == "OPTIMAL"
+        if expect is not None:
+            assert got.bound <= expect[0]
+    if expect is None or gaps.status == "INFEASIBLE":
         return
-    assert got.status == "OPTIMAL"
-    if expect is not None:
-        assert got.bound <= expect[0]
-        tally[0] += got.bound == expect[0] and expect[0] > 0  # tight and not trivially so
+    assert chains.status == "INFEASIBLE" or chains.bound >= gaps.bound
+    assert bound(g, budget, offload, per_byte, chains=True, below=expect[0]).status != "INFEASIBLE"
+    tally[0] += gaps.bound == expect[0] and expect[0] > 0  # tight and not trivially so
+    tally[1] += chains.bound > gaps.bound  # the chains see what the gaps cannot
 
 
 @pytest.mark.parametrize("n", [4, 5])
-def test_bound_never_exceeds_the_exhaustive_optimum_on_every_shape(n):
-    tally = [0]
+def test_bounds_never_exceed_the_exhaustive_optimum_on_every_shape(n):
+    tally = [0, 0]
     for g, rng in cases(n, every=True, count=0, seed=100 + n):
         check_below_exhaustive(g, budget_between(g, rng), False, 0, tally)
     assert tally[0] > 0  # the bound is often the optimum itself on tiny graphs
+    assert tally[1] > 0 or n < 5  # 4 nodes leave no room for a recompute chain
 
 
 @pytest.mark.parametrize("n,count", [(5, 60), (6, 20)])
-def test_bound_never_exceeds_the_exhaustive_optimum_with_offload(n, count):
-    tally = [0]
+def test_bounds_never_exceed_the_exhaustive_optimum_with_offload(n, count):
+    tally = [0, 0]
     for g, rng in cases(n, every=False, count=count, seed=200 + n):
         check_below_exhaustive(g, budget_between(g, rng), True, rng.choice([0, 1, 2]), tally)
     assert tally[0] > 0
 
 
-def test_peak_bound_never_exceeds_the_exhaustive_optimum():
-    """Objective peak: the relaxation's smallest stage memory, with and without
-    an overhead cap, is at most the lowest peak a plan reaches under that cap."""
+@pytest.mark.parametrize("chains", [False, True])
+def test_peak_bounds_never_exceed_the_exhaustive_optimum(chains):
+    """Objective peak: the relaxation's smallest critical memory, with and
+    without an overhead cap, is at most the lowest peak a plan reaches under
+    that cap."""
     for g, rng in cases(4, every=True, count=0, seed=300):
         pinned = sum(v.bytes for v in g.nodes if v.persistent)
         cap = rng.choice([None, 0, 3])
         expect = min_peak(g, cost_cap=cap)
-        got = bound(g, None, objective="peak", overhead_cap=cap)
+        got = bound(g, None, objective="peak", overhead_cap=cap, chains=chains)
         if expect is None:
             continue
         assert got.status == "OPTIMAL" and got.bound + pinned <= expect[0]
 
 
+def test_clone_bounded_chains_never_exceed_the_models_optimum():
+    """With at most ``extra`` recomputes (``--max-clone-expansion``), against
+    the full model's optimum under the same cap (itself checked against
+    exhaustive search in test_cpsat)."""
+    tally = 0
+    for g, rng in cases(5, every=False, count=40, seed=400):
+        budget = budget_between(g, rng)
+        n, extra = len(g.compute_ids), rng.choice([0, 1, 2])
+        sol = solve(g, "cpsat", budget=budget, recompute_depth="full", max_clone_expansion=(n + extra + 0.5) / n, **FAST)
+        got = bound(g, budget, chains=True, max_recomputes=extra)
+        if sol.status == "OPTIMAL":
+            assert got.status == "OPTIMAL" and got.bound <= sol.plan.stats["objective"] + 1e-9
+            tally += got.bound > 0
+        elif got.status != "INFEASIBLE":
+            assert sol.status == "INFEASIBLE" and got.status == "OPTIMAL"
+    assert tally > 0
+
+
 @pytest.mark.parametrize("seed", range(6))
-def test_bound_never_exceeds_the_full_models_optimum(seed):
+def test_bounds_never_exceed_the_full_models_optimum(seed):
     """On graphs too big for exhaustive search, the full staged model proven
     optimal is the reference: random layered DAGs and training graphs."""
     rng = random.Random(seed)
@@ -81,7 +117,15 @@ def test_bound_never_exceeds_the_full_models_optimum(seed):
     if sol.status == "INFEASIBLE":
         return
     assert sol.status == "OPTIMAL" and relax["status"] == "OPTIMAL"
-    assert relax["bound"] <= sol.plan.stats["objective"] + 1e-9
+    optimum = sol.plan.stats["objective"]
+    assert relax["bound"] <= optimum + 1e-9
+    scale, _ = integer_scale([g.cost[i] for i in g.compute_ids])
+    unit = math.gcd(*[v.bytes for v in g.nodes if not v.persistent])
+    pinned = sum(v.bytes for v in g.nodes if v.persistent)
+    chains = relaxation_bound(g, chains=True, objective="overhead", unit=unit, cap_units=(budget - pinned) // unit,
+                              int_cost=[math.floor(c * scale + 1e-9) for c in g.cost], int_transfer=[0] * g.n,
+                              offload=False)
+    assert chains.status == "OPTIMAL" and relax["bound"] <= chains.bound / scale <= optimum + 1e-9
 
 
 def test_an_infeasible_relaxation_is_reported_without_a_search():
@@ -104,30 +148,35 @@ def test_an_infeasible_relaxation_is_reported_without_a_search():
 def test_a_restricted_solve_claims_the_whole_space_only_when_the_bound_meets_it(monkeypatch):
     """With auto depth on a model too big for the whole space, only a depth-
     restricted subspace is solved. Its optimum is the whole space's only when
-    the gap relaxation reaches it (OPTIMAL, best_bound = objective); otherwise
-    it is FEASIBLE with the relaxation's bound, the subspace's own status and
+    a relaxation reaches it (OPTIMAL, best_bound = objective): the gap one, or
+    the chain one asked whether any staged plan does better; otherwise it is
+    FEASIBLE with the relaxations' best bound, the subspace's own status and
     bound kept apart, and the full model's optimum lies in between."""
     import rematopt.planners.cpsat as cpsat
 
     monkeypatch.setattr(cpsat, "FULL_MODEL_PAIRS", 0)
     monkeypatch.setattr(cpsat, "FULL_ROUND_PAIRS", 0)  # no full round either
     seen = set()
-    g = synthetic.random_layered(16, seed=1)
-    for ratio in (0.9, 0.8):
+    for seed, ratio in ((1, 0.9), (1, 0.8), (6, 0.9)):
+        g = synthetic.random_layered(16, seed=seed)
         sol = solve(g, "cpsat", budget_ratio=ratio, time_limit=20, workers=1)
         st = sol.plan.stats
         assert st["space"].startswith("depth ") and st["space_status"] == "OPTIMAL" and st["space_gap"] == 0.0
-        relax = st["gap_relaxation"]["bound"]
+        chain = st.get("chain_relaxation") or {}
+        relax = max(st["gap_relaxation"]["bound"], chain.get("bound") or 0)
         assert st["best_bound"] == min(relax, st["objective"])
         full = solve(g, "cpsat", budget_ratio=ratio, time_limit=20, workers=1, recompute_depth="full")
         assert full.status == "OPTIMAL" and full.plan.stats["space"] == "staged"
         assert st["best_bound"] <= full.plan.stats["objective"] <= st["objective"]
         if st["objective"] <= relax:
             assert st["status"] == "OPTIMAL" and st["gap"] == 0.0
+            proven_by = "gaps" if st["gap_relaxation"]["bound"] >= st["objective"] else chain["status"]
+            seen.add(f"OPTIMAL by {proven_by}")
         else:
             assert st["status"] == "FEASIBLE" and st["gap"] == pytest.approx((st["objective"] - relax) / st["objective"])
-        seen.add(st["status"])
-    assert seen == {"OPTIMAL", "FEASIBLE"}
+            seen.add("FEASIBLE")
+    # chain INFEASIBLE: no staged plan beats the incumbent
+    assert seen == {"OPTIMAL by gaps", "OPTIMAL by INFEASIBLE", "FEASIBLE"}
 
 
 def test_published_checkmate_graphs_are_proven_over_the_whole_space(benchmarks_dir):

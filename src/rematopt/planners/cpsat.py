@@ -28,8 +28,8 @@ from ..graph import Graph
 from ..plan import Plan
 from ..reference import no_remat_peak, peak_lower_bound
 from ..simulate import Replay, cost_of_counts, simulate
-from .cpsat_backends import CpSatBackend, LpBackend
-from .cpsat_bound import GapBound, gap_bound
+from .cpsat_backends import CpSatBackend, LpBackend, tune
+from .cpsat_bound import WholeBound, relaxation_bound
 from .cpsat_extract import Assignment, events, from_plan
 from .cpsat_model import Formulation, Stages, integer_scale
 
@@ -45,6 +45,9 @@ FULL_ROUND_PAIRS = 40_000
 # The gap relaxation (cpsat_bound) takes well under a second on the
 # benchmark graphs; this share of the limit caps it on bigger ones.
 GAP_BOUND_SHARE = 0.1
+# The chain relaxation's proof that a round's optimum is the whole space's
+# gets this share of the time left (random_layered_n250 at 0.9: 3 s).
+CHAIN_PROOF_SHARE = 1 / 3
 WARM_START_SHARE = 0.25
 # Building the LP of a bigger model takes longer than its bound is worth
 # (about 20 s on the 2,090-node decoder's depth-1 model).
@@ -295,18 +298,7 @@ class CpSatRun:
         cfg = self.cfg
         solver = cp_model.CpSolver()
         prm = solver.parameters
-        prm.max_time_in_seconds = max(limit, 0.01)
-        prm.num_workers = cfg.workers
-        prm.random_seed = cfg.seed
-        # Probing and symmetry detection cost tens of seconds on the larger
-        # benchmark models and found nothing the search needed there.
-        prm.cp_model_probing_level = 0
-        prm.symmetry_level = 0
-        if cfg.workers in (2, 3):
-            # The LP-heavy worker proves what the default pair cannot: depth-2
-            # random_layered_n250 at 0.9 optimal in 15 s (default: 45% gap
-            # after 40 s), n100 at 0.8 in 3 s (default: 39 s).
-            prm.subsolvers.extend(["max_lp", "default_lp"])
+        tune(prm, max(limit, 0.01), cfg.workers, cfg.seed)
         to_units = self.to_units if phase == "primary" else (lambda v: v)
         solver.best_bound_callback = lambda b: self.trace.new_bound(phase, to_units(b))
         # CP-SAT catches SIGINT itself and stops with its best solution (a
@@ -346,23 +338,39 @@ class CpSatRun:
             return False
         return depth is not None or not found or self.full_pairs <= FULL_ROUND_PAIRS
 
-    def gap_bound(self, form: Formulation) -> GapBound:
-        """The whole staged space's lower bound from :mod:`cpsat_bound`, in
-        model integers (costs floored when the scale is inexact, so it stays
-        a bound on the costs the model optimises)."""
+    def relaxation(self, form: Formulation, chains: bool, limit: float, below: int | None = None) -> WholeBound:
+        """Solve a relaxation of the whole staged space (:mod:`cpsat_bound`),
+        in model integers (costs floored when the scale is inexact, so it
+        stays a bound on the costs the model optimises)."""
         cfg, g = self.cfg, self.graph
         int_cost = form.int_cost if self.exact else [math.floor(c * self.scale) for c in g.cost]
         int_transfer = (form.int_transfer if self.exact else
                         [math.floor(b * cfg.transfer_cost_per_byte * self.scale) for b in g.bytes])
         n = len(g.compute_ids)
         base = sum(form.int_cost[i] for i in g.compute_ids)
-        return gap_bound(
-            g, objective=cfg.objective, unit=form.unit, cap_units=form.mem_cap, int_cost=int_cost,
-            int_transfer=int_transfer, offload=cfg.offload,
-            overhead_cap=(math.floor(cfg.max_overhead * base + 1e-9) if cfg.max_overhead is not None
-                          and cfg.objective == "peak" else None),
-            max_recomputes=(math.floor(cfg.max_clone_expansion * n) - n if cfg.max_clone_expansion else None),
-            peak_floor=self.peak_floor(form), time_limit=GAP_BOUND_SHARE * cfg.time_limit, workers=cfg.workers)
+        with _restored_sigint():
+            return relaxation_bound(
+                g, chains=chains, objective=cfg.objective, unit=form.unit, cap_units=form.mem_cap,
+                int_cost=int_cost, int_transfer=int_transfer, offload=cfg.offload,
+                overhead_cap=(math.floor(cfg.max_overhead * base + 1e-9) if cfg.max_overhead is not None
+                              and cfg.objective == "peak" else None),
+                max_recomputes=(math.floor(cfg.max_clone_expansion * n) - n if cfg.max_clone_expansion else None),
+                peak_floor=self.peak_floor(form), below=below, time_limit=limit, workers=cfg.workers,
+                seed=cfg.seed, interruptible=chains)
+
+    def chain_proof(self, best: Assignment) -> dict[str, Any]:
+        """Ask the chain relaxation whether any staged plan beats ``best``;
+        if none does, ``best`` is optimal over the whole space. Raises
+        ``self.lower`` either way when the relaxation proves a bound."""
+        obj = self.objective_of(best)
+        limit = CHAIN_PROOF_SHARE * (self.cfg.time_limit - (time.perf_counter() - self.start))
+        r = self.relaxation(self.form, True, limit, below=obj - 1)
+        self.interrupted = self.interrupted or r.interrupted
+        lower = obj if r.status == "INFEASIBLE" else r.bound
+        if lower is not None:
+            self.lower = max(self.lower or 0, min(lower, obj))
+        return {"below": self.to_units(obj - 1), "status": r.status, "seconds": r.seconds,
+                "bound": None if lower is None else self.to_units(min(lower, obj))}
 
     def run(self) -> Plan:
         """Solve with Ctrl-C deferred: during the search CP-SAT stops itself
@@ -382,10 +390,17 @@ class CpSatRun:
         build_s, rounds = 0.0, []
         ix = Stages(g, cfg.offload)
         self.full_pairs = sum(len(ix.stages(i)) for i in ix.values)
-        whole: GapBound | None = None  # the whole space's bound, from cpsat_bound
+        whole: WholeBound | None = None  # the gap relaxation's verdict (cpsat_bound)
+        self.lower = None  # the whole space's best lower bound, model integers
+        chain: dict[str, Any] | None = None  # the chain relaxation's proof attempt (stats)
+        chain_at = None  # the objective it was asked about
         done = None  # the last round with a plan: (form, backend, peak_var, depth, variables, constraints)
         for k, depth in enumerate(self.depths()):
-            if k and (self.interrupted or self.proven_whole(best, whole)
+            if (k and best is not None and status == cp_model.OPTIMAL and not self.interrupted
+                    and not self.proven_whole(best) and chain_at != self.objective_of(best)):
+                # a restricted round's optimum may be the whole space's: ask the chain relaxation
+                chain, chain_at = self.chain_proof(best), self.objective_of(best)
+            if k and (self.interrupted or self.proven_whole(best)
                       or not self.next_round(depth, status, best is not None)):
                 break
             prev = events(self.form, best) if best is not None else None
@@ -396,7 +411,8 @@ class CpSatRun:
             n_vars, n_cons = self.backend.size
             build_s += time.perf_counter() - began
             if whole is None:
-                whole = self.gap_bound(form)
+                whole = self.relaxation(form, False, GAP_BOUND_SHARE * cfg.time_limit)
+                self.lower = whole.bound
                 if whole.status == "INFEASIBLE":  # no staged plan at all: nothing to search
                     status, solved_depth = cp_model.INFEASIBLE, None
                     self.outside_plan(time.perf_counter() + WARM_START_SHARE * cfg.time_limit)
@@ -451,25 +467,27 @@ class CpSatRun:
             "interrupted": self.interrupted, "lexicographic": secondary is not None, "rounds": rounds,
         }
         if whole is not None:
-            stats["gap_relaxation"] = {"status": whole.status,
+            stats["gap_relaxation"] = {"status": whole.status, "seconds": whole.seconds,
                                        "bound": None if whole.bound is None else self.to_units(whole.bound)}
+        if chain is not None:
+            stats["chain_relaxation"] = chain
         restricted = solved_depth is not None and cfg.depth is None
         if restricted:
             # The default asked about the whole staged space, but only a
             # depth-restricted subspace was solved: its optimum and bound say
-            # nothing about the whole space; the gap relaxation's bound does.
+            # nothing about the whole space; the relaxations' bound does.
             stats.update(space=f"depth {solved_depth}", space_status=stats["status"],
                          space_bound=stats["best_bound"], best_bound=None)
             if stats["status"] == "OPTIMAL":
-                stats["status"] = "OPTIMAL" if self.proven_whole(best, whole) else "FEASIBLE"
+                stats["status"] = "OPTIMAL" if self.proven_whole(best) else "FEASIBLE"
         else:
             stats["space"] = "staged" if solved_depth is None else f"depth {solved_depth}"
-        if best is not None and whole is not None and whole.bound is not None and (restricted or solved_depth is None):
+        if best is not None and self.lower is not None and (restricted or solved_depth is None):
             # a whole-space bound (the relaxation's, or the trivial one) under
             # the full model's own, whichever is higher
             own = stats["best_bound"] if stats["best_bound"] is not None else self.trivial_bound()
-            stats["best_bound"] = max(own, self.trivial_bound(), self.to_units(whole.bound))
-            if self.proven_whole(best, whole):
+            stats["best_bound"] = max(own, self.trivial_bound(), self.to_units(self.lower))
+            if self.proven_whole(best):
                 stats["status"] = "OPTIMAL"
         elif restricted and best is not None:
             stats["best_bound"] = self.trivial_bound()
@@ -512,11 +530,10 @@ class CpSatRun:
         p.stats.update(stats)
         return p
 
-    def proven_whole(self, best: Assignment | None, whole: GapBound | None) -> bool:
-        """Whether ``best`` reaches the gap relaxation's bound, so it is
-        optimal over the whole staged space whatever the round's space."""
-        return (best is not None and whole is not None and whole.bound is not None
-                and self.objective_of(best) <= whole.bound)
+    def proven_whole(self, best: Assignment | None) -> bool:
+        """Whether ``best`` reaches the relaxations' bound, so it is optimal
+        over the whole staged space whatever the round's space."""
+        return best is not None and self.lower is not None and self.objective_of(best) <= self.lower
 
     def adopt_outside(self, plan: Plan) -> None:
         """Keep a plan from outside the model (the hint, or the best fast

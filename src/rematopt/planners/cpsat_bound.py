@@ -1,112 +1,192 @@
-"""A lower bound for the whole staged space, from a model small enough to
-solve in a fraction of a second: the *gap relaxation* (``docs/cpsat.md``,
-"Whole-space bound").
+"""Lower bounds for the whole staged space from a relaxation that is far
+smaller than the staged model (``docs/cpsat.md``, "Whole-space bound").
 
-Take a value i and the stages where it must be resident at the first
-computation of the stage's node: its own stage, the stages of its consumers,
-and (outputs) the last one. Between two such consecutive stages a and b lies
-a *gap*. If i is not resident at the first computation of some stage s
-strictly inside the gap, the model must recompute or prefetch it in a stage
-of (s, b] before its use in b; the stages of two gaps do not overlap, so each
-gap i leaves costs at least min(recompute, transfer) of i on its own. Keeping
-only the memory checks at those first computations, and dropping what a
-recompute needs (its producers, its own slot's memory), leaves a 0/1 model
-with one variable per gap:
+Memory is checked only at the first computations of the *critical* stages
+``c_0 < c_1 < ...``: those where the values that are alive (between their
+first computation and last use) exceed the cap. Between two critical stages
+lies the interval ``I_k = (c_k, c_{k+1}]``. Per value i:
 
-    minimise  sum_g w_g d_g
-    s.t.      sum_{i forced at s} size(i) + sum_{g of i, s inside g} size(i) (1 - d_g) <= cap   (every stage s)
+- ``pres[i,k]``: i is resident at the first computation of stage c_k. It is 1
+  at i's own points (its stage, its consumers' stages, the end for outputs)
+  and between them when i can be neither recomputed nor prefetched; a 0/1
+  variable elsewhere in i's life; with ``chains``, also past its last use up
+  to its horizon (kept for someone's recompute), and absent otherwise.
+- ``rc[i,k]`` / ``pf[i,k]``: i is recomputed / prefetched at least once in a
+  stage of I_k (``O[i]``: its host copy).
 
-Every plan of the staged model maps to a solution of it that costs no more,
-so its optimum (or CP-SAT's bound on it) bounds the whole space from below,
-and its infeasibility proves the whole space empty. On mobilenet_train it is
-the optimum itself (265 and 600 cost units at budget ratios 0.9 and 0.8); on
-the random layered graphs, where recomputes need producers that are long
-gone, it is about 60% of it.
+    pres[i,k] <= pres[i,k-1] + rc[i,k-1] + pf[i,k-1]       (resident at c_k: resident at c_{k-1} or re-materialised between)
+    pres[i,k] + rc[i,k] + pf[i,k] >= 1                     (a use of i strictly inside I_k)
+    rc[i,k] <= pres[p,k] + rc[p,k] + pf[p,k]               (chains: every producer p of a recompute)
+    pf[i,k] <= O[i]
+    sum_i size(i) pres[i,k] <= cap                         (every critical stage)
+    minimise  sum cost(i) rc[i,k] + transfer(i) (O[i] + sum_k pf[i,k])
+
+(The first two hold only once i exists at c_{k-1}, resp. c_k; a producer
+first computed after c_k needs nothing.) Each staged plan maps to a solution
+that costs no more (resident or not at each first computation, re-materialised
+or not in each interval), so the optimum is a lower bound on the whole staged
+space, and an infeasible relaxation proves it empty. Without ``chains`` it
+is the bound of the gaps alone (a value dropped somewhere between two uses
+pays one re-materialisation): solved in a second or two, and the optimum
+itself on the Checkmate graphs. With them, a recompute must find its producers,
+which on the random layered graphs are often long freed: there it proves
+random_layered_n250 at 0.9 optimal (the gap bound: 740 against 1,135).
 """
 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
 from ..graph import Graph
+from .cpsat_backends import tune
 from .cpsat_model import Stages
 
 
 @dataclass
-class GapBound:
-    """The relaxation's verdict, in model integers (cost x scale, or memory units)."""
+class WholeBound:
+    """A relaxation's verdict, in model integers (cost x scale, or memory units)."""
 
     status: str  # OPTIMAL, FEASIBLE (bound only), INFEASIBLE, UNKNOWN
     bound: int | None
+    seconds: float
+    interrupted: bool = False  # stopped by Ctrl-C (``interruptible`` only)
 
 
-def gap_bound(graph: Graph, *, objective: str, unit: int, cap_units: int, int_cost: list[int],
-              int_transfer: list[int], offload: bool, overhead_cap: int | None = None,
-              max_recomputes: int | None = None, peak_floor: int = 0, time_limit: float = 5.0,
-              workers: int = 1) -> GapBound:
-    """Solve the gap relaxation. Memory is in ``unit`` bytes with persistent
+def relaxation_bound(graph: Graph, *, chains: bool, objective: str, unit: int, cap_units: int,
+                     int_cost: list[int], int_transfer: list[int], offload: bool,
+                     overhead_cap: int | None = None, max_recomputes: int | None = None, peak_floor: int = 0,
+                     below: int | None = None, time_limit: float = 5.0, workers: int = 1, seed: int = 0,
+                     interruptible: bool = False) -> WholeBound:
+    """Solve the relaxation. Memory is in ``unit`` bytes with persistent
     bytes aside, as in :class:`Formulation`; ``int_cost`` / ``int_transfer``
     must not exceed the model's (floored, when the cost scale is inexact).
     ``objective`` "overhead" minimises the cost under ``cap_units``; "peak"
-    minimises the largest stage memory, with the cost under ``overhead_cap``."""
-    ix = Stages(graph, offload)
-    size = [b // unit for b in graph.bytes]
-    T = ix.T
-    forced = [0] * T
-    inside: list[list[tuple[int, cp_model.IntVar]]] = [[] for _ in range(T)]
-    weights: list[tuple[int, cp_model.IntVar]] = []
-    m = cp_model.CpModel()
-    for i in ix.values:
-        node = graph.nodes[i]
-        weight = min([int_cost[i]] * ix.recomputable[i] + [int_transfer[i]] * ix.offloadable[i], default=None)
-        points = sorted({ix.first[j] for j in graph.succs[i] if ix.first[j] >= 0}
-                        | ({T - 1} if node.output else set()) | {ix.first[i]})
-        for s in points:
-            if s >= 0:
-                forced[s] += size[i]
-        for a, b in zip(points, points[1:]):
-            stages = range(max(a + 1, 0), b)
-            if not stages:
-                continue
-            if weight is None:
-                for s in stages:
-                    forced[s] += size[i]
-                continue
-            d = m.new_bool_var("")
-            weights.append((weight, d))
-            for s in stages:
-                forced[s] += size[i]
-                inside[s].append((size[i], d))
-    cost = cp_model.LinearExpr.weighted_sum([d for _, d in weights], [w for w, _ in weights])
-    if max_recomputes is not None and not offload:
-        m.add(sum(d for _, d in weights) <= max_recomputes)
+    minimises the largest critical memory, with the cost under
+    ``overhead_cap``. ``below`` keeps only solutions whose objective is at
+    most it: INFEASIBLE then says that no staged plan does better than
+    ``below``. ``interruptible`` lets Ctrl-C stop the search (the caller
+    restores the SIGINT handler)."""
+    began = time.perf_counter()
+    r = _Model(graph, chains=chains, offload=offload, unit=unit,
+               floor=cap_units if objective == "overhead" else peak_floor)
+    m = r.model
+    cost = r.cost(int_cost, int_transfer)
+    if max_recomputes is not None:
+        m.add(sum(r.rc.values()) <= max_recomputes)
     if objective == "overhead":
-        for s in range(T):
-            if forced[s] > cap_units and not inside[s]:
-                return GapBound("INFEASIBLE", None)
-            if inside[s]:
-                m.add(forced[s] - sum(c * d for c, d in inside[s]) <= cap_units)
-        m.minimize(cost)
+        for load in r.loads:
+            m.add(load <= cap_units)
+        goal = cost
     else:
-        top = max(max(forced, default=0), peak_floor)
-        z = m.new_int_var(peak_floor, top, "peak")
-        for s in range(T):
-            m.add(forced[s] - sum(c * d for c, d in inside[s]) <= z)
+        goal = m.new_int_var(peak_floor, max(sum(r.size), peak_floor), "peak")
+        for load in r.loads:
+            m.add(load <= goal)
         if overhead_cap is not None:
             m.add(cost <= overhead_cap)
-        m.minimize(z)
+    if below is not None:
+        m.add(goal <= below)
+    m.minimize(goal)
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(time_limit, 0.01)
-    solver.parameters.num_workers = workers
-    # CP-SAT's own SIGINT handler would swallow a Ctrl-C meant for cpsat
-    solver.parameters.catch_sigint_signal = False
+    tune(solver.parameters, max(time_limit, 0.01), workers, seed)
+    solver.parameters.catch_sigint_signal = interruptible
+    solver.parameters.stop_after_first_solution = below is not None
     status = solver.solve(m)
+    seconds = time.perf_counter() - began
+    stopped = (interruptible and status in (cp_model.FEASIBLE, cp_model.UNKNOWN)
+               and solver.wall_time < 0.9 * time_limit - 0.5)
     if status == cp_model.INFEASIBLE:
-        return GapBound("INFEASIBLE", None)
+        return WholeBound("INFEASIBLE", None, seconds)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return GapBound("UNKNOWN", None)
-    return GapBound("OPTIMAL" if status == cp_model.OPTIMAL else "FEASIBLE",
-                    math.ceil(solver.best_objective_bound - 1e-6))
+        return WholeBound("UNKNOWN", None, seconds, stopped)
+    return WholeBound("OPTIMAL" if status == cp_model.OPTIMAL else "FEASIBLE",
+                      math.ceil(solver.best_objective_bound - 1e-6), seconds, stopped)
+
+
+class _Model:
+    """The relaxation's variables and its structural constraints (all but
+    memory caps and the objective), as in the module docstring."""
+
+    def __init__(self, graph: Graph, *, chains: bool, offload: bool, unit: int, floor: int):
+        g = graph
+        ix = Stages(g, offload)
+        T = ix.T
+        self.size = size = [b // unit for b in g.bytes]
+        points: dict[int, set[int]] = {}
+        life: dict[int, tuple[int, int]] = {}
+        alive = [0] * T
+        for i in ix.values:
+            points[i] = ({ix.first[j] for j in g.succs[i] if ix.first[j] >= 0}
+                         | ({T - 1} if g.nodes[i].output else set()) | ({ix.first[i]} - {-1}))
+            life[i] = (max(ix.first[i], 0), max(points[i], default=-1))
+            for s in range(life[i][0], life[i][1] + 1):
+                alive[s] += size[i]
+        self.crit = crit = [s for s in range(T) if alive[s] > floor]
+        self.model = m = cp_model.CpModel()
+        self.pres = pres = {}  # (i, k) -> 0/1 variable, or 1 where fixed
+        self.rc: dict[tuple[int, int], cp_model.IntVar] = {}
+        self.pf: dict[tuple[int, int], cp_model.IntVar] = {}
+        self.O: dict[int, cp_model.IntVar] = {}
+        for i in ix.values:
+            lo, last = life[i]
+            droppable = ix.recomputable[i] or ix.offloadable[i]
+            for k, c in enumerate(crit):
+                if c in points[i] or (lo <= c <= last and not droppable):
+                    pres[i, k] = 1
+                elif (not chains and k and lo <= crit[k - 1] and c <= last and not _fixed(pres.get((i, k - 1), 0), 1)
+                      and not any(crit[k - 1] < u <= c for u in points[i])):
+                    # without chains only whether i is dropped somewhere in a gap
+                    # matters: one variable per gap, as small as the model gets
+                    pres[i, k] = pres[i, k - 1]
+                elif lo <= c <= last or (chains and last < c < ix.horizon[i]):
+                    pres[i, k] = m.new_bool_var("")
+                if lo <= c < ix.horizon[i] and ix.first[i] <= c:
+                    if ix.recomputable[i]:
+                        self.rc[i, k] = m.new_bool_var("")
+                    if ix.offloadable[i]:
+                        self.pf[i, k] = m.new_bool_var("")
+                        if i not in self.O:
+                            self.O[i] = m.new_bool_var("")
+                        m.add_implication(self.pf[i, k], self.O[i])
+
+        def back(i: int, k: int) -> list:
+            """The terms of pres[i,k] + rc[i,k] + pf[i,k]."""
+            return [x for x in (pres.get((i, k), 0), self.rc.get((i, k)), self.pf.get((i, k)))
+                    if x is not None and not _fixed(x, 0)]
+
+        for i in ix.values:
+            for k in range(len(crit)):
+                exists = ix.first[i] <= crit[k]
+                if (k and exists and ix.first[i] <= crit[k - 1] and (i, k) in pres
+                        and not (_fixed(pres[i, k], 1) and _fixed(pres.get((i, k - 1), 0), 1))):
+                    self.at_least(back(i, k - 1), pres[i, k])
+                nxt = crit[k + 1] if k + 1 < len(crit) else T
+                if exists and not _fixed(pres.get((i, k), 0), 1) and any(crit[k] < u < nxt for u in points[i]):
+                    self.at_least(back(i, k), 1)
+        if chains:
+            for (i, k), x in self.rc.items():
+                for p in g.preds[i]:
+                    if not g.nodes[p].persistent and ix.first[p] <= crit[k] and not _fixed(pres.get((p, k), 0), 1):
+                        self.at_least(back(p, k), x)
+        self.loads = [sum(size[i] * pres[i, k] for i in ix.values if (i, k) in pres) for k in range(len(crit))]
+
+    def at_least(self, terms: list, rhs) -> None:
+        """sum(terms) >= rhs, where both sides may be plain 0/1 constants."""
+        if any(not isinstance(x, int) for x in terms) or not isinstance(rhs, int):
+            self.model.add(sum(terms) >= rhs)
+        elif sum(terms) < rhs:
+            self.model.add_bool_or([])  # no re-materialisation can meet a use: infeasible
+
+    def cost(self, int_cost: list[int], int_transfer: list[int]) -> cp_model.LinearExpr:
+        terms = ([(int_cost[i], x) for (i, k), x in self.rc.items()]
+                 + [(int_transfer[i], x) for (i, k), x in self.pf.items()]
+                 + [(int_transfer[i], x) for i, x in self.O.items()])
+        return cp_model.LinearExpr.weighted_sum([x for _, x in terms], [c for c, _ in terms])
+
+
+def _fixed(x: object, value: int) -> bool:
+    """Whether a relaxation entry is the constant ``value`` rather than a variable."""
+    return isinstance(x, int) and x == value
