@@ -174,7 +174,10 @@ def test_a_restricted_solve_claims_the_whole_space_only_when_the_bound_meets_it(
             seen.add(f"OPTIMAL by {proven_by}")
         else:
             assert st["status"] == "FEASIBLE" and st["gap"] == pytest.approx((st["objective"] - relax) / st["objective"])
+            # a relaxation that cannot prove the incumbent leaves the deeper round to run
+            assert [r["recompute_depth"] for r in st["rounds"]] == [1, 2]
             seen.add("FEASIBLE")
+        assert not st["interrupted"]
     # chain INFEASIBLE: no staged plan beats the incumbent
     assert seen == {"OPTIMAL by gaps", "OPTIMAL by INFEASIBLE", "FEASIBLE"}
 

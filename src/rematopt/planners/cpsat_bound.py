@@ -96,8 +96,10 @@ def relaxation_bound(graph: Graph, *, chains: bool, objective: str, unit: int, c
     solver.parameters.stop_after_first_solution = below is not None
     status = solver.solve(m)
     seconds = time.perf_counter() - began
-    stopped = (interruptible and status in (cp_model.FEASIBLE, cp_model.UNKNOWN)
-               and solver.wall_time < 0.9 * time_limit - 0.5)
+    # an early stop without a proof is Ctrl-C's doing, unless the solution
+    # found under ``below`` stopped it by design
+    unproven = (cp_model.UNKNOWN,) if below is not None else (cp_model.FEASIBLE, cp_model.UNKNOWN)
+    stopped = interruptible and status in unproven and solver.wall_time < 0.9 * time_limit - 0.5
     if status == cp_model.INFEASIBLE:
         return WholeBound("INFEASIBLE", None, seconds)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
