@@ -1,5 +1,5 @@
 """The relaxations of ``cpsat_bound`` (gaps alone, and with recompute
-chains): lower bounds for the whole staged space, checked against exhaustive
+chains, and with a recompute's slot memory): lower bounds for the whole staged space, checked against exhaustive
 search and the full model, and how ``cpsat`` uses them to claim whole-space
 optimality from a depth-restricted solve."""
 
@@ -13,7 +13,7 @@ import pytest
 from rematopt import solve
 from rematopt.graph import Graph
 from rematopt.importers import synthetic
-from rematopt.planners.cpsat_bound import relaxation_bound
+from rematopt.planners.cpsat_bound import LEVELS, relaxation_bound
 from rematopt.planners.cpsat_model import integer_scale
 from rematopt.reference import no_remat_peak, peak_lower_bound
 
@@ -22,37 +22,37 @@ from test_cpsat import FAST, budget_between, cases
 
 
 def bound(g: Graph, budget: int | None, offload: bool = False, per_byte: int = 0, objective: str = "overhead",
-          overhead_cap: int | None = None, chains: bool = False, below: int | None = None,
+          overhead_cap: int | None = None, level: str = "gaps", below: int | None = None,
           max_recomputes: int | None = None):
     """A relaxation on a tiny graph (integer costs and bytes: unit 1, scale 1)."""
     pinned = sum(v.bytes for v in g.nodes if v.persistent)
     cap = sum(g.bytes) if budget is None else budget - pinned
-    return relaxation_bound(g, chains=chains, objective=objective, unit=1, cap_units=cap,
+    return relaxation_bound(g, level=level, objective=objective, unit=1, cap_units=cap,
                             int_cost=[int(c) for c in g.cost], int_transfer=[b * per_byte for b in g.bytes],
                             offload=offload, overhead_cap=overhead_cap, max_recomputes=max_recomputes,
                             peak_floor=0, below=below)
 
 
 def check_below_exhaustive(g: Graph, budget: int, offload: bool, per_byte: int, tally: list[int]) -> None:
-    """Both relaxations stay at or below the exhaustive optimum (infeasible
-    only when no plan exists), the chains one at or above the gaps one; and
-    asked whether a plan as good as the optimum exists, chains never says no."""
+    """Every level stays at or below the exhaustive optimum (infeasible only
+    when no plan exists), chains and slots at or above gaps; and asked whether
+    a plan as good as the optimum exists, neither says no."""
     expect = min_cost(g, budget, offload, per_byte)
-    gaps = bound(g, budget, offload, per_byte)
-    chains = bound(g, budget, offload, per_byte, chains=True)
-    for got in (gaps, chains):
-        if got.status == "INFEASIBLE":
-            assert expect is None, f"relaxation infeasible, exhaustive search finds cost {expect[0]}"
+    got = {level: bound(g, budget, offload, per_byte, level=level) for level in LEVELS}
+    for level, b in got.items():
+        if b.status == "INFEASIBLE":
+            assert expect is None, f"{level} relaxation infeasible, exhaustive search finds cost {expect[0]}"
             continue
-        assert got.status == "OPTIMAL"
+        assert b.status == "OPTIMAL"
         if expect is not None:
-            assert got.bound <= expect[0]
-    if expect is None or gaps.status == "INFEASIBLE":
+            assert b.bound <= expect[0], level
+    if expect is None or got["gaps"].status == "INFEASIBLE":
         return
-    assert chains.status == "INFEASIBLE" or chains.bound >= gaps.bound
-    assert bound(g, budget, offload, per_byte, chains=True, below=expect[0]).status != "INFEASIBLE"
-    tally[0] += gaps.bound == expect[0] and expect[0] > 0  # tight and not trivially so
-    tally[1] += chains.bound > gaps.bound  # the chains see what the gaps cannot
+    for level in ("chains", "slots"):
+        assert got[level].status == "INFEASIBLE" or got[level].bound >= got["gaps"].bound
+        assert bound(g, budget, offload, per_byte, level=level, below=expect[0]).status != "INFEASIBLE"
+    tally[0] += got["gaps"].bound == expect[0] and expect[0] > 0  # tight and not trivially so
+    tally[1] += got["chains"].bound > got["gaps"].bound  # the chains see what the gaps cannot
 
 
 @pytest.mark.parametrize("n", [4, 5])
@@ -72,8 +72,8 @@ def test_bounds_never_exceed_the_exhaustive_optimum_with_offload(n, count):
     assert tally[0] > 0
 
 
-@pytest.mark.parametrize("chains", [False, True])
-def test_peak_bounds_never_exceed_the_exhaustive_optimum(chains):
+@pytest.mark.parametrize("level", LEVELS)
+def test_peak_bounds_never_exceed_the_exhaustive_optimum(level):
     """Objective peak: the relaxation's smallest critical memory, with and
     without an overhead cap, is at most the lowest peak a plan reaches under
     that cap."""
@@ -81,13 +81,14 @@ def test_peak_bounds_never_exceed_the_exhaustive_optimum(chains):
         pinned = sum(v.bytes for v in g.nodes if v.persistent)
         cap = rng.choice([None, 0, 3])
         expect = min_peak(g, cost_cap=cap)
-        got = bound(g, None, objective="peak", overhead_cap=cap, chains=chains)
+        got = bound(g, None, objective="peak", overhead_cap=cap, level=level)
         if expect is None:
             continue
         assert got.status == "OPTIMAL" and got.bound + pinned <= expect[0]
 
 
-def test_clone_bounded_chains_never_exceed_the_models_optimum():
+@pytest.mark.parametrize("level", LEVELS)
+def test_clone_bounded_bounds_never_exceed_the_models_optimum(level):
     """With at most ``extra`` recomputes (``--max-clone-expansion``), against
     the full model's optimum under the same cap (itself checked against
     exhaustive search in test_cpsat)."""
@@ -96,7 +97,7 @@ def test_clone_bounded_chains_never_exceed_the_models_optimum():
         budget = budget_between(g, rng)
         n, extra = len(g.compute_ids), rng.choice([0, 1, 2])
         sol = solve(g, "cpsat", budget=budget, recompute_depth="full", max_clone_expansion=(n + extra + 0.5) / n, **FAST)
-        got = bound(g, budget, chains=True, max_recomputes=extra)
+        got = bound(g, budget, level=level, max_recomputes=extra)
         if sol.status == "OPTIMAL":
             assert got.status == "OPTIMAL" and got.bound <= sol.plan.stats["objective"] + 1e-9
             tally += got.bound > 0
@@ -122,10 +123,27 @@ def test_bounds_never_exceed_the_full_models_optimum(seed):
     scale, _ = integer_scale([g.cost[i] for i in g.compute_ids])
     unit = math.gcd(*[v.bytes for v in g.nodes if not v.persistent])
     pinned = sum(v.bytes for v in g.nodes if v.persistent)
-    chains = relaxation_bound(g, chains=True, objective="overhead", unit=unit, cap_units=(budget - pinned) // unit,
-                              int_cost=[math.floor(c * scale + 1e-9) for c in g.cost], int_transfer=[0] * g.n,
-                              offload=False)
-    assert chains.status == "OPTIMAL" and relax["bound"] <= chains.bound / scale <= optimum + 1e-9
+    for level in ("chains", "slots"):
+        got = relaxation_bound(g, level=level, objective="overhead", unit=unit, cap_units=(budget - pinned) // unit,
+                               int_cost=[math.floor(c * scale + 1e-9) for c in g.cost], int_transfer=[0] * g.n,
+                               offload=False, time_limit=20)
+        assert got.status == "OPTIMAL" and relax["bound"] <= got.bound / scale <= optimum + 1e-9
+
+
+def test_each_level_sees_more_than_the_one_before():
+    """A 14-node random layered graph at 0.9: each level's optimum is higher,
+    up to the full model's (1,660); at 0.7 on another, only slots sees that
+    no staged plan fits, which the full model confirms."""
+    g = synthetic.random_layered(14, seed=5)
+    budget = int(0.9 * no_remat_peak(g))
+    got = [bound(g, budget, level=level).bound for level in LEVELS]
+    full = solve(g, "cpsat", budget=budget, recompute_depth="full", **FAST)
+    assert full.status == "OPTIMAL" and got[0] < got[1] < got[2] <= full.plan.stats["objective"]
+    g = synthetic.random_layered(14, seed=8)
+    budget = int(0.7 * no_remat_peak(g))
+    got = [bound(g, budget, level=level).status for level in LEVELS]
+    assert got == ["OPTIMAL", "OPTIMAL", "INFEASIBLE"]
+    assert solve(g, "cpsat", budget=budget, recompute_depth="full", **FAST).status == "INFEASIBLE"
 
 
 def test_an_infeasible_relaxation_is_reported_without_a_search():
@@ -149,7 +167,7 @@ def test_a_restricted_solve_claims_the_whole_space_only_when_the_bound_meets_it(
     """With auto depth on a model too big for the whole space, only a depth-
     restricted subspace is solved. Its optimum is the whole space's only when
     a relaxation reaches it (OPTIMAL, best_bound = objective): the gap one, or
-    the chain one asked whether any staged plan does better; otherwise it is
+    a stronger one asked whether any staged plan does better; otherwise it is
     FEASIBLE with the relaxations' best bound, the subspace's own status and
     bound kept apart, and the full model's optimum lies in between."""
     import rematopt.planners.cpsat as cpsat
@@ -162,15 +180,16 @@ def test_a_restricted_solve_claims_the_whole_space_only_when_the_bound_meets_it(
         sol = solve(g, "cpsat", budget_ratio=ratio, time_limit=20, workers=1)
         st = sol.plan.stats
         assert st["space"].startswith("depth ") and st["space_status"] == "OPTIMAL" and st["space_gap"] == 0.0
-        chain = st.get("chain_relaxation") or {}
-        relax = max(st["gap_relaxation"]["bound"], chain.get("bound") or 0)
+        proofs = st.get("relaxation_proofs", [])
+        relax = max([st["gap_relaxation"]["bound"]] + [p["bound"] for p in proofs if p["bound"] is not None])
         assert st["best_bound"] == min(relax, st["objective"])
         full = solve(g, "cpsat", budget_ratio=ratio, time_limit=20, workers=1, recompute_depth="full")
         assert full.status == "OPTIMAL" and full.plan.stats["space"] == "staged"
         assert st["best_bound"] <= full.plan.stats["objective"] <= st["objective"]
         if st["objective"] <= relax:
             assert st["status"] == "OPTIMAL" and st["gap"] == 0.0
-            proven_by = "gaps" if st["gap_relaxation"]["bound"] >= st["objective"] else chain["status"]
+            proven_by = ("gaps" if st["gap_relaxation"]["bound"] >= st["objective"] else
+                         next(p["level"] for p in proofs if p["status"] == "INFEASIBLE"))
             seen.add(f"OPTIMAL by {proven_by}")
         else:
             assert st["status"] == "FEASIBLE" and st["gap"] == pytest.approx((st["objective"] - relax) / st["objective"])
@@ -178,8 +197,8 @@ def test_a_restricted_solve_claims_the_whole_space_only_when_the_bound_meets_it(
             assert [r["recompute_depth"] for r in st["rounds"]] == [1, 2]
             seen.add("FEASIBLE")
         assert not st["interrupted"]
-    # chain INFEASIBLE: no staged plan beats the incumbent
-    assert seen == {"OPTIMAL by gaps", "OPTIMAL by INFEASIBLE", "FEASIBLE"}
+    # a proof's INFEASIBLE: no staged plan beats the incumbent
+    assert seen == {"OPTIMAL by gaps", "OPTIMAL by chains", "FEASIBLE"}
 
 
 def test_published_checkmate_graphs_are_proven_over_the_whole_space(benchmarks_dir):
@@ -191,3 +210,18 @@ def test_published_checkmate_graphs_are_proven_over_the_whole_space(benchmarks_d
         st = sol.plan.stats
         assert sol.status == "OPTIMAL" and st["best_bound"] == st["objective"] > 0
         assert st["gap_relaxation"]["bound"] == st["objective"]
+
+
+def test_slots_prove_random_layered_n100_optimal_over_the_whole_space(benchmarks_dir):
+    """random_layered_n100 at 0.8: the slot relaxation's optimum is the
+    optimum itself (the gaps give 573, the chains 741), so a restricted round's
+    plan is proven optimal without the full model."""
+    g = Graph.load(benchmarks_dir / "random_layered_n100.json")
+    sol = solve(g, "cpsat", budget_ratio=0.8, time_limit=60, workers=2, lp_bound=False)
+    st = sol.plan.stats
+    assert sol.status == "OPTIMAL" and st["space"].startswith("depth ")
+    assert any(p["level"] == "slots" and p["status"] == "INFEASIBLE" for p in st["relaxation_proofs"])
+    got = relaxation_bound(g, level="slots", objective="overhead", unit=1, cap_units=int(0.8 * no_remat_peak(g)),
+                           int_cost=[int(c) for c in g.cost], int_transfer=[0] * g.n, offload=False,
+                           time_limit=60, workers=2)
+    assert got.status == "OPTIMAL" and got.bound == st["objective"]

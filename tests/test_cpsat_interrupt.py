@@ -1,11 +1,13 @@
 """Ctrl-C never loses a finished result: a real SIGINT, sent at each stage of
-a cpsat run (the search, the warm start, the build of a deeper round), ends
+a cpsat run (the search, the warm start, the build of a deeper round, a
+relaxation proof between rounds), ends
 the run with the best plan so far, which the simulator replays."""
 
 from __future__ import annotations
 
 import os
 import signal
+import threading
 
 import pytest
 
@@ -62,6 +64,7 @@ def test_ctrl_c_during_the_warm_start_returns_the_hint(graph, monkeypatch):
 
 
 def test_ctrl_c_while_building_a_deeper_round_keeps_the_previous_rounds_plan(graph, monkeypatch):
+    monkeypatch.setattr(cpsat, "PROOF_SHARE", 0.0)  # no proof between the rounds: slots would prove depth 1
     original = cpsat.CpSatRun.formulation
 
     def build_then_ctrl_c(self, backend, depth):
@@ -74,3 +77,21 @@ def test_ctrl_c_while_building_a_deeper_round_keeps_the_previous_rounds_plan(gra
     sol = solve(graph, "cpsat", **OPTS)
     check(sol, rounds=1)
     assert sol.plan.stats["recompute_depth"] == 1
+
+
+def test_ctrl_c_during_a_relaxation_proof_keeps_the_rounds_plan(graph, monkeypatch):
+    """The slots relaxation takes seconds to prove depth 1 optimal on this
+    graph; a Ctrl-C a second into it stops that search and ends the run."""
+    original = cpsat.relaxation_bound
+
+    def slots_then_ctrl_c(*args, **kwargs):
+        if kwargs["level"] == "slots":
+            threading.Timer(1.0, ctrl_c).start()
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(cpsat, "relaxation_bound", slots_then_ctrl_c)
+    sol = solve(graph, "cpsat", **OPTS)
+    check(sol, rounds=1)
+    proofs = sol.plan.stats["relaxation_proofs"]
+    assert [p["level"] for p in proofs] == ["chains", "slots"] and proofs[-1]["status"] == "UNKNOWN"
+    assert proofs[-1]["seconds"] < 3

@@ -45,9 +45,11 @@ FULL_ROUND_PAIRS = 40_000
 # The gap relaxation (cpsat_bound) takes well under a second on the
 # benchmark graphs; this share of the limit caps it on bigger ones.
 GAP_BOUND_SHARE = 0.1
-# The chain relaxation's proof that a round's optimum is the whole space's
-# gets this share of the time left (random_layered_n250 at 0.9: 3 s).
-CHAIN_PROOF_SHARE = 1 / 3
+# The stronger relaxations' proof that a round's optimum is the whole
+# space's gets at most this share of the time left (random_layered_n250 at
+# 0.9: 3 s by chains; random_layered_n100 at 0.9 and 0.8: 0.2 s and 1.6 s by
+# slots; where they cannot prove it, slots may take 17 s on mobilenet_train).
+PROOF_SHARE = 1 / 3
 WARM_START_SHARE = 0.25
 # Building the LP of a bigger model takes longer than its bound is worth
 # (about 20 s on the 2,090-node decoder's depth-1 model).
@@ -338,7 +340,7 @@ class CpSatRun:
             return False
         return depth is not None or not found or self.full_pairs <= FULL_ROUND_PAIRS
 
-    def relaxation(self, form: Formulation, chains: bool, limit: float, below: int | None = None) -> WholeBound:
+    def relaxation(self, form: Formulation, level: str, limit: float, below: int | None = None) -> WholeBound:
         """Solve a relaxation of the whole staged space (:mod:`cpsat_bound`),
         in model integers (costs floored when the scale is inexact, so it
         stays a bound on the costs the model optimises)."""
@@ -350,27 +352,37 @@ class CpSatRun:
         base = sum(form.int_cost[i] for i in g.compute_ids)
         with _restored_sigint():
             return relaxation_bound(
-                g, chains=chains, objective=cfg.objective, unit=form.unit, cap_units=form.mem_cap,
+                g, level=level, objective=cfg.objective, unit=form.unit, cap_units=form.mem_cap,
                 int_cost=int_cost, int_transfer=int_transfer, offload=cfg.offload,
                 overhead_cap=(math.floor(cfg.max_overhead * base + 1e-9) if cfg.max_overhead is not None
                               and cfg.objective == "peak" else None),
                 max_recomputes=(math.floor(cfg.max_clone_expansion * n) - n if cfg.max_clone_expansion else None),
                 peak_floor=self.peak_floor(form), below=below, time_limit=limit, workers=cfg.workers,
-                seed=cfg.seed, interruptible=chains)
+                seed=cfg.seed, interruptible=level != "gaps")
 
-    def chain_proof(self, best: Assignment) -> dict[str, Any]:
-        """Ask the chain relaxation whether any staged plan beats ``best``;
-        if none does, ``best`` is optimal over the whole space. Raises
-        ``self.lower`` either way when the relaxation proves a bound."""
+    def relaxation_proof(self, best: Assignment) -> list[dict[str, Any]]:
+        """Ask the stronger relaxations in turn (chains, then slots, each
+        with half of the time allowed: a share of the time left, at most
+        twice the time spent so far, as for a round) whether any staged plan
+        beats ``best``; if none does, ``best`` is optimal over the whole space.
+        Raises ``self.lower`` by what each proves; returns the attempts."""
         obj = self.objective_of(best)
-        limit = CHAIN_PROOF_SHARE * (self.cfg.time_limit - (time.perf_counter() - self.start))
-        r = self.relaxation(self.form, True, limit, below=obj - 1)
-        self.interrupted = self.interrupted or r.interrupted
-        lower = obj if r.status == "INFEASIBLE" else r.bound
-        if lower is not None:
-            self.lower = max(self.lower or 0, min(lower, obj))
-        return {"below": self.to_units(obj - 1), "status": r.status, "seconds": r.seconds,
-                "bound": None if lower is None else self.to_units(min(lower, obj))}
+        elapsed = time.perf_counter() - self.start
+        deadline = time.perf_counter() + min(PROOF_SHARE * (self.cfg.time_limit - elapsed),
+                                             max(MIN_ROUND_S, 2 * elapsed))
+        attempts = []
+        for level in ("chains", "slots"):
+            left = deadline - time.perf_counter()
+            if self.interrupted or self.proven_whole(best) or left < 0.05:
+                break
+            r = self.relaxation(self.form, level, left / 2 if level == "chains" else left, below=obj - 1)
+            self.interrupted = self.interrupted or r.interrupted
+            lower = obj if r.status == "INFEASIBLE" else r.bound
+            if lower is not None:
+                self.lower = max(self.lower or 0, min(lower, obj))
+            attempts.append({"level": level, "below": self.to_units(obj - 1), "status": r.status,
+                             "seconds": r.seconds, "bound": None if lower is None else self.to_units(min(lower, obj))})
+        return attempts
 
     def run(self) -> Plan:
         """Solve with Ctrl-C deferred: during the search CP-SAT stops itself
@@ -392,14 +404,15 @@ class CpSatRun:
         self.full_pairs = sum(len(ix.stages(i)) for i in ix.values)
         whole: WholeBound | None = None  # the gap relaxation's verdict (cpsat_bound)
         self.lower = None  # the whole space's best lower bound, model integers
-        chain: dict[str, Any] | None = None  # the chain relaxation's proof attempt (stats)
-        chain_at = None  # the objective it was asked about
+        proofs: list[dict[str, Any]] = []  # the stronger relaxations' attempts (stats)
+        proof_at = None  # the objective they were asked about
         done = None  # the last round with a plan: (form, backend, peak_var, depth, variables, constraints)
         for k, depth in enumerate(self.depths()):
             if (k and best is not None and status == cp_model.OPTIMAL and not self.interrupted
-                    and not self.proven_whole(best) and chain_at != self.objective_of(best)):
-                # a restricted round's optimum may be the whole space's: ask the chain relaxation
-                chain, chain_at = self.chain_proof(best), self.objective_of(best)
+                    and not self.proven_whole(best) and proof_at != self.objective_of(best)):
+                # a restricted round's optimum may be the whole space's: ask the relaxations
+                proofs += self.relaxation_proof(best)
+                proof_at = self.objective_of(best)
             if k and (self.interrupted or self.proven_whole(best)
                       or not self.next_round(depth, status, best is not None)):
                 break
@@ -411,7 +424,7 @@ class CpSatRun:
             n_vars, n_cons = self.backend.size
             build_s += time.perf_counter() - began
             if whole is None:
-                whole = self.relaxation(form, False, GAP_BOUND_SHARE * cfg.time_limit)
+                whole = self.relaxation(form, "gaps", GAP_BOUND_SHARE * cfg.time_limit)
                 self.lower = whole.bound
                 if whole.status == "INFEASIBLE":  # no staged plan at all: nothing to search
                     status, solved_depth = cp_model.INFEASIBLE, None
@@ -469,8 +482,8 @@ class CpSatRun:
         if whole is not None:
             stats["gap_relaxation"] = {"status": whole.status, "seconds": whole.seconds,
                                        "bound": None if whole.bound is None else self.to_units(whole.bound)}
-        if chain is not None:
-            stats["chain_relaxation"] = chain
+        if proofs:
+            stats["relaxation_proofs"] = proofs
         restricted = solved_depth is not None and cfg.depth is None
         if restricted:
             # The default asked about the whole staged space, but only a

@@ -1,5 +1,5 @@
-"""Lower bounds for the whole staged space from a relaxation that is far
-smaller than the staged model (``docs/cpsat.md``, "Whole-space bound").
+"""Lower bounds for the whole staged space from relaxations far smaller than
+the staged model (``docs/cpsat.md``, "Whole-space bound"), at three levels.
 
 Memory is checked only at the first computations of the *critical* stages
 ``c_0 < c_1 < ...``: those where the values that are alive (between their
@@ -9,7 +9,7 @@ lies the interval ``I_k = (c_k, c_{k+1}]``. Per value i:
 - ``pres[i,k]``: i is resident at the first computation of stage c_k. It is 1
   at i's own points (its stage, its consumers' stages, the end for outputs)
   and between them when i can be neither recomputed nor prefetched; a 0/1
-  variable elsewhere in i's life; with ``chains``, also past its last use up
+  variable elsewhere in i's life; beyond "gaps", also past its last use up
   to its horizon (kept for someone's recompute), and absent otherwise.
 - ``rc[i,k]`` / ``pf[i,k]``: i is recomputed / prefetched at least once in a
   stage of I_k (``O[i]``: its host copy).
@@ -19,22 +19,31 @@ lies the interval ``I_k = (c_k, c_{k+1}]``. Per value i:
     rc[i,k] <= pres[p,k] + rc[p,k] + pf[p,k]               (chains: every producer p of a recompute)
     pf[i,k] <= O[i]
     sum_i size(i) pres[i,k] <= cap                         (every critical stage)
+    slot memory of a recompute (slots: see _Model.add_slot_loads)
     minimise  sum cost(i) rc[i,k] + transfer(i) (O[i] + sum_k pf[i,k])
 
 (The first two hold only once i exists at c_{k-1}, resp. c_k; a producer
 first computed after c_k needs nothing.) Each staged plan maps to a solution
 that costs no more (resident or not at each first computation, re-materialised
 or not in each interval), so the optimum is a lower bound on the whole staged
-space, and an infeasible relaxation proves it empty. Without ``chains`` it
-is the bound of the gaps alone (a value dropped somewhere between two uses
-pays one re-materialisation): solved in a second or two, and the optimum
-itself on the Checkmate graphs. With them, a recompute must find its producers,
-which on the random layered graphs are often long freed: there it proves
-random_layered_n250 at 0.9 optimal (the gap bound: 740 against 1,135).
+space, and an infeasible relaxation proves it empty. The levels:
+
+- "gaps": no producer constraints, one variable per gap between two uses (a
+  value dropped anywhere in it pays one re-materialisation). Solved in well
+  under a second on the benchmark graphs; the optimum itself on the
+  Checkmate graphs.
+- "chains": a recompute needs its producers, which on the random layered
+  graphs are often long freed. Proves random_layered_n250 at 0.9 optimal
+  (1,135; the gap bound is 740) in about 3 s.
+- "slots": chains, plus the memory at a recompute's own slot where its stage
+  is known, with the critical stages widened to those within one largest
+  value of the cap. Exact on random_layered_n100 (377 and 1,097, where
+  chains give 326 and 741), but harder to solve on bigger graphs.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 import time
 from dataclasses import dataclass
@@ -56,23 +65,28 @@ class WholeBound:
     interrupted: bool = False  # stopped by Ctrl-C (``interruptible`` only)
 
 
-def relaxation_bound(graph: Graph, *, chains: bool, objective: str, unit: int, cap_units: int,
+LEVELS = ("gaps", "chains", "slots")
+
+
+def relaxation_bound(graph: Graph, *, level: str, objective: str, unit: int, cap_units: int,
                      int_cost: list[int], int_transfer: list[int], offload: bool,
                      overhead_cap: int | None = None, max_recomputes: int | None = None, peak_floor: int = 0,
                      below: int | None = None, time_limit: float = 5.0, workers: int = 1, seed: int = 0,
                      interruptible: bool = False) -> WholeBound:
-    """Solve the relaxation. Memory is in ``unit`` bytes with persistent
+    """Solve the relaxation at ``level`` (one of LEVELS). Memory is in ``unit`` bytes with persistent
     bytes aside, as in :class:`Formulation`; ``int_cost`` / ``int_transfer``
     must not exceed the model's (floored, when the cost scale is inexact).
     ``objective`` "overhead" minimises the cost under ``cap_units``; "peak"
     minimises the largest critical memory, with the cost under
-    ``overhead_cap``. ``below`` keeps only solutions whose objective is at
-    most it: INFEASIBLE then says that no staged plan does better than
-    ``below``. ``interruptible`` lets Ctrl-C stop the search (the caller
-    restores the SIGINT handler)."""
+    ``overhead_cap``. ``below`` asks only whether a solution of objective at
+    most ``below`` exists (the search stops at the first one): INFEASIBLE
+    then says that no staged plan does as well. ``interruptible`` lets
+    Ctrl-C stop the search (the caller restores the SIGINT handler)."""
     began = time.perf_counter()
-    r = _Model(graph, chains=chains, offload=offload, unit=unit,
-               floor=cap_units if objective == "overhead" else peak_floor)
+    if level not in LEVELS:
+        raise ValueError(f"relaxation level must be one of {LEVELS}, got {level!r}")
+    r = _Model(graph, level=level, offload=offload, unit=unit,
+               cap=cap_units if objective == "overhead" else peak_floor)
     m = r.model
     cost = r.cost(int_cost, int_transfer)
     if max_recomputes is not None:
@@ -80,11 +94,15 @@ def relaxation_bound(graph: Graph, *, chains: bool, objective: str, unit: int, c
     if objective == "overhead":
         for load in r.loads:
             m.add(load <= cap_units)
+        for load, x in r.slot_loads:
+            m.add(load <= cap_units).only_enforce_if(x)
         goal = cost
     else:
         goal = m.new_int_var(peak_floor, max(sum(r.size), peak_floor), "peak")
         for load in r.loads:
             m.add(load <= goal)
+        for load, x in r.slot_loads:
+            m.add(load <= goal).only_enforce_if(x)
         if overhead_cap is not None:
             m.add(cost <= overhead_cap)
     if below is not None:
@@ -112,7 +130,7 @@ class _Model:
     """The relaxation's variables and its structural constraints (all but
     memory caps and the objective), as in the module docstring."""
 
-    def __init__(self, graph: Graph, *, chains: bool, offload: bool, unit: int, floor: int):
+    def __init__(self, graph: Graph, *, level: str, offload: bool, unit: int, cap: int):
         g = graph
         ix = Stages(g, offload)
         T = ix.T
@@ -126,9 +144,12 @@ class _Model:
             life[i] = (max(ix.first[i], 0), max(points[i], default=-1))
             for s in range(life[i][0], life[i][1] + 1):
                 alive[s] += size[i]
-        self.crit = crit = [s for s in range(T) if alive[s] > floor]
+        chains = level != "gaps"
+        # with slot memory, a stage within one value of the cap may overflow at a recompute's slot
+        floor = cap - (max((size[i] for i in ix.values), default=0) if level == "slots" else 0)
+        crit = [s for s in range(T) if alive[s] > floor]
         self.model = m = cp_model.CpModel()
-        self.pres = pres = {}  # (i, k) -> 0/1 variable, or 1 where fixed
+        pres: dict[tuple[int, int], cp_model.IntVar | int] = {}
         self.rc: dict[tuple[int, int], cp_model.IntVar] = {}
         self.pf: dict[tuple[int, int], cp_model.IntVar] = {}
         self.O: dict[int, cp_model.IntVar] = {}
@@ -154,6 +175,9 @@ class _Model:
                             self.O[i] = m.new_bool_var("")
                         m.add_implication(self.pf[i, k], self.O[i])
 
+        def back_y(i: int, k: int) -> list:
+            return [x for x in (self.rc.get((i, k)), self.pf.get((i, k))) if x is not None]
+
         def back(i: int, k: int) -> list:
             """The terms of pres[i,k] + rc[i,k] + pf[i,k]."""
             return [x for x in (pres.get((i, k), 0), self.rc.get((i, k)), self.pf.get((i, k)))
@@ -174,6 +198,42 @@ class _Model:
                     if not g.nodes[p].persistent and ix.first[p] <= crit[k] and not _fixed(pres.get((p, k), 0), 1):
                         self.at_least(back(p, k), x)
         self.loads = [sum(size[i] * pres[i, k] for i in ix.values if (i, k) in pres) for k in range(len(crit))]
+        self.slot_loads = []
+        if level == "slots":
+            self.add_slot_loads(g, ix, crit, size, pres, back_y)
+
+    def add_slot_loads(self, g: Graph, ix: Stages, crit: list[int], size: list[int], pres: dict,
+                       back_y) -> None:
+        """Memory at the slot of a recompute of i in stage r = c_{k+1} = c_k + 1
+        (the only case where its stage is known): what is resident at v_r's
+        first computation, less v_r and what is re-materialised after i's slot
+        (``after``, suffix sums over program order), plus i and its producers:
+
+            load[k+1] - size(v_r) - after(pos(i)) + size(i) (1 - pres[i,k+1])
+                + sum_p size(p) (1 - pres[p,k+1]) <= cap        if rc[i,k]
+        """
+        m, pos = self.model, ix.pos
+        total = sum(size)
+        for k in range(len(crit) - 1):
+            if crit[k + 1] != crit[k] + 1:
+                continue  # a recompute's stage, hence its slot's memory, is unknown
+            vr = ix.stage_node[crit[k + 1]]
+            mats = sorted((pos[v], v) for v in ix.values if back_y(v, k))
+            after: list = [0] * (len(mats) + 1)  # after[j]: sizes re-materialised at mats[j:]
+            for j in range(len(mats) - 1, -1, -1):
+                v = mats[j][1]
+                after[j] = m.new_int_var(0, total, "")
+                m.add(after[j] == size[v] * sum(back_y(v, k)) + after[j + 1])
+            load = m.new_int_var(0, total, "")
+            m.add(load == self.loads[k + 1])
+            for i in ix.values:
+                x = self.rc.get((i, k))
+                if x is None:
+                    continue
+                j = bisect.bisect_right(mats, (pos[i], g.n))
+                e = [load, -size[vr] * pres.get((vr, k + 1), 0), -after[j], size[i] * (1 - pres.get((i, k + 1), 0))]
+                e += [size[p] * (1 - pres.get((p, k + 1), 0)) for p in g.preds[i] if not g.nodes[p].persistent]
+                self.slot_loads.append((sum(e), x))
 
     def at_least(self, terms: list, rhs) -> None:
         """sum(terms) >= rhs, where both sides may be plain 0/1 constants."""
