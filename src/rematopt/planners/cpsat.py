@@ -331,12 +331,13 @@ class CpSatRun:
     def next_round(self, depth: int | None, status: int, found: bool) -> bool:
         """Whether a deeper round may start after one ended in ``status``: it
         must have been proven (a deeper space may do better), with twice the
-        time spent so far (and MIN_ROUND_S) left; the full space, when depth 2
-        found a plan, only if its model is at most FULL_ROUND_PAIRS."""
+        time spent so far outside relaxation proofs (and MIN_ROUND_S) left; the
+        full space, when depth 2 found a plan, only if its model is at most
+        FULL_ROUND_PAIRS."""
         elapsed = time.perf_counter() - self.start
         if status not in (cp_model.OPTIMAL, cp_model.INFEASIBLE) or self.interrupted:
             return False
-        if self.cfg.time_limit - elapsed < max(MIN_ROUND_S, 2 * elapsed):
+        if self.cfg.time_limit - elapsed < max(MIN_ROUND_S, 2 * (elapsed - self.proof_s)):
             return False
         return depth is not None or not found or self.full_pairs <= FULL_ROUND_PAIRS
 
@@ -361,27 +362,31 @@ class CpSatRun:
                 seed=cfg.seed, interruptible=level != "gaps")
 
     def relaxation_proof(self, best: Assignment) -> list[dict[str, Any]]:
-        """Ask the stronger relaxations in turn (chains, then slots, each
-        with half of the time allowed: a share of the time left, at most
-        twice the time spent so far, as for a round) whether any staged plan
-        beats ``best``; if none does, ``best`` is optimal over the whole space.
-        Raises ``self.lower`` by what each proves; returns the attempts."""
+        """Ask the stronger relaxations in turn (chains, then slots with what
+        chains leaves) whether any staged plan beats ``best``; if none does,
+        ``best`` is optimal over the whole space. Together they get what the
+        rounds have taken so far (a proof saves the deeper rounds, which take
+        about twice that), at least MIN_ROUND_S, at most a share of the time
+        left. Raises ``self.lower`` by what each proves; returns the attempts."""
         obj = self.objective_of(best)
-        elapsed = time.perf_counter() - self.start
-        deadline = time.perf_counter() + min(PROOF_SHARE * (self.cfg.time_limit - elapsed),
-                                             max(MIN_ROUND_S, 2 * elapsed))
+        began = time.perf_counter()
+        elapsed = began - self.start
+        deadline = began + min(PROOF_SHARE * (self.cfg.time_limit - elapsed),
+                               max(MIN_ROUND_S, elapsed - self.proof_s))
         attempts = []
         for level in ("chains", "slots"):
             left = deadline - time.perf_counter()
             if self.interrupted or self.proven_whole(best) or left < 0.05:
                 break
-            r = self.relaxation(self.form, level, left / 2 if level == "chains" else left, below=obj - 1)
+            r = self.relaxation(self.form, level, left, below=obj - 1)
             self.interrupted = self.interrupted or r.interrupted
             lower = obj if r.status == "INFEASIBLE" else r.bound
             if lower is not None:
                 self.lower = max(self.lower or 0, min(lower, obj))
             attempts.append({"level": level, "below": self.to_units(obj - 1), "status": r.status,
-                             "seconds": r.seconds, "bound": None if lower is None else self.to_units(min(lower, obj))})
+                             "seconds": r.seconds, "elapsed_s": time.perf_counter() - self.start,
+                             "bound": None if lower is None else self.to_units(min(lower, obj))})
+        self.proof_s += time.perf_counter() - began
         return attempts
 
     def run(self) -> Plan:
@@ -404,6 +409,7 @@ class CpSatRun:
         self.full_pairs = sum(len(ix.stages(i)) for i in ix.values)
         whole: WholeBound | None = None  # the gap relaxation's verdict (cpsat_bound)
         self.lower = None  # the whole space's best lower bound, model integers
+        self.proof_s = 0.0  # time spent in relaxation proofs
         proofs: list[dict[str, Any]] = []  # the stronger relaxations' attempts (stats)
         proof_at = None  # the objective they were asked about
         done = None  # the last round with a plan: (form, backend, peak_var, depth, variables, constraints)
