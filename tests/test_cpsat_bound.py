@@ -225,3 +225,22 @@ def test_slots_prove_random_layered_n100_optimal_over_the_whole_space(benchmarks
                            int_cost=[int(c) for c in g.cost], int_transfer=[0] * g.n, offload=False,
                            time_limit=60, workers=2)
     assert got.status == "OPTIMAL" and got.bound == st["objective"]
+
+
+def test_a_relaxation_too_big_to_build_is_skipped_and_the_rounds_go_on(monkeypatch):
+    """Above MAX_PAIRS the chains and slots models are not built: SKIPPED,
+    no bound claimed, and the solve continues with the deeper rounds."""
+    import rematopt.planners.cpsat as cpsat
+    import rematopt.planners.cpsat_bound as cpsat_bound
+
+    monkeypatch.setattr(cpsat_bound, "MAX_PAIRS", 0)
+    monkeypatch.setattr(cpsat, "FULL_MODEL_PAIRS", 0)
+    g = synthetic.random_layered(16, seed=1)
+    budget = int(0.8 * no_remat_peak(g))
+    for level in ("chains", "slots"):
+        assert bound(g, budget, level=level).status == "SKIPPED"
+    assert bound(g, budget, level="gaps").status == "OPTIMAL"  # gaps is never skipped
+    sol = solve(g, "cpsat", budget=budget, time_limit=20, workers=1)
+    st = sol.plan.stats
+    assert [p["status"] for p in st["relaxation_proofs"]][:2] == ["SKIPPED", "SKIPPED"]
+    assert [r["recompute_depth"] for r in st["rounds"]][:2] == [1, 2] and not st["interrupted"]

@@ -46,6 +46,7 @@ from __future__ import annotations
 import bisect
 import math
 import time
+from collections import deque
 from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
@@ -59,13 +60,17 @@ from .cpsat_model import Stages
 class WholeBound:
     """A relaxation's verdict, in model integers (cost x scale, or memory units)."""
 
-    status: str  # OPTIMAL, FEASIBLE (bound only), INFEASIBLE, UNKNOWN
+    status: str  # OPTIMAL, FEASIBLE (bound only), INFEASIBLE, UNKNOWN, SKIPPED (more than MAX_PAIRS)
     bound: int | None
     seconds: float
     interrupted: bool = False  # stopped by Ctrl-C (``interruptible`` only)
 
 
 LEVELS = ("gaps", "chains", "slots")
+# Chains and slots make about three variables per (value, critical stage) up
+# to the value's horizon: 1.2 million on the 2,090-node GPT decoder at 0.8
+# (30 s to build in Python); n250's are 12,000-16,000. Above this, SKIPPED.
+MAX_PAIRS = 200_000
 
 
 def relaxation_bound(graph: Graph, *, level: str, objective: str, unit: int, cap_units: int,
@@ -87,6 +92,8 @@ def relaxation_bound(graph: Graph, *, level: str, objective: str, unit: int, cap
         raise ValueError(f"relaxation level must be one of {LEVELS}, got {level!r}")
     r = _Model(graph, level=level, offload=offload, unit=unit,
                cap=cap_units if objective == "overhead" else peak_floor)
+    if r.pairs > MAX_PAIRS:
+        return WholeBound("SKIPPED", None, time.perf_counter() - began)
     m = r.model
     cost = r.cost(int_cost, int_transfer)
     if max_recomputes is not None:
@@ -153,6 +160,34 @@ class _Model:
         self.rc: dict[tuple[int, int], cp_model.IntVar] = {}
         self.pf: dict[tuple[int, int], cp_model.IntVar] = {}
         self.O: dict[int, cp_model.IntVar] = {}
+        self.pairs = sum(bisect.bisect_left(crit, ix.horizon[i]) - bisect.bisect_left(crit, life[i][0])
+                         for i in ix.values) if chains else 0
+        if self.pairs > MAX_PAIRS:
+            return  # too big to build in the time a proof gets; see relaxation_bound
+
+        def back_y(i: int, k: int) -> list:
+            """rc[i,k] and pf[i,k], made on first use: re-materialising i in
+            I_k serves a later point of i or (chains) a consumer's recompute."""
+            lo, last = life[i]
+            if (i, k) not in made:
+                made.add((i, k))
+                if lo <= crit[k] < (ix.horizon[i] if chains else last) and ix.first[i] <= crit[k]:
+                    if ix.recomputable[i]:
+                        self.rc[i, k] = m.new_bool_var("")
+                        todo.append((i, k))
+                    if ix.offloadable[i]:
+                        self.pf[i, k] = m.new_bool_var("")
+                        if i not in self.O:
+                            self.O[i] = m.new_bool_var("")
+                        m.add_implication(self.pf[i, k], self.O[i])
+            return [x for x in (self.rc.get((i, k)), self.pf.get((i, k))) if x is not None]
+
+        def back(i: int, k: int) -> list:
+            """The terms of pres[i,k] + rc[i,k] + pf[i,k]."""
+            return [x for x in [pres.get((i, k), 0)] + back_y(i, k) if not _fixed(x, 0)]
+
+        made: set[tuple[int, int]] = set()
+        todo: deque[tuple[int, int]] = deque()  # recomputes whose producers are still to be required
         for i in ix.values:
             lo, last = life[i]
             droppable = ix.recomputable[i] or ix.offloadable[i]
@@ -166,37 +201,23 @@ class _Model:
                     pres[i, k] = pres[i, k - 1]
                 elif lo <= c <= last or (chains and last < c < ix.horizon[i]):
                     pres[i, k] = m.new_bool_var("")
-                if lo <= c < ix.horizon[i] and ix.first[i] <= c:
-                    if ix.recomputable[i]:
-                        self.rc[i, k] = m.new_bool_var("")
-                    if ix.offloadable[i]:
-                        self.pf[i, k] = m.new_bool_var("")
-                        if i not in self.O:
-                            self.O[i] = m.new_bool_var("")
-                        m.add_implication(self.pf[i, k], self.O[i])
-
-        def back_y(i: int, k: int) -> list:
-            return [x for x in (self.rc.get((i, k)), self.pf.get((i, k))) if x is not None]
-
-        def back(i: int, k: int) -> list:
-            """The terms of pres[i,k] + rc[i,k] + pf[i,k]."""
-            return [x for x in (pres.get((i, k), 0), self.rc.get((i, k)), self.pf.get((i, k)))
-                    if x is not None and not _fixed(x, 0)]
+                if chains:  # all of them, in this order: made lazily, n250 at 0.9 takes 14 s to prove, not 2 s
+                    back_y(i, k)
 
         for i in ix.values:
             for k in range(len(crit)):
                 exists = ix.first[i] <= crit[k]
                 if (k and exists and ix.first[i] <= crit[k - 1] and (i, k) in pres
-                        and not (_fixed(pres[i, k], 1) and _fixed(pres.get((i, k - 1), 0), 1))):
+                        and pres[i, k] is not pres.get((i, k - 1))):  # the same variable, or both fixed at 1
                     self.at_least(back(i, k - 1), pres[i, k])
                 nxt = crit[k + 1] if k + 1 < len(crit) else T
                 if exists and not _fixed(pres.get((i, k), 0), 1) and any(crit[k] < u < nxt for u in points[i]):
                     self.at_least(back(i, k), 1)
-        if chains:
-            for (i, k), x in self.rc.items():
-                for p in g.preds[i]:
-                    if not g.nodes[p].persistent and ix.first[p] <= crit[k] and not _fixed(pres.get((p, k), 0), 1):
-                        self.at_least(back(p, k), x)
+        while chains and todo:
+            i, k = todo.popleft()
+            for p in g.preds[i]:
+                if not g.nodes[p].persistent and ix.first[p] <= crit[k] and not _fixed(pres.get((p, k), 0), 1):
+                    self.at_least(back(p, k), self.rc[i, k])
         self.loads = [sum(size[i] * pres[i, k] for i in ix.values if (i, k) in pres) for k in range(len(crit))]
         self.slot_loads = []
         if level == "slots":
