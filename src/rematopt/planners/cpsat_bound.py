@@ -78,8 +78,9 @@ def relaxation_bound(graph: Graph, *, level: str, objective: str, unit: int, cap
                      overhead_cap: int | None = None, max_recomputes: int | None = None, peak_floor: int = 0,
                      below: int | None = None, time_limit: float = 5.0, workers: int = 1, seed: int = 0,
                      interruptible: bool = False) -> WholeBound:
-    """Solve the relaxation at ``level`` (one of LEVELS). Memory is in ``unit`` bytes with persistent
-    bytes aside, as in :class:`Formulation`; ``int_cost`` / ``int_transfer``
+    """Solve the relaxation at ``level`` (one of LEVELS). Memory is in
+    ``unit`` bytes with persistent bytes aside, as in :class:`Formulation`;
+    ``int_cost`` / ``int_transfer``
     must not exceed the model's (floored, when the cost scale is inexact).
     ``objective`` "overhead" minimises the cost under ``cap_units``; "peak"
     minimises the largest critical memory, with the cost under
@@ -99,19 +100,15 @@ def relaxation_bound(graph: Graph, *, level: str, objective: str, unit: int, cap
     if max_recomputes is not None:
         m.add(sum(r.rc.values()) <= max_recomputes)
     if objective == "overhead":
-        for load in r.loads:
-            m.add(load <= cap_units)
-        for load, x in r.slot_loads:
-            m.add(load <= cap_units).only_enforce_if(x)
-        goal = cost
+        goal, cap = cost, cap_units
     else:
-        goal = m.new_int_var(peak_floor, max(sum(r.size), peak_floor), "peak")
-        for load in r.loads:
-            m.add(load <= goal)
-        for load, x in r.slot_loads:
-            m.add(load <= goal).only_enforce_if(x)
+        goal = cap = m.new_int_var(peak_floor, max(sum(r.size), peak_floor), "peak")
         if overhead_cap is not None:
             m.add(cost <= overhead_cap)
+    for load in r.loads:
+        m.add(load <= cap)
+    for load, x in r.slot_loads:
+        m.add(load <= cap).only_enforce_if(x)
     if below is not None:
         m.add(goal <= below)
     m.minimize(goal)
