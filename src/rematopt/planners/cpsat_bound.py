@@ -1,5 +1,5 @@
 """Lower bounds for the whole staged space from relaxations far smaller than
-the staged model (``docs/cpsat.md``, "Whole-space bound"), at three levels.
+the staged model (``docs/cpsat.md``, "Whole-space bounds"), at three levels.
 
 Memory is checked only at the first computations of the *critical* stages
 ``c_0 < c_1 < ...``: those where the values that are alive (between their
