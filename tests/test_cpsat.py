@@ -332,3 +332,27 @@ def test_never_worse_than_a_hint_from_outside_the_models_space():
     sol = solve(g, "cpsat", budget=budget, recompute_depth="full", hint=hint.plan, **FAST)
     assert sol.plan.stats["plan_from"] == "greedy" and "beats the model's best" in sol.plan.stats["reason"]
     assert sol.replay.recompute_cost == hint.replay.recompute_cost and sol.replay.peak_bytes <= budget
+
+
+def test_the_fast_planners_plan_is_on_record_before_any_model_is_built(monkeypatch):
+    """The best fast planner's plan is fetched before the first model is
+    built, so time_to_first_s counts it (on the 2,090-node decoder, building
+    the model takes 9 s), and the run never returns anything worse."""
+    import rematopt.planners.cpsat as cpsat
+
+    first_at_build = []
+    original = cpsat.CpSatRun.formulation
+
+    def recording(self, backend, depth):
+        first_at_build.append(self.trace.first)
+        return original(self, backend, depth)
+
+    monkeypatch.setattr(cpsat.CpSatRun, "formulation", recording)
+    g = synthetic.random_layered(12, seed=0)  # greedy meets this budget (see the test above)
+    lo, hi = peak_lower_bound(g), no_remat_peak(g)
+    budget = lo + (hi - lo) // 5
+    greedy = solve(g, "greedy", budget=budget)
+    sol = solve(g, "cpsat", budget=budget, time_limit=20, workers=1, lp_bound=False)
+    assert first_at_build[0] is not None and sol.plan.stats["time_to_first_s"] == first_at_build[0]
+    assert sol.replay.valid and sol.replay.peak_bytes <= budget
+    assert sol.replay.recompute_cost <= greedy.replay.recompute_cost

@@ -52,8 +52,8 @@ def test_ctrl_c_during_the_search_returns_the_incumbent(graph, monkeypatch):
 def test_ctrl_c_during_the_warm_start_returns_the_hint(graph, monkeypatch):
     original = cpsat.CpSatRun.warm_start
 
-    def warm_start_then_ctrl_c(self):
-        found = original(self)
+    def warm_start_then_ctrl_c(self, *args):
+        found = original(self, *args)
         ctrl_c()
         return found
 

@@ -238,11 +238,12 @@ class CpSatRun:
 
     # -- warm start -------------------------------------------------------------
 
-    def warm_start(self) -> tuple[Assignment | None, str | None]:
-        """The hint: the better of the user's plan (else, with
-        ``warm_start="auto"``, the best fast planner's plan), projected into
-        the model's plan space, and staged eviction (slow on big models, so
-        both stop at a deadline). Only plans that meet the budget and caps count."""
+    def warm_start(self, outside: Plan | None, spent: float) -> tuple[Assignment | None, str | None]:
+        """The hint: the better of ``outside`` (the user's plan, else the best
+        fast planner's: :meth:`outside_plan`, fetched before any model is
+        built, in ``spent`` seconds), projected into the model's plan space,
+        and staged eviction (slow on big models, so it stops at a deadline).
+        Only plans that meet the budget and caps count."""
         from .warm_start import staged_eviction
 
         cfg = self.cfg
@@ -254,8 +255,7 @@ class CpSatRun:
                 self.trace.solution("primary", self.to_units(found[-1][0]), None)
 
         # the warm start may use a quarter of the time limit, the search the rest
-        deadline = time.perf_counter() + WARM_START_SHARE * cfg.time_limit
-        outside = self.outside_plan(deadline)
+        deadline = time.perf_counter() + WARM_START_SHARE * cfg.time_limit - spent
         if outside is not None:
             consider(from_plan(self.form, outside), "hint" if cfg.hint is not None else outside.planner)
         if cfg.hint is not None or cfg.warm_start == "auto":
@@ -413,6 +413,9 @@ class CpSatRun:
         proofs: list[dict[str, Any]] = []  # the stronger relaxations' attempts (stats)
         proof_at = None  # the objective they were asked about
         done = None  # the last round with a plan: (form, backend, peak_var, depth, variables, constraints)
+        # a valid plan before any model is built (the GPT decoder's takes 9 s)
+        outside = self.outside_plan(self.start + WARM_START_SHARE * cfg.time_limit)
+        outside_s = time.perf_counter() - self.start
         for k, depth in enumerate(self.depths()):
             if (k and best is not None and status == cp_model.OPTIMAL and not self.interrupted
                     and not self.proven_whole(best) and proof_at != self.objective_of(best)):
@@ -434,10 +437,9 @@ class CpSatRun:
                 self.lower = whole.bound
                 if whole.status == "INFEASIBLE":  # no staged plan at all: nothing to search
                     status, solved_depth = cp_model.INFEASIBLE, None
-                    self.outside_plan(time.perf_counter() + WARM_START_SHARE * cfg.time_limit)
                     break
             if prev is None:
-                hint, hint_source = self.warm_start()
+                hint, hint_source = self.warm_start(outside, outside_s)
                 hint_obj = self.objective_of(hint) if hint is not None else None
             else:
                 hint = from_plan(form, prev)
@@ -566,6 +568,9 @@ class CpSatRun:
                 and (not cfg.max_clone_expansion or r.compute_events <= cfg.max_clone_expansion * len(g.compute_ids))
                 and (cfg.max_overhead is None or overhead <= cfg.max_overhead * r.base_cost)):
             self.outside = (plan, r, overhead if cfg.objective == "overhead" else float(r.peak_bytes))
+            # the run returns nothing worse from here on, even when the plan
+            # does not fit the model's space (time_to_first_s counts it)
+            self.trace.solution("primary", self.outside[2], None)
 
     def fallback(self, stats: dict[str, Any],
                  reason: str = "no plan found in the model's space") -> Plan:
