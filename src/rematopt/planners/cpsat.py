@@ -28,7 +28,7 @@ from ..graph import Graph
 from ..plan import Plan
 from ..reference import no_remat_peak, peak_lower_bound
 from ..simulate import Replay, cost_of_counts, simulate
-from .cpsat_backends import CpSatBackend, LpBackend, tune
+from .cpsat_backends import CpSatBackend, LpBackend, stopped_early, tune
 from .cpsat_bound import WholeBound, relaxation_bound
 from .cpsat_extract import Assignment, events, from_plan
 from .cpsat_model import Formulation, Stages, integer_scale
@@ -206,21 +206,31 @@ class CpSatRun:
                            cost_scale=self.scale, mem_cap_bytes=top, depth=depth)
         form.add_all()
         overhead = form.recompute_terms() + form.transfer_terms()
-        if cfg.max_clone_expansion:
-            limit = math.floor(cfg.max_clone_expansion * len(g.compute_ids)) - len(g.compute_ids)
-            backend.add([(1, v) for v in form.recompute_events()], -math.inf, limit)
+        if self.max_recomputes() is not None:
+            backend.add([(1, v) for v in form.recompute_events()], -math.inf, self.max_recomputes())
         if cfg.objective == "overhead":
             backend.minimize(overhead)
         else:
-            if cfg.max_overhead is not None:
-                base = sum(form.int_cost[i] for i in g.compute_ids)
-                backend.add(overhead, -math.inf, math.floor(cfg.max_overhead * base + 1e-9))
+            if self.overhead_cap(form) is not None:
+                backend.add(overhead, -math.inf, self.overhead_cap(form))
             low = self.peak_floor(form)
             self.peak_var = backend.int_var(low, max(form.mem_cap, low), "peak")
             form.bound_memory(self.peak_var)
             backend.minimize([(1, self.peak_var)])
         self.overhead_terms = overhead
         return form
+
+    def overhead_cap(self, form: Formulation) -> int | None:
+        """``--max-overhead`` under the peak objective, in model integers."""
+        cfg = self.cfg
+        if cfg.objective != "peak" or cfg.max_overhead is None:
+            return None
+        return math.floor(cfg.max_overhead * sum(form.int_cost[i] for i in self.graph.compute_ids) + 1e-9)
+
+    def max_recomputes(self) -> int | None:
+        """``--max-clone-expansion`` as a cap on compute events beyond the first ones."""
+        n, x = len(self.graph.compute_ids), self.cfg.max_clone_expansion
+        return math.floor(x * n) - n if x else None
 
     def to_units(self, value: float) -> float:
         """Objective value in cost units (overhead) or bytes (peak)."""
@@ -230,8 +240,10 @@ class CpSatRun:
 
     def objective_of(self, a: Assignment) -> int:
         """An assignment's primary objective, in model integers."""
-        if self.cfg.objective == "peak":
-            return self.objective_of_peak(a)
+        return self.objective_of_peak(a) if self.cfg.objective == "peak" else self.overhead_of(a)
+
+    def overhead_of(self, a: Assignment) -> int:
+        """Recompute plus transfer cost, in model integers."""
         f = self.form
         cost = sum(f.int_cost[i] for (s, i) in a.R if s != f.ix.first[i])
         return cost + sum(f.int_transfer[i] for i in a.O) + sum(f.int_transfer[i] for (s, i) in a.P)
@@ -280,19 +292,15 @@ class CpSatRun:
 
     def admissible(self, a: Assignment) -> bool:
         """Whether an assignment meets the budget, caps and clone bound."""
-        cfg, f = self.cfg, self.form
+        f = self.form
         mem = max(a.memory(f).values(), default=0)
         if mem > f.mem_cap:
             return False
-        if cfg.max_clone_expansion and len(a.R) > math.floor(cfg.max_clone_expansion * len(self.graph.compute_ids)):
+        limit = self.max_recomputes()
+        if limit is not None and len(a.R) - len(self.graph.compute_ids) > limit:
             return False
-        if cfg.objective == "peak" and cfg.max_overhead is not None:
-            base = sum(f.int_cost[i] for i in self.graph.compute_ids)
-            cost = sum(f.int_cost[i] for (s, i) in a.R if s != f.ix.first[i])
-            cost += sum(f.int_transfer[i] for i in a.O) + sum(f.int_transfer[i] for (s, i) in a.P)
-            if cost > math.floor(cfg.max_overhead * base + 1e-9):
-                return False
-        return True
+        cap = self.overhead_cap(f)
+        return cap is None or self.overhead_of(a) <= cap
 
     # -- solve ---------------------------------------------------------------------
 
@@ -308,8 +316,7 @@ class CpSatRun:
         prm.catch_sigint_signal = True
         with _progress(self.trace, cfg.progress and phase == "primary"), _restored_sigint():
             status = solver.solve(self.backend.model, _Callback(self.trace, phase, to_units))
-        stopped_early = status in (cp_model.FEASIBLE, cp_model.UNKNOWN) and solver.wall_time < 0.9 * limit - 0.5
-        self.interrupted = self.interrupted or stopped_early
+        self.interrupted = self.interrupted or stopped_early(solver, status, limit)
         if status == cp_model.MODEL_INVALID:
             raise PlannerError(f"cpsat: model invalid ({self.backend.model.validate()})")
         values = list(solver.response_proto.solution) if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) else None
@@ -349,15 +356,11 @@ class CpSatRun:
         int_cost = form.int_cost if self.exact else [math.floor(c * self.scale) for c in g.cost]
         int_transfer = (form.int_transfer if self.exact else
                         [math.floor(b * cfg.transfer_cost_per_byte * self.scale) for b in g.bytes])
-        n = len(g.compute_ids)
-        base = sum(form.int_cost[i] for i in g.compute_ids)
         with _restored_sigint():
             return relaxation_bound(
                 g, level=level, objective=cfg.objective, unit=form.unit, cap_units=form.mem_cap,
                 int_cost=int_cost, int_transfer=int_transfer, offload=cfg.offload,
-                overhead_cap=(math.floor(cfg.max_overhead * base + 1e-9) if cfg.max_overhead is not None
-                              and cfg.objective == "peak" else None),
-                max_recomputes=(math.floor(cfg.max_clone_expansion * n) - n if cfg.max_clone_expansion else None),
+                overhead_cap=self.overhead_cap(form), max_recomputes=self.max_recomputes(),
                 peak_floor=self.peak_floor(form), below=below, time_limit=limit, workers=cfg.workers,
                 seed=cfg.seed, interruptible=level != "gaps")
 

@@ -38,6 +38,13 @@ def tune(prm: Any, limit: float, workers: int, seed: int = 0) -> None:
         prm.subsolvers.extend(["max_lp", "default_lp"])
 
 
+def stopped_early(solver: cp_model.CpSolver, status: int, limit: float,
+                  unproven: tuple[int, ...] = (cp_model.FEASIBLE, cp_model.UNKNOWN)) -> bool:
+    """Whether a solve that ended ``unproven`` did so well before ``limit``:
+    with CP-SAT catching SIGINT, that is a Ctrl-C."""
+    return status in unproven and solver.wall_time < 0.9 * limit - 0.5
+
+
 class CpSatBackend:
     def __init__(self) -> None:
         self.model = cp_model.CpModel()

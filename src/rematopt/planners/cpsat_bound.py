@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from ortools.sat.python import cp_model
 
 from ..graph import Graph
-from .cpsat_backends import tune
+from .cpsat_backends import stopped_early, tune
 from .cpsat_model import Stages
 
 
@@ -121,7 +121,7 @@ def relaxation_bound(graph: Graph, *, level: str, objective: str, unit: int, cap
     # an early stop without a proof is Ctrl-C's doing, unless the solution
     # found under ``below`` stopped it by design
     unproven = (cp_model.UNKNOWN,) if below is not None else (cp_model.FEASIBLE, cp_model.UNKNOWN)
-    stopped = interruptible and status in unproven and solver.wall_time < 0.9 * time_limit - 0.5
+    stopped = interruptible and stopped_early(solver, status, time_limit, unproven)
     if status == cp_model.INFEASIBLE:
         return WholeBound("INFEASIBLE", None, seconds)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
