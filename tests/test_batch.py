@@ -18,6 +18,7 @@ from rematopt.importers.synthetic import chain, random_layered, unet
 
 FAKES = '''
 import os, signal, time
+from rematopt.plan import Plan
 from rematopt.planners.no_remat import plan as no_remat
 
 def crash(graph, budget, options):
@@ -48,6 +49,16 @@ def patient(graph, budget, options):
         time.sleep(0.05)
     return no_remat(graph, budget, options)
 
+def quitter(graph, budget, options):
+    """Searches until SIGINT, then gives up without a plan (cpsat's UNKNOWN)."""
+    stop = []
+    signal.signal(signal.SIGINT, lambda *a: stop.append(1))
+    while not stop:
+        time.sleep(0.05)
+    p = Plan(graph.name, "quitter", [], [])
+    p.stats["status"] = "UNKNOWN"
+    return p
+
 def fragile(graph, budget, options):
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # dies of the SIGINT instead of raising
     time.sleep(120)
@@ -74,7 +85,7 @@ def fakes(tmp_path, monkeypatch):
     (tmp_path / "fakeplanners.py").write_text(textwrap.dedent(FAKES))
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
-    for name in ("crash", "hang", "hog", "broken", "liar", "patient", "stubborn", "fragile",
+    for name in ("crash", "hang", "hog", "broken", "liar", "patient", "quitter", "stubborn", "fragile",
                  "echo_hint"):
         monkeypatch.setitem(planners.REGISTRY, f"fake-{name}", f"fakeplanners:{name}")
     return tmp_path
@@ -132,8 +143,8 @@ def test_failures_become_rows_and_never_stop_the_batch(fakes, tmp_path, monkeypa
     path = tmp_path / "unet.json"
     unet(2, train=True).save(path)
     monkeypatch.setattr(batch, "STOP_GRACE_S", 1.0)
-    names = ["fake-crash", "fake-hang", "fake-patient", "fake-stubborn", "fake-fragile", "fake-hog", "fake-broken",
-             "fake-liar", "no-remat"]
+    names = ["fake-crash", "fake-hang", "fake-patient", "fake-quitter", "fake-stubborn", "fake-fragile", "fake-hog",
+             "fake-broken", "fake-liar", "no-remat"]
     rows, _ = run([path], names, [1.0], tmp_path / "res", jobs=4, options={"time_limit": 0.1},
                   timeout_margin=6, memory_limit=1 << 30)  # the workers mostly sleep: 4 at once is light
     status = {r["planner"]: (r["status"], r["error"]) for r in rows}
@@ -146,6 +157,8 @@ def test_failures_become_rows_and_never_stop_the_batch(fakes, tmp_path, monkeypa
     patient = next(r for r in rows if r["planner"] == "fake-patient")
     assert patient["status"] == "FEASIBLE" and "best plan kept" in patient["error"]
     assert simulate(unet(2, train=True), Plan.load(tmp_path / "res" / patient["plan_path"])).valid
+    # Stopped there without a plan, its UNKNOWN is no answer: a time-out, which a resume reruns.
+    assert status["fake-quitter"][0] == "TIMEOUT" and "no plan" in status["fake-quitter"][1]
     assert status["fake-hog"][0] == "OOM"
     assert status["fake-broken"] == ("ERROR", "ValueError: bad model")
     assert status["fake-liar"][0] == "ERROR" and "replay" in status["fake-liar"][1]

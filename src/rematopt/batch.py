@@ -375,6 +375,8 @@ def execute(spec: dict[str, Any]) -> dict[str, Any]:
             if stopped:
                 row["error"] = (f"stopped at the hard timeout ({spec['timeout']:g} s); "
                                 + ("best plan kept" if row.get("plan_path") else "no plan"))
+                if row["status"] == "UNKNOWN":  # no plan, no proof: not the planner's answer, a time-out
+                    row["status"] = "TIMEOUT"
         else:
             row = base_row(spec)
             row["status"], row["error"] = _failure(spec, code, err_file.read_text(errors="replace"), stopped)
