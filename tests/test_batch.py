@@ -166,6 +166,68 @@ def test_failures_become_rows_and_never_stop_the_batch(fakes, tmp_path, monkeypa
     assert {r["budget"] for r in rows} == {no_remat_peak(unet(2, train=True))}  # failed rows too
 
 
+def test_resume_reruns_the_failed_jobs_and_replaces_their_rows(fakes, graph_dir, tmp_path, monkeypatch):
+    out, chain6 = tmp_path / "res", graph_dir / "chain6.json"
+    names = ["fake-broken", "fake-crash", "no-remat"]
+    rows, _ = run([chain6], names, [1.0, 0.9, 0.01], out, jobs=2)
+    first = {(r["planner"], r["budget_ratio"]): r for r in rows}
+    assert [first["fake-broken", r]["status"] for r in (1.0, 0.9, 0.01)] == ["ERROR", "ERROR", "INFEASIBLE_BUDGET"]
+    assert [first["fake-crash", r]["status"] for r in (1.0, 0.9, 0.01)] == ["CRASH", "CRASH", "INFEASIBLE_BUDGET"]
+    order = [r["key"] for r in batch.read_rows(out)]
+    failed = {first[p, r]["key"] for p in ("fake-broken", "fake-crash") for r in (1.0, 0.9)}
+
+    # The same jobs (same keys), now with planners that work.
+    monkeypatch.setitem(planners.REGISTRY, "fake-broken", "rematopt.planners.no_remat:plan")
+    monkeypatch.setitem(planners.REGISTRY, "fake-crash", "rematopt.planners.no_remat:plan")
+    inputs, _ = batch.load_inputs([chain6])
+    again = batch.plan_batch(inputs, names, [1.0, 0.9, 0.01], out, resume=True)
+    assert {s["key"] for s in again.specs} == failed and not again.skipped
+    assert set(again.rerun) == failed  # their earlier rows, for the CLI's count
+    assert len(again.done) == 5  # no-remat's three answers and the two INFEASIBLE_BUDGET verdicts
+    new = batch.run_batch(again, out, jobs=2)
+    assert {r["key"] for r in new} == failed
+
+    table = batch.read_rows(out)
+    assert [r["key"] for r in table] == order  # one row per job, each in its first place
+    status = {(r["planner"], r["budget_ratio"]): r["status"] for r in table}
+    assert status["fake-broken", 1.0] == status["fake-crash", 1.0] == "FEASIBLE"
+    assert status["fake-broken", 0.9] == status["fake-crash", 0.9] == "OVER_BUDGET"
+    assert all(r["error"] is None for r in table if r["budget_ratio"] != 0.01)
+    assert len((out / batch.RESULTS).read_text().splitlines()) == 9  # the log too: old rows replaced
+    assert len((out / "results.csv").read_text().splitlines()) == 10
+    assert not batch.plan_batch(inputs, names, [1.0, 0.9, 0.01], out, resume=True).specs
+
+
+def test_resume_keeps_every_answer_and_reruns_every_failure(graph_dir, tmp_path):
+    inputs, _ = batch.load_inputs([graph_dir / "chain6.json"])
+    g = inputs[0]
+    statuses = ["OPTIMAL", "FEASIBLE", "OVER_BUDGET", "INFEASIBLE", "INFEASIBLE_BUDGET", "UNKNOWN",
+                "ERROR", "CRASH", "OOM", "TIMEOUT", "SKIPPED", "SOMETHING_NEW"]
+    ratios = [1 - i / 100 for i in range(len(statuses))]  # all above the lower bound (0.29)
+    out = tmp_path / "res"
+    out.mkdir()
+    log = batch.ResultsLog(out / batch.RESULTS)
+    for r, status in zip(ratios, statuses):
+        log.append({"key": batch.job_key(g.sha256, r, "no-remat", {}), "budget_ratio": r, "status": status})
+    again = batch.plan_batch(inputs, ["no-remat"], ratios, out, resume=True)
+    rerun = [statuses[ratios.index(s["budget_ratio"])] for s in again.specs]
+    assert rerun == ["ERROR", "CRASH", "OOM", "TIMEOUT", "SKIPPED", "SOMETHING_NEW"]
+    assert sorted(row["status"] for row in again.done.values()) == sorted(statuses[:6])
+
+
+def test_a_later_row_replaces_its_key_in_place_but_never_an_answer(tmp_path):
+    log = batch.ResultsLog(tmp_path / batch.RESULTS)
+    for key, status in [("a", "CRASH"), ("b", "OPTIMAL"), ("c", "TIMEOUT"), ("a", "FEASIBLE"), ("b", "ERROR"),
+                        ("c", "OOM")]:
+        log.append({"key": key, "status": status})
+    expect = [("a", "FEASIBLE"), ("b", "OPTIMAL"), ("c", "OOM")]
+    assert [(r["key"], r["status"]) for r in batch.read_rows(tmp_path)] == expect
+    log.compact()
+    assert [json.loads(line)["key"] for line in log.path.read_text().splitlines()] == ["a", "b", "c"]
+    assert [(r["key"], r["status"]) for r in batch.read_rows(tmp_path)] == expect
+    assert [p.name for p in tmp_path.iterdir()] == [batch.RESULTS]  # no temporary file left
+
+
 def test_exact_jobs_run_last_with_the_best_fast_plan_as_hint(fakes, tmp_path, monkeypatch):
     path = tmp_path / "chain.json"
     chain(5, sinks=True).save(path)  # working set / no-remat peak = 1/3

@@ -16,8 +16,14 @@ Why it is built this way:
 * Exact planners run after the fast planners of the same (graph, budget) and
   start from the best of their plans (option ``hint``); without one they fall
   back to their own warm start.
-* ``--resume`` skips jobs whose key (graph file hash, budget ratio, planner,
-  options) already has a row.
+* ``--resume`` skips the jobs whose key (graph file hash, budget ratio,
+  planner, options) already has a row with an answer (see ``FINISHED``) and
+  runs the rest: new jobs, and those that failed (ERROR, CRASH, OOM, TIMEOUT;
+  a planner stopped at the hard timeout with neither plan nor proof is a
+  TIMEOUT, not its UNKNOWN) or were SKIPPED. A rerun's row is appended like
+  any other, so a crash or Ctrl-C still loses nothing; readers take the last
+  row of a key, in the place of the first, and the end of a run rewrites
+  ``results.jsonl`` (to a temporary name, then renamed) with one row per job.
 
 The dask executor assumes the graph files and the results directory are on a
 file system every worker sees (as on a cluster with a shared home).
@@ -52,6 +58,13 @@ EXACT = ("cpsat",)  # take a hint from the fast planners, so they run last
 GRAPH_SUFFIXES = (".json", ".mlir")
 # Statuses the batch adds to the planners' own (OPTIMAL, FEASIBLE, ...).
 FAILURES = ("INFEASIBLE_BUDGET", "ERROR", "CRASH", "OOM", "TIMEOUT", "SKIPPED")
+# Rows that answer their job, which --resume keeps: a replayed plan (OPTIMAL,
+# FEASIBLE, OVER_BUDGET), a verdict that no plan exists (INFEASIBLE, or the
+# batch's INFEASIBLE_BUDGET), or the planner's own report that its time limit
+# gave neither (UNKNOWN: the same job would say it again; a longer --time-limit
+# is another job). Every other status (ERROR, CRASH, OOM, TIMEOUT, SKIPPED) is
+# a run that gave no answer, and a resume runs it again.
+FINISHED = ("OPTIMAL", "FEASIBLE", "OVER_BUDGET", "INFEASIBLE", "INFEASIBLE_BUDGET", "UNKNOWN")
 DEFAULT_MEMORY_LIMIT = 4 << 30
 DEFAULT_TIMEOUT_MARGIN = 30.0  # interpreter start, graph load, replay, plan save
 STOP_GRACE_S = 10.0  # after SIGINT at the hard timeout, for the planner to hand back its best plan
@@ -130,24 +143,43 @@ def load_inputs(paths: Iterable[str | Path]) -> tuple[list[GraphInput], list[tup
 # -- the results log ------------------------------------------------------------
 
 
+def finished(row: dict[str, Any]) -> bool:
+    """Whether a row answers its job (see ``FINISHED``), so a resume keeps it."""
+    return row.get("status") in FINISHED
+
+
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
-    """Rows of a ``results.jsonl`` (or of the directory holding one); lines
-    that do not parse (a torn last line after a crash) are ignored."""
+    """Rows of a ``results.jsonl`` (or of the directory holding one), one per
+    job: a later row of a key (a resumed job's rerun) takes the place of the
+    earlier one, unless only the earlier one is finished. Lines that do not
+    parse (a torn last line after a crash) are ignored."""
+    return list(_read_log(path)[0].values())
+
+
+def _read_log(path: str | Path) -> tuple[dict[str, dict[str, Any]], int]:
+    """Rows by key (as ``read_rows``) and the number of non-blank lines read."""
     path = Path(path)
     if path.is_dir():
         path = path / RESULTS
+    rows: dict[str, dict[str, Any]] = {}
+    lines = 0
     if not path.exists():
-        return []
-    rows = []
+        return rows, lines
     with open(path, "rb") as f:
         for line in f:
+            if not line.strip():
+                continue
+            lines += 1
             try:
                 row = json.loads(line)
             except (json.JSONDecodeError, UnicodeDecodeError):
                 continue
-            if isinstance(row, dict) and "key" in row:
-                rows.append(row)
-    return rows
+            if not (isinstance(row, dict) and "key" in row):
+                continue
+            old = rows.get(row["key"])
+            if old is None or finished(row) or not finished(old):  # never trade an answer for a failure
+                rows[row["key"]] = row  # a dict keeps the key's first place
+    return rows, lines
 
 
 class ResultsLog:
@@ -172,6 +204,30 @@ class ResultsLog:
             f.write(line)
             f.flush()
             os.fsync(f.fileno())
+
+    def compact(self) -> None:
+        """Rewrite the file as ``read_rows`` sees it: one row per job, a
+        rerun's row in its job's first place, no torn lines. Written to a
+        temporary name, fsync'd and renamed, so a crash or Ctrl-C leaves the
+        old file (still read the same way) or the new one, never a mix."""
+        with self._lock:
+            rows, lines = _read_log(self.path)
+            if lines == len(rows):
+                return
+            tmp = self.path.with_name(f".{self.path.name}.tmp")
+            try:
+                with open(tmp, "wb") as f:
+                    f.writelines((json.dumps(row, default=str) + "\n").encode() for row in rows.values())
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, self.path)
+            finally:
+                tmp.unlink(missing_ok=True)
+            dir_fd = os.open(self.path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)  # the rename itself
+            finally:
+                os.close(dir_fd)
 
 
 def write_tables(results_dir: str | Path) -> list[Path]:
@@ -422,8 +478,9 @@ class BatchPlan:
     """The jobs of a batch, before any runs."""
 
     specs: list[dict[str, Any]]
-    done: dict[str, dict[str, Any]]  # key -> row from an earlier run (--resume)
+    done: dict[str, dict[str, Any]]  # key -> finished row from an earlier run (--resume)
     skipped: list[dict[str, Any]] = field(default_factory=list)  # rows decided without a worker
+    rerun: dict[str, dict[str, Any]] = field(default_factory=dict)  # key -> unfinished earlier row, run again
 
 
 def plan_batch(inputs: list[GraphInput], planner_names: list[str], ratios: list[float], out: str | Path,
@@ -431,7 +488,8 @@ def plan_batch(inputs: list[GraphInput], planner_names: list[str], ratios: list[
                memory_limit: int | None = DEFAULT_MEMORY_LIMIT, timeout_margin: float = DEFAULT_TIMEOUT_MARGIN,
                exact_max_nodes: int | None = None, default_workers: int | None = None) -> BatchPlan:
     """The job list: fast planners first, exact ones last; with ``resume``,
-    jobs already in ``out/results.jsonl`` are left out. ``default_workers``
+    jobs with a finished row in ``out/results.jsonl`` are left out, and those
+    whose row is a failure or SKIPPED run again. ``default_workers``
     sets the solver threads per job when ``options`` does not (it is not part
     of the job key, so a resume on another machine skips the same jobs).
 
@@ -449,9 +507,10 @@ def plan_batch(inputs: list[GraphInput], planner_names: list[str], ratios: list[
     if rows and not resume:
         raise RematoptError(f"{out}: already holds {len(rows)} results; pass --resume to continue that "
                             "batch, or choose a new --out directory")
-    done = {row["key"]: row for row in rows if row["status"] != "SKIPPED"}  # a resume may lift the size cap
+    done = {row["key"]: row for row in rows if finished(row)}  # SKIPPED too runs again: a resume may lift the cap
+    earlier = {row["key"]: row for row in rows if not finished(row)}
     timeout = float(options.get("time_limit") or 3600.0) + timeout_margin
-    specs, skipped = [], []
+    specs, skipped, rerun = [], [], {}
     order = sorted(planner_names, key=lambda p: p in EXACT)
     for planner in order:
         for g in inputs:
@@ -461,6 +520,8 @@ def plan_batch(inputs: list[GraphInput], planner_names: list[str], ratios: list[
                     spec["run_options"].setdefault("workers", default_workers)
                 if spec["key"] in done:
                     continue
+                if spec["key"] in earlier:
+                    rerun[spec["key"]] = earlier[spec["key"]]
                 row = base_row(spec)
                 row["log_path"] = None
                 if spec["budget"] < g.peak_lower_bound:
@@ -473,7 +534,7 @@ def plan_batch(inputs: list[GraphInput], planner_names: list[str], ratios: list[
                     skipped.append(row)
                 else:
                     specs.append(spec)
-    return BatchPlan(specs, done, skipped)
+    return BatchPlan(specs, done, skipped, rerun)
 
 
 def best_hint(rows: Iterable[dict[str, Any]], spec: dict[str, Any]) -> dict[str, Any] | None:
@@ -500,7 +561,8 @@ def run_batch(batch: BatchPlan, out: str | Path, jobs: int = 1, executor: str = 
     dask cluster (``executor="dask"``, ``scheduler`` = its address), append
     each row the moment its job ends, and derive the tables at the end.
     Returns the rows written by this run. Ctrl-C ends the running workers; the
-    rows already written stay."""
+    rows already written stay. At the end (Ctrl-C too) the log is compacted, so
+    a rerun job's new row replaces its old one."""
     out = Path(out).resolve()
     (out / "plans").mkdir(parents=True, exist_ok=True)
     log = ResultsLog(out / RESULTS)
@@ -543,6 +605,7 @@ def run_batch(batch: BatchPlan, out: str | Path, jobs: int = 1, executor: str = 
         raise
     finally:
         close()
+        log.compact()
         write_tables(out)
     return new
 

@@ -45,7 +45,7 @@ def load_results(results_dir: str | Path) -> pd.DataFrame:
         raise RematoptError(f"{results_dir}: no results (expected {RESULTS} or results.csv from rematopt batch)")
     if df.empty:
         raise RematoptError(f"{results_dir}: the results table is empty")
-    return add_references(df.drop_duplicates("key", keep="last"))  # a resumed SKIPPED job ran later
+    return add_references(df.drop_duplicates("key", keep="last"))  # a CSV of an older batch may hold a rerun job twice
 
 
 def _options(options: Any) -> dict[str, Any]:

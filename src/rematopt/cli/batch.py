@@ -50,7 +50,10 @@ def _floats(text: str) -> list[float]:
 @click.option("--memory-limit", default="4GiB", show_default=True, help="Address-space cap per job (0: none).")
 @click.option("--exact-max-nodes", type=int, help="Skip exact planners (cpsat) on graphs with more nodes.")
 @click.option("--out", "-o", "out", required=True, type=click.Path(file_okay=False), help="Results directory.")
-@click.option("--resume", is_flag=True, help="Continue the batch in --out, skipping finished jobs.")
+@click.option("--resume", is_flag=True,
+              help="Continue the batch in --out: jobs with an answer (OPTIMAL, FEASIBLE, OVER_BUDGET, INFEASIBLE, "
+                   "INFEASIBLE_BUDGET, UNKNOWN) are kept; new, failed (ERROR, CRASH, OOM, TIMEOUT) and SKIPPED "
+                   "jobs run, a rerun's row replacing the old one.")
 @click.option("--executor", type=click.Choice(["local", "dask"]), default="local", show_default=True)
 @click.option("--scheduler", help="dask scheduler address (with --executor dask).")
 def batch_cmd(graphs: tuple[str, ...], planner_list: str, budget_ratios: str, time_limit: float,
@@ -81,7 +84,8 @@ def batch_cmd(graphs: tuple[str, ...], planner_list: str, budget_ratios: str, ti
     _record_command(out_dir, names, inputs)
     total = len(plan.specs) + len(plan.skipped)
     err.print(f"{len(inputs)} graphs x {len(_floats(budget_ratios))} budgets x {len(names)} planners: "
-              f"{total} jobs to run, {len(plan.done)} already done", highlight=False)
+              f"{total} jobs to run ({len(plan.rerun)} of them again), {len(plan.done)} already done",
+              highlight=False)
     counts: dict[str, int] = {}
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("ETA"), TimeRemainingColumn(), console=err, transient=False) as bar:
