@@ -310,7 +310,8 @@ def test_a_budget_met_outside_the_models_space_returns_the_fast_plan(monkeypatch
     lo, hi = peak_lower_bound(g), no_remat_peak(g)
     budget = lo + (hi - lo) // 5
     monkeypatch.setattr(cpsat.CpSatRun, "depths", lambda self: [0])
-    monkeypatch.setattr(cpsat, "from_plan", lambda form, plan: None)  # nothing projects
+    monkeypatch.setattr(cpsat, "from_plan", lambda form, plan: None)  # nothing projects,
+    monkeypatch.setattr(cpsat.CpSatRun, "plan_pairs", lambda self, ix, plan: {})  # nor widens the space
     sol = solve(g, "cpsat", budget=budget, time_limit=10, workers=1)
     st = sol.plan.stats
     assert sol.status == "FEASIBLE" and st["plan_from"] != "cpsat" and st["space_status"] == "INFEASIBLE"
@@ -332,6 +333,25 @@ def test_never_worse_than_a_hint_from_outside_the_models_space():
     sol = solve(g, "cpsat", budget=budget, recompute_depth="full", hint=hint.plan, **FAST)
     assert sol.plan.stats["plan_from"] == "greedy" and "beats the model's best" in sol.plan.stats["reason"]
     assert sol.replay.recompute_cost == hint.replay.recompute_cost and sol.replay.peak_bytes <= budget
+
+
+def test_a_restricted_space_holds_the_hint_beyond_its_depth():
+    """On a short training chain at a tight budget every plan recomputes
+    chains deeper than one hop, so the depth-1 space alone holds none. Given
+    the full space's optimum as hint, the depth-1 round also allows the hint's
+    re-materialisations: it is solved from the hint and proven optimal in
+    that space, rather than falling back to the plan from outside."""
+    g = synthetic.linear_training(6)
+    lo, hi = peak_lower_bound(g), no_remat_peak(g)
+    budget = lo + (hi - lo) // 10
+    full = solve(g, "cpsat", budget=budget, recompute_depth="full", **FAST)
+    alone = solve(g, "cpsat", budget=budget, recompute_depth=1, **FAST)
+    assert full.status == "OPTIMAL" and alone.status == "UNKNOWN"
+    sol = solve(g, "cpsat", budget=budget, recompute_depth=1, hint=full.plan, **FAST)
+    st = sol.plan.stats
+    assert st["warm_start"] == "hint" and st["space"] == "depth 1 + cpsat's plan"
+    assert sol.status == "OPTIMAL" and st.get("plan_from") is None
+    assert sol.replay.recompute_cost == full.replay.recompute_cost and sol.replay.peak_bytes <= budget
 
 
 def test_the_fast_planners_plan_is_on_record_before_any_model_is_built(monkeypatch):

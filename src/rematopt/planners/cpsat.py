@@ -30,7 +30,7 @@ from ..reference import no_remat_peak, peak_lower_bound
 from ..simulate import Replay, cost_of_counts, simulate
 from .cpsat_backends import CpSatBackend, LpBackend, stopped_early, tune
 from .cpsat_bound import WholeBound, relaxation_bound
-from .cpsat_extract import Assignment, events, from_plan
+from .cpsat_extract import Assignment, events, from_plan, staged_events
 from .cpsat_model import Formulation, Stages, integer_scale
 
 # Largest full staged model (sum over values of the stages they live in)
@@ -203,7 +203,8 @@ class CpSatRun:
         cfg, g = self.cfg, self.graph
         top = cfg.budget if cfg.budget is not None else no_remat_peak(g)
         form = Formulation(g, backend, offload=cfg.offload, transfer_cost_per_byte=cfg.transfer_cost_per_byte,
-                           cost_scale=self.scale, mem_cap_bytes=top, depth=depth)
+                           cost_scale=self.scale, mem_cap_bytes=top, depth=depth,
+                           also=self.also if depth is not None else None)
         form.add_all()
         overhead = form.recompute_terms() + form.transfer_terms()
         if self.max_recomputes() is not None:
@@ -289,6 +290,23 @@ class CpSatRun:
         if plan is not None:
             self.adopt_outside(plan)
         return plan
+
+    def plan_pairs(self, ix: Stages, plan: Plan | None) -> dict[int, set[int]]:
+        """The re-materialisations of ``plan`` (the warm start from outside)
+        per stage: the depth-restricted spaces allow them too, so they hold
+        its projection and search from it (the GPT decoder's dtr plan
+        recomputes 35 values beyond depth 1, and projected nowhere)."""
+        staged = staged_events(ix, plan) if plan is not None else None
+        pairs: dict[int, set[int]] = {}
+        for s, i in (staged[0] | staged[1]) if staged else ():
+            if s != ix.first[i]:
+                pairs.setdefault(s, set()).add(i)
+        return pairs
+
+    def space_name(self, depth: int | None) -> str:
+        if depth is None:
+            return "staged"
+        return f"depth {depth}" + (f" + {self.outside[0].planner}'s plan" if self.also and self.outside else "")
 
     def admissible(self, a: Assignment) -> bool:
         """Whether an assignment meets the budget, caps and clone bound."""
@@ -419,6 +437,7 @@ class CpSatRun:
         # a valid plan before any model is built (the GPT decoder's takes 9 s)
         outside = self.outside_plan(self.start + WARM_START_SHARE * cfg.time_limit)
         outside_s = time.perf_counter() - self.start
+        self.also = self.plan_pairs(ix, self.outside[0] if self.outside else None)
         for k, depth in enumerate(self.depths()):
             if (k and best is not None and status == cp_model.OPTIMAL and not self.interrupted
                     and not self.proven_whole(best) and proof_at != self.objective_of(best)):
@@ -500,12 +519,12 @@ class CpSatRun:
             # The default asked about the whole staged space, but only a
             # depth-restricted subspace was solved: its optimum and bound say
             # nothing about the whole space; the relaxations' bound does.
-            stats.update(space=f"depth {solved_depth}", space_status=stats["status"],
+            stats.update(space=self.space_name(solved_depth), space_status=stats["status"],
                          space_bound=stats["best_bound"], best_bound=None)
             if stats["status"] == "OPTIMAL":
                 stats["status"] = "OPTIMAL" if self.proven_whole(best) else "FEASIBLE"
         else:
-            stats["space"] = "staged" if solved_depth is None else f"depth {solved_depth}"
+            stats["space"] = self.space_name(solved_depth)
         if best is not None and self.lower is not None and (restricted or solved_depth is None):
             # a whole-space bound (the relaxation's, or the trivial one) under
             # the full model's own, whichever is higher

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..plan import COMPUTE, OFFLOAD, PREFETCH, Plan, PlanBuilder
-from .cpsat_model import Formulation
+from .cpsat_model import Formulation, Stages
 
 
 @dataclass
@@ -120,16 +120,29 @@ def events(form: Formulation, a: Assignment) -> Plan:
 
 def from_plan(form: Formulation, plan: Plan) -> Assignment | None:
     """Project a plan into the model's plan space, or None if the projection
-    is not a valid staged plan. Events between the first computations of
-    ``v_{s-1}`` and ``v_s`` belong to stage s; each stage then runs its
-    recomputes and prefetches at their slots in program order (a node computed
-    twice in one stage is computed once), values are kept into the next stage
-    only if read there before being re-materialised, and materialisations no
-    one reads are dropped. The result is checked against the model's rules;
-    its peak may differ from the plan's, its costs are never higher."""
-    g, ix = form.graph, form.ix
-    if ix.T == 0:
+    is not a valid staged plan. Its materialisations go to their stages
+    (:func:`staged_events`); each stage then runs its recomputes and
+    prefetches at their slots in program order (a node computed twice in one
+    stage is computed once), values are kept into the next stage only if read
+    there before being re-materialised, and materialisations no one reads are
+    dropped. The result is checked against the model's rules; its peak may
+    differ from the plan's, its costs are never higher."""
+    if form.ix.T == 0:
         return Assignment()
+    staged = staged_events(form.ix, plan)
+    if staged is None:
+        return None
+    R, P, O = staged
+    if any(k not in form.R for k in R) or any(k not in form.P for k in P):
+        return None
+    return canonical(form, R, P, O)
+
+
+def staged_events(ix: Stages, plan: Plan) -> tuple[set, set, set] | None:
+    """A plan's computations and prefetches as (stage, node) pairs, and its
+    offloaded nodes: events between the first computations of ``v_{s-1}``
+    and ``v_s`` belong to stage s. None if the plan never first-computes
+    some stage's node in program order."""
     R: set[tuple[int, int]] = set()
     P: set[tuple[int, int]] = set()
     O: set[int] = set()
@@ -145,11 +158,7 @@ def from_plan(form: Formulation, plan: Plan) -> Assignment | None:
             P.add((min(stage, ix.T - 1), i))
         elif op == OFFLOAD:
             O.add(i)
-    if stage < ix.T:
-        return None
-    if any(k not in form.R for k in R) or any(k not in form.P for k in P):
-        return None
-    return canonical(form, R, P, O)
+    return (R, P, O) if stage == ix.T else None
 
 
 def canonical(form: Formulation, R: set, P: set, O: set) -> Assignment | None:

@@ -103,11 +103,14 @@ class Stages:
     transitively. ``depth`` k restricts re-materialisation in stage s to the
     nodes within k producer hops of ``v_s`` (through recomputable nodes): the
     recomputes that feed the stage's own first computation. It shrinks the
-    model from O(n^2) to about O(n x k x in-degree) decision variables."""
+    model from O(n^2) to about O(n x k x in-degree) decision variables.
+    ``also`` (stage -> nodes) allows more re-materialisations in a restricted
+    space: the warm start's, so the space holds a plan at least as good."""
 
     graph: Graph
     offload: bool
     depth: int | None = None
+    also: dict[int, set[int]] | None = None
     stage_node: list[int] = field(init=False)
     first: list[int] = field(init=False)
     horizon: list[int] = field(init=False)
@@ -122,7 +125,9 @@ class Stages:
         self.first = [stage_of.get(i, -1) for i in range(g.n)]
         self.recomputable = [v.recomputable and not v.is_input for v in g.nodes]
         self.offloadable = [self.offload and v.offloadable and v.bytes > 0 for v in g.nodes]
-        self.near = None if self.depth is None else [self._ancestors(v) for v in self.stage_node]
+        also = self.also or {}
+        self.near = (None if self.depth is None else
+                     [self._ancestors(v) | also.get(s, set()) for s, v in enumerate(self.stage_node)])
         horizon = list(self.first)
         if self.near is None:
             for i in reversed(g.order):
@@ -185,10 +190,10 @@ class Formulation:
 
     def __init__(self, graph: Graph, backend: Backend, *, offload: bool = False,
                  transfer_cost_per_byte: float = 0.0, cost_scale: int = 1, mem_cap_bytes: int | None = None,
-                 depth: int | None = None):
+                 depth: int | None = None, also: dict[int, set[int]] | None = None):
         self.graph = graph
         self.b = backend
-        self.ix = Stages(graph, offload, depth)
+        self.ix = Stages(graph, offload, depth, also)
         sizes = [v.bytes for v in graph.nodes if v.bytes and not v.persistent]
         self.unit = reduce(math.gcd, sizes, 0) or 1
         self.size = [x // self.unit for x in graph.bytes]
