@@ -354,6 +354,25 @@ def test_a_restricted_space_holds_the_hint_beyond_its_depth():
     assert sol.replay.recompute_cost == full.replay.recompute_cost and sol.replay.peak_bytes <= budget
 
 
+def test_a_restricted_space_is_widened_only_for_a_hint_better_than_its_own():
+    """dtr's plan here recomputes values beyond depth 1, but costs far more
+    than staged eviction's plan inside the depth-1 space: the space is not
+    widened (a wider space is a harder one) and the round starts from the
+    better hint."""
+    from rematopt.planners.cpsat_extract import staged_events
+    from rematopt.planners.cpsat_model import Stages
+
+    g = synthetic.random_layered(16, seed=1)
+    outside = solve(g, "dtr", budget_ratio=0.9)
+    ix = Stages(g, False, 1)
+    R = staged_events(ix, outside.plan)[0]
+    assert outside.status == "FEASIBLE" and any(s != ix.first[i] and not ix.may_compute(s, i) for s, i in R)
+    sol = solve(g, "cpsat", budget_ratio=0.9, hint=outside.plan, recompute_depth=1, **dict(FAST, warm_start="auto"))
+    st = sol.plan.stats
+    assert st["space"] == "depth 1" and st["warm_start"] == "staged-eviction"
+    assert st["hint_objective"] < outside.replay.recompute_cost and st["objective"] <= st["hint_objective"]
+
+
 def test_the_fast_planners_plan_is_on_record_before_any_model_is_built(monkeypatch):
     """The best fast planner's plan is fetched before the first model is
     built, so time_to_first_s counts it (on the 2,090-node decoder, building

@@ -177,7 +177,7 @@ def test_a_restricted_solve_claims_the_whole_space_only_when_the_bound_meets_it(
     seen = set()
     for seed, ratio in ((1, 0.9), (1, 0.8), (6, 0.9)):
         g = synthetic.random_layered(16, seed=seed)
-        # no warm start: its plan's recomputes would widen the depth-1 space
+        # no warm start: its plan's recomputes could widen the depth-1 space
         sol = solve(g, "cpsat", budget_ratio=ratio, time_limit=20, workers=1, warm_start="none")
         st = sol.plan.stats
         assert st["space"].startswith("depth ") and st["space_status"] == "OPTIMAL" and st["space_gap"] == 0.0
