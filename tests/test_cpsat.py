@@ -335,6 +335,26 @@ def test_never_worse_than_a_hint_from_outside_the_models_space():
     assert sol.replay.recompute_cost == hint.replay.recompute_cost and sol.replay.peak_bytes <= budget
 
 
+@pytest.mark.parametrize("length, depths", [(6, [1, 2, 4, 8]), (10, [1, 2, 4, 8, 16])])
+def test_empty_restricted_spaces_double_the_depth(monkeypatch, length, depths):
+    """A training chain at its working-set bound needs recompute chains as
+    long as itself: while a round's space holds no plan the depth doubles
+    (rather than jumping to the full space), and the first space with a plan
+    already holds the full model's optimum."""
+    import rematopt.planners.cpsat as cpsat
+
+    monkeypatch.setattr(cpsat, "FULL_MODEL_PAIRS", 0)
+    g = synthetic.linear_training(length)
+    budget = peak_lower_bound(g)
+    sol = solve(g, "cpsat", budget=budget, **FAST)
+    st = sol.plan.stats
+    assert [r["recompute_depth"] for r in st["rounds"]] == depths
+    assert [r["status"] for r in st["rounds"]] == ["INFEASIBLE"] * (len(depths) - 1) + ["OPTIMAL"]
+    full = solve(g, "cpsat", budget=budget, recompute_depth="full", **FAST)
+    assert full.status == "OPTIMAL" and st["objective"] == full.plan.stats["objective"]
+    assert sol.replay.peak_bytes <= budget
+
+
 def test_a_restricted_space_holds_the_hint_beyond_its_depth():
     """On a short training chain at a tight budget every plan recomputes
     chains deeper than one hop, so the depth-1 space alone holds none. Given
