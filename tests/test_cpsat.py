@@ -335,24 +335,42 @@ def test_never_worse_than_a_hint_from_outside_the_models_space():
     assert sol.replay.recompute_cost == hint.replay.recompute_cost and sol.replay.peak_bytes <= budget
 
 
-@pytest.mark.parametrize("length, depths", [(6, [1, 2, 4, 8]), (10, [1, 2, 4, 8, 16])])
-def test_empty_restricted_spaces_double_the_depth(monkeypatch, length, depths):
-    """A training chain at its working-set bound needs recompute chains as
-    long as itself: while a round's space holds no plan the depth doubles
-    (rather than jumping to the full space), and the first space with a plan
-    already holds the full model's optimum."""
+@pytest.mark.parametrize("length, frac, depths", [(10, 0.0, [1, 2, "full"]), (16, 0.2, [1, 2, 4])])
+def test_empty_restricted_spaces_double_the_depth(monkeypatch, length, frac, depths):
+    """A training chain near its working-set bound needs long recompute
+    chains: while a round's space holds no plan the depth doubles, until the
+    doubled space would hold more than half of the full space's
+    re-materialisations (10 layers: depth 4 has 132 of 210; 16 layers: depth
+    8 has 392 of 528); then the full space. The first space with a plan is
+    solved to its optimum, as a solve restricted to that depth finds it."""
     import rematopt.planners.cpsat as cpsat
 
     monkeypatch.setattr(cpsat, "FULL_MODEL_PAIRS", 0)
     g = synthetic.linear_training(length)
-    budget = peak_lower_bound(g)
-    sol = solve(g, "cpsat", budget=budget, **FAST)
+    lo, hi = peak_lower_bound(g), no_remat_peak(g)
+    budget = lo + int((hi - lo) * frac)
+    sol = solve(g, "cpsat", budget=budget, **dict(FAST, time_limit=10))
     st = sol.plan.stats
-    assert [r["recompute_depth"] for r in st["rounds"]] == depths
-    assert [r["status"] for r in st["rounds"]] == ["INFEASIBLE"] * (len(depths) - 1) + ["OPTIMAL"]
-    full = solve(g, "cpsat", budget=budget, recompute_depth="full", **FAST)
-    assert full.status == "OPTIMAL" and st["objective"] == full.plan.stats["objective"]
-    assert sol.replay.peak_bytes <= budget
+    rounds = st["rounds"][:len(depths)]  # up to the first space with a plan
+    assert [r["recompute_depth"] for r in rounds] == depths
+    assert [r["status"] for r in rounds] == ["INFEASIBLE"] * (len(depths) - 1) + ["OPTIMAL"]
+    same = solve(g, "cpsat", budget=budget, recompute_depth=depths[-1], **FAST)
+    assert same.status == "OPTIMAL" and same.plan.stats["objective"] == rounds[-1]["objective"]
+    assert st["objective"] <= rounds[-1]["objective"] and sol.replay.peak_bytes <= budget
+
+
+def test_an_empty_restricted_space_asks_the_relaxations_whether_the_whole_is():
+    """The MLP instance at 0.9 of its no-remat peak: the depth-1 space is
+    empty, and so is the chains relaxation of the whole staged space, which
+    settles it: INFEASIBLE after one round, as the full model confirms."""
+    g = Graph.load(Path(__file__).resolve().parents[1] / "instances" / "mlp_l4_w256.json")
+    sol = solve(g, "cpsat", budget_ratio=0.9, **dict(FAST, workers=2))
+    st = sol.plan.stats
+    assert sol.status == "INFEASIBLE" and "chains relaxation" in st["reason"]
+    assert [(r["recompute_depth"], r["status"]) for r in st["rounds"]] == [(1, "INFEASIBLE")]
+    assert st["gap_relaxation"]["status"] == "OPTIMAL"  # the weakest relaxation could not tell
+    full = solve(g, "cpsat", budget_ratio=0.9, recompute_depth="full", **dict(FAST, workers=2))
+    assert full.status == "INFEASIBLE"
 
 
 def test_a_restricted_space_holds_the_hint_beyond_its_depth():

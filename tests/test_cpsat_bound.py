@@ -174,6 +174,7 @@ def test_a_restricted_solve_claims_the_whole_space_only_when_the_bound_meets_it(
 
     monkeypatch.setattr(cpsat, "FULL_MODEL_PAIRS", 0)
     monkeypatch.setattr(cpsat, "FULL_ROUND_PAIRS", 0)  # no full round either
+    monkeypatch.setattr(cpsat, "DOUBLING_SHARE", 1.0)  # an empty depth-1 space is followed by depth 2
     seen = set()
     for seed, ratio in ((1, 0.9), (1, 0.8), (6, 0.9)):
         g = synthetic.random_layered(16, seed=seed)
@@ -236,6 +237,7 @@ def test_a_relaxation_too_big_to_build_is_skipped_and_the_rounds_go_on(monkeypat
 
     monkeypatch.setattr(cpsat_bound, "MAX_PAIRS", 0)
     monkeypatch.setattr(cpsat, "FULL_MODEL_PAIRS", 0)
+    monkeypatch.setattr(cpsat, "DOUBLING_SHARE", 1.0)  # an empty depth-1 space is followed by depth 2
     g = synthetic.random_layered(16, seed=1)
     budget = int(0.8 * no_remat_peak(g))
     for level in ("chains", "slots"):

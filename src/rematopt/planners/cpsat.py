@@ -59,9 +59,12 @@ LP_MAX_VARIABLES = 40_000
 # least this much: building and presolving the depth-2 model of
 # random_layered_n250 alone takes about 5 s.
 MIN_ROUND_S = 5.0
-# While restricted rounds hold no plan the depth doubles, up to this; then the
-# full space.
-MAX_DOUBLED_DEPTH = 32
+
+# While restricted rounds hold no plan the depth doubles, up to a space with
+# this share of the full space's re-materialisations; then the full space.
+DOUBLING_SHARE = 0.5
+# "Any plan at all" to a relaxation proof: an objective no plan reaches.
+ANY_PLAN = 2**60
 
 STATUS = {cp_model.OPTIMAL: "OPTIMAL", cp_model.FEASIBLE: "FEASIBLE",
           cp_model.INFEASIBLE: "INFEASIBLE", cp_model.UNKNOWN: "UNKNOWN"}
@@ -361,9 +364,11 @@ class CpSatRun:
         warm-started from the previous one's best (the spaces are nested, so
         the hint carries over and the incumbent only improves), then the full
         space (see :meth:`run` for when a round starts). While the rounds hold
-        no plan, the depth doubles instead, up to MAX_DOUBLED_DEPTH: the
-        147-node U-Net at 0.9 has none within 1, 2 or 3 hops, its optimum
-        within 4 (1.6 s), and no plan from the full model in 60 s."""
+        no plan, the depth doubles instead, as long as that adds
+        re-materialisations and leaves at most half of the full space's: the
+        147-node U-Net at 0.9 has no plan within 1, 2 or 3 hops, its optimum
+        within 4 (1.6 s), and none from the full model in 60 s; a space
+        nearly as big as the full one is nearly as slow and still incomplete."""
         d = self.cfg.depth
         if d == "full" or (d is None and self.full_pairs <= FULL_MODEL_PAIRS):
             yield None
@@ -374,13 +379,23 @@ class CpSatRun:
         depth = 1
         while True:
             yield depth
-            if not self.found_plan and 2 * depth <= MAX_DOUBLED_DEPTH:
+            deeper = self.remat_pairs(2 * depth) if not self.found_plan else 0
+            if deeper > self.remat_pairs(depth) and deeper <= DOUBLING_SHARE * self.remat_pairs(None):
                 depth *= 2
             elif self.found_plan and depth == 1:
                 depth = 2
             else:
                 break
         yield None
+
+    def remat_pairs(self, depth: int | None) -> int:
+        """The (stage, value) pairs where the depth-``depth`` space may
+        re-materialise a value (None: the full space)."""
+        if depth not in self._remat_pairs:
+            ix = Stages(self.graph, self.cfg.offload, depth)
+            self._remat_pairs[depth] = sum(1 for i in ix.values for s in ix.stages(i) if s != ix.first[i]
+                                           and (ix.may_compute(s, i) or ix.may_prefetch(s, i)))
+        return self._remat_pairs[depth]
 
     def next_round(self, depth: int | None, status: int, found: bool) -> bool:
         """Whether a deeper round may start after one ended in ``status``: it
@@ -411,14 +426,17 @@ class CpSatRun:
                 peak_floor=self.peak_floor(form), below=below, time_limit=limit, workers=cfg.workers,
                 seed=cfg.seed, interruptible=level != "gaps")
 
-    def relaxation_proof(self, best: Assignment) -> list[dict[str, Any]]:
+    def relaxation_proof(self, best: Assignment | None) -> list[dict[str, Any]]:
         """Ask the stronger relaxations in turn (chains, then slots with what
         chains leaves) whether any staged plan beats ``best``; if none does,
-        ``best`` is optimal over the whole space. Together they get what the
+        ``best`` is optimal over the whole space. Without ``best``, whether
+        any staged plan meets the budget at all; if none does, ``self.empty``
+        (the 108-node MLP at 0.9: chains shows it in 0.02 s, after depth 1;
+        the full model took 8 s). Together they get what the
         rounds have taken so far (a proof saves the deeper rounds, which take
         about twice that), at least MIN_ROUND_S, at most a share of the time
         left. Raises ``self.lower`` by what each proves; returns the attempts."""
-        obj = self.objective_of(best)
+        obj = self.objective_of(best) if best is not None else ANY_PLAN + 1
         began = time.perf_counter()
         elapsed = began - self.start
         deadline = began + min(PROOF_SHARE * (self.cfg.time_limit - elapsed),
@@ -426,10 +444,15 @@ class CpSatRun:
         attempts = []
         for level in ("chains", "slots"):
             left = deadline - time.perf_counter()
-            if self.interrupted or self.proven_whole(best) or left < 0.05:
+            if self.interrupted or self.proven_whole(best) or self.empty or left < 0.05:
                 break
             r = self.relaxation(self.form, level, left, below=obj - 1)
             self.interrupted = self.interrupted or r.interrupted
+            if best is None:
+                self.empty = r.status == "INFEASIBLE"
+                attempts.append({"level": level, "below": None, "status": r.status, "seconds": r.seconds,
+                                 "elapsed_s": time.perf_counter() - self.start, "bound": None})
+                continue
             lower = obj if r.status == "INFEASIBLE" else r.bound
             if lower is not None:
                 self.lower = max(self.lower or 0, min(lower, obj))
@@ -468,12 +491,22 @@ class CpSatRun:
         outside_s = time.perf_counter() - self.start
         self.ix, self.also = ix, {}
         self.found_plan = False  # whether the last round's space held a plan (see depths)
+        self._remat_pairs: dict[int | None, int] = {}
+        self.empty = False  # a relaxation showed that no staged plan meets the budget
+        asked_empty = False
         for k, depth in enumerate(self.depths()):
             if (k and best is not None and status == cp_model.OPTIMAL and not self.interrupted
                     and not self.proven_whole(best) and proof_at != self.objective_of(best)):
                 # a restricted round's optimum may be the whole space's: ask the relaxations
                 proofs += self.relaxation_proof(best)
                 proof_at = self.objective_of(best)
+            if k and best is None and status == cp_model.INFEASIBLE and not asked_empty and not self.interrupted:
+                # a restricted space is empty: the relaxations may show that the whole one is
+                proofs += self.relaxation_proof(None)
+                asked_empty = True
+                if self.empty:
+                    solved_depth = None
+                    break
             if k and (self.interrupted or self.proven_whole(best)
                       or not self.next_round(depth, status, best is not None)):
                 break
@@ -576,6 +609,9 @@ class CpSatRun:
             stats["best_bound"] = self.trivial_bound()
         if whole is not None and whole.status == "INFEASIBLE":  # no model solved, so no LP of it either
             stats["reason"] = "the gap relaxation of the staged space is infeasible: no staged plan meets the budget"
+        elif self.empty:
+            stats["reason"] = (f"the {proofs[-1]['level']} relaxation of the staged space is infeasible: "
+                               "no staged plan meets the budget")
         elif cfg.lp_bound and n_vars > LP_MAX_VARIABLES:
             stats["lp_bound"] = None
             stats["lp_bound_skipped"] = f"model has {n_vars:,} variables (> {LP_MAX_VARIABLES:,})"
