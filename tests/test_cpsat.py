@@ -311,7 +311,7 @@ def test_a_budget_met_outside_the_models_space_returns_the_fast_plan(monkeypatch
     budget = lo + (hi - lo) // 5
     monkeypatch.setattr(cpsat.CpSatRun, "depths", lambda self: [0])
     monkeypatch.setattr(cpsat, "from_plan", lambda form, plan: None)  # nothing projects,
-    monkeypatch.setattr(cpsat.CpSatRun, "plan_pairs", lambda self, ix, plan: {})  # nor widens the space
+    monkeypatch.setattr(cpsat.CpSatRun, "plan_pairs", lambda self, plan: {})  # nor widens the space
     sol = solve(g, "cpsat", budget=budget, time_limit=10, workers=1)
     st = sol.plan.stats
     assert sol.status == "FEASIBLE" and st["plan_from"] != "cpsat" and st["space_status"] == "INFEASIBLE"

@@ -309,11 +309,12 @@ class CpSatRun:
             return False
         if hint is not None and self.to_units(self.objective_of(hint)) <= self.outside[2]:
             return False
-        self.also = self.plan_pairs(self.ix, self.outside[0])
+        self.also = self.plan_pairs(self.outside[0])
         return bool(self.also)
 
-    def plan_pairs(self, ix: Stages, plan: Plan) -> dict[int, set[int]]:
+    def plan_pairs(self, plan: Plan) -> dict[int, set[int]]:
         """The re-materialisations of ``plan`` per stage."""
+        ix = self.ix
         staged = staged_events(ix, plan)
         pairs: dict[int, set[int]] = {}
         for s, i in (staged[0] | staged[1]) if staged else ():
@@ -392,7 +393,7 @@ class CpSatRun:
         """The (stage, value) pairs where the depth-``depth`` space may
         re-materialise a value (None: the full space)."""
         if depth not in self._remat_pairs:
-            ix = Stages(self.graph, self.cfg.offload, depth)
+            ix = self.ix if depth is None else Stages(self.graph, self.cfg.offload, depth)
             self._remat_pairs[depth] = sum(1 for i in ix.values for s in ix.stages(i) if s != ix.first[i]
                                            and (ix.may_compute(s, i) or ix.may_prefetch(s, i)))
         return self._remat_pairs[depth]
