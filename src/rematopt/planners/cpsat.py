@@ -204,6 +204,16 @@ class CpSatRun:
 
     # -- model ---------------------------------------------------------------
 
+    def build(self, depth: int | None) -> tuple[Formulation, int, int]:
+        """A round's model on a fresh CP-SAT backend (``self.form``,
+        ``self.backend``), its build time added to ``build_s``: the model and
+        its variable and constraint counts."""
+        began = time.perf_counter()
+        self.backend = CpSatBackend()
+        self.form = self.formulation(self.backend, depth)
+        self.build_s += time.perf_counter() - began
+        return (self.form, *self.backend.size)
+
     def formulation(self, backend: Any, depth: int | None) -> Formulation:
         """The model with its primary objective and side constraints."""
         cfg, g = self.cfg, self.graph
@@ -276,7 +286,7 @@ class CpSatRun:
         # the warm start may use a quarter of the time limit, the search the rest
         deadline = time.perf_counter() + WARM_START_SHARE * cfg.time_limit - spent
         if outside is not None:
-            consider(from_plan(self.form, outside), "hint" if cfg.hint is not None else outside.planner)
+            consider(from_plan(self.form, outside), self.outside_name(outside))
         if cfg.hint is not None or cfg.warm_start == "auto":
             consider(staged_eviction(self.form, deadline=deadline), "staged-eviction")
         if not found:
@@ -296,6 +306,10 @@ class CpSatRun:
         if plan is not None:
             self.adopt_outside(plan)
         return plan
+
+    def outside_name(self, plan: Plan) -> str:
+        """How a plan from outside the model is named as the warm start."""
+        return "hint" if self.cfg.hint is not None else plan.planner
 
     def widen(self, depth: int | None, hint: Assignment | None) -> bool:
         """Whether to widen the depth-restricted spaces by the
@@ -478,7 +492,7 @@ class CpSatRun:
         self.outside: tuple[Plan, Replay, float] | None = None  # see adopt_outside
         best = hint_obj = hint_source = None
         status, obj, bound = cp_model.UNKNOWN, None, None
-        build_s, rounds = 0.0, []
+        self.build_s, rounds = 0.0, []
         ix = Stages(g, cfg.offload)
         self.full_pairs = sum(len(ix.stages(i)) for i in ix.values)
         whole: WholeBound | None = None  # the gap relaxation's verdict (cpsat_bound)
@@ -512,12 +526,8 @@ class CpSatRun:
                       or not self.next_round(depth, status, best is not None)):
                 break
             prev = events(self.form, best) if best is not None else None
-            began = time.perf_counter()
             solved_depth = depth
-            self.backend = CpSatBackend()
-            self.form = form = self.formulation(self.backend, depth)
-            n_vars, n_cons = self.backend.size
-            build_s += time.perf_counter() - began
+            form, n_vars, n_cons = self.build(depth)
             if whole is None:
                 whole = self.relaxation(form, "gaps", GAP_BOUND_SHARE * cfg.time_limit)
                 self.lower = whole.bound
@@ -527,14 +537,10 @@ class CpSatRun:
             if prev is None:
                 hint, hint_source = self.warm_start(outside, outside_s)
                 if self.widen(depth, hint):  # the same round, in a space that holds the outside plan
-                    began = time.perf_counter()
-                    self.backend = CpSatBackend()
-                    self.form = form = self.formulation(self.backend, depth)
-                    n_vars, n_cons = self.backend.size
-                    build_s += time.perf_counter() - began
+                    form, n_vars, n_cons = self.build(depth)
                     widened = from_plan(form, self.outside[0])
                     if widened is not None and self.admissible(widened):
-                        hint, hint_source = widened, "hint" if cfg.hint is not None else self.outside[0].planner
+                        hint, hint_source = widened, self.outside_name(self.outside[0])
                 hint_obj = self.objective_of(hint) if hint is not None else None
             else:
                 hint = from_plan(form, prev)
@@ -576,7 +582,7 @@ class CpSatRun:
             "objective": None, "best_bound": self.to_units(bound) if best is not None and bound is not None else None,
             "gap": None,
             "time_to_first_s": self.trace.first, "time_to_best_s": self.trace.best,
-            "primary_s": primary_s, "variables": n_vars, "constraints": n_cons, "build_s": build_s,
+            "primary_s": primary_s, "variables": n_vars, "constraints": n_cons, "build_s": self.build_s,
             "recompute_depth": "full" if solved_depth is None else solved_depth,
             "cost_scale": self.scale, "cost_scale_exact": self.exact, "memory_unit_bytes": form.unit,
             "offload": cfg.offload, "warm_start": hint_source,
