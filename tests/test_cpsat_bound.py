@@ -247,3 +247,41 @@ def test_a_relaxation_too_big_to_build_is_skipped_and_the_rounds_go_on(monkeypat
     st = sol.plan.stats
     assert [p["status"] for p in st["relaxation_proofs"]][:2] == ["SKIPPED", "SKIPPED"]
     assert [r["recompute_depth"] for r in st["rounds"]][:2] == [1, 2] and not st["interrupted"]
+
+
+def test_a_starved_full_round_leaves_the_proven_rounds_plan_and_lends_its_bound(monkeypatch):
+    """A full round that runs out of time without improving on a restricted
+    round's proven optimum does not speak for the plan: ``space`` and
+    ``space_status`` stay with the round that proved it (the full round shows
+    in ``rounds``), the tie-break runs on that round's model, and the full
+    model's bound, valid for the whole space, still counts in ``best_bound``."""
+    import rematopt.planners.cpsat as cpsat
+
+    build, solve_phase = cpsat.CpSatRun.build, cpsat.CpSatRun.solve_phase
+
+    def track(self, depth):
+        self.depth_built = depth
+        return build(self, depth)
+
+    def starve(self, phase, limit):  # the full round's search gets no time
+        return solve_phase(self, phase, 1e-3 if phase == "primary" and self.depth_built is None else limit)
+
+    for seed, ratio in ((3, 0.9), (6, 0.9), (9, 0.9), (14, 0.8)):  # depth 2 proven, the gaps bound below it
+        g = synthetic.random_layered(16, seed=seed)
+        full = solve(g, "cpsat", budget_ratio=ratio, time_limit=20, workers=1, recompute_depth="full")
+        with monkeypatch.context() as m:
+            m.setattr(cpsat, "FULL_MODEL_PAIRS", 0)  # rounds, even on a small graph
+            m.setattr(cpsat.CpSatRun, "relaxation_proof", lambda self, best: [])  # no proof between rounds
+            m.setattr(cpsat.CpSatRun, "build", track)
+            m.setattr(cpsat.CpSatRun, "solve_phase", starve)
+            sol = solve(g, "cpsat", budget_ratio=ratio, time_limit=20, workers=1, warm_start="none")
+        st = sol.plan.stats
+        last, proven = st["rounds"][-1], [r for r in st["rounds"] if r["status"] == "OPTIMAL"]
+        assert last["recompute_depth"] == "full" and last["status"] == "FEASIBLE" and proven
+        # the full round started from the proven optimum and could only match it
+        assert last["objective"] == proven[-1]["objective"] == st["objective"]
+        assert st["space"] == f"depth {proven[-1]['recompute_depth']}"
+        assert st["space_status"] == "OPTIMAL" and st["space_gap"] == 0.0 and st["lexicographic"]
+        assert st["best_bound"] >= min(last["best_bound"], st["objective"])
+        assert full.status == "OPTIMAL" and st["best_bound"] <= full.plan.stats["objective"] <= st["objective"]
+        assert st["status"] == ("OPTIMAL" if st["best_bound"] >= st["objective"] else "FEASIBLE")

@@ -66,6 +66,28 @@ DOUBLING_SHARE = 0.5
 # "Any plan at all" to a relaxation proof: an objective no plan reaches.
 ANY_PLAN = 2**60
 
+@dataclass
+class _Round:
+    """The round whose plan the run returns: the last one with a plan, unless
+    it only matched a smaller space's proven optimum without a proof of its
+    own (a full round that ran out of time from the depth-2 optimum): then the
+    proven round speaks for the plan (``space``, ``space_status``), the later
+    one only in ``rounds``. Also the last one searched when Ctrl-C stopped a
+    round before its search."""
+
+    form: Formulation
+    backend: Any
+    peak_var: Any
+    overhead_terms: list
+    depth: int | None
+    variables: int
+    constraints: int
+    best: Assignment
+    objective: int  # model integers
+    status: int
+    bound: float | None
+
+
 STATUS = {cp_model.OPTIMAL: "OPTIMAL", cp_model.FEASIBLE: "FEASIBLE",
           cp_model.INFEASIBLE: "INFEASIBLE", cp_model.UNKNOWN: "UNKNOWN"}
 
@@ -500,7 +522,7 @@ class CpSatRun:
         self.proof_s = 0.0  # time spent in relaxation proofs
         proofs: list[dict[str, Any]] = []  # the stronger relaxations' attempts (stats)
         proof_at = None  # the objective they were asked about
-        done = None  # the last round with a plan: (form, backend, peak_var, depth, variables, constraints)
+        done: _Round | None = None  # the round whose plan is returned (see _Round)
         # a valid plan before any model is built (the GPT decoder's takes 9 s)
         outside = self.outside_plan(self.start + WARM_START_SHARE * cfg.time_limit)
         outside_s = time.perf_counter() - self.start
@@ -547,7 +569,7 @@ class CpSatRun:
             if self.interrupted:  # Ctrl-C while building or warm-starting: keep the best so far
                 if best is None and hint is not None:
                     best, obj, status = hint, self.objective_of(hint), cp_model.FEASIBLE
-                    done = (form, self.backend, getattr(self, "peak_var", None), depth, n_vars, n_cons)
+                    done = self.this_round(depth, n_vars, n_cons, best, status, bound)
                 break
             if hint is not None:
                 for var, val in hint.values(form):
@@ -557,20 +579,28 @@ class CpSatRun:
             limit = cfg.time_limit - (time.perf_counter() - self.start)
             status, values, obj, bound = self.solve_phase("primary", limit)
             best = Assignment.from_values(form, lambda v: values[v.index]) if values else None
+            if depth is None and status != cp_model.INFEASIBLE and math.isfinite(bound):
+                # the full model's bound holds for the whole space
+                self.lower = max(self.lower or 0, math.ceil(bound - 1e-6))
             if hint is not None and (best is None or self.objective_of(best) > self.objective_of(hint)):
                 best, obj = hint, self.objective_of(hint)  # never worse than the hint
                 status = cp_model.FEASIBLE if status != cp_model.OPTIMAL else status
                 self.trace.solution("primary", self.to_units(obj), self.to_units(bound))
-            if best is not None:
-                done = (form, self.backend, getattr(self, "peak_var", None), depth, n_vars, n_cons)
+            if best is not None and not (done is not None and done.status == cp_model.OPTIMAL
+                                         and status != cp_model.OPTIMAL
+                                         and self.objective_of(best) >= done.objective):
+                done = self.this_round(depth, n_vars, n_cons, best, status, bound)
             self.found_plan = best is not None
             rounds.append({"recompute_depth": "full" if depth is None else depth, "status": STATUS.get(status),
                            "objective": None if best is None else self.to_units(self.objective_of(best)),
                            "best_bound": self.to_units(bound), "variables": n_vars, "constraints": n_cons,
                            "elapsed_s": time.perf_counter() - self.start})
-        if done is not None:  # a round interrupted before its search leaves the previous one's plan
-            self.form, self.backend, self.peak_var, solved_depth, n_vars, n_cons = done
+        if done is not None:
+            self.form, self.backend, self.peak_var, self.overhead_terms = (done.form, done.backend, done.peak_var,
+                                                                           done.overhead_terms)
             form = self.form
+            solved_depth, n_vars, n_cons = done.depth, done.variables, done.constraints
+            best, obj, status, bound = done.best, done.objective, done.status, done.bound
         primary_s = time.perf_counter() - self.start
         secondary = None
         if best is not None and status == cp_model.OPTIMAL and not self.interrupted:
@@ -655,6 +685,12 @@ class CpSatRun:
             stats["gap"] = _gap(objective, b)
         p.stats.update(stats)
         return p
+
+    def this_round(self, depth: int | None, n_vars: int, n_cons: int, best: Assignment, status: int,
+                   bound: float | None) -> _Round:
+        """The round just solved (``self.form`` and its backend), with its best."""
+        return _Round(self.form, self.backend, getattr(self, "peak_var", None), self.overhead_terms, depth,
+                      n_vars, n_cons, best, self.objective_of(best), status, bound)
 
     def proven_whole(self, best: Assignment | None) -> bool:
         """Whether ``best`` reaches the relaxations' bound, so it is optimal
