@@ -1,17 +1,25 @@
 """Warm starts for cpsat: the best fast plan, the projection of plans into the
-staged space, and staged eviction, all checked by replay."""
+staged space, staged eviction, and the peak search for a first plan within
+the budget, all checked by replay."""
 
 from __future__ import annotations
 
 import pytest
+from ortools.sat.python import cp_model
 
+import rematopt.planners.cpsat as cpsat
+from rematopt import solve
 from rematopt.importers import synthetic
 from rematopt.planners.cpsat_backends import CpSatBackend
 from rematopt.planners.cpsat_extract import events, from_plan
 from rematopt.planners.cpsat_model import Formulation
-from rematopt.planners.warm_start import best_fast_plan, fast_planners, staged_eviction
+from rematopt.planners.warm_start import (best_fast_plan, best_within, fast_planners, fast_plans, lowest_peak,
+                                          staged_eviction)
 from rematopt.reference import no_remat_plan, resolve_budget
 from rematopt.simulate import simulate
+
+from brute_force import min_cost
+from test_cpsat import FAST, budget_between, cases
 
 GRAPHS = [synthetic.linear_training(8), synthetic.unet(2, train=True),
           synthetic.random_layered(30, seed=2), synthetic.chain(6, sinks=True)]
@@ -60,3 +68,55 @@ def test_staged_eviction_reaches_a_budget_compute_once_misses():
     r = simulate(g, events(form, a))
     assert r.valid and r.peak_bytes <= budget < simulate(g, no_remat_plan(g)).peak_bytes
     assert r.compute_events > len(g.compute_ids)
+
+
+@pytest.mark.parametrize("g", GRAPHS, ids=lambda g: g.name[:20])
+def test_fast_plans_rank_by_cost_within_the_budget_and_by_peak_without(g):
+    budget = resolve_budget(g, ratio=0.8)
+    plans = fast_plans(g, budget)
+    assert plans and all(r.valid and simulate(g, p).peak_bytes == r.peak_bytes for p, r in plans)
+    within = [(r.compute_cost, r.transfer_bytes) for p, r in plans if r.peak_bytes <= budget]
+    best = best_within(plans, budget)
+    if within:
+        r = simulate(g, best)
+        assert r.peak_bytes <= budget and (r.compute_cost, r.transfer_bytes) == min(within)
+    else:
+        assert best is None
+    assert simulate(g, lowest_peak(plans)).peak_bytes == min(r.peak_bytes for p, r in plans)
+    assert lowest_peak([]) is None and best_within([], budget) is None
+
+
+def test_a_round_with_no_start_finds_its_plan_by_minimising_the_peak(monkeypatch):
+    """When the overhead search from nothing ends with neither plan nor proof
+    (here: given no time at all), ``fit`` minimises the peak with the budget
+    lifted and stops at the first plan that fits; the overhead search then
+    resumes from it to the exhaustive optimum. Where no plan fits, the peak's
+    bound proves the space empty: INFEASIBLE, as exhaustive search says."""
+    solve_phase = cpsat.CpSatRun.solve_phase
+
+    def starved(self, phase, limit, stop_at=None):
+        if phase == "primary" and limit == 0:  # the first search of a round with no start
+            return cp_model.UNKNOWN, None, 0.0, 0.0
+        return solve_phase(self, phase, limit, stop_at)
+
+    monkeypatch.setattr(cpsat, "FIT_AFTER_SHARE", 0.0)
+    monkeypatch.setattr(cpsat, "MIN_ROUND_S", 0.0)
+    monkeypatch.setattr(cpsat.CpSatRun, "solve_phase", starved)
+    seen = {"OPTIMAL": 0, "INFEASIBLE": 0}
+    for k, (g, rng) in enumerate(cases(5, every=False, count=80, seed=11)):
+        budget, per_byte = budget_between(g, rng), k % 2
+        expect = min_cost(g, budget, bool(per_byte), per_byte)
+        sol = solve(g, "cpsat", budget=budget, offload=bool(per_byte), transfer_cost_per_byte=per_byte,
+                    recompute_depth="full", **FAST)
+        st = sol.plan.stats
+        assert not st["interrupted"]
+        if expect is None:
+            assert sol.status == "INFEASIBLE"
+            if st["rounds"]:  # not settled by the gap relaxation before any search: by the peak's bound
+                assert st["rounds"][-1]["status"] == "INFEASIBLE"
+                seen["INFEASIBLE"] += 1
+        else:
+            assert sol.status == "OPTIMAL" and st["objective"] == expect[0]
+            assert st["warm_start"] == "peak search" and sol.replay.peak_bytes <= budget
+            seen["OPTIMAL"] += 1
+    assert seen["OPTIMAL"] >= 20 and seen["INFEASIBLE"] >= 3, seen

@@ -51,6 +51,12 @@ GAP_BOUND_SHARE = 0.1
 # slots; where they cannot prove it, slots may take 17 s on mobilenet_train).
 PROOF_SHARE = 1 / 3
 WARM_START_SHARE = 0.25
+# A round with no plan to start from searches this share of the time left
+# (at least MIN_ROUND_S) before it looks for any plan within the budget by
+# minimising the peak (CpSatRun.fit): presolve shows most empty spaces at
+# once (resnet_s2_c16 at 0.8, depths 1-8: 0.4-3 s each), where the peak
+# search takes 2-5x longer to prove that no plan fits.
+FIT_AFTER_SHARE = 0.25
 # Building the LP of a bigger model takes longer than its bound is worth
 # (about 20 s on the 2,090-node decoder's depth-1 model).
 LP_MAX_VARIABLES = 40_000
@@ -177,11 +183,14 @@ class Trace:
     best: float | None = None
     incumbent: float | None = None
     bound: float | None = None
+    lowest_peak: float | None = None  # bytes: the search for a plan within the budget (CpSatRun.fit)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def solution(self, phase: str, value: float, bound: float | None) -> None:
         with self.lock:
             t = time.perf_counter() - self.start
+            if phase == "fit":
+                self.lowest_peak = value
             if phase == "primary":
                 if self.first is None:
                     self.first = t
@@ -205,13 +214,20 @@ class Trace:
 
 
 class _Callback(cp_model.CpSolverSolutionCallback):
-    def __init__(self, trace: Trace, phase: str, to_units: Any) -> None:
+    """Records each solution; stops the search at the first one whose
+    objective is at most ``stop_at`` (then ``stopped``)."""
+
+    def __init__(self, trace: Trace, phase: str, to_units: Any, stop_at: int | None = None) -> None:
         super().__init__()
-        self.trace, self.phase, self.to_units = trace, phase, to_units
+        self.trace, self.phase, self.to_units, self.stop_at = trace, phase, to_units, stop_at
+        self.stopped = False
 
     def on_solution_callback(self) -> None:
         self.trace.solution(self.phase, self.to_units(self.objective_value),
                             self.to_units(self.best_objective_bound))
+        if self.stop_at is not None and self.objective_value <= self.stop_at:
+            self.stopped = True
+            self.stop_search()
 
 
 class CpSatRun:
@@ -236,18 +252,20 @@ class CpSatRun:
         self.build_s += time.perf_counter() - began
         return (self.form, *self.backend.size)
 
-    def formulation(self, backend: Any, depth: int | None) -> Formulation:
-        """The model with its primary objective and side constraints."""
+    def formulation(self, backend: Any, depth: int | None, fit: bool = False) -> Formulation:
+        """The model with its primary objective and side constraints; with
+        ``fit``, the model of :meth:`fit` (the budget lifted, the peak
+        minimised)."""
         cfg, g = self.cfg, self.graph
         top = cfg.budget if cfg.budget is not None else no_remat_peak(g)
         form = Formulation(g, backend, offload=cfg.offload, transfer_cost_per_byte=cfg.transfer_cost_per_byte,
-                           cost_scale=self.scale, mem_cap_bytes=top, depth=depth,
+                           cost_scale=self.scale, mem_cap_bytes=None if fit else top, depth=depth,
                            also=self.also if depth is not None else None)
         form.add_all()
         overhead = form.recompute_terms() + form.transfer_terms()
         if self.max_recomputes() is not None:
             backend.add([(1, v) for v in form.recompute_events()], -math.inf, self.max_recomputes())
-        if cfg.objective == "overhead":
+        if cfg.objective == "overhead" and not fit:
             backend.minimize(overhead)
         else:
             if self.overhead_cap(form) is not None:
@@ -275,6 +293,10 @@ class CpSatRun:
         """Objective value in cost units (overhead) or bytes (peak)."""
         if self.cfg.objective == "overhead":
             return value / self.scale
+        return self.to_bytes(value)
+
+    def to_bytes(self, value: float) -> float:
+        """Memory in model units, as bytes."""
         return value * self.form.unit + self.form.persistent_bytes
 
     def objective_of(self, a: Assignment) -> int:
@@ -318,13 +340,17 @@ class CpSatRun:
 
     def outside_plan(self, deadline: float) -> Plan | None:
         """The user's hint, else (``warm_start="auto"``) the best fast
-        planner's plan, kept by :meth:`adopt_outside` when it qualifies."""
-        from .warm_start import best_fast_plan
+        planner's plan, kept by :meth:`adopt_outside` when it qualifies.
+        Whatever the budget, the valid one with the lowest peak among them
+        becomes ``self.lowest``, where :meth:`fit` starts."""
+        from .warm_start import best_within, fast_plans, lowest_peak
 
         cfg = self.cfg
-        plan = cfg.hint
-        if plan is None and cfg.warm_start == "auto":
-            plan = best_fast_plan(self.graph, cfg.budget, deadline=deadline)
+        plans = [(cfg.hint, simulate(self.graph, cfg.hint))] if cfg.hint is not None else []
+        if cfg.hint is None and cfg.warm_start == "auto":
+            plans = fast_plans(self.graph, cfg.budget, deadline=deadline)
+        plan = cfg.hint if cfg.hint is not None else best_within(plans, cfg.budget)
+        self.lowest = lowest_peak([(p, r) for p, r in plans if r.valid])
         if plan is not None:
             self.adopt_outside(plan)
         return plan
@@ -377,19 +403,56 @@ class CpSatRun:
 
     # -- solve ---------------------------------------------------------------------
 
-    def solve_phase(self, phase: str, limit: float) -> tuple[int, list[int] | None, float, float]:
+    def search(self, depth: int | None, hint: Assignment | None
+               ) -> tuple[int, list[int] | None, float, float, Assignment | None]:
+        """The round's search, from ``hint``. Without one (overhead under a
+        budget) it first gets FIT_AFTER_SHARE of the time left, at least
+        MIN_ROUND_S (presolve shows most empty spaces at once); if that ends
+        with neither plan nor proof, :meth:`fit` looks for a plan within the
+        budget and the search resumes from it. Returns the solver's status,
+        values, objective and bound, and the plan fit found (or None)."""
+        cfg = self.cfg
+
+        def left() -> float:
+            return cfg.time_limit - (time.perf_counter() - self.start)
+
+        self.add_hint(hint)
+        fits = hint is None and cfg.objective == "overhead" and cfg.budget is not None
+        limit = min(left(), max(MIN_ROUND_S, FIT_AFTER_SHARE * left())) if fits else left()
+        status, values, obj, bound = self.solve_phase("primary", limit)
+        if not fits or values is not None or status != cp_model.UNKNOWN or self.interrupted or left() < 0.05:
+            return status, values, obj, bound, None
+        fit_status, fitted = self.fit(depth)
+        if fitted is None or self.interrupted:
+            return fit_status if fitted is None else cp_model.UNKNOWN, None, obj, bound, fitted
+        self.add_hint(fitted)
+        status, values, obj, resumed = self.solve_phase("primary", left())
+        return status, values, obj, max(bound, resumed), fitted
+
+    def add_hint(self, hint: Assignment | None) -> None:
+        """Give the round's model a solution hint (nothing if None)."""
+        if hint is None:
+            return
+        for var, val in hint.values(self.form):
+            self.backend.model.add_hint(var, val)
+        if self.cfg.objective == "peak":
+            self.backend.model.add_hint(self.peak_var, self.objective_of(hint))
+
+    def solve_phase(self, phase: str, limit: float,
+                    stop_at: int | None = None) -> tuple[int, list[int] | None, float, float]:
         cfg = self.cfg
         solver = cp_model.CpSolver()
         prm = solver.parameters
         tune(prm, max(limit, 0.01), cfg.workers, cfg.seed)
-        to_units = self.to_units if phase == "primary" else (lambda v: v)
+        to_units = {"primary": self.to_units, "fit": self.to_bytes}.get(phase, lambda v: v)
         solver.best_bound_callback = lambda b: self.trace.new_bound(phase, to_units(b))
         # CP-SAT catches SIGINT itself and stops with its best solution (a
         # Python handler would only run once solve() returns).
         prm.catch_sigint_signal = True
-        with _progress(self.trace, cfg.progress and phase == "primary"), _restored_sigint():
-            status = solver.solve(self.backend.model, _Callback(self.trace, phase, to_units))
-        self.interrupted = self.interrupted or stopped_early(solver, status, limit)
+        with _progress(self.trace, cfg.progress and phase in ("primary", "fit")), _restored_sigint():
+            callback = _Callback(self.trace, phase, to_units, stop_at)
+            status = solver.solve(self.backend.model, callback)
+        self.interrupted = self.interrupted or (stopped_early(solver, status, limit) and not callback.stopped)
         if status == cp_model.MODEL_INVALID:
             raise PlannerError(f"cpsat: model invalid ({self.backend.model.validate()})")
         values = list(solver.response_proto.solution) if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) else None
@@ -571,13 +634,9 @@ class CpSatRun:
                     best, obj, status = hint, self.objective_of(hint), cp_model.FEASIBLE
                     done = self.this_round(depth, n_vars, n_cons, best, status, bound)
                 break
-            if hint is not None:
-                for var, val in hint.values(form):
-                    self.backend.model.add_hint(var, val)
-                if cfg.objective == "peak":
-                    self.backend.model.add_hint(self.peak_var, self.objective_of(hint))
-            limit = cfg.time_limit - (time.perf_counter() - self.start)
-            status, values, obj, bound = self.solve_phase("primary", limit)
+            status, values, obj, bound, fitted = self.search(depth, hint)
+            if hint is None and fitted is not None:
+                hint, hint_source, hint_obj = fitted, "peak search", self.objective_of(fitted)
             best = Assignment.from_values(form, lambda v: values[v.index]) if values else None
             if depth is None and status != cp_model.INFEASIBLE and math.isfinite(bound):
                 # the full model's bound holds for the whole space
@@ -591,10 +650,7 @@ class CpSatRun:
                                          and self.objective_of(best) >= done.objective):
                 done = self.this_round(depth, n_vars, n_cons, best, status, bound)
             self.found_plan = best is not None
-            rounds.append({"recompute_depth": "full" if depth is None else depth, "status": STATUS.get(status),
-                           "objective": None if best is None else self.to_units(self.objective_of(best)),
-                           "best_bound": self.to_units(bound), "variables": n_vars, "constraints": n_cons,
-                           "elapsed_s": time.perf_counter() - self.start})
+            rounds.append(self.round_row(depth, status, best, bound, n_vars, n_cons))
         if done is not None:
             self.form, self.backend, self.peak_var, self.overhead_terms = (done.form, done.backend, done.peak_var,
                                                                            done.overhead_terms)
@@ -685,6 +741,54 @@ class CpSatRun:
             stats["gap"] = _gap(objective, b)
         p.stats.update(stats)
         return p
+
+    def fit(self, depth: int | None) -> tuple[int, Assignment | None]:
+        """Look for any plan of the round's space within the budget: minimise
+        the peak over the same space with the budget lifted, from the lowest
+        peak seen so far (``self.lowest``: the fast planners', or an earlier
+        fit's), and stop at the first plan that fits. Every plan is a
+        solution there, so the search moves from its start: on resnet_s2_c16
+        at 0.8 the full model had no plan in 60 s of overhead search; from
+        dtr's plan (peak 2% over) one fits after 6 s. (A peak variable
+        bounded below by the budget, so that the first fit would be optimal,
+        left the search stuck above it.) Returns FEASIBLE with that plan as
+        the round's hint, INFEASIBLE if the peak's bound shows that no plan
+        of the space fits, else UNKNOWN."""
+        cfg, g = self.cfg, self.graph
+        began = time.perf_counter()
+        saved = self.form, self.backend, getattr(self, "peak_var", None), self.overhead_terms
+        cap = self.form.mem_cap
+        self.backend = CpSatBackend()
+        self.form = self.formulation(self.backend, depth, fit=True)
+        self.build_s += time.perf_counter() - began
+        start = from_plan(self.form, self.lowest) if self.lowest is not None else None
+        if start is not None:
+            for var, val in start.values(self.form):
+                self.backend.model.add_hint(var, val)
+            self.backend.model.add_hint(self.peak_var, self.objective_of_peak(start))
+        status, values, obj, bound = self.solve_phase("fit", cfg.time_limit - (time.perf_counter() - self.start),
+                                                      stop_at=cap)
+        plan = None
+        if values is not None:
+            a = Assignment.from_values(self.form, lambda v: values[v.index])
+            found = events(self.form, a)
+            if start is None or self.objective_of_peak(a) <= self.objective_of_peak(start):
+                self.lowest = found  # the next round's start: the spaces are nested
+            plan = found if obj <= cap else None
+        self.form, self.backend, self.peak_var, self.overhead_terms = saved
+        hint = from_plan(self.form, plan) if plan is not None else None
+        if hint is not None and self.admissible(hint):
+            return cp_model.FEASIBLE, hint
+        proven = status == cp_model.INFEASIBLE or bound > cap
+        return (cp_model.INFEASIBLE if proven else cp_model.UNKNOWN), None
+
+    def round_row(self, depth: int | None, status: int, best: Assignment | None, bound: float | None,
+                  n_vars: int, n_cons: int) -> dict[str, Any]:
+        """A round's entry in the ``rounds`` stat."""
+        return {"recompute_depth": "full" if depth is None else depth, "status": STATUS.get(status),
+                "objective": None if best is None else self.to_units(self.objective_of(best)),
+                "best_bound": None if bound is None else self.to_units(bound), "variables": n_vars,
+                "constraints": n_cons, "elapsed_s": time.perf_counter() - self.start}
 
     def this_round(self, depth: int | None, n_vars: int, n_cons: int, best: Assignment, status: int,
                    bound: float | None) -> _Round:
@@ -777,7 +881,7 @@ class CpSatRun:
         value = lp.solve(limit)
         if value is None or overhead:
             return value
-        return value * self.form.unit + self.form.persistent_bytes
+        return self.to_bytes(value)
 
 
 @contextmanager
@@ -829,6 +933,8 @@ def _progress(trace: Trace, enabled: bool) -> Iterator[None]:
     def line() -> Text:
         t = time.perf_counter() - trace.start
         inc, bnd = trace.incumbent, trace.bound
+        if inc is None and trace.lowest_peak is not None:
+            return Text(f"cpsat {t:6.1f}s  no plan within the budget yet, lowest peak {trace.lowest_peak:,.0f} B")
         gap = "" if inc is None or bnd is None or not inc else f"  gap {(inc - bnd) / abs(inc):.2%}"
         return Text(f"cpsat {t:6.1f}s  incumbent {'-' if inc is None else f'{inc:.6g}'}"
                     f"  bound {'-' if bnd is None else f'{bnd:.6g}'}{gap}")

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..graph import Graph
 from ..plan import Plan
-from ..simulate import simulate
+from ..simulate import Replay, simulate
 from . import available, get
 
 if TYPE_CHECKING:
@@ -29,15 +29,13 @@ def fast_planners() -> list[str]:
     return [name for name in available() if name not in SLOW]
 
 
-def best_fast_plan(graph: Graph, budget: int | None, options: dict[str, Any] | None = None,
-                   deadline: float | None = None) -> Plan | None:
-    """The valid plan with the lowest compute cost plus transfer bytes (then
-    the lowest peak) among the fast planners' plans that meet ``budget``
-    (every plan qualifies when it is None). Each candidate is replayed by the
-    simulator, so a planner's own claims are never trusted; a planner that
-    fails on this graph is skipped, and none starts after ``deadline`` (a
-    ``time.perf_counter()`` value). None if no plan meets the budget."""
-    best: tuple[tuple[float, int, int], Plan] | None = None
+def fast_plans(graph: Graph, budget: int | None, options: dict[str, Any] | None = None,
+               deadline: float | None = None) -> list[tuple[Plan, Replay]]:
+    """The fast planners' valid plans for ``budget``, whether or not they
+    meet it, each with its replay (a planner's own claims are never trusted).
+    A planner that fails on this graph is skipped, and none starts after
+    ``deadline`` (a ``time.perf_counter()`` value)."""
+    plans = []
     for name in fast_planners():
         if deadline is not None and time.perf_counter() > deadline:
             break
@@ -48,13 +46,31 @@ def best_fast_plan(graph: Graph, budget: int | None, options: dict[str, Any] | N
         except Exception:  # a baseline that fails here is simply not a candidate
             continue
         r = simulate(graph, p)
-        if not r.valid or (budget is not None and r.peak_bytes > budget):
-            continue
-        key = (r.compute_cost, r.transfer_bytes, r.peak_bytes)
-        if best is None or key < best[0]:
+        if r.valid:
             p.planner = name
-            best = (key, p)
-    return best[1] if best else None
+            plans.append((p, r))
+    return plans
+
+
+def best_within(plans: list[tuple[Plan, Replay]], budget: int | None) -> Plan | None:
+    """The plan with the lowest compute cost plus transfer bytes (then the
+    lowest peak) among those that meet ``budget`` (all, when it is None)."""
+    fit = [(r.compute_cost, r.transfer_bytes, r.peak_bytes, k) for k, (p, r) in enumerate(plans)
+           if budget is None or r.peak_bytes <= budget]
+    return plans[min(fit)[-1]][0] if fit else None
+
+
+def lowest_peak(plans: list[tuple[Plan, Replay]]) -> Plan | None:
+    """The plan with the lowest peak (then compute cost): where none meets the
+    budget, the closest start for a search that minimises the peak."""
+    return min(plans, key=lambda x: (x[1].peak_bytes, x[1].compute_cost))[0] if plans else None
+
+
+def best_fast_plan(graph: Graph, budget: int | None, options: dict[str, Any] | None = None,
+                   deadline: float | None = None) -> Plan | None:
+    """The best valid fast plan that meets ``budget`` (:func:`best_within`),
+    None if no plan does."""
+    return best_within(fast_plans(graph, budget, options, deadline), budget)
 
 
 def staged_eviction(form: "Formulation", max_rounds: int = 10_000,
