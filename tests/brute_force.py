@@ -42,7 +42,6 @@ def min_cost(graph: Graph, budget: int, offload: bool = False, transfer_per_byte
     nodes = graph.nodes
     size = graph.bytes
     cost = [int(c) for c in graph.cost]
-    pos = graph.position
     preds = [sum(1 << p for p in graph.preds[i]) for i in range(n)]
     stage_nodes = [i for i in graph.order if not nodes[i].is_input]
     first = {v: s for s, v in enumerate(stage_nodes)}

@@ -18,7 +18,6 @@ from rematopt.graph import Graph, Node
 from rematopt.importers import synthetic
 from rematopt.planners.cpsat import plan as cpsat_plan
 from rematopt.reference import no_remat_peak, peak_lower_bound, working_set_bound
-from rematopt.simulate import simulate
 
 from brute_force import exhaustive_dags, min_cost, min_peak
 

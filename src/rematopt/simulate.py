@@ -81,7 +81,6 @@ def simulate(graph: Graph, plan: Plan) -> Replay:
     """
     n = graph.n
     size = graph.bytes
-    cost = graph.cost
     preds = graph.preds
     is_input = [v.is_input for v in graph.nodes]
     persistent = [v.persistent for v in graph.nodes]

@@ -72,14 +72,15 @@ DOUBLING_SHARE = 0.5
 # "Any plan at all" to a relaxation proof: an objective no plan reaches.
 ANY_PLAN = 2**60
 
+
 @dataclass
 class _Round:
     """The round whose plan the run returns: the last one with a plan, unless
     it only matched a smaller space's proven optimum without a proof of its
     own (a full round that ran out of time from the depth-2 optimum): then the
     proven round speaks for the plan (``space``, ``space_status``), the later
-    one only in ``rounds``. Also the last one searched when Ctrl-C stopped a
-    round before its search."""
+    one only in ``rounds``. A round that Ctrl-C stops before its search
+    speaks for the hint it was given."""
 
     form: Formulation
     backend: Any
@@ -754,7 +755,7 @@ class CpSatRun:
         left the search stuck above it.) Returns FEASIBLE with that plan as
         the round's hint, INFEASIBLE if the peak's bound shows that no plan
         of the space fits, else UNKNOWN."""
-        cfg, g = self.cfg, self.graph
+        cfg = self.cfg
         began = time.perf_counter()
         saved = self.form, self.backend, getattr(self, "peak_var", None), self.overhead_terms
         cap = self.form.mem_cap

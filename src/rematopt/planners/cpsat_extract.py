@@ -239,7 +239,7 @@ def _keep_and_free(form: Formulation, a: Assignment, i: int, reads: list[int], m
 
 def _satisfies(form: Formulation, a: Assignment) -> bool:
     """Dependencies and exclusivity, the rules a projection can break."""
-    g, ix = form.graph, form.ix
+    g = form.graph
     for (s, j) in a.R:
         for i in g.preds[j]:
             if not g.nodes[i].persistent and not ((s, i) in a.S or (s, i) in a.R or (s, i) in a.P):
