@@ -1,5 +1,6 @@
 """Ctrl-C never loses a finished result: a real SIGINT, sent at each stage of
-a cpsat run (the search, the warm start, the build of a deeper round, a
+a cpsat run (the search, the warm start, the peak search, the build of a
+deeper round, a
 relaxation proof between rounds), ends
 the run with the best plan so far, which the simulator replays."""
 
@@ -95,3 +96,29 @@ def test_ctrl_c_during_a_relaxation_proof_keeps_the_rounds_plan(graph, monkeypat
     proofs = sol.plan.stats["relaxation_proofs"]
     assert [p["level"] for p in proofs] == ["chains", "slots"] and proofs[-1]["status"] == "UNKNOWN"
     assert proofs[-1]["seconds"] < 3
+
+
+def test_ctrl_c_after_the_peak_search_returns_its_plan(graph, monkeypatch):
+    """A round with no start (no warm start, and its first search given no
+    time) finds its plan by the peak search; a Ctrl-C right after it ends
+    the run with that plan instead of resuming the overhead search."""
+    solve_phase, fit = cpsat.CpSatRun.solve_phase, cpsat.CpSatRun.fit
+
+    def starved(self, phase, limit, stop_at=None):
+        if phase == "primary" and limit == 0:
+            return cpsat.cp_model.UNKNOWN, None, 0.0, 0.0
+        return solve_phase(self, phase, limit, stop_at)
+
+    def fit_then_ctrl_c(self, depth):
+        found = fit(self, depth)
+        ctrl_c()
+        return found
+
+    monkeypatch.setattr(cpsat, "FIT_AFTER_SHARE", 0.0)
+    monkeypatch.setattr(cpsat, "MIN_ROUND_S", 0.0)
+    monkeypatch.setattr(cpsat.CpSatRun, "solve_phase", starved)
+    monkeypatch.setattr(cpsat.CpSatRun, "fit", fit_then_ctrl_c)
+    sol = solve(graph, "cpsat", warm_start="none", **OPTS)
+    check(sol, rounds=1)
+    st = sol.plan.stats
+    assert st["warm_start"] == "peak search" and st["objective"] == st["hint_objective"]
