@@ -1,8 +1,7 @@
 """Ctrl-C never loses a finished result: a real SIGINT, sent at each stage of
 a cpsat run (the search, the warm start, the peak search, the build of a
-deeper round, a
-relaxation proof between rounds), ends
-the run with the best plan so far, which the simulator replays."""
+deeper round, a relaxation proof between rounds), ends the run with the best
+plan so far, which the simulator replays."""
 
 from __future__ import annotations
 
