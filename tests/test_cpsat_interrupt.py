@@ -14,6 +14,7 @@ import pytest
 import rematopt.planners.cpsat as cpsat
 from rematopt import solve
 from rematopt.importers import synthetic
+from rematopt.reference import no_remat_plan
 
 OPTS = dict(budget_ratio=0.8, time_limit=60, workers=1, lp_bound=False)
 
@@ -98,9 +99,10 @@ def test_ctrl_c_during_a_relaxation_proof_keeps_the_rounds_plan(graph, monkeypat
 
 
 def test_ctrl_c_after_the_peak_search_returns_its_plan(graph, monkeypatch):
-    """A round with no start (no warm start, and its first search given no
-    time) finds its plan by the peak search; a Ctrl-C right after it ends
-    the run with that plan instead of resuming the overhead search."""
+    """A round with no start (no warm start, its first search given no time)
+    finds its plan by the peak search from the lowest-peak plan (here the
+    no-remat plan, given as the hint); a Ctrl-C right after it ends the run
+    with that plan instead of resuming the overhead search."""
     solve_phase, fit = cpsat.CpSatRun.solve_phase, cpsat.CpSatRun.fit
 
     def starved(self, phase, limit, stop_at=None):
@@ -108,8 +110,8 @@ def test_ctrl_c_after_the_peak_search_returns_its_plan(graph, monkeypatch):
             return cpsat.cp_model.UNKNOWN, None, 0.0, 0.0
         return solve_phase(self, phase, limit, stop_at)
 
-    def fit_then_ctrl_c(self, depth):
-        found = fit(self, depth)
+    def fit_then_ctrl_c(self, depth, limit):
+        found = fit(self, depth, limit)
         ctrl_c()
         return found
 
@@ -117,7 +119,8 @@ def test_ctrl_c_after_the_peak_search_returns_its_plan(graph, monkeypatch):
     monkeypatch.setattr(cpsat, "MIN_ROUND_S", 0.0)
     monkeypatch.setattr(cpsat.CpSatRun, "solve_phase", starved)
     monkeypatch.setattr(cpsat.CpSatRun, "fit", fit_then_ctrl_c)
-    sol = solve(graph, "cpsat", warm_start="none", **OPTS)
+    monkeypatch.setattr(cpsat.CpSatRun, "warm_start", lambda self, outside, spent: (None, None))
+    sol = solve(graph, "cpsat", hint=no_remat_plan(graph), **OPTS)
     check(sol, rounds=1)
     st = sol.plan.stats
     assert st["warm_start"] == "peak search" and st["objective"] == st["hint_objective"]

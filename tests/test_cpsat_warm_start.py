@@ -88,10 +88,12 @@ def test_fast_plans_rank_by_cost_within_the_budget_and_by_peak_without(g):
 
 def test_a_round_with_no_start_finds_its_plan_by_minimising_the_peak(monkeypatch):
     """When the overhead search from nothing ends with neither plan nor proof
-    (here: given no time at all), ``fit`` minimises the peak with the budget
-    lifted and stops at the first plan that fits; the overhead search then
-    resumes from it to the exhaustive optimum. Where no plan fits, the peak's
-    bound proves the space empty: INFEASIBLE, as exhaustive search says."""
+    (here: given no time at all) and the lowest-peak plan so far lies in the
+    space (here: the no-remat plan, given as the hint), ``fit`` minimises the
+    peak from it with the budget lifted and stops at the first plan that
+    fits; the overhead search then resumes from it to the exhaustive optimum.
+    Where no plan fits, the peak's bound proves the space empty: INFEASIBLE,
+    as exhaustive search says."""
     solve_phase = cpsat.CpSatRun.solve_phase
 
     def starved(self, phase, limit, stop_at=None):
@@ -102,12 +104,13 @@ def test_a_round_with_no_start_finds_its_plan_by_minimising_the_peak(monkeypatch
     monkeypatch.setattr(cpsat, "FIT_AFTER_SHARE", 0.0)
     monkeypatch.setattr(cpsat, "MIN_ROUND_S", 0.0)
     monkeypatch.setattr(cpsat.CpSatRun, "solve_phase", starved)
+    monkeypatch.setattr(cpsat.CpSatRun, "warm_start", lambda self, outside, spent: (None, None))
     seen = {"OPTIMAL": 0, "INFEASIBLE": 0}
     for k, (g, rng) in enumerate(cases(5, every=False, count=80, seed=11)):
         budget, per_byte = budget_between(g, rng), k % 2
         expect = min_cost(g, budget, bool(per_byte), per_byte)
         sol = solve(g, "cpsat", budget=budget, offload=bool(per_byte), transfer_cost_per_byte=per_byte,
-                    recompute_depth="full", **FAST)
+                    recompute_depth="full", **{**FAST, "hint": no_remat_plan(g)})
         st = sol.plan.stats
         assert not st["interrupted"]
         if expect is None:

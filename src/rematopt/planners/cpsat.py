@@ -57,6 +57,10 @@ WARM_START_SHARE = 0.25
 # once (resnet_s2_c16 at 0.8, depths 1-8: 0.4-3 s each), where the peak
 # search takes 2-5x longer to prove that no plan fits.
 FIT_AFTER_SHARE = 0.25
+# ... and the peak search gets this share of what is left then; the overhead
+# search resumes for the rest (resnet_s2_c16 at 0.6: the full model proves
+# that no plan fits only after most of a 20 s limit).
+FIT_SHARE = 0.5
 # Building the LP of a bigger model takes longer than its bound is worth
 # (about 20 s on the 2,090-node decoder's depth-1 model).
 LP_MAX_VARIABLES = 40_000
@@ -407,10 +411,12 @@ class CpSatRun:
     def search(self, depth: int | None, hint: Assignment | None
                ) -> tuple[int, list[int] | None, float, float, Assignment | None]:
         """The round's search, from ``hint``. Without one (overhead under a
-        budget) it first gets FIT_AFTER_SHARE of the time left, at least
+        budget), if the lowest-peak plan so far lies in the round's space, the
+        search first gets FIT_AFTER_SHARE of the time left, at least
         MIN_ROUND_S (presolve shows most empty spaces at once); if that ends
-        with neither plan nor proof, :meth:`fit` looks for a plan within the
-        budget and the search resumes from it. Returns the solver's status,
+        with neither plan nor proof, :meth:`fit` gets FIT_SHARE of the rest to
+        find a plan within the budget from there, and the search resumes
+        (from that plan, if any) for the rest. Returns the solver's status,
         values, objective and bound, and the plan fit found (or None)."""
         cfg = self.cfg
 
@@ -418,13 +424,14 @@ class CpSatRun:
             return cfg.time_limit - (time.perf_counter() - self.start)
 
         self.add_hint(hint)
-        fits = hint is None and cfg.objective == "overhead" and cfg.budget is not None
+        fits = (hint is None and cfg.objective == "overhead" and cfg.budget is not None
+                and self.lowest is not None and from_plan(self.form, self.lowest) is not None)
         limit = min(left(), max(MIN_ROUND_S, FIT_AFTER_SHARE * left())) if fits else left()
         status, values, obj, bound = self.solve_phase("primary", limit)
         if not fits or values is not None or status != cp_model.UNKNOWN or self.interrupted or left() < 0.05:
             return status, values, obj, bound, None
-        fit_status, fitted = self.fit(depth)
-        if fitted is None or self.interrupted:
+        fit_status, fitted = self.fit(depth, FIT_SHARE * left())
+        if self.interrupted or fit_status == cp_model.INFEASIBLE:
             return fit_status if fitted is None else cp_model.UNKNOWN, None, obj, bound, fitted
         self.add_hint(fitted)
         status, values, obj, resumed = self.solve_phase("primary", left())
@@ -743,8 +750,9 @@ class CpSatRun:
         p.stats.update(stats)
         return p
 
-    def fit(self, depth: int | None) -> tuple[int, Assignment | None]:
-        """Look for any plan of the round's space within the budget: minimise
+    def fit(self, depth: int | None, limit: float) -> tuple[int, Assignment | None]:
+        """Look for any plan of the round's space within the budget in at most
+        ``limit`` seconds: minimise
         the peak over the same space with the budget lifted, from the lowest
         peak seen so far (``self.lowest``: the fast planners', or an earlier
         fit's), and stop at the first plan that fits. Every plan is a
@@ -755,7 +763,6 @@ class CpSatRun:
         left the search stuck above it.) Returns FEASIBLE with that plan as
         the round's hint, INFEASIBLE if the peak's bound shows that no plan
         of the space fits, else UNKNOWN."""
-        cfg = self.cfg
         began = time.perf_counter()
         saved = self.form, self.backend, getattr(self, "peak_var", None), self.overhead_terms
         cap = self.form.mem_cap
@@ -767,8 +774,7 @@ class CpSatRun:
             for var, val in start.values(self.form):
                 self.backend.model.add_hint(var, val)
             self.backend.model.add_hint(self.peak_var, self.objective_of_peak(start))
-        status, values, obj, bound = self.solve_phase("fit", cfg.time_limit - (time.perf_counter() - self.start),
-                                                      stop_at=cap)
+        status, values, obj, bound = self.solve_phase("fit", limit, stop_at=cap)
         plan = None
         if values is not None:
             a = Assignment.from_values(self.form, lambda v: values[v.index])
