@@ -117,6 +117,7 @@ def test_ctrl_c_after_the_peak_search_returns_its_plan(graph, monkeypatch):
 
     monkeypatch.setattr(cpsat, "FIT_AFTER_SHARE", 0.0)
     monkeypatch.setattr(cpsat, "MIN_ROUND_S", 0.0)
+    monkeypatch.setattr(cpsat, "FIT_MARGIN", float("inf"))  # the no-remat plan is a start whatever its peak
     monkeypatch.setattr(cpsat.CpSatRun, "solve_phase", starved)
     monkeypatch.setattr(cpsat.CpSatRun, "fit", fit_then_ctrl_c)
     monkeypatch.setattr(cpsat.CpSatRun, "warm_start", lambda self, outside, spent: (None, None))

@@ -4,6 +4,8 @@ the budget, all checked by replay."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from ortools.sat.python import cp_model
 
@@ -103,6 +105,7 @@ def test_a_round_with_no_start_finds_its_plan_by_minimising_the_peak(monkeypatch
 
     monkeypatch.setattr(cpsat, "FIT_AFTER_SHARE", 0.0)
     monkeypatch.setattr(cpsat, "MIN_ROUND_S", 0.0)
+    monkeypatch.setattr(cpsat, "FIT_MARGIN", math.inf)  # the no-remat plan is a start whatever its peak
     monkeypatch.setattr(cpsat.CpSatRun, "solve_phase", starved)
     monkeypatch.setattr(cpsat.CpSatRun, "warm_start", lambda self, outside, spent: (None, None))
     seen = {"OPTIMAL": 0, "INFEASIBLE": 0}
@@ -123,3 +126,26 @@ def test_a_round_with_no_start_finds_its_plan_by_minimising_the_peak(monkeypatch
             assert st["warm_start"] == "peak search" and sol.replay.peak_bytes <= budget
             seen["OPTIMAL"] += 1
     assert seen["OPTIMAL"] >= 20 and seen["INFEASIBLE"] >= 3, seen
+
+
+def test_the_peak_search_needs_a_start_near_the_budget(monkeypatch):
+    """From a plan more than FIT_MARGIN over the budget (the no-remat plan at
+    0.8) the peak search is not tried: the overhead search keeps the whole
+    round (had it been cut for a peak search, it would get no time here), and
+    reaches the full model's optimum."""
+    def no_fit(self, depth, limit):
+        raise AssertionError("the peak search ran")
+
+    monkeypatch.setattr(cpsat, "FIT_AFTER_SHARE", 0.0)
+    monkeypatch.setattr(cpsat, "MIN_ROUND_S", 0.0)
+    monkeypatch.setattr(cpsat.CpSatRun, "fit", no_fit)
+    monkeypatch.setattr(cpsat.CpSatRun, "warm_start", lambda self, outside, spent: (None, None))
+    for seed in range(3):
+        g = synthetic.random_layered(12, seed=seed)
+        budget = resolve_budget(g, ratio=0.8)
+        assert simulate(g, no_remat_plan(g)).peak_bytes > (1 + cpsat.FIT_MARGIN) * budget
+        sol = solve(g, "cpsat", budget=budget, recompute_depth="full", **{**FAST, "hint": no_remat_plan(g)})
+        full = solve(g, "cpsat", budget=budget, recompute_depth="full", **FAST)
+        assert sol.status == full.status
+        assert sol.plan.stats.get("objective") == full.plan.stats.get("objective")
+        assert sol.plan.stats["warm_start"] is None

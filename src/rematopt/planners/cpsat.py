@@ -57,7 +57,12 @@ WARM_START_SHARE = 0.25
 # once (resnet_s2_c16 at 0.8, depths 1-8: 0.4-3 s each), where the peak
 # search takes 2-5x longer to prove that no plan fits.
 FIT_AFTER_SHARE = 0.25
-# ... and the peak search gets this share of what is left then; the overhead
+# The peak search starts only from a plan within this share over the budget:
+# it lowers the peak by a few percent in seconds (resnet_s2_c16 at 0.8 from
+# dtr's plan, 2% over: 12% in 5 s; random_layered_n100 at 0.7 from the
+# no-remat plan, 43% over, the lowest-peak fast plan there: 3% in 8 s).
+FIT_MARGIN = 0.1
+# ... and it gets this share of what is left then; the overhead
 # search resumes for the rest (resnet_s2_c16 at 0.6: the full model proves
 # that no plan fits only after most of a 20 s limit).
 FIT_SHARE = 0.5
@@ -347,7 +352,7 @@ class CpSatRun:
         """The user's hint, else (``warm_start="auto"``) the best fast
         planner's plan, kept by :meth:`adopt_outside` when it qualifies.
         Whatever the budget, the valid one with the lowest peak among them
-        becomes ``self.lowest``, where :meth:`fit` starts."""
+        becomes ``self.lowest`` (with its peak), where :meth:`fit` starts."""
         from .warm_start import best_within, fast_plans, lowest_peak
 
         cfg = self.cfg
@@ -355,7 +360,8 @@ class CpSatRun:
         if cfg.hint is None and cfg.warm_start == "auto":
             plans = fast_plans(self.graph, cfg.budget, deadline=deadline)
         plan = cfg.hint if cfg.hint is not None else best_within(plans, cfg.budget)
-        self.lowest = lowest_peak([(p, r) for p, r in plans if r.valid])
+        low = lowest_peak([(p, r) for p, r in plans if r.valid])
+        self.lowest = next(((p, r.peak_bytes) for p, r in plans if p is low), None)
         if plan is not None:
             self.adopt_outside(plan)
         return plan
@@ -411,8 +417,8 @@ class CpSatRun:
     def search(self, depth: int | None, hint: Assignment | None
                ) -> tuple[int, list[int] | None, float, float, Assignment | None]:
         """The round's search, from ``hint``. Without one (overhead under a
-        budget), if the lowest-peak plan so far lies in the round's space, the
-        search first gets FIT_AFTER_SHARE of the time left, at least
+        budget), if the lowest-peak plan so far lies in the round's space
+        within FIT_MARGIN of the budget, the search first gets FIT_AFTER_SHARE of the time left, at least
         MIN_ROUND_S (presolve shows most empty spaces at once); if that ends
         with neither plan nor proof, :meth:`fit` gets FIT_SHARE of the rest to
         find a plan within the budget from there, and the search resumes
@@ -425,7 +431,8 @@ class CpSatRun:
 
         self.add_hint(hint)
         fits = (hint is None and cfg.objective == "overhead" and cfg.budget is not None
-                and self.lowest is not None and from_plan(self.form, self.lowest) is not None)
+                and self.lowest is not None and self.lowest[1] <= (1 + FIT_MARGIN) * cfg.budget
+                and from_plan(self.form, self.lowest[0]) is not None)
         limit = min(left(), max(MIN_ROUND_S, FIT_AFTER_SHARE * left())) if fits else left()
         status, values, obj, bound = self.solve_phase("primary", limit)
         if not fits or values is not None or status != cp_model.UNKNOWN or self.interrupted or left() < 0.05:
@@ -769,7 +776,7 @@ class CpSatRun:
         self.backend = CpSatBackend()
         self.form = self.formulation(self.backend, depth, fit=True)
         self.build_s += time.perf_counter() - began
-        start = from_plan(self.form, self.lowest) if self.lowest is not None else None
+        start = from_plan(self.form, self.lowest[0]) if self.lowest is not None else None
         if start is not None:
             for var, val in start.values(self.form):
                 self.backend.model.add_hint(var, val)
@@ -780,7 +787,8 @@ class CpSatRun:
             a = Assignment.from_values(self.form, lambda v: values[v.index])
             found = events(self.form, a)
             if start is None or self.objective_of_peak(a) <= self.objective_of_peak(start):
-                self.lowest = found  # the next round's start: the spaces are nested
+                # the next round's start: the spaces are nested
+                self.lowest = found, int(self.to_bytes(self.objective_of_peak(a)))
             plan = found if obj <= cap else None
         self.form, self.backend, self.peak_var, self.overhead_terms = saved
         hint = from_plan(self.form, plan) if plan is not None else None
