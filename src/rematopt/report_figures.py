@@ -175,7 +175,7 @@ def read_solver_log(path: Path) -> pd.DataFrame | None:
     t, inc, bnd = pick("time", "wall", "elapsed"), pick("incumbent", "objective", "best", "cost"), pick("bound")
     if not (t and inc and bnd) or inc == bnd:
         return None
-    if "phase" in cols:  # cpsat's lexicographic second phase optimises another figure
+    if "phase" in cols:  # cpsat's peak search and tie-break optimise other figures
         log = log[log[cols["phase"]].astype(str) == "primary"]
     frame = log[[t, inc, bnd]].apply(pd.to_numeric, errors="coerce").dropna(subset=[t])
     frame.columns = ["time", "incumbent", "bound"]
