@@ -429,7 +429,7 @@ class CpSatRun:
         def left() -> float:
             return cfg.time_limit - (time.perf_counter() - self.start)
 
-        self.add_hint(hint)
+        self.add_hint(hint, peak=cfg.objective == "peak")
         fits = (hint is None and cfg.objective == "overhead" and cfg.budget is not None
                 and self.lowest is not None and self.lowest[1] <= (1 + FIT_MARGIN) * cfg.budget
                 and from_plan(self.form, self.lowest[0]) is not None)
@@ -440,18 +440,29 @@ class CpSatRun:
         fit_status, fitted = self.fit(depth, FIT_SHARE * left())
         if self.interrupted or fit_status == cp_model.INFEASIBLE:
             return fit_status if fitted is None else cp_model.UNKNOWN, None, obj, bound, fitted
-        self.add_hint(fitted)
+        self.add_hint(fitted, peak=False)
         status, values, obj, resumed = self.solve_phase("primary", left())
         return status, values, obj, max(bound, resumed), fitted
 
-    def add_hint(self, hint: Assignment | None) -> None:
-        """Give the round's model a solution hint (nothing if None)."""
+    def add_hint(self, hint: Assignment | None, peak: bool) -> None:
+        """Give the model being solved a solution hint (nothing if None),
+        with its peak variable's value when ``peak`` (it minimises the peak)."""
         if hint is None:
             return
         for var, val in hint.values(self.form):
             self.backend.model.add_hint(var, val)
-        if self.cfg.objective == "peak":
-            self.backend.model.add_hint(self.peak_var, self.objective_of(hint))
+        if peak:
+            self.backend.model.add_hint(self.peak_var, self.objective_of_peak(hint))
+
+    @contextmanager
+    def aside(self) -> Iterator[None]:
+        """Build and solve another model (the LP, the peak search) and come
+        back to the round's: its form, backend, peak variable and terms."""
+        saved = self.form, self.backend, getattr(self, "peak_var", None), self.overhead_terms
+        try:
+            yield
+        finally:
+            self.form, self.backend, self.peak_var, self.overhead_terms = saved
 
     def solve_phase(self, phase: str, limit: float,
                     stop_at: int | None = None) -> tuple[int, list[int] | None, float, float]:
@@ -771,26 +782,21 @@ class CpSatRun:
         the round's hint, INFEASIBLE if the peak's bound shows that no plan
         of the space fits, else UNKNOWN."""
         began = time.perf_counter()
-        saved = self.form, self.backend, getattr(self, "peak_var", None), self.overhead_terms
-        cap = self.form.mem_cap
-        self.backend = CpSatBackend()
-        self.form = self.formulation(self.backend, depth, fit=True)
-        self.build_s += time.perf_counter() - began
-        start = from_plan(self.form, self.lowest[0]) if self.lowest is not None else None
-        if start is not None:
-            for var, val in start.values(self.form):
-                self.backend.model.add_hint(var, val)
-            self.backend.model.add_hint(self.peak_var, self.objective_of_peak(start))
-        status, values, obj, bound = self.solve_phase("fit", limit, stop_at=cap)
-        plan = None
-        if values is not None:
-            a = Assignment.from_values(self.form, lambda v: values[v.index])
-            found = events(self.form, a)
-            if start is None or self.objective_of_peak(a) <= self.objective_of_peak(start):
-                # the next round's start: the spaces are nested
-                self.lowest = found, int(self.to_bytes(self.objective_of_peak(a)))
-            plan = found if obj <= cap else None
-        self.form, self.backend, self.peak_var, self.overhead_terms = saved
+        cap, plan = self.form.mem_cap, None
+        with self.aside():
+            self.backend = CpSatBackend()
+            self.form = self.formulation(self.backend, depth, fit=True)
+            self.build_s += time.perf_counter() - began
+            start = from_plan(self.form, self.lowest[0]) if self.lowest is not None else None
+            self.add_hint(start, peak=True)
+            status, values, obj, bound = self.solve_phase("fit", limit, stop_at=cap)
+            if values is not None:
+                a = Assignment.from_values(self.form, lambda v: values[v.index])
+                found = events(self.form, a)
+                if start is None or self.objective_of_peak(a) <= self.objective_of_peak(start):
+                    # the next round's start: the spaces are nested
+                    self.lowest = found, int(self.to_bytes(self.objective_of_peak(a)))
+                plan = found if obj <= cap else None
         hint = from_plan(self.form, plan) if plan is not None else None
         if hint is not None and self.admissible(hint):
             return cp_model.FEASIBLE, hint
@@ -890,9 +896,8 @@ class CpSatRun:
         """The LP relaxation of the same formulation, in the objective's units."""
         overhead = self.cfg.objective == "overhead"
         lp = LpBackend(self.scale if overhead else 1.0)
-        saved = self.form, getattr(self, "peak_var", None), self.overhead_terms
-        self.formulation(lp, depth)
-        self.form, self.peak_var, self.overhead_terms = saved
+        with self.aside():
+            self.formulation(lp, depth)
         value = lp.solve(limit)
         if value is None or overhead:
             return value
