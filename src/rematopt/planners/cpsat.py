@@ -418,12 +418,13 @@ class CpSatRun:
                ) -> tuple[int, list[int] | None, float, float, Assignment | None]:
         """The round's search, from ``hint``. Without one (overhead under a
         budget), if the lowest-peak plan so far lies in the round's space
-        within FIT_MARGIN of the budget, the search first gets FIT_AFTER_SHARE of the time left, at least
-        MIN_ROUND_S (presolve shows most empty spaces at once); if that ends
-        with neither plan nor proof, :meth:`fit` gets FIT_SHARE of the rest to
-        find a plan within the budget from there, and the search resumes
-        (from that plan, if any) for the rest. Returns the solver's status,
-        values, objective and bound, and the plan fit found (or None)."""
+        within FIT_MARGIN of the budget, the search first gets FIT_AFTER_SHARE
+        of the time left, at least MIN_ROUND_S (presolve shows most empty
+        spaces at once); if that ends with neither plan nor proof, :meth:`fit`
+        gets FIT_SHARE of the rest to find a plan within the budget from
+        there, and the search resumes (from that plan, if any) for the rest.
+        Returns the solver's status, values, objective and bound, and the
+        plan fit found (or None)."""
         cfg = self.cfg
 
         def left() -> float:
