@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import math
 import random
+import time
 
 import pytest
+from ortools.sat.python import cp_model
 
 from rematopt import solve
 from rematopt.graph import Graph
@@ -285,3 +287,47 @@ def test_a_starved_full_round_leaves_the_proven_rounds_plan_and_lends_its_bound(
         assert st["best_bound"] >= min(last["best_bound"], st["objective"])
         assert full.status == "OPTIMAL" and st["best_bound"] <= full.plan.stats["objective"] <= st["objective"]
         assert st["status"] == ("OPTIMAL" if st["best_bound"] >= st["objective"] else "FEASIBLE")
+
+
+def test_without_a_plan_a_deeper_round_needs_only_the_minimum_time():
+    """With a plan to keep, a deeper round starts only with twice the time
+    spent left; without one any attempt beats none, so MIN_ROUND_S is enough."""
+    import rematopt.planners.cpsat as cpsat
+
+    g = synthetic.random_layered(16, seed=3)
+    run = cpsat.CpSatRun(g, cpsat.Settings.parse(int(0.9 * no_remat_peak(g)), {"time_limit": 20}))
+    run.start, run.proof_s, run.interrupted = time.perf_counter() - 12, 0.0, False  # 8 s left
+    assert run.next_round(2, cp_model.INFEASIBLE, found=False)
+    assert not run.next_round(2, cp_model.OPTIMAL, found=True)  # 24 s would be needed
+    assert not run.next_round(2, cp_model.UNKNOWN, found=False)  # an unproven round ends the rounds
+    run.start = time.perf_counter() - 16  # 4 s left: less than MIN_ROUND_S
+    assert not run.next_round(2, cp_model.INFEASIBLE, found=False)
+
+
+def test_a_run_without_a_plan_says_why(monkeypatch):
+    """UNKNOWN without a plan names the cause, and the deepest space shown
+    empty: here depth 1 is empty and the depth-2 search finds nothing."""
+    import rematopt.planners.cpsat as cpsat
+
+    build, solve_phase = cpsat.CpSatRun.build, cpsat.CpSatRun.solve_phase
+
+    def track(self, depth):
+        self.depth_built = depth
+        return build(self, depth)
+
+    def nothing_at_depth_2(self, phase, limit, stop_at=None):
+        if self.depth_built == 2:
+            return cp_model.UNKNOWN, None, 0.0, 0.0
+        return solve_phase(self, phase, limit, stop_at)
+
+    monkeypatch.setattr(cpsat, "FULL_MODEL_PAIRS", 0)
+    monkeypatch.setattr(cpsat.CpSatRun, "relaxation_proof", lambda self, best: [])
+    monkeypatch.setattr(cpsat.CpSatRun, "build", track)
+    monkeypatch.setattr(cpsat.CpSatRun, "solve_phase", nothing_at_depth_2)
+    g = synthetic.random_layered(16, seed=3)
+    sol = solve(g, "cpsat", budget_ratio=0.9, time_limit=20, workers=1, warm_start="none")
+    st = sol.plan.stats
+    assert [(r["recompute_depth"], r["status"]) for r in st["rounds"]] == [(1, "INFEASIBLE"), (2, "UNKNOWN")]
+    assert sol.status == "UNKNOWN" and st["reason"] == (
+        "the time limit ran out before any plan within the budget was found "
+        "(none recomputes within 1 producer hops of each stage's node)")
