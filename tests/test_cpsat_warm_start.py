@@ -149,3 +149,13 @@ def test_the_peak_search_needs_a_start_near_the_budget(monkeypatch):
         assert sol.status == full.status
         assert sol.plan.stats.get("objective") == full.plan.stats.get("objective")
         assert sol.plan.stats["warm_start"] is None
+
+
+def test_the_progress_line_shows_the_peak_search_until_a_plan_fits():
+    trace = cpsat.Trace(0.0)
+    assert "incumbent -  bound -" in cpsat.progress_line(trace)
+    trace.solution("fit", 479_428.0, 300_000.0)
+    assert cpsat.progress_line(trace).endswith("no plan within the budget yet, lowest peak 479,428 B")
+    trace.solution("primary", 200.0, None)
+    trace.new_bound("primary", 150.0)
+    assert cpsat.progress_line(trace).endswith("incumbent 200  bound 150  gap 25.00%")

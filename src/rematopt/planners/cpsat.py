@@ -959,18 +959,21 @@ def _progress(trace: Trace, enabled: bool) -> Iterator[None]:
     from rich.live import Live
     from rich.text import Text
 
-    def line() -> Text:
-        t = time.perf_counter() - trace.start
-        inc, bnd = trace.incumbent, trace.bound
-        if inc is None and trace.lowest_peak is not None:
-            return Text(f"cpsat {t:6.1f}s  no plan within the budget yet, lowest peak {trace.lowest_peak:,.0f} B")
-        gap = "" if inc is None or bnd is None or not inc else f"  gap {(inc - bnd) / abs(inc):.2%}"
-        return Text(f"cpsat {t:6.1f}s  incumbent {'-' if inc is None else f'{inc:.6g}'}"
-                    f"  bound {'-' if bnd is None else f'{bnd:.6g}'}{gap}")
-
     class _Line:
         def __rich__(self) -> Text:
-            return line()
+            return Text(progress_line(trace))
 
     with Live(_Line(), console=Console(stderr=True), refresh_per_second=4, transient=True):
         yield
+
+
+def progress_line(trace: Trace) -> str:
+    """The progress line: the incumbent, bound and gap, or while there is no
+    plan within the budget yet, the peak search's lowest peak."""
+    t = time.perf_counter() - trace.start
+    inc, bnd = trace.incumbent, trace.bound
+    if inc is None and trace.lowest_peak is not None:
+        return f"cpsat {t:6.1f}s  no plan within the budget yet, lowest peak {trace.lowest_peak:,.0f} B"
+    gap = "" if inc is None or bnd is None or not inc else f"  gap {(inc - bnd) / abs(inc):.2%}"
+    return (f"cpsat {t:6.1f}s  incumbent {'-' if inc is None else f'{inc:.6g}'}"
+            f"  bound {'-' if bnd is None else f'{bnd:.6g}'}{gap}")
