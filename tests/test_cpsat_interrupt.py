@@ -110,8 +110,8 @@ def test_ctrl_c_after_the_peak_search_returns_its_plan(graph, monkeypatch):
             return cpsat.cp_model.UNKNOWN, None, 0.0, 0.0
         return solve_phase(self, phase, limit, stop_at)
 
-    def fit_then_ctrl_c(self, depth, limit):
-        found = fit(self, depth, limit)
+    def fit_then_ctrl_c(self, depth, start, limit):
+        found = fit(self, depth, start, limit)
         ctrl_c()
         return found
 

@@ -84,7 +84,8 @@ def test_fast_plans_rank_by_cost_within_the_budget_and_by_peak_without(g):
         assert r.peak_bytes <= budget and (r.compute_cost, r.transfer_bytes) == min(within)
     else:
         assert best is None
-    assert simulate(g, lowest_peak(plans)).peak_bytes == min(r.peak_bytes for p, r in plans)
+    low, replay = lowest_peak(plans)
+    assert simulate(g, low).peak_bytes == replay.peak_bytes == min(r.peak_bytes for p, r in plans)
     assert lowest_peak([]) is None and best_within([], budget) is None
 
 
@@ -133,7 +134,7 @@ def test_the_peak_search_needs_a_start_near_the_budget(monkeypatch):
     0.8) the peak search is not tried: the overhead search keeps the whole
     round (had it been cut for a peak search, it would get no time here), and
     reaches the full model's optimum."""
-    def no_fit(self, depth, limit):
+    def no_fit(self, depth, start, limit):
         raise AssertionError("the peak search ran")
 
     monkeypatch.setattr(cpsat, "FIT_AFTER_SHARE", 0.0)

@@ -360,8 +360,8 @@ class CpSatRun:
         if cfg.hint is None and cfg.warm_start == "auto":
             plans = fast_plans(self.graph, cfg.budget, deadline=deadline)
         plan = cfg.hint if cfg.hint is not None else best_within(plans, cfg.budget)
-        low = lowest_peak([(p, r) for p, r in plans if r.valid])
-        self.lowest = next(((p, r.peak_bytes) for p, r in plans if p is low), None)
+        low = lowest_peak(plans)
+        self.lowest = None if low is None else (low[0], low[1].peak_bytes)
         if plan is not None:
             self.adopt_outside(plan)
         return plan
@@ -431,14 +431,15 @@ class CpSatRun:
             return cfg.time_limit - (time.perf_counter() - self.start)
 
         self.add_hint(hint, peak=cfg.objective == "peak")
-        fits = (hint is None and cfg.objective == "overhead" and cfg.budget is not None
-                and self.lowest is not None and self.lowest[1] <= (1 + FIT_MARGIN) * cfg.budget
-                and from_plan(self.form, self.lowest[0]) is not None)
-        limit = min(left(), max(MIN_ROUND_S, FIT_AFTER_SHARE * left())) if fits else left()
+        start = (from_plan(self.form, self.lowest[0])
+                 if hint is None and cfg.objective == "overhead" and cfg.budget is not None
+                 and self.lowest is not None and self.lowest[1] <= (1 + FIT_MARGIN) * cfg.budget else None)
+        limit = min(left(), max(MIN_ROUND_S, FIT_AFTER_SHARE * left())) if start is not None else left()
         status, values, obj, bound = self.solve_phase("primary", limit)
-        if not fits or values is not None or status != cp_model.UNKNOWN or self.interrupted or left() < 0.05:
+        if (start is None or values is not None or status != cp_model.UNKNOWN or self.interrupted
+                or left() < 0.05):
             return status, values, obj, bound, None
-        fit_status, fitted = self.fit(depth, FIT_SHARE * left())
+        fit_status, fitted = self.fit(depth, start, FIT_SHARE * left())
         if self.interrupted or fit_status == cp_model.INFEASIBLE:
             return fit_status if fitted is None else cp_model.UNKNOWN, None, obj, bound, fitted
         self.add_hint(fitted, peak=False)
@@ -777,11 +778,11 @@ class CpSatRun:
         p.stats.update(stats)
         return p
 
-    def fit(self, depth: int | None, limit: float) -> tuple[int, Assignment | None]:
+    def fit(self, depth: int | None, start: Assignment, limit: float) -> tuple[int, Assignment | None]:
         """Look for any plan of the round's space within the budget in at most
-        ``limit`` seconds: minimise
-        the peak over the same space with the budget lifted, from the lowest
-        peak seen so far (``self.lowest``: the fast planners', or an earlier
+        ``limit`` seconds: minimise the peak over the same space with the
+        budget lifted, from ``start`` (the lowest-peak plan so far,
+        ``self.lowest``, in this space: the fast planners', or an earlier
         fit's), and stop at the first plan that fits. Every plan is a
         solution there, so the search moves from its start: on resnet_s2_c16
         at 0.8 the full model had no plan in 60 s of overhead search; from
@@ -796,13 +797,12 @@ class CpSatRun:
             self.backend = CpSatBackend()
             self.form = self.formulation(self.backend, depth, fit=True)
             self.build_s += time.perf_counter() - began
-            start = from_plan(self.form, self.lowest[0]) if self.lowest is not None else None
             self.add_hint(start, peak=True)
             status, values, obj, bound = self.solve_phase("fit", limit, stop_at=cap)
             if values is not None:
                 a = Assignment.from_values(self.form, lambda v: values[v.index])
                 found = events(self.form, a)
-                if start is None or self.objective_of_peak(a) <= self.objective_of_peak(start):
+                if self.objective_of_peak(a) <= self.objective_of_peak(start):
                     # the next round's start: the spaces are nested
                     self.lowest = found, int(self.to_bytes(self.objective_of_peak(a)))
                 plan = found if obj <= cap else None

@@ -60,10 +60,12 @@ def best_within(plans: list[tuple[Plan, Replay]], budget: int | None) -> Plan | 
     return plans[min(fit)[-1]][0] if fit else None
 
 
-def lowest_peak(plans: list[tuple[Plan, Replay]]) -> Plan | None:
-    """The plan with the lowest peak (then compute cost): where none meets the
-    budget, the closest start for a search that minimises the peak."""
-    return min(plans, key=lambda x: (x[1].peak_bytes, x[1].compute_cost))[0] if plans else None
+def lowest_peak(plans: list[tuple[Plan, Replay]]) -> tuple[Plan, Replay] | None:
+    """The valid plan with the lowest peak (then compute cost), with its
+    replay: where none meets the budget, the closest start for a search that
+    minimises the peak."""
+    return min(((p, r) for p, r in plans if r.valid), key=lambda x: (x[1].peak_bytes, x[1].compute_cost),
+               default=None)
 
 
 def best_fast_plan(graph: Graph, budget: int | None, options: dict[str, Any] | None = None,
