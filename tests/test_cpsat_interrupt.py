@@ -26,6 +26,9 @@ def graph(monkeypatch):
 
 
 def ctrl_c() -> None:
+    """One SIGINT. Never more within a solve: OR-Tools' handler calls exit()
+    on the third, from inside the signal handler while the solver's threads
+    run, which can leave the process hung instead of ended."""
     os.kill(os.getpid(), signal.SIGINT)
 
 
@@ -39,10 +42,13 @@ def check(sol, rounds: int) -> None:
 
 def test_ctrl_c_during_the_search_returns_the_incumbent(graph, monkeypatch):
     original = cpsat._Callback.on_solution_callback
+    sent = []
 
     def first_solution_then_ctrl_c(self):
         original(self)
-        ctrl_c()
+        if not sent:
+            sent.append(True)
+            ctrl_c()
 
     monkeypatch.setattr(cpsat._Callback, "on_solution_callback", first_solution_then_ctrl_c)
     sol = solve(graph, "cpsat", **OPTS)
@@ -86,9 +92,14 @@ def test_ctrl_c_during_a_relaxation_proof_keeps_the_rounds_plan(graph, monkeypat
     original = cpsat.relaxation_bound
 
     def slots_then_ctrl_c(*args, **kwargs):
-        if kwargs["level"] == "slots":
-            threading.Timer(1.0, ctrl_c).start()
-        return original(*args, **kwargs)
+        if kwargs["level"] != "slots":
+            return original(*args, **kwargs)
+        timer = threading.Timer(1.0, ctrl_c)  # cancelled if slots ends first: no stray SIGINT later
+        timer.start()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            timer.cancel()
 
     monkeypatch.setattr(cpsat, "relaxation_bound", slots_then_ctrl_c)
     sol = solve(graph, "cpsat", **OPTS)
