@@ -12,6 +12,7 @@ import threading
 import pytest
 
 import rematopt.planners.cpsat as cpsat
+import rematopt.planners.cpsat_progress as cpsat_progress
 from rematopt import solve
 from rematopt.importers import synthetic
 from rematopt.reference import no_remat_plan
@@ -41,7 +42,7 @@ def check(sol, rounds: int) -> None:
 
 
 def test_ctrl_c_during_the_search_returns_the_incumbent(graph, monkeypatch):
-    original = cpsat._Callback.on_solution_callback
+    original = cpsat_progress.SolutionCallback.on_solution_callback
     sent = []
 
     def first_solution_then_ctrl_c(self):
@@ -50,7 +51,7 @@ def test_ctrl_c_during_the_search_returns_the_incumbent(graph, monkeypatch):
             sent.append(True)
             ctrl_c()
 
-    monkeypatch.setattr(cpsat._Callback, "on_solution_callback", first_solution_then_ctrl_c)
+    monkeypatch.setattr(cpsat_progress.SolutionCallback, "on_solution_callback", first_solution_then_ctrl_c)
     sol = solve(graph, "cpsat", **OPTS)
     check(sol, rounds=1)
     assert sol.plan.stats["wall_s"] < 30

@@ -10,6 +10,7 @@ import pytest
 from ortools.sat.python import cp_model
 
 import rematopt.planners.cpsat as cpsat
+import rematopt.planners.cpsat_progress as cpsat_progress
 from rematopt import solve
 from rematopt.importers import synthetic
 from rematopt.planners.cpsat_backends import CpSatBackend
@@ -153,10 +154,10 @@ def test_the_peak_search_needs_a_start_near_the_budget(monkeypatch):
 
 
 def test_the_progress_line_shows_the_peak_search_until_a_plan_fits():
-    trace = cpsat.Trace(0.0)
-    assert "incumbent -  bound -" in cpsat.progress_line(trace)
+    trace = cpsat_progress.Trace(0.0)
+    assert "incumbent -  bound -" in cpsat_progress.progress_line(trace)
     trace.solution("fit", 479_428.0, 300_000.0)
-    assert cpsat.progress_line(trace).endswith("no plan within the budget yet, lowest peak 479,428 B")
+    assert cpsat_progress.progress_line(trace).endswith("no plan within the budget yet, lowest peak 479,428 B")
     trace.solution("primary", 200.0, None)
     trace.new_bound("primary", 150.0)
-    assert cpsat.progress_line(trace).endswith("incumbent 200  bound 150  gap 25.00%")
+    assert cpsat_progress.progress_line(trace).endswith("incumbent 200  bound 150  gap 25.00%")
