@@ -1,7 +1,8 @@
 """Ctrl-C never loses a finished result: a real SIGINT, sent at each stage of
 a cpsat run (the search, the warm start, the peak search, the build of a
 deeper round, a relaxation proof between rounds), ends the run with the best
-plan so far, which the simulator replays."""
+plan so far, which the simulator replays. Solved in another thread, cpsat
+leaves Ctrl-C to the caller."""
 
 from __future__ import annotations
 
@@ -137,3 +138,37 @@ def test_ctrl_c_after_the_peak_search_returns_its_plan(graph, monkeypatch):
     check(sol, rounds=1)
     st = sol.plan.stats
     assert st["warm_start"] == "peak search" and st["objective"] == st["hint_objective"]
+
+
+def test_ctrl_c_during_a_solve_in_another_thread_is_the_callers(graph, monkeypatch):
+    """Solved in a worker thread, cpsat leaves SIGINT to the caller: a Ctrl-C
+    while its search runs raises KeyboardInterrupt in the main thread (with
+    CP-SAT's handler installed from the worker thread, it aborted the
+    process), the solve carries on to a valid plan, and the caller's handler
+    is still in place afterwards."""
+    import time
+
+    original = cpsat_progress.SolutionCallback.on_solution_callback
+    searching, released = threading.Event(), threading.Event()
+
+    def hold_the_search(self):
+        original(self)
+        searching.set()
+        released.wait(10)
+
+    monkeypatch.setattr(cpsat_progress.SolutionCallback, "on_solution_callback", hold_the_search)
+    out = {}
+    worker = threading.Thread(target=lambda: out.setdefault("sol", solve(graph, "cpsat", **OPTS)))
+    worker.start()
+    try:
+        assert searching.wait(30)
+        with pytest.raises(KeyboardInterrupt):
+            ctrl_c()
+            time.sleep(5)
+    finally:
+        released.set()
+        worker.join()
+    sol = out["sol"]
+    assert sol.status in ("OPTIMAL", "FEASIBLE") and not sol.plan.stats["interrupted"]
+    assert sol.replay.valid and sol.replay.peak_bytes <= sol.budget
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -30,7 +30,7 @@ from .cpsat_backends import CpSatBackend, LpBackend, stopped_early, tune
 from .cpsat_bound import WholeBound, relaxation_bound
 from .cpsat_extract import Assignment, events, from_plan, staged_events
 from .cpsat_model import Formulation, Stages, integer_scale
-from .cpsat_progress import SolutionCallback, Trace, deferred_sigint, live_progress, restored_sigint
+from .cpsat_progress import SolutionCallback, Trace, deferred_sigint, live_progress, solver_takes_ctrl_c
 
 # Largest full staged model (sum over values of the stages they live in)
 # solved as is; beyond it, depth 1 then 2 (the full model of
@@ -416,10 +416,7 @@ class CpSatRun:
         tune(prm, max(limit, 0.01), cfg.workers, cfg.seed)
         to_units = {"primary": self.to_units, "fit": self.to_bytes}.get(phase, lambda v: v)
         solver.best_bound_callback = lambda b: self.trace.new_bound(phase, to_units(b))
-        # CP-SAT catches SIGINT itself and stops with its best solution (a
-        # Python handler would only run once solve() returns).
-        prm.catch_sigint_signal = True
-        with live_progress(self.trace, cfg.progress and phase in ("primary", "fit")), restored_sigint():
+        with live_progress(self.trace, cfg.progress and phase in ("primary", "fit")), solver_takes_ctrl_c(prm):
             callback = SolutionCallback(self.trace, phase, to_units, stop_at)
             status = solver.solve(self.backend.model, callback)
         self.interrupted = self.interrupted or (stopped_early(solver, status, limit) and not callback.stopped)
@@ -490,13 +487,12 @@ class CpSatRun:
         int_cost = form.int_cost if self.exact else [math.floor(c * self.scale) for c in g.cost]
         int_transfer = (form.int_transfer if self.exact else
                         [math.floor(b * cfg.transfer_cost_per_byte * self.scale) for b in g.bytes])
-        with restored_sigint():
-            return relaxation_bound(
-                g, level=level, objective=cfg.objective, unit=form.unit, cap_units=form.mem_cap,
-                int_cost=int_cost, int_transfer=int_transfer, offload=cfg.offload,
-                overhead_cap=self.overhead_cap(form), max_recomputes=self.max_recomputes(),
-                peak_floor=self.peak_floor(form), below=below, time_limit=limit, workers=cfg.workers,
-                seed=cfg.seed, interruptible=level != "gaps")
+        return relaxation_bound(
+            g, level=level, objective=cfg.objective, unit=form.unit, cap_units=form.mem_cap,
+            int_cost=int_cost, int_transfer=int_transfer, offload=cfg.offload,
+            overhead_cap=self.overhead_cap(form), max_recomputes=self.max_recomputes(),
+            peak_floor=self.peak_floor(form), below=below, time_limit=limit, workers=cfg.workers,
+            seed=cfg.seed, interruptible=level != "gaps")
 
     def relaxation_proof(self, best: Assignment | None) -> list[dict[str, Any]]:
         """Ask the stronger relaxations in turn (chains, then slots with what

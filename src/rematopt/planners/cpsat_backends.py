@@ -40,9 +40,10 @@ def tune(prm: Any, limit: float, workers: int, seed: int = 0) -> None:
 
 def stopped_early(solver: cp_model.CpSolver, status: int, limit: float,
                   unproven: tuple[int, ...] = (cp_model.FEASIBLE, cp_model.UNKNOWN)) -> bool:
-    """Whether a solve that ended ``unproven`` did so well before ``limit``:
-    with CP-SAT catching SIGINT, that is a Ctrl-C."""
-    return status in unproven and solver.wall_time < 0.9 * limit - 0.5
+    """Whether a solve that ended ``unproven`` did so well before ``limit``
+    while CP-SAT caught SIGINT: that is a Ctrl-C."""
+    return (solver.parameters.catch_sigint_signal and status in unproven
+            and solver.wall_time < 0.9 * limit - 0.5)
 
 
 class CpSatBackend:

@@ -54,6 +54,7 @@ from ortools.sat.python import cp_model
 from ..graph import Graph
 from .cpsat_backends import stopped_early, tune
 from .cpsat_model import Stages
+from .cpsat_progress import solver_takes_ctrl_c
 
 
 @dataclass
@@ -87,7 +88,7 @@ def relaxation_bound(graph: Graph, *, level: str, objective: str, unit: int, cap
     ``overhead_cap``. ``below`` asks only whether a solution of objective at
     most ``below`` exists (the search stops at the first one): INFEASIBLE
     then says that no staged plan does as well. ``interruptible`` lets
-    Ctrl-C stop the search (the caller restores the SIGINT handler)."""
+    Ctrl-C stop the search (main thread only, see :func:`solver_takes_ctrl_c`)."""
     began = time.perf_counter()
     if level not in LEVELS:
         raise ValueError(f"relaxation level must be one of {LEVELS}, got {level!r}")
@@ -114,14 +115,14 @@ def relaxation_bound(graph: Graph, *, level: str, objective: str, unit: int, cap
     m.minimize(goal)
     solver = cp_model.CpSolver()
     tune(solver.parameters, max(time_limit, 0.01), workers, seed)
-    solver.parameters.catch_sigint_signal = interruptible
     solver.parameters.stop_after_first_solution = below is not None
-    status = solver.solve(m)
+    with solver_takes_ctrl_c(solver.parameters, interruptible):
+        status = solver.solve(m)
     seconds = time.perf_counter() - began
     # an early stop without a proof is Ctrl-C's doing, unless the solution
     # found under ``below`` stopped it by design
     unproven = (cp_model.UNKNOWN,) if below is not None else (cp_model.FEASIBLE, cp_model.UNKNOWN)
-    stopped = interruptible and stopped_early(solver, status, time_limit, unproven)
+    stopped = stopped_early(solver, status, time_limit, unproven)
     if status == cp_model.INFEASIBLE:
         return WholeBound("INFEASIBLE", None, seconds)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):

@@ -91,10 +91,17 @@ def deferred_sigint(run: Any) -> Iterator[None]:
 
 
 @contextmanager
-def restored_sigint() -> Iterator[None]:
-    """CP-SAT replaces the SIGINT handler while it solves and leaves the
-    default one (which kills the process) behind: put the caller's back."""
-    if threading.current_thread() is not threading.main_thread():
+def solver_takes_ctrl_c(params: Any, enabled: bool = True) -> Iterator[None]:
+    """During one CP-SAT solve, let a Ctrl-C stop the search with its best
+    solution (a Python handler would only run once solve() returns), then
+    put the caller's SIGINT handler back (CP-SAT leaves the default one,
+    which kills the process). Main thread only: CP-SAT's handler lives in
+    the thread that installs it, and a SIGINT reaching the main thread while
+    a worker thread's solve has it installed aborts the process
+    (std::bad_function_call; measured with a cpsat solve in a thread)."""
+    main = threading.current_thread() is threading.main_thread()
+    params.catch_sigint_signal = enabled and main
+    if not main:
         yield
         return
     previous = signal.getsignal(signal.SIGINT)
