@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from rematopt import Graph, no_remat_peak
-from rematopt.importers.synthetic import unet
+from rematopt.importers.synthetic import chain, unet
+from rematopt.reference import no_remat_plan
 
 
 def rematopt(*args, cwd=None):
@@ -79,6 +80,16 @@ def test_generate_and_import_nodelink(tmp_path, benchmarks_dir):
     (lambda t, g: ["solve", g, "--planner", "no-remat", "--budget", "ten"], "cannot read 'ten' as a size"),
     (lambda t, g: ["solve", g, "--planner", "magic"], "unknown planner 'magic'"),
     (lambda t, g: ["simulate", g, t / "broken.json"], "broken.json: malformed JSON"),
+    (lambda t, g: ["solve", g, "--workers", "-2"], "workers must be an integer >= 0"),
+    (lambda t, g: ["solve", g, "--offload", "--transfer-cost-per-byte", "-1"],
+     "transfer-cost-per-byte must be a finite number >= 0"),
+    (lambda t, g: ["solve", g, "--budget-ratio", "0.9", "--hint", t / "other_plan.json"],
+     "the hint (a plan for 'chain_d4') does not replay on"),
+    # output paths are checked before the solve, not after it
+    (lambda t, g: ["solve", g, "-o", t / "missing" / "plan.json"], "plan.json: no such directory"),
+    (lambda t, g: ["solve", g, "--log", t / "missing" / "log.csv"], "log.csv: no such directory"),
+    (lambda t, g: ["generate", "chain", "-n", "4", "-o", t / "missing" / "g.json"],
+     "g.json: No such file or directory"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, graph_file, make_args, message):
     (tmp_path / "broken.json").write_text('{"format": ')
@@ -86,6 +97,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, graph_file, make_args, messa
         "format": "rematopt.graph/1", "name": "c", "nodes": [{"id": 0, "name": "a"}, {"id": 1, "name": "b"}],
         "edges": [[0, 1], [1, 0]]}))
     (tmp_path / "plan_as_graph.json").write_text(json.dumps({"format": "rematopt.plan/1", "events": []}))
+    no_remat_plan(chain(4)).save(tmp_path / "other_plan.json")
     out = rematopt(*make_args(tmp_path, graph_file))
     assert out.returncode == 2
     assert message in out.stderr and "Traceback" not in out.stderr

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -263,6 +264,23 @@ def test_overhead_objective_without_budget_is_refused():
 
     with pytest.raises(PlannerError):
         cpsat_plan(synthetic.chain(3), None, {"objective": "overhead"})
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"workers": -1}, "workers must be an integer >= 0"),
+    ({"workers": 1.5}, "workers must be an integer >= 0"),
+    ({"offload": True, "transfer_cost_per_byte": -0.5}, "transfer-cost-per-byte must be a finite number >= 0"),
+    ({"hint": "other graph"}, "the hint (a plan for 'chain_d3') does not replay on 'random_layered_n12"),
+])
+def test_bad_options_are_refused(options, message):
+    from rematopt.errors import PlannerError
+    from rematopt.reference import no_remat_plan
+
+    if options.get("hint"):
+        options = {"hint": no_remat_plan(synthetic.chain(3))}  # another graph's plan
+    g = synthetic.random_layered(12, seed=0)
+    with pytest.raises(PlannerError, match=re.escape(message)):
+        solve(g, "cpsat", budget_ratio=0.9, **{**FAST, **options})
 
 
 def test_benchmark_graph_meets_its_budget():

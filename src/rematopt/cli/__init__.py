@@ -48,4 +48,7 @@ def main() -> None:
         sys.exit(130)
     except BrokenPipeError:
         sys.exit(0)
+    except OSError as e:  # an output path that cannot be written, say
+        click.echo(f"rematopt: {e.filename}: {e.strerror}" if e.filename else f"rematopt: {e}", err=True)
+        sys.exit(2)
     sys.exit(code if isinstance(code, int) else 0)

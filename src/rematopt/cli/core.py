@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from importlib import resources
@@ -40,6 +41,18 @@ def default_graph_path() -> Path:
 
 def load_graph_arg(path: str | None) -> Graph:
     return Graph.load(path if path is not None else default_graph_path())
+
+
+def check_writable(path: str | None) -> None:
+    """Refuse an output path whose directory is missing or read-only before
+    the work that would be written there, not after it."""
+    if path is None:
+        return
+    where = Path(path).parent
+    if not where.is_dir():
+        raise RematoptError(f"{path}: no such directory {str(where)!r}")
+    if not os.access(where, os.W_OK):
+        raise RematoptError(f"{path}: directory {str(where)!r} is not writable")
 
 
 def emit_json(obj: Any) -> None:
@@ -140,6 +153,8 @@ def solve_cmd(graph: str | None, planner: str, budget: str | None, budget_ratio:
               output: str | None, as_json: bool, hint: str | None, **options: Any) -> None:
     """Plan GRAPH (default: a small instance shipped with rematopt) under a budget."""
     g = load_graph_arg(graph)
+    for path in (output, options.get("log_path")):
+        check_writable(path)
     options = {k: v for k, v in options.items() if v is not None}
     if hint:
         options["hint"] = Plan.load(hint)

@@ -13,6 +13,7 @@ without losing it (lexicographic). Reported costs come from the plan
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import time
 from contextlib import contextmanager
@@ -140,9 +141,13 @@ class Settings:
         if bw is not None and not bw > 0:
             raise PlannerError(f"cpsat: host bandwidth must be > 0, got {bw}")
         per_byte = 1.0 / bw if bw is not None else float(tcpb or 0.0)
-        for key in ("max_overhead", "max_clone_expansion", "time_limit"):
+        for key in ("max_overhead", "max_clone_expansion", "time_limit", "transfer_cost_per_byte"):
             if o.get(key) is not None and not (o[key] >= 0 and math.isfinite(o[key])):
                 raise PlannerError(f"cpsat: {key.replace('_', '-')} must be a finite number >= 0, got {o[key]}")
+        workers = o.get("workers")
+        if workers is not None and (isinstance(workers, bool) or not isinstance(workers, numbers.Integral)
+                                    or workers < 0):
+            raise PlannerError(f"cpsat: workers must be an integer >= 0 (0: all cores), got {workers!r}")
         hint = o.get("hint")
         if hint is not None and not isinstance(hint, Plan):
             raise PlannerError("cpsat: hint must be a Plan")
@@ -297,9 +302,14 @@ class CpSatRun:
         becomes ``self.lowest`` (with its peak), where :meth:`fit` starts."""
         from .warm_start import best_within, fast_plans, lowest_peak
 
-        cfg = self.cfg
-        plans = [(cfg.hint, simulate(self.graph, cfg.hint))] if cfg.hint is not None else []
-        if cfg.hint is None and cfg.warm_start == "auto":
+        cfg, plans = self.cfg, []
+        if cfg.hint is not None:
+            replay = simulate(self.graph, cfg.hint)
+            if not replay.valid:  # a plan of another graph, say: refused, not silently dropped
+                raise PlannerError(f"cpsat: the hint (a plan for {cfg.hint.graph!r}) does not replay on "
+                                   f"{self.graph.name!r}: {replay.error}")
+            plans = [(cfg.hint, replay)]
+        elif cfg.warm_start == "auto":
             plans = fast_plans(self.graph, cfg.budget, deadline=deadline)
         plan = cfg.hint if cfg.hint is not None else best_within(plans, cfg.budget)
         low = lowest_peak(plans)
