@@ -88,6 +88,11 @@ def test_generate_and_import_nodelink(tmp_path, benchmarks_dir):
     # output paths are checked before the solve, not after it
     (lambda t, g: ["solve", g, "-o", t / "missing" / "plan.json"], "plan.json: no such directory"),
     (lambda t, g: ["solve", g, "--log", t / "missing" / "log.csv"], "log.csv: no such directory"),
+    # an option the planner would ignore: its plan would look like an answer to a question not asked
+    (lambda t, g: ["solve", g, "--planner", "greedy", "--objective", "peak"], "'greedy' does not take --objective"),
+    (lambda t, g: ["solve", g, "--planner", "dtr", "--offload", "--log", t / "l.csv"],
+     "'dtr' does not take --log, --offload"),
+    (lambda t, g: ["solve", g, "--trim", "midpoint"], "'cpsat' does not take --trim"),
     (lambda t, g: ["generate", "chain", "-n", "4", "-o", t / "missing" / "g.json"],
      "g.json: No such file or directory"),
 ])
@@ -109,3 +114,21 @@ def test_budget_with_units(graph_file):
     out = rematopt("solve", graph_file, "--planner", "no-remat", "--budget", f"{peak / 2**20 + 1}MiB", "--json")
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["status"] == "FEASIBLE"
+
+
+def test_every_planner_option_is_taken_by_its_planner(tmp_path, graph_file):
+    """The options refused above are refused only where they do not apply."""
+    plan = tmp_path / "p.json"
+    rematopt("solve", graph_file, "--planner", "no-remat", "-o", plan)
+    runs = [
+        ["--planner", "cpsat", "--budget-ratio", "0.9", "--objective", "overhead", "--offload", "--host-bandwidth",
+         "1e9", "--max-clone-expansion", "0", "--time-limit", "5", "--workers", "1", "--seed", "1", "--hint", plan,
+         "--warm-start", "auto", "--recompute-depth", "auto", "--log", tmp_path / "log.csv"],
+        ["--planner", "cpsat", "--objective", "peak", "--max-overhead", "0.5", "--transfer-cost-per-byte", "0",
+         "--time-limit", "5", "--workers", "1"],
+        ["--planner", "greedy", "--budget-ratio", "0.9", "--peak-model", "residual", "--trim", "max-clone",
+         "--max-clone-expansion", "4"],
+    ]
+    for args in runs:
+        out = rematopt("solve", graph_file, *args, "--json")
+        assert out.returncode == 0, (args, out.stderr)

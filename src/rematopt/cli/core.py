@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 from rich.console import Console
 from rich.table import Table
 
@@ -155,6 +156,12 @@ def solve_cmd(graph: str | None, planner: str, budget: str | None, budget_ratio:
     g = load_graph_arg(graph)
     for path in (output, options.get("log_path")):
         check_writable(path)
+    ctx = click.get_current_context()
+    given = {k for k in [*options, "hint"] if ctx.get_parameter_source(k) is ParameterSource.COMMANDLINE}
+    ignored = given - planners.options(planner)  # a plan made without them would look like an answer
+    if ignored:
+        flags = ", ".join(sorted({"log_path": "--log"}.get(k, "--" + k.replace("_", "-")) for k in ignored))
+        raise RematoptError(f"planner {planner!r} does not take {flags}")
     options = {k: v for k, v in options.items() if v is not None}
     if hint:
         options["hint"] = Plan.load(hint)

@@ -4,7 +4,9 @@
 
 registered here by name as ``"module:function"`` (imported on first use, so
 heavy solvers cost nothing until asked for). A new planner is one new module
-plus one line below. Options a planner does not know are ignored.
+plus one line below. Options a planner does not know are ignored (a batch
+gives every planner the same ones); a module lists those its planners read
+in ``OPTIONS``, so that ``rematopt solve`` can refuse the others.
 """
 
 from __future__ import annotations
@@ -45,6 +47,11 @@ def available() -> list[str]:
             continue
         out.append(name)
     return out
+
+
+def options(name: str) -> frozenset[str]:
+    """The options planner ``name`` reads (its module's ``OPTIONS``)."""
+    return getattr(import_module(get(name).__module__), "OPTIONS", frozenset())
 
 
 def get(name: str) -> PlannerFn:

@@ -108,6 +108,12 @@ STATUS = {cp_model.OPTIMAL: "OPTIMAL", cp_model.FEASIBLE: "FEASIBLE",
           cp_model.INFEASIBLE: "INFEASIBLE", cp_model.UNKNOWN: "UNKNOWN"}
 
 
+# What plan() reads (Settings.parse).
+OPTIONS = frozenset({"objective", "max_overhead", "offload", "host_bandwidth", "transfer_cost_per_byte",
+                     "max_clone_expansion", "time_limit", "workers", "seed", "hint", "warm_start", "log_path",
+                     "progress", "lp_bound", "recompute_depth"})
+
+
 @dataclass
 class Settings:
     """The planner's options, checked once."""

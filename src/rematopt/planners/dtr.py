@@ -181,6 +181,9 @@ class _Runtime:
             self.mem -= self.g.bytes[u]
 
 
+OPTIONS = frozenset({"dtr_heuristic", "dtr_thrash_limit"})  # what plan() reads
+
+
 def plan(graph: Graph, budget: int | None, options: dict[str, Any]) -> Plan:
     heuristic = options.get("dtr_heuristic", "h_dtr")
     if heuristic not in HEURISTICS:

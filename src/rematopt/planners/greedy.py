@@ -48,6 +48,7 @@ from ..simulate import cost_of_counts
 CLONE_BOUND = "REMAT_PLAN_CLONE_BOUND"
 PEAK_MODELS = ("memory", "residual")
 TRIMS = ("midpoint", "max-clone")
+OPTIONS = frozenset({"peak_model", "trim", "max_clone_expansion"})  # what plan() reads
 # An unbounded expansion past this many compute events is refused, not attempted.
 MAX_EVENTS = 50_000_000
 
