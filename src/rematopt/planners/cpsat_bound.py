@@ -115,12 +115,6 @@ def relaxation_bound(graph: Graph, *, level: str, objective: str, unit: int, cap
     m.minimize(goal)
     solver = cp_model.CpSolver()
     tune(solver.parameters, max(time_limit, 0.01), workers, seed)
-    if workers == 1:
-        # A relaxation is solved for its bound, so a lone worker is the
-        # LP-heavy one (with two, tune() adds it): on random_layered_n250 the
-        # chains proof at 0.9 takes 2.7 s (default: unproven after 15 s),
-        # and at 0.8 the bound after 15 s is 1,029 (default: 162).
-        solver.parameters.linearization_level = 2
     solver.parameters.stop_after_first_solution = below is not None
     with solver_takes_ctrl_c(solver.parameters, interruptible):
         status = solver.solve(m)
