@@ -429,7 +429,8 @@ class CpSatRun:
         cfg = self.cfg
         solver = cp_model.CpSolver()
         prm = solver.parameters
-        tune(prm, max(limit, 0.01), cfg.workers, cfg.seed)
+        hinted = len(self.backend.model.proto.solution_hint.vars) > 0  # a plan to improve: the bound matters
+        tune(prm, max(limit, 0.01), cfg.workers, cfg.seed, lp_heavy=hinted)
         to_units = {"primary": self.to_units, "fit": self.to_bytes}.get(phase, lambda v: v)
         solver.best_bound_callback = lambda b: self.trace.new_bound(phase, to_units(b))
         with live_progress(self.trace, cfg.progress and phase in ("primary", "fit")), solver_takes_ctrl_c(prm):

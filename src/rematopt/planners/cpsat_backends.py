@@ -21,8 +21,11 @@ def _clip(x: float) -> int:
     return int(x)
 
 
-def tune(prm: Any, limit: float, workers: int, seed: int = 0) -> None:
-    """CP-SAT parameters for every solve here (the model and its relaxations)."""
+def tune(prm: Any, limit: float, workers: int, seed: int = 0, lp_heavy: bool = True) -> None:
+    """CP-SAT parameters for every solve here (the model and its relaxations).
+    ``lp_heavy``: whether a lone worker should be the LP-heavy one, i.e. the
+    solve is about a bound (a relaxation, or a model hinted with a plan to
+    improve) rather than about finding a first plan or showing there is none."""
     prm.max_time_in_seconds = limit
     prm.num_workers = workers
     prm.random_seed = seed
@@ -36,13 +39,13 @@ def tune(prm: Any, limit: float, workers: int, seed: int = 0) -> None:
         # 40 s), n100 at 0.8 in 3 s (default: 39 s); the chain relaxation of
         # n250 at 0.9 in 18 s (default: a bound of 229 after 30 s).
         prm.subsolvers.extend(["max_lp", "default_lp"])
-    elif workers == 1:
-        # A lone worker (a batch job's share) is the LP-heavy one too. With
-        # 20 s: random_layered_n250's depth-1 optimum at 0.9 is proven at
-        # 7 s (default: found at 16 s, unproven), the chains proof there
-        # takes 2.7 s (default: unproven after 15 s); gpt_l2_w64 at 0.6 is
-        # 9% cheaper and proven in its space. Only resnet_s2_c16 at 0.9 lost
-        # its full-model proof (a 1e-6 relative gap left at 20 s).
+    elif workers == 1 and lp_heavy:
+        # A lone worker (a batch job's share), 20 s: random_layered_n250's
+        # depth-1 optimum at 0.9 proven at 7 s (default: found at 16 s,
+        # unproven), its chains proof in 2.7 s (default: none in 15 s);
+        # gpt_l2_w64 at 0.6 9% cheaper. Not without a plan: the default
+        # worker shows resnet_s2_c16's full model empty at 0.6 in 10 s, the
+        # LP-heavy one not in 14 s.
         prm.linearization_level = 2
 
 
