@@ -127,7 +127,7 @@ def test_every_planner_option_is_taken_by_its_planner(tmp_path, graph_file):
         ["--planner", "cpsat", "--objective", "peak", "--max-overhead", "0.5", "--transfer-cost-per-byte", "0",
          "--time-limit", "5", "--workers", "1"],
         ["--planner", "greedy", "--budget-ratio", "0.9", "--peak-model", "residual", "--trim", "max-clone",
-         "--max-clone-expansion", "4"],
+         "--max-clone-expansion", "4", "--no-offload"],
     ]
     for args in runs:
         out = rematopt("solve", graph_file, *args, "--json")

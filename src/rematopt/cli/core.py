@@ -157,7 +157,8 @@ def solve_cmd(graph: str | None, planner: str, budget: str | None, budget_ratio:
     for path in (output, options.get("log_path")):
         check_writable(path)
     ctx = click.get_current_context()
-    given = {k for k in [*options, "hint"] if ctx.get_parameter_source(k) is ParameterSource.COMMANDLINE}
+    given = {k for k in [*options, "hint"] if ctx.get_parameter_source(k) is ParameterSource.COMMANDLINE
+             and options.get(k) is not False}  # --no-offload asks nothing of a planner that never offloads
     ignored = given - planners.options(planner)  # a plan made without them would look like an answer
     if ignored:
         flags = ", ".join(sorted({"log_path": "--log"}.get(k, "--" + k.replace("_", "-")) for k in ignored))
