@@ -81,8 +81,9 @@ def test_fast_plans_rank_by_cost_within_the_budget_and_by_peak_without(g):
     within = [(r.compute_cost, r.transfer_bytes) for p, r in plans if r.peak_bytes <= budget]
     best = best_within(plans, budget)
     if within:
-        r = simulate(g, best)
+        r = simulate(g, best[0])
         assert r.peak_bytes <= budget and (r.compute_cost, r.transfer_bytes) == min(within)
+        assert r.peak_bytes == best[1].peak_bytes and r.compute_cost == best[1].compute_cost
     else:
         assert best is None
     low, replay = lowest_peak(plans)

@@ -317,12 +317,13 @@ class CpSatRun:
             plans = [(cfg.hint, replay)]
         elif cfg.warm_start == "auto":
             plans = fast_plans(self.graph, cfg.budget, deadline=deadline)
-        plan = cfg.hint if cfg.hint is not None else best_within(plans, cfg.budget)
+        best = plans[0] if cfg.hint is not None else best_within(plans, cfg.budget)
         low = lowest_peak(plans)
         self.lowest = None if low is None else (low[0], low[1].peak_bytes)
-        if plan is not None:
-            self.adopt_outside(plan)
-        return plan
+        if best is None:
+            return None
+        self.adopt_outside(*best)
+        return best[0]
 
     def outside_name(self, plan: Plan) -> str:
         """How a plan from outside the model is named as the warm start."""
@@ -786,13 +787,12 @@ class CpSatRun:
         over the whole staged space whatever the round's space."""
         return best is not None and self.lower is not None and self.objective_of(best) <= self.lower
 
-    def adopt_outside(self, plan: Plan) -> None:
+    def adopt_outside(self, plan: Plan, r: Replay) -> None:
         """Keep a plan from outside the model (the hint, or the best fast
-        planner's), replayed once with its primary objective, if it is valid and
-        within the budget, the clone bound and the overhead cap: it stands in
-        when the model's space yields nothing or only worse."""
+        planner's) with its replay ``r`` and its primary objective, if it is
+        valid and within the budget, the clone bound and the overhead cap: it
+        stands in when the model's space yields nothing or only worse."""
         cfg, g = self.cfg, self.graph
-        r = simulate(g, plan)
         overhead = r.recompute_cost + r.transfer_bytes * cfg.transfer_cost_per_byte
         if (r.valid and (cfg.budget is None or r.peak_bytes <= cfg.budget)
                 and (not cfg.max_clone_expansion or r.compute_events <= cfg.max_clone_expansion * len(g.compute_ids))

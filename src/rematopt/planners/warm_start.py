@@ -52,12 +52,13 @@ def fast_plans(graph: Graph, budget: int | None, options: dict[str, Any] | None 
     return plans
 
 
-def best_within(plans: list[tuple[Plan, Replay]], budget: int | None) -> Plan | None:
+def best_within(plans: list[tuple[Plan, Replay]], budget: int | None) -> tuple[Plan, Replay] | None:
     """The plan with the lowest compute cost plus transfer bytes (then the
-    lowest peak) among those that meet ``budget`` (all, when it is None)."""
+    lowest peak) among those that meet ``budget`` (all, when it is None),
+    with its replay."""
     fit = [(r.compute_cost, r.transfer_bytes, r.peak_bytes, k) for k, (p, r) in enumerate(plans)
            if budget is None or r.peak_bytes <= budget]
-    return plans[min(fit)[-1]][0] if fit else None
+    return plans[min(fit)[-1]] if fit else None
 
 
 def lowest_peak(plans: list[tuple[Plan, Replay]]) -> tuple[Plan, Replay] | None:
@@ -72,7 +73,8 @@ def best_fast_plan(graph: Graph, budget: int | None, options: dict[str, Any] | N
                    deadline: float | None = None) -> Plan | None:
     """The best valid fast plan that meets ``budget`` (:func:`best_within`),
     None if no plan does."""
-    return best_within(fast_plans(graph, budget, options, deadline), budget)
+    best = best_within(fast_plans(graph, budget, options, deadline), budget)
+    return None if best is None else best[0]
 
 
 def staged_eviction(form: "Formulation", max_rounds: int = 10_000,
