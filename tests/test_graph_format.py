@@ -69,6 +69,7 @@ def test_generated_graphs_round_trip(tmp_path, make):
     (lambda d: d["edges"].append([1, 9]), "does not exist"),
     (lambda d: d["edges"].append([2, 1]), "cycle"),
     (lambda d: d["edges"].append([1, 1]), "self-loop"),
+    (lambda d: d["nodes"][1].update(kind="input"), "ends at input node 1 (a)"),
     (lambda d: d.update(order=[0, 2, 1]), "not topological"),
     (lambda d: d.update(order=[0, 1]), "exactly once"),
     (lambda d: d["nodes"][1].update(bytes=-1), "bytes must be an integer >= 0"),

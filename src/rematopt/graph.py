@@ -129,6 +129,9 @@ class Graph:
                     self._fail(f"edge [{u}, {v}] refers to node {x!r}, which does not exist")
             if u == v:
                 self._fail(f"edge [{u}, {v}] is a self-loop (cycle at node {u})")
+            if self.nodes[v].is_input:
+                self._fail(f"edge [{u}, {v}] ends at input node {v} ({self.nodes[v].name}): inputs are "
+                           "resident from the start and never computed, so they have no producers")
             self.edges.append((u, v))
         self.order: list[int] = list(range(n)) if order is None else list(order)
         self._check_order()
