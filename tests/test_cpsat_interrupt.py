@@ -13,9 +13,8 @@ import threading
 import pytest
 from ortools.sat.python import cp_model
 
-import rematopt.planners.cpsat as cpsat
-import rematopt.planners.cpsat_progress as cpsat_progress
 from rematopt import solve
+from rematopt.planners.cpsat import run, search, signals, strategy
 from rematopt.importers import synthetic
 from rematopt.reference import no_remat_plan
 
@@ -24,7 +23,7 @@ OPTS = dict(budget_ratio=0.8, time_limit=60, workers=1, lp_bound=False)
 
 @pytest.fixture
 def graph(monkeypatch):
-    monkeypatch.setattr(cpsat, "FULL_MODEL_PAIRS", 0)  # depth rounds, so there is a "between"
+    monkeypatch.setattr(strategy, "FULL_MODEL_PAIRS", 0)  # depth rounds, so there is a "between"
     return synthetic.random_layered(40, seed=1)
 
 
@@ -44,7 +43,7 @@ def check(sol, rounds: int) -> None:
 
 
 def test_ctrl_c_during_the_search_returns_the_incumbent(graph, monkeypatch):
-    original = cpsat_progress.SolutionCallback.on_solution_callback
+    original = signals.SolutionCallback.on_solution_callback
     sent = []
 
     def first_solution_then_ctrl_c(self):
@@ -53,37 +52,37 @@ def test_ctrl_c_during_the_search_returns_the_incumbent(graph, monkeypatch):
             sent.append(True)
             ctrl_c()
 
-    monkeypatch.setattr(cpsat_progress.SolutionCallback, "on_solution_callback", first_solution_then_ctrl_c)
+    monkeypatch.setattr(signals.SolutionCallback, "on_solution_callback", first_solution_then_ctrl_c)
     sol = solve(graph, "cpsat", **OPTS)
     check(sol, rounds=1)
     assert sol.plan.stats["wall_s"] < 30
 
 
 def test_ctrl_c_during_the_warm_start_returns_the_hint(graph, monkeypatch):
-    original = cpsat.CpSatRun.warm_start
+    original = run.warm_start
 
-    def warm_start_then_ctrl_c(self, *args):
-        found = original(self, *args)
+    def warm_start_then_ctrl_c(*args):
+        found = original(*args)
         ctrl_c()
         return found
 
-    monkeypatch.setattr(cpsat.CpSatRun, "warm_start", warm_start_then_ctrl_c)
+    monkeypatch.setattr(run, "warm_start", warm_start_then_ctrl_c)
     sol = solve(graph, "cpsat", **OPTS)
     check(sol, rounds=0)
     assert sol.plan.stats["objective"] == sol.plan.stats["hint_objective"]
 
 
 def test_ctrl_c_while_building_a_deeper_round_keeps_the_previous_rounds_plan(graph, monkeypatch):
-    monkeypatch.setattr(cpsat, "PROOF_SHARE", 0.0)  # no proof between the rounds: slots would prove depth 1
-    original = cpsat.CpSatRun.formulation
+    monkeypatch.setattr(strategy, "PROOF_SHARE", 0.0)  # no proof between the rounds: slots would prove depth 1
+    original = run.make_model
 
-    def build_then_ctrl_c(self, backend, depth):
-        form = original(self, backend, depth)
+    def build_then_ctrl_c(ctx, depth, also, **kw):
+        model = original(ctx, depth, also, **kw)
         if depth == 2:
             ctrl_c()
-        return form
+        return model
 
-    monkeypatch.setattr(cpsat.CpSatRun, "formulation", build_then_ctrl_c)
+    monkeypatch.setattr(run, "make_model", build_then_ctrl_c)
     sol = solve(graph, "cpsat", **OPTS)
     check(sol, rounds=1)
     assert sol.plan.stats["recompute_depth"] == 1
@@ -93,7 +92,7 @@ def test_ctrl_c_during_a_relaxation_proof_keeps_the_rounds_plan(graph, monkeypat
     """After depth 1, the slots relaxation is asked whether any plan beats
     its optimum; a Ctrl-C at its search's first bound stops that search and
     ends the run with the round's plan."""
-    original = cpsat.relaxation_bound
+    original = run.relaxation_bound
     solver_class = cp_model.CpSolver
 
     class CtrlCAtTheFirstBound(solver_class):
@@ -115,7 +114,7 @@ def test_ctrl_c_during_a_relaxation_proof_keeps_the_rounds_plan(graph, monkeypat
             m.setattr(cp_model, "CpSolver", CtrlCAtTheFirstBound)
             return original(*args, **kwargs)
 
-    monkeypatch.setattr(cpsat, "relaxation_bound", slots_then_ctrl_c)
+    monkeypatch.setattr(run, "relaxation_bound", slots_then_ctrl_c)
     sol = solve(graph, "cpsat", **OPTS)
     check(sol, rounds=1)
     proofs = sol.plan.stats["relaxation_proofs"]
@@ -127,24 +126,24 @@ def test_ctrl_c_after_the_peak_search_returns_its_plan(graph, monkeypatch):
     finds its plan by the peak search from the lowest-peak plan (here the
     no-remat plan, given as the hint); a Ctrl-C right after it ends the run
     with that plan instead of resuming the overhead search."""
-    solve_phase, fit = cpsat.CpSatRun.solve_phase, cpsat.CpSatRun.fit
+    solve_model, fit = search.solve_model, search.fit
 
-    def starved(self, phase, limit, stop_at=None):
+    def starved(ctx, model, phase, limit, stop_at=None):
         if phase == "primary" and limit == 0:
-            return cpsat.cp_model.UNKNOWN, None, 0.0, 0.0
-        return solve_phase(self, phase, limit, stop_at)
+            return search.Solve(cp_model.UNKNOWN, None, 0.0, 0.0)
+        return solve_model(ctx, model, phase, limit, stop_at)
 
-    def fit_then_ctrl_c(self, depth, start, limit):
-        found = fit(self, depth, start, limit)
+    def fit_then_ctrl_c(*args):
+        found = fit(*args)
         ctrl_c()
         return found
 
-    monkeypatch.setattr(cpsat, "FIT_AFTER_SHARE", 0.0)
-    monkeypatch.setattr(cpsat, "MIN_ROUND_S", 0.0)
-    monkeypatch.setattr(cpsat, "FIT_MARGIN", float("inf"))  # the no-remat plan is a start whatever its peak
-    monkeypatch.setattr(cpsat.CpSatRun, "solve_phase", starved)
-    monkeypatch.setattr(cpsat.CpSatRun, "fit", fit_then_ctrl_c)
-    monkeypatch.setattr(cpsat.CpSatRun, "warm_start", lambda self, outside, spent: (None, None))
+    monkeypatch.setattr(search, "FIT_AFTER_SHARE", 0.0)
+    monkeypatch.setattr(search, "MIN_ROUND_S", 0.0)
+    monkeypatch.setattr(search, "FIT_MARGIN", float("inf"))  # the no-remat plan is a start whatever its peak
+    monkeypatch.setattr(search, "solve_model", starved)
+    monkeypatch.setattr(search, "fit", fit_then_ctrl_c)
+    monkeypatch.setattr(run, "warm_start", lambda ctx, model, outside, spent: (None, None))
     sol = solve(graph, "cpsat", hint=no_remat_plan(graph), **OPTS)
     check(sol, rounds=1)
     st = sol.plan.stats
@@ -159,7 +158,7 @@ def test_ctrl_c_during_a_solve_in_another_thread_is_the_callers(graph, monkeypat
     is still in place afterwards."""
     import time
 
-    original = cpsat_progress.SolutionCallback.on_solution_callback
+    original = signals.SolutionCallback.on_solution_callback
     searching, released = threading.Event(), threading.Event()
 
     def hold_the_search(self):
@@ -167,7 +166,7 @@ def test_ctrl_c_during_a_solve_in_another_thread_is_the_callers(graph, monkeypat
         searching.set()
         released.wait(10)
 
-    monkeypatch.setattr(cpsat_progress.SolutionCallback, "on_solution_callback", hold_the_search)
+    monkeypatch.setattr(signals.SolutionCallback, "on_solution_callback", hold_the_search)
     out = {}
     worker = threading.Thread(target=lambda: out.setdefault("sol", solve(graph, "cpsat", **OPTS)))
     worker.start()

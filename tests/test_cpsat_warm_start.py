@@ -9,15 +9,14 @@ import math
 import pytest
 from ortools.sat.python import cp_model
 
-import rematopt.planners.cpsat as cpsat
-import rematopt.planners.cpsat_progress as cpsat_progress
 from rematopt import solve
 from rematopt.importers import synthetic
-from rematopt.planners.cpsat_backends import CpSatBackend
-from rematopt.planners.cpsat_extract import events, from_plan
-from rematopt.planners.cpsat_model import Formulation
-from rematopt.planners.warm_start import (best_fast_plan, best_within, fast_planners, fast_plans, lowest_peak,
-                                          staged_eviction)
+from rematopt.planners.cpsat import run, search, signals
+from rematopt.planners.cpsat.backends import CpSatBackend
+from rematopt.planners.cpsat.model import Formulation
+from rematopt.planners.cpsat.solution import events, from_plan
+from rematopt.planners.cpsat.warm_start import (best_fast_plan, best_within, fast_planners, fast_plans, lowest_peak,
+                                                staged_eviction)
 from rematopt.reference import no_remat_plan, resolve_budget
 from rematopt.simulate import simulate
 
@@ -33,19 +32,17 @@ def test_best_fast_plan_is_valid_and_under_budget(g):
     budget = resolve_budget(g, ratio=0.9)
     p = best_fast_plan(g, budget)
     assert "cpsat" not in fast_planners()
-    if p is not None:
-        r = simulate(g, p)
-        assert r.valid and r.peak_bytes <= budget
+    r = simulate(g, p)
+    assert r.valid and r.peak_bytes <= budget
 
 
-@pytest.mark.parametrize("g", GRAPHS, ids=lambda g: g.name[:20])
+@pytest.mark.parametrize("g", [g for g in GRAPHS if not g.name.startswith("random")], ids=lambda g: g.name[:20])
 @pytest.mark.parametrize("depth", [None, 1, 2])
 def test_staged_eviction_meets_the_cap_in_the_model_space(g, depth):
     budget = resolve_budget(g, ratio=0.8)
     form = Formulation(g, CpSatBackend(), mem_cap_bytes=budget, depth=depth)
     a = staged_eviction(form)
-    if a is None:
-        return
+    assert a is not None
     p = events(form, a)
     r = simulate(g, p)
     assert r.valid, r.error
@@ -60,6 +57,14 @@ def test_no_remat_projects_onto_itself(g):
     assert a is not None
     r0, r1 = simulate(g, no_remat_plan(g)), simulate(g, events(form, a))
     assert r1.valid and r1.peak_bytes == r0.peak_bytes and r1.compute_cost == r0.compute_cost
+
+
+def test_staged_eviction_gives_up_where_it_gets_stuck():
+    """On this random layered graph at 0.8 staged eviction finds no first
+    plan: it says so (None) rather than returning one that breaks the cap."""
+    g = GRAPHS[2]
+    form = Formulation(g, CpSatBackend(), mem_cap_bytes=resolve_budget(g, ratio=0.8))
+    assert staged_eviction(form) is None
 
 
 def test_staged_eviction_reaches_a_budget_compute_once_misses():
@@ -99,18 +104,18 @@ def test_a_round_with_no_start_finds_its_plan_by_minimising_the_peak(monkeypatch
     fits; the overhead search then resumes from it to the exhaustive optimum.
     Where no plan fits, the peak's bound proves the space empty: INFEASIBLE,
     as exhaustive search says."""
-    solve_phase = cpsat.CpSatRun.solve_phase
+    solve_model = search.solve_model
 
-    def starved(self, phase, limit, stop_at=None):
+    def starved(ctx, model, phase, limit, stop_at=None):
         if phase == "primary" and limit == 0:  # the first search of a round with no start
-            return cp_model.UNKNOWN, None, 0.0, 0.0
-        return solve_phase(self, phase, limit, stop_at)
+            return search.Solve(cp_model.UNKNOWN, None, 0.0, 0.0)
+        return solve_model(ctx, model, phase, limit, stop_at)
 
-    monkeypatch.setattr(cpsat, "FIT_AFTER_SHARE", 0.0)
-    monkeypatch.setattr(cpsat, "MIN_ROUND_S", 0.0)
-    monkeypatch.setattr(cpsat, "FIT_MARGIN", math.inf)  # the no-remat plan is a start whatever its peak
-    monkeypatch.setattr(cpsat.CpSatRun, "solve_phase", starved)
-    monkeypatch.setattr(cpsat.CpSatRun, "warm_start", lambda self, outside, spent: (None, None))
+    monkeypatch.setattr(search, "FIT_AFTER_SHARE", 0.0)
+    monkeypatch.setattr(search, "MIN_ROUND_S", 0.0)
+    monkeypatch.setattr(search, "FIT_MARGIN", math.inf)  # the no-remat plan is a start whatever its peak
+    monkeypatch.setattr(search, "solve_model", starved)
+    monkeypatch.setattr(run, "warm_start", lambda ctx, model, outside, spent: (None, None))
     seen = {"OPTIMAL": 0, "INFEASIBLE": 0}
     for k, (g, rng) in enumerate(cases(5, every=False, count=80, seed=11)):
         budget, per_byte = budget_between(g, rng), k % 2
@@ -136,17 +141,17 @@ def test_the_peak_search_needs_a_start_near_the_budget(monkeypatch):
     0.8) the peak search is not tried: the overhead search keeps the whole
     round (had it been cut for a peak search, it would get no time here), and
     reaches the full model's optimum."""
-    def no_fit(self, depth, start, limit):
+    def no_fit(*args):
         raise AssertionError("the peak search ran")
 
-    monkeypatch.setattr(cpsat, "FIT_AFTER_SHARE", 0.0)
-    monkeypatch.setattr(cpsat, "MIN_ROUND_S", 0.0)
-    monkeypatch.setattr(cpsat.CpSatRun, "fit", no_fit)
-    monkeypatch.setattr(cpsat.CpSatRun, "warm_start", lambda self, outside, spent: (None, None))
+    monkeypatch.setattr(search, "FIT_AFTER_SHARE", 0.0)
+    monkeypatch.setattr(search, "MIN_ROUND_S", 0.0)
+    monkeypatch.setattr(search, "fit", no_fit)
+    monkeypatch.setattr(run, "warm_start", lambda ctx, model, outside, spent: (None, None))
     for seed in range(3):
         g = synthetic.random_layered(12, seed=seed)
         budget = resolve_budget(g, ratio=0.8)
-        assert simulate(g, no_remat_plan(g)).peak_bytes > (1 + cpsat.FIT_MARGIN) * budget
+        assert simulate(g, no_remat_plan(g)).peak_bytes > (1 + search.FIT_MARGIN) * budget
         sol = solve(g, "cpsat", budget=budget, recompute_depth="full", **{**FAST, "hint": no_remat_plan(g)})
         full = solve(g, "cpsat", budget=budget, recompute_depth="full", **FAST)
         assert sol.status == full.status
@@ -155,10 +160,10 @@ def test_the_peak_search_needs_a_start_near_the_budget(monkeypatch):
 
 
 def test_the_progress_line_shows_the_peak_search_until_a_plan_fits():
-    trace = cpsat_progress.Trace(0.0)
-    assert "incumbent -  bound -" in cpsat_progress.progress_line(trace)
+    trace = signals.Trace(0.0)
+    assert "incumbent -  bound -" in signals.progress_line(trace)
     trace.solution("fit", 479_428.0, 300_000.0)
-    assert cpsat_progress.progress_line(trace).endswith("no plan within the budget yet, lowest peak 479,428 B")
+    assert signals.progress_line(trace).endswith("no plan within the budget yet, lowest peak 479,428 B")
     trace.solution("primary", 200.0, None)
     trace.new_bound("primary", 150.0)
-    assert cpsat_progress.progress_line(trace).endswith("incumbent 200  bound 150  gap 25.00%")
+    assert signals.progress_line(trace).endswith("incumbent 200  bound 150  gap 25.00%")

@@ -1,6 +1,8 @@
-"""The two emitters of the one formulation: CP-SAT (the exact model) and
+"""The two backends of the one formulation: CP-SAT (the exact model) and
 GLOP (its LP relaxation, for ``lp_bound``). Both implement
-:class:`rematopt.planners.cpsat_model.Backend`."""
+:class:`rematopt.planners.cpsat.model.Backend` and keep the formulation's
+variable names (``R[s,i]``, ``S[s,i]``...), so an exported model reads
+against ``docs/cpsat.md``."""
 
 from __future__ import annotations
 
@@ -62,10 +64,10 @@ class CpSatBackend:
         self.model = cp_model.CpModel()
 
     def bool_var(self, name: str) -> cp_model.IntVar:
-        return self.model.new_bool_var("")
+        return self.model.new_bool_var(name)
 
     def int_var(self, lb: int, ub: int, name: str) -> cp_model.IntVar:
-        return self.model.new_int_var(lb, ub, "")
+        return self.model.new_int_var(lb, ub, name)
 
     def add(self, terms: list[tuple[int, Any]], lb: float, ub: float) -> None:
         expr = cp_model.LinearExpr.weighted_sum([x for _, x in terms], [c for c, _ in terms])
@@ -78,6 +80,12 @@ class CpSatBackend:
     def size(self) -> tuple[int, int]:
         proto = self.model.proto
         return len(proto.variables), len(proto.constraints)
+
+    def export(self) -> str:
+        """The model as CP-SAT's proto text."""
+        from google.protobuf import text_format
+
+        return text_format.MessageToString(self.model.proto)
 
 
 class LpBackend:
@@ -94,10 +102,10 @@ class LpBackend:
         self.inf = self.solver.infinity()
 
     def bool_var(self, name: str) -> Any:
-        return self.solver.NumVar(0.0, 1.0, "")
+        return self.solver.NumVar(0.0, 1.0, name)
 
     def int_var(self, lb: int, ub: int, name: str) -> Any:
-        return self.solver.NumVar(float(lb), float(ub), "")
+        return self.solver.NumVar(float(lb), float(ub), name)
 
     def add(self, terms: list[tuple[int, Any]], lb: float, ub: float) -> None:
         ct = self.solver.Constraint(max(lb, -self.inf), min(ub, self.inf))
@@ -109,6 +117,10 @@ class LpBackend:
         for c, x in terms:
             obj.SetCoefficient(x, obj.GetCoefficient(x) + c / self.objective_scale)
         obj.SetMinimization()
+
+    def export(self) -> str:
+        """The LP in free MPS format."""
+        return self.solver.ExportModelAsMpsFormat(fixed_format=False, obfuscated=False)
 
     def solve(self, time_limit_s: float) -> float | None:
         """The LP optimum, or None if GLOP stops without one."""

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..plan import COMPUTE, OFFLOAD, PREFETCH, Plan, PlanBuilder
-from .cpsat_model import Formulation, Stages
+from ...plan import COMPUTE, OFFLOAD, PREFETCH, Plan, PlanBuilder
+from .model import Formulation, Stages
 
 
 @dataclass

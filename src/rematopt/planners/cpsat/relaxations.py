@@ -51,10 +51,10 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from ..graph import Graph
-from .cpsat_backends import stopped_early, tune
-from .cpsat_model import Stages
-from .cpsat_progress import solver_takes_ctrl_c
+from ...graph import Graph
+from .backends import stopped_early, tune
+from .model import Stages
+from .signals import solver_takes_ctrl_c
 
 
 @dataclass
@@ -74,38 +74,53 @@ LEVELS = ("gaps", "chains", "slots")
 MAX_PAIRS = 200_000
 
 
-def relaxation_bound(graph: Graph, *, level: str, objective: str, unit: int, cap_units: int,
-                     int_cost: list[int], int_transfer: list[int], offload: bool,
-                     overhead_cap: int | None = None, max_recomputes: int | None = None, peak_floor: int = 0,
-                     below: int | None = None, time_limit: float = 5.0, workers: int = 1, seed: int = 0,
+@dataclass(frozen=True)
+class Question:
+    """What every relaxation of one solve is asked about, in the model's
+    integers: memory in ``unit`` bytes with persistent bytes aside, as in
+    :class:`Formulation`; ``int_cost`` / ``int_transfer`` no higher than the
+    model's (floored when the cost scale is inexact, so the optimum stays a
+    bound). ``objective`` "overhead" minimises the cost under ``cap_units``;
+    "peak" minimises the largest critical memory (at least ``peak_floor``),
+    with the cost under ``overhead_cap``."""
+
+    objective: str
+    unit: int
+    cap_units: int
+    int_cost: tuple[int, ...]
+    int_transfer: tuple[int, ...]
+    offload: bool
+    overhead_cap: int | None = None
+    max_recomputes: int | None = None
+    peak_floor: int = 0
+
+
+def relaxation_bound(graph: Graph, q: Question, *, level: str, below: int | None = None,
+                     time_limit: float = 5.0, workers: int = 1, seed: int = 0,
                      interruptible: bool = False) -> WholeBound:
-    """Solve the relaxation at ``level`` (one of LEVELS). Memory is in
-    ``unit`` bytes with persistent bytes aside, as in :class:`Formulation`;
-    ``int_cost`` / ``int_transfer``
-    must not exceed the model's (floored, when the cost scale is inexact).
-    ``objective`` "overhead" minimises the cost under ``cap_units``; "peak"
-    minimises the largest critical memory, with the cost under
-    ``overhead_cap``. ``below`` asks only whether a solution of objective at
-    most ``below`` exists (the search stops at the first one): INFEASIBLE
-    then says that no staged plan does as well. ``interruptible`` lets
-    Ctrl-C stop the search (main thread only, see :func:`solver_takes_ctrl_c`)."""
+    """Solve the relaxation at ``level`` (one of LEVELS) of question ``q``.
+    ``below`` asks only whether a solution of objective at most ``below``
+    exists (the search stops at the first one): INFEASIBLE then says that no
+    staged plan does as well. ``interruptible`` lets Ctrl-C stop the search
+    (main thread only, see :func:`solver_takes_ctrl_c`)."""
     began = time.perf_counter()
     if level not in LEVELS:
         raise ValueError(f"relaxation level must be one of {LEVELS}, got {level!r}")
-    r = _Model(graph, level=level, offload=offload, unit=unit,
-               cap=cap_units if objective == "overhead" else peak_floor)
-    if r.pairs > MAX_PAIRS:
+    shape = _Lifetimes(graph, level=level, offload=q.offload, unit=q.unit,
+                       cap=q.cap_units if q.objective == "overhead" else q.peak_floor)
+    if shape.pairs > MAX_PAIRS:  # too big to build in the time a proof gets
         return WholeBound("SKIPPED", None, time.perf_counter() - began)
+    r = _Model(graph, shape)
     m = r.model
-    cost = r.cost(int_cost, int_transfer)
-    if max_recomputes is not None:
-        m.add(sum(r.rc.values()) <= max_recomputes)
-    if objective == "overhead":
-        goal, cap = cost, cap_units
+    cost = r.cost(q.int_cost, q.int_transfer)
+    if q.max_recomputes is not None:
+        m.add(sum(r.rc.values()) <= q.max_recomputes)
+    if q.objective == "overhead":
+        goal, cap = cost, q.cap_units
     else:
-        goal = cap = m.new_int_var(peak_floor, max(sum(r.size), peak_floor), "peak")
-        if overhead_cap is not None:
-            m.add(cost <= overhead_cap)
+        goal = cap = m.new_int_var(q.peak_floor, max(sum(r.size), q.peak_floor), "M")
+        if q.overhead_cap is not None:
+            m.add(cost <= q.overhead_cap)
     for load in r.loads:
         m.add(load <= cap)
     for load, x in r.slot_loads:
@@ -134,37 +149,46 @@ def relaxation_bound(graph: Graph, *, level: str, objective: str, unit: int, cap
     return WholeBound("OPTIMAL" if status == cp_model.OPTIMAL else "FEASIBLE", lower, seconds, stopped)
 
 
+class _Lifetimes:
+    """Each value's points (its stage, its consumers' stages, the end for
+    outputs) and life, the critical stages, and how many (value, critical
+    stage) pairs the chains levels would make (``pairs``)."""
+
+    def __init__(self, graph: Graph, *, level: str, offload: bool, unit: int, cap: int):
+        g = graph
+        self.level, self.chains = level, level != "gaps"
+        self.ix = ix = Stages(g, offload)
+        T = ix.T
+        self.size = size = [b // unit for b in g.bytes]
+        self.points: dict[int, set[int]] = {}
+        self.life: dict[int, tuple[int, int]] = {}
+        alive = [0] * T
+        for i in ix.values:
+            self.points[i] = ({ix.first[j] for j in g.succs[i] if ix.first[j] >= 0}
+                              | ({T - 1} if g.nodes[i].output else set()) | ({ix.first[i]} - {-1}))
+            self.life[i] = (max(ix.first[i], 0), max(self.points[i], default=-1))
+            for s in range(self.life[i][0], self.life[i][1] + 1):
+                alive[s] += size[i]
+        # with slot memory, a stage within one value of the cap may overflow at a recompute's slot
+        floor = cap - (max((size[i] for i in ix.values), default=0) if level == "slots" else 0)
+        self.crit = crit = [s for s in range(T) if alive[s] > floor]
+        self.pairs = sum(bisect.bisect_left(crit, ix.horizon[i]) - bisect.bisect_left(crit, self.life[i][0])
+                         for i in ix.values) if self.chains else 0
+
+
 class _Model:
     """The relaxation's variables and its structural constraints (all but
     memory caps and the objective), as in the module docstring."""
 
-    def __init__(self, graph: Graph, *, level: str, offload: bool, unit: int, cap: int):
-        g = graph
-        ix = Stages(g, offload)
-        T = ix.T
-        self.size = size = [b // unit for b in g.bytes]
-        points: dict[int, set[int]] = {}
-        life: dict[int, tuple[int, int]] = {}
-        alive = [0] * T
-        for i in ix.values:
-            points[i] = ({ix.first[j] for j in g.succs[i] if ix.first[j] >= 0}
-                         | ({T - 1} if g.nodes[i].output else set()) | ({ix.first[i]} - {-1}))
-            life[i] = (max(ix.first[i], 0), max(points[i], default=-1))
-            for s in range(life[i][0], life[i][1] + 1):
-                alive[s] += size[i]
-        chains = level != "gaps"
-        # with slot memory, a stage within one value of the cap may overflow at a recompute's slot
-        floor = cap - (max((size[i] for i in ix.values), default=0) if level == "slots" else 0)
-        crit = [s for s in range(T) if alive[s] > floor]
+    def __init__(self, graph: Graph, shape: _Lifetimes):
+        g, ix, crit, chains = graph, shape.ix, shape.crit, shape.chains
+        points, life, T = shape.points, shape.life, ix.T
+        self.size = size = shape.size
         self.model = m = cp_model.CpModel()
         pres: dict[tuple[int, int], cp_model.IntVar | int] = {}
         self.rc: dict[tuple[int, int], cp_model.IntVar] = {}
         self.pf: dict[tuple[int, int], cp_model.IntVar] = {}
         self.O: dict[int, cp_model.IntVar] = {}
-        self.pairs = sum(bisect.bisect_left(crit, ix.horizon[i]) - bisect.bisect_left(crit, life[i][0])
-                         for i in ix.values) if chains else 0
-        if self.pairs > MAX_PAIRS:
-            return  # too big to build in the time a proof gets; see relaxation_bound
 
         def back_y(i: int, k: int) -> list:
             """rc[i,k] and pf[i,k], made on first use: re-materialising i in
@@ -174,12 +198,12 @@ class _Model:
                 made.add((i, k))
                 if lo <= crit[k] < (ix.horizon[i] if chains else last) and ix.first[i] <= crit[k]:
                     if ix.recomputable[i]:
-                        self.rc[i, k] = m.new_bool_var("")
+                        self.rc[i, k] = m.new_bool_var(f"rc[{i},{k}]")
                         todo.append((i, k))
                     if ix.offloadable[i]:
-                        self.pf[i, k] = m.new_bool_var("")
+                        self.pf[i, k] = m.new_bool_var(f"pf[{i},{k}]")
                         if i not in self.O:
-                            self.O[i] = m.new_bool_var("")
+                            self.O[i] = m.new_bool_var(f"O[{i}]")
                         m.add_implication(self.pf[i, k], self.O[i])
             return [x for x in (self.rc.get((i, k)), self.pf.get((i, k))) if x is not None]
 
@@ -201,7 +225,7 @@ class _Model:
                     # matters: one variable per gap, as small as the model gets
                     pres[i, k] = pres[i, k - 1]
                 elif lo <= c <= last or (chains and last < c < ix.horizon[i]):
-                    pres[i, k] = m.new_bool_var("")
+                    pres[i, k] = m.new_bool_var(f"pres[{i},{k}]")
                 if chains:  # all of them, in this order: made lazily, n250 at 0.9 takes 14 s to prove, not 2 s
                     back_y(i, k)
 
@@ -221,7 +245,7 @@ class _Model:
                     self.at_least(back(p, k), self.rc[i, k])
         self.loads = [sum(size[i] * pres[i, k] for i in ix.values if (i, k) in pres) for k in range(len(crit))]
         self.slot_loads = []
-        if level == "slots":
+        if shape.level == "slots":
             self.add_slot_loads(g, ix, crit, size, pres, back_y)
 
     def add_slot_loads(self, g: Graph, ix: Stages, crit: list[int], size: list[int], pres: dict,
@@ -244,9 +268,9 @@ class _Model:
             after: list = [0] * (len(mats) + 1)  # after[j]: sizes re-materialised at mats[j:]
             for j in range(len(mats) - 1, -1, -1):
                 v = mats[j][1]
-                after[j] = m.new_int_var(0, total, "")
+                after[j] = m.new_int_var(0, total, f"after[{k},{j}]")
                 m.add(after[j] == size[v] * sum(back_y(v, k)) + after[j + 1])
-            load = m.new_int_var(0, total, "")
+            load = m.new_int_var(0, total, f"slotload[{k}]")
             m.add(load == self.loads[k + 1])
             for i in ix.values:
                 x = self.rc.get((i, k))
@@ -264,7 +288,7 @@ class _Model:
         elif sum(terms) < rhs:
             self.model.add_bool_or([])  # no re-materialisation can meet a use: infeasible
 
-    def cost(self, int_cost: list[int], int_transfer: list[int]) -> cp_model.LinearExpr:
+    def cost(self, int_cost: tuple[int, ...], int_transfer: tuple[int, ...]) -> cp_model.LinearExpr:
         terms = ([(int_cost[i], x) for (i, k), x in self.rc.items()]
                  + [(int_transfer[i], x) for (i, k), x in self.pf.items()]
                  + [(int_transfer[i], x) for i, x in self.O.items()])

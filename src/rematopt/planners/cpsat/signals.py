@@ -25,7 +25,7 @@ class Trace:
     best: float | None = None
     incumbent: float | None = None
     bound: float | None = None
-    lowest_peak: float | None = None  # bytes: the search for a plan within the budget (CpSatRun.fit)
+    lowest_peak: float | None = None  # bytes: the search for a plan within the budget (search.fit)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def solution(self, phase: str, value: float, bound: float | None) -> None:
@@ -72,16 +72,24 @@ class SolutionCallback(cp_model.CpSolverSolutionCallback):
             self.stop_search()
 
 
+class Interrupt:
+    """Whether Ctrl-C has asked the run to stop: the one piece of state a
+    cpsat run shares with a signal handler and with CP-SAT's early stops."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+
 @contextmanager
-def deferred_sigint(run: Any) -> Iterator[None]:
-    """While the block runs, SIGINT sets ``run.interrupted`` (a cpsat run)
-    instead of raising (main thread only: elsewhere signals cannot be handled)."""
+def deferred_sigint(stop: Interrupt) -> Iterator[None]:
+    """While the block runs, SIGINT sets ``stop.requested`` instead of
+    raising (main thread only: elsewhere signals cannot be handled)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def handler(signum: int, frame: Any) -> None:
-        run.interrupted = True
+        stop.requested = True
 
     previous = signal.signal(signal.SIGINT, handler)
     try:

@@ -11,14 +11,14 @@ import time
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from ..graph import Graph
-from ..plan import Plan
-from ..simulate import Replay, simulate
-from . import available, get
+from ...graph import Graph
+from ...plan import Plan
+from ...simulate import Replay, simulate
+from .. import available, get
 
 if TYPE_CHECKING:
-    from .cpsat_extract import Assignment
-    from .cpsat_model import Formulation
+    from .solution import Assignment
+    from .model import Formulation
 
 # Planners that are not fast, or that would recurse.
 SLOW = frozenset({"cpsat"})
@@ -91,7 +91,7 @@ def staged_eviction(form: "Formulation", max_rounds: int = 10_000,
     covered. None if it gets stuck or runs past ``deadline`` (a
     ``time.perf_counter()`` value: on a 2,000-node decoder a round takes
     seconds)."""
-    from .cpsat_extract import canonical
+    from .solution import canonical
 
     ix, g, size = form.ix, form.graph, form.size
     pos = ix.pos

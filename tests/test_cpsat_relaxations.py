@@ -1,4 +1,4 @@
-"""The relaxations of ``cpsat_bound`` (gaps alone, and with recompute
+"""The relaxations of ``cpsat.relaxations`` (gaps alone, and with recompute
 chains, and with a recompute's slot memory): lower bounds for the whole staged space, checked against exhaustive
 search and the full model, and how ``cpsat`` uses them to claim whole-space
 optimality from a depth-restricted solve."""
@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 import random
-import time
 
 import pytest
 from ortools.sat.python import cp_model
@@ -15,8 +14,9 @@ from ortools.sat.python import cp_model
 from rematopt import solve
 from rematopt.graph import Graph
 from rematopt.importers import synthetic
-from rematopt.planners.cpsat_bound import LEVELS, relaxation_bound
-from rematopt.planners.cpsat_model import integer_scale
+from rematopt.planners.cpsat import relaxations, run, search, strategy
+from rematopt.planners.cpsat.model import integer_scale
+from rematopt.planners.cpsat.relaxations import LEVELS, Question, relaxation_bound
 from rematopt.reference import no_remat_peak, peak_lower_bound
 
 from brute_force import min_cost, min_peak
@@ -29,10 +29,9 @@ def bound(g: Graph, budget: int | None, offload: bool = False, per_byte: int = 0
     """A relaxation on a tiny graph (integer costs and bytes: unit 1, scale 1)."""
     pinned = sum(v.bytes for v in g.nodes if v.persistent)
     cap = sum(g.bytes) if budget is None else budget - pinned
-    return relaxation_bound(g, level=level, objective=objective, unit=1, cap_units=cap,
-                            int_cost=[int(c) for c in g.cost], int_transfer=[b * per_byte for b in g.bytes],
-                            offload=offload, overhead_cap=overhead_cap, max_recomputes=max_recomputes,
-                            peak_floor=0, below=below)
+    q = Question(objective, 1, cap, tuple(int(c) for c in g.cost), tuple(b * per_byte for b in g.bytes), offload,
+                 overhead_cap, max_recomputes, 0)
+    return relaxation_bound(g, q, level=level, below=below)
 
 
 def check_below_exhaustive(g: Graph, budget: int, offload: bool, per_byte: int, tally: list[int]) -> None:
@@ -126,9 +125,9 @@ def test_bounds_never_exceed_the_full_models_optimum(seed):
     unit = math.gcd(*[v.bytes for v in g.nodes if not v.persistent])
     pinned = sum(v.bytes for v in g.nodes if v.persistent)
     for level in ("chains", "slots"):
-        got = relaxation_bound(g, level=level, objective="overhead", unit=unit, cap_units=(budget - pinned) // unit,
-                               int_cost=[math.floor(c * scale + 1e-9) for c in g.cost], int_transfer=[0] * g.n,
-                               offload=False, time_limit=20)
+        q = Question("overhead", unit, (budget - pinned) // unit,
+                     tuple(math.floor(c * scale + 1e-9) for c in g.cost), (0,) * g.n, False)
+        got = relaxation_bound(g, q, level=level, time_limit=20)
         assert got.status == "OPTIMAL" and relax["bound"] <= got.bound / scale <= optimum + 1e-9
 
 
@@ -172,11 +171,9 @@ def test_a_restricted_solve_claims_the_whole_space_only_when_the_bound_meets_it(
     a stronger one asked whether any staged plan does better; otherwise it is
     FEASIBLE with the relaxations' best bound, the subspace's own status and
     bound kept apart, and the full model's optimum lies in between."""
-    import rematopt.planners.cpsat as cpsat
-
-    monkeypatch.setattr(cpsat, "FULL_MODEL_PAIRS", 0)
-    monkeypatch.setattr(cpsat, "FULL_ROUND_PAIRS", 0)  # no full round either
-    monkeypatch.setattr(cpsat, "DOUBLING_SHARE", 1.0)  # an empty depth-1 space is followed by depth 2
+    monkeypatch.setattr(strategy, "FULL_MODEL_PAIRS", 0)
+    monkeypatch.setattr(strategy, "FULL_ROUND_PAIRS", 0)  # no full round either
+    monkeypatch.setattr(strategy, "DOUBLING_SHARE", 1.0)  # an empty depth-1 space is followed by depth 2
     seen = set()
     for seed, ratio in ((1, 0.9), (1, 0.8), (6, 0.9)):
         g = synthetic.random_layered(16, seed=seed)
@@ -225,9 +222,8 @@ def test_slots_prove_random_layered_n100_optimal_over_the_whole_space(benchmarks
     st = sol.plan.stats
     assert sol.status == "OPTIMAL" and st["space"].startswith("depth ")
     assert any(p["level"] == "slots" and p["status"] == "INFEASIBLE" for p in st["relaxation_proofs"])
-    got = relaxation_bound(g, level="slots", objective="overhead", unit=1, cap_units=int(0.8 * no_remat_peak(g)),
-                           int_cost=[int(c) for c in g.cost], int_transfer=[0] * g.n, offload=False,
-                           time_limit=60, workers=2)
+    q = Question("overhead", 1, int(0.8 * no_remat_peak(g)), tuple(int(c) for c in g.cost), (0,) * g.n, False)
+    got = relaxation_bound(g, q, level="slots", time_limit=60, workers=2)
     assert got.status == "OPTIMAL" and got.bound == st["objective"]
 
 
@@ -237,10 +233,9 @@ def test_a_search_without_an_answer_still_lends_its_bound(benchmarks_dir):
     bound so far (2,596 measured) beats the gaps' 1,828 and stays below the
     best plan known (5,734)."""
     g = Graph.load(benchmarks_dir / "random_layered_n250.json")
-    kw = dict(objective="overhead", unit=1, cap_units=int(0.8 * no_remat_peak(g)),
-              int_cost=[int(c) for c in g.cost], int_transfer=[0] * g.n, offload=False, workers=2)
-    gaps = relaxation_bound(g, level="gaps", time_limit=15, **kw)
-    got = relaxation_bound(g, level="chains", below=5_483, time_limit=15, **kw)
+    q = Question("overhead", 1, int(0.8 * no_remat_peak(g)), tuple(int(c) for c in g.cost), (0,) * g.n, False)
+    gaps = relaxation_bound(g, q, level="gaps", time_limit=15, workers=2)
+    got = relaxation_bound(g, q, level="chains", below=5_483, time_limit=15, workers=2)
     assert gaps.status == "OPTIMAL" and got.status in ("UNKNOWN", "FEASIBLE")
     assert gaps.bound < got.bound <= 5_734
 
@@ -248,12 +243,9 @@ def test_a_search_without_an_answer_still_lends_its_bound(benchmarks_dir):
 def test_a_relaxation_too_big_to_build_is_skipped_and_the_rounds_go_on(monkeypatch):
     """Above MAX_PAIRS the chains and slots models are not built: SKIPPED,
     no bound claimed, and the solve continues with the deeper rounds."""
-    import rematopt.planners.cpsat as cpsat
-    import rematopt.planners.cpsat_bound as cpsat_bound
-
-    monkeypatch.setattr(cpsat_bound, "MAX_PAIRS", 0)
-    monkeypatch.setattr(cpsat, "FULL_MODEL_PAIRS", 0)
-    monkeypatch.setattr(cpsat, "DOUBLING_SHARE", 1.0)  # an empty depth-1 space is followed by depth 2
+    monkeypatch.setattr(relaxations, "MAX_PAIRS", 0)
+    monkeypatch.setattr(strategy, "FULL_MODEL_PAIRS", 0)
+    monkeypatch.setattr(strategy, "DOUBLING_SHARE", 1.0)  # an empty depth-1 space is followed by depth 2
     g = synthetic.random_layered(16, seed=1)
     budget = int(0.8 * no_remat_peak(g))
     for level in ("chains", "slots"):
@@ -271,25 +263,18 @@ def test_a_starved_full_round_leaves_the_proven_rounds_plan_and_lends_its_bound(
     ``space_status`` stay with the round that proved it (the full round shows
     in ``rounds``), the tie-break runs on that round's model, and the full
     model's bound, valid for the whole space, still counts in ``best_bound``."""
-    import rematopt.planners.cpsat as cpsat
+    solve_model = search.solve_model
 
-    build, solve_phase = cpsat.CpSatRun.build, cpsat.CpSatRun.solve_phase
-
-    def track(self, depth):
-        self.depth_built = depth
-        return build(self, depth)
-
-    def starve(self, phase, limit):  # the full round's search gets no time
-        return solve_phase(self, phase, 1e-3 if phase == "primary" and self.depth_built is None else limit)
+    def starve(ctx, model, phase, limit, stop_at=None):  # the full round's search gets no time
+        return solve_model(ctx, model, phase, 1e-3 if phase == "primary" and model.depth is None else limit, stop_at)
 
     for seed, ratio in ((3, 0.9), (6, 0.9), (9, 0.9), (14, 0.8)):  # depth 2 proven, the gaps bound below it
         g = synthetic.random_layered(16, seed=seed)
         full = solve(g, "cpsat", budget_ratio=ratio, time_limit=20, workers=1, recompute_depth="full")
         with monkeypatch.context() as m:
-            m.setattr(cpsat, "FULL_MODEL_PAIRS", 0)  # rounds, even on a small graph
-            m.setattr(cpsat.CpSatRun, "relaxation_proof", lambda self, best: [])  # no proof between rounds
-            m.setattr(cpsat.CpSatRun, "build", track)
-            m.setattr(cpsat.CpSatRun, "solve_phase", starve)
+            m.setattr(strategy, "FULL_MODEL_PAIRS", 0)  # rounds, even on a small graph
+            m.setattr(run, "wants_optimality_proof", lambda *a: False)  # no proof between rounds
+            m.setattr(search, "solve_model", starve)
             sol = solve(g, "cpsat", budget_ratio=ratio, time_limit=20, workers=1, warm_start="none")
         st = sol.plan.stats
         last, proven = st["rounds"][-1], [r for r in st["rounds"] if r["status"] == "OPTIMAL"]
@@ -306,38 +291,88 @@ def test_a_starved_full_round_leaves_the_proven_rounds_plan_and_lends_its_bound(
 def test_without_a_plan_a_deeper_round_needs_only_the_minimum_time():
     """With a plan to keep, a deeper round starts only with twice the time
     spent left; without one any attempt beats none, so MIN_ROUND_S is enough."""
-    import rematopt.planners.cpsat as cpsat
+    empty, proven = fake_round(cp_model.INFEASIBLE, found=False), fake_round(cp_model.OPTIMAL, found=True)
+    # 8 s of 20 left
+    assert strategy.may_start(2, empty, False, 12.0, 20.0, 0.0, full_pairs=10)
+    assert not strategy.may_start(2, proven, False, 12.0, 20.0, 0.0, full_pairs=10)  # 24 s would be needed
+    assert not strategy.may_start(2, fake_round(cp_model.UNKNOWN, found=False), False, 12.0, 20.0, 0.0, 10)
+    assert not strategy.may_start(2, empty, True, 12.0, 20.0, 0.0, 10)  # Ctrl-C ends the rounds
+    assert not strategy.may_start(2, empty, False, 16.0, 20.0, 0.0, 10)  # 4 s left: less than MIN_ROUND_S
+    assert strategy.may_start(2, proven, False, 6.0, 20.0, 2.0, 10)  # 14 s left, 8 s needed: proofs not counted
 
-    g = synthetic.random_layered(16, seed=3)
-    run = cpsat.CpSatRun(g, cpsat.Settings.parse(int(0.9 * no_remat_peak(g)), {"time_limit": 20}))
-    run.start, run.proof_s, run.interrupted = time.perf_counter() - 12, 0.0, False  # 8 s left
-    assert run.next_round(2, cp_model.INFEASIBLE, found=False)
-    assert not run.next_round(2, cp_model.OPTIMAL, found=True)  # 24 s would be needed
-    assert not run.next_round(2, cp_model.UNKNOWN, found=False)  # an unproven round ends the rounds
-    run.start = time.perf_counter() - 16  # 4 s left: less than MIN_ROUND_S
-    assert not run.next_round(2, cp_model.INFEASIBLE, found=False)
+
+def fake_round(status: int, found: bool, depth: int | None = 1, objective: int = 5) -> search.Round:
+    """A round as the strategy sees it: its depth, status, and whether it holds a plan."""
+
+    class FakeModel:
+        def objective_of(self, a):
+            return objective
+
+    model = FakeModel()
+    model.depth = depth
+    best = object() if found else None
+    return search.Round(model, status, status, best, None, None, None, None, 0.0, 0.0)
+
+
+def test_the_depth_schedule_from_a_history():
+    """Automatic depths: the full space when small; else 1, 2, then full once
+    a plan is found; doubling while the rounds are empty and the doubled
+    space holds at most DOUBLING_SHARE of the re-materialisations; a fixed
+    depth runs once."""
+    pairs = {1: 10, 2: 20, 4: 40, 8: 90, None: 100}.get
+    assert strategy.next_depth(None, [], full_pairs=10, remat_pairs=pairs) is None
+    assert strategy.next_depth(None, [], full_pairs=10**6, remat_pairs=pairs) == 1
+    assert strategy.next_depth(3, [], full_pairs=10, remat_pairs=pairs) == 3
+    assert strategy.next_depth("full", [], full_pairs=10**6, remat_pairs=pairs) is None
+    found = [fake_round(cp_model.OPTIMAL, True, depth=1)]
+    assert strategy.next_depth(None, found, 10**6, pairs) == 2
+    assert strategy.next_depth(None, found + [fake_round(cp_model.OPTIMAL, True, depth=2)], 10**6, pairs) is None
+    empty = [fake_round(cp_model.INFEASIBLE, False, depth=d) for d in (1, 2, 4)]
+    assert [strategy.next_depth(None, empty[:k], 10**6, pairs) for k in (1, 2, 3)] == [2, 4, None]  # 8: 90 > 50
+    assert strategy.next_depth(None, empty[:1] + [fake_round(cp_model.INFEASIBLE, False, depth=None)],
+                               10**6, pairs) == strategy.DONE
+    assert strategy.next_depth(3, [fake_round(cp_model.OPTIMAL, True, depth=3)], 10, pairs) == strategy.DONE
+
+
+def test_the_returned_round_and_the_proof_and_widening_decisions():
+    """The returned round is the last with a plan, unless a later unproven
+    round only matched an earlier proven optimum; proofs are asked once per
+    objective value; the space widens only for an outside plan better than
+    every hint it holds."""
+    proven = fake_round(cp_model.OPTIMAL, True, depth=2, objective=7)
+    matched = fake_round(cp_model.FEASIBLE, True, depth=None, objective=7)
+    better = fake_round(cp_model.FEASIBLE, True, depth=None, objective=6)
+    empty = fake_round(cp_model.UNKNOWN, False, depth=None)
+    assert strategy.returned_round([proven, matched]) is proven
+    assert strategy.returned_round([proven, better]) is better
+    assert strategy.returned_round([proven, empty]) is proven
+    assert strategy.returned_round([empty]) is None
+    assert strategy.wants_optimality_proof(proven, proven=False, asked_at=None)
+    assert not strategy.wants_optimality_proof(proven, proven=False, asked_at=7)
+    assert not strategy.wants_optimality_proof(proven, proven=True, asked_at=None)
+    assert not strategy.wants_optimality_proof(matched, proven=False, asked_at=None)
+    assert strategy.wants_emptiness_proof(fake_round(cp_model.INFEASIBLE, False), asked=False)
+    assert not strategy.wants_emptiness_proof(fake_round(cp_model.INFEASIBLE, False), asked=True)
+    assert strategy.should_widen(1, outside_objective=3.0, hint_objective=None, widened=False)
+    assert strategy.should_widen(1, 3.0, 4.0, False) and not strategy.should_widen(1, 3.0, 3.0, False)
+    assert not strategy.should_widen(None, 3.0, None, False) and not strategy.should_widen(1, None, None, False)
+    assert not strategy.should_widen(1, 3.0, None, widened=True)
 
 
 def test_a_run_without_a_plan_says_why(monkeypatch):
     """UNKNOWN without a plan names the cause, and the deepest space shown
     empty: here depth 1 is empty and the depth-2 search finds nothing."""
-    import rematopt.planners.cpsat as cpsat
+    solve_model = search.solve_model
 
-    build, solve_phase = cpsat.CpSatRun.build, cpsat.CpSatRun.solve_phase
+    def nothing_at_depth_2(ctx, model, phase, limit, stop_at=None):
+        if model.depth == 2:
+            return search.Solve(cp_model.UNKNOWN, None, 0.0, 0.0)
+        return solve_model(ctx, model, phase, limit, stop_at)
 
-    def track(self, depth):
-        self.depth_built = depth
-        return build(self, depth)
-
-    def nothing_at_depth_2(self, phase, limit, stop_at=None):
-        if self.depth_built == 2:
-            return cp_model.UNKNOWN, None, 0.0, 0.0
-        return solve_phase(self, phase, limit, stop_at)
-
-    monkeypatch.setattr(cpsat, "FULL_MODEL_PAIRS", 0)
-    monkeypatch.setattr(cpsat.CpSatRun, "relaxation_proof", lambda self, best: [])
-    monkeypatch.setattr(cpsat.CpSatRun, "build", track)
-    monkeypatch.setattr(cpsat.CpSatRun, "solve_phase", nothing_at_depth_2)
+    monkeypatch.setattr(strategy, "FULL_MODEL_PAIRS", 0)
+    monkeypatch.setattr(run, "wants_optimality_proof", lambda *a: False)
+    monkeypatch.setattr(run, "wants_emptiness_proof", lambda *a: False)
+    monkeypatch.setattr(search, "solve_model", nothing_at_depth_2)
     g = synthetic.random_layered(16, seed=3)
     sol = solve(g, "cpsat", budget_ratio=0.9, time_limit=20, workers=1, warm_start="none")
     st = sol.plan.stats

@@ -1,7 +1,8 @@
 """The staged formulation behind ``cpsat``, written once against a tiny backend
 interface so CP-SAT (the exact model) and GLOP (its LP relaxation) are built
 by the same code. ``docs/cpsat.md`` states it as mathematics, family by family;
-each ``add_*`` function below is one family, its inequalities in its docstring.
+each ``add_*`` function below is one family, its inequalities in its docstring,
+and so are the objectives and side caps (:func:`build` puts them together).
 
 Notation. Stages ``s = 0..T-1`` follow the compute nodes in program order;
 ``v_s`` is first computed in stage ``s``. A stage sweeps the *slots* of the
@@ -16,11 +17,13 @@ tracked in units of ``gcd`` of all byte sizes (exact), costs as integers
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from functools import reduce
 from typing import Any, Protocol
 
-from ..graph import Graph
+from ...graph import Graph
+from ...reference import peak_lower_bound
 
 # -- backend interface -------------------------------------------------------
 
@@ -41,7 +44,7 @@ INF = math.inf
 class Lin:
     """A linear expression over backend variables and 0/1 constants: the
     formulation fixes many (stage, value) entries, and folding them into the
-    bounds keeps the emitted constraints small."""
+    bounds keeps the constraints small."""
 
     __slots__ = ("terms", "const")
 
@@ -64,7 +67,7 @@ def lin(*pairs: tuple[int, Any]) -> Lin:
     return e
 
 
-def emit(backend: Backend, e: Lin, lb: float, ub: float) -> None:
+def constrain(backend: Backend, e: Lin, lb: float, ub: float) -> None:
     """``lb <= e <= ub``; constraints left with no variables are dropped (the
     index construction guarantees they hold)."""
     if e.terms:
@@ -310,7 +313,7 @@ class Formulation:
         for i in self.ix.values:
             for s in self.ix.stages(i):
                 if not self.carries(s, i):
-                    emit(self.b, self.available(s, i), -INF, 1)
+                    constrain(self.b, self.available(s, i), -INF, 1)
 
     def add_usefulness(self) -> None:
         """S[s,i] + R[s,i] + P[s,i] <= S[s+1,i] + sum_{j consumer} R[s,j] for
@@ -323,7 +326,7 @@ class Formulation:
                 e = self.available(s, i).add(-1, self.s(s + 1, i))
                 for j in self.consumers(s, i):
                     e.add(-1, self.r(s, j))
-                emit(self.b, e, -INF, 0)
+                constrain(self.b, e, -INF, 0)
 
     def add_dependency_constraints(self) -> None:
         """R[s,j] <= S[s,i] + R[s,i] + P[s,i] for every non-persistent
@@ -334,7 +337,7 @@ class Formulation:
             for i in g.preds[j]:
                 if g.nodes[i].persistent:
                     continue
-                emit(self.b, self.available(s, i).add(-1, rv), 0, INF)
+                constrain(self.b, self.available(s, i).add(-1, rv), 0, INF)
 
     def add_free_constraints(self) -> None:
         """For every (s, i) with consumers j in stage s and free points Q:
@@ -354,20 +357,20 @@ class Formulation:
                 for c, x in self.available(s, i).terms:
                     e.add(-c, x)
                 e.const -= self.available(s, i).const
-                emit(self.b, e, 0, 0)
+                constrain(self.b, e, 0, 0)
                 if self.materialises(s, i):
-                    emit(self.b, lin((1, self.F[s, i, pos[i]]), (-1, self.r(s, i)), (-1, self.p(s, i))), -INF, 0)
+                    constrain(self.b, lin((1, self.F[s, i, pos[i]]), (-1, self.r(s, i)), (-1, self.p(s, i))), -INF, 0)
                 for j in self.consumers(s, i):
-                    emit(self.b, lin((1, self.F[s, i, pos[j]]), (-1, self.r(s, j))), -INF, 0)
+                    constrain(self.b, lin((1, self.F[s, i, pos[j]]), (-1, self.r(s, j))), -INF, 0)
                     before = lin((1, self.r(s, j)), *((1, self.F[s, i, q]) for q in points if q < pos[j]))
-                    emit(self.b, before, -INF, 1)
+                    constrain(self.b, before, -INF, 1)
 
     def add_offload_constraints(self) -> None:
         """P[s,i] <= O[i]: a prefetch needs the host copy, made once right
         after i's first computation (inputs: at the start), where i is
         resident; offloading later would change no figure."""
         for (s, i), pv in self.P.items():
-            emit(self.b, lin((1, pv), (-1, self.O[i])), -INF, 0)
+            constrain(self.b, lin((1, pv), (-1, self.O[i])), -INF, 0)
 
     def add_memory_accounting(self) -> None:
         """Memory after slot q of stage s, in units, persistent bytes aside:
@@ -394,7 +397,7 @@ class Formulation:
                     e.add(1, self.U[s, prev])
                     for i in self.freeable_at(s, prev):
                         e.add(-self.size[i], self.F[s, i, prev])
-                emit(self.b, e, 0, 0)
+                constrain(self.b, e, 0, 0)
                 prev = q
 
     # -- objective pieces ------------------------------------------------------
@@ -416,4 +419,138 @@ class Formulation:
     def bound_memory(self, cap: Any) -> None:
         """U[s,q] <= cap for every slot: the peak, as a constant or a variable."""
         for u in self.U.values():
-            emit(self.b, lin((1, u), (-1, cap)), -INF, 0)
+            constrain(self.b, lin((1, u), (-1, cap)), -INF, 0)
+
+
+# -- objectives and side caps ----------------------------------------------------
+
+
+def add_recompute_cap(form: Formulation, cap: int) -> None:
+    """sum R[s,i] over re-computations (s > first(i)) <= cap: the clone bound."""
+    form.b.add([(1, v) for v in form.recompute_events()], -INF, cap)
+
+
+def add_overhead_cap(form: Formulation, cap: int) -> None:
+    """recompute + transfer cost <= cap (model integers): ``--max-overhead``."""
+    form.b.add(form.recompute_terms() + form.transfer_terms(), -INF, cap)
+
+
+def add_peak_objective(form: Formulation, floor: int) -> Any:
+    """minimise M subject to U[s,q] <= M for every slot, M >= floor (the peak
+    lower bound in units, so a plan reaching it is proven at once). Returns M."""
+    peak = form.b.int_var(floor, max(form.mem_cap, floor), "M")
+    form.bound_memory(peak)
+    form.b.minimize([(1, peak)])
+    return peak
+
+
+def add_overhead_objective(form: Formulation) -> None:
+    """minimise sum cost(i) R[s,i] (re-computations) + sum transfer(i) (O[i] + P[s,i])."""
+    form.b.minimize(form.recompute_terms() + form.transfer_terms())
+
+
+@dataclass(frozen=True)
+class Model:
+    """One round's model: the formulation on its backend, its objective
+    (``peak`` holds the peak variable M when the peak is minimised) and the
+    data that turns solutions into objective values."""
+
+    form: Formulation
+    objective: str  # "overhead" or "peak"
+    peak: Any | None
+    cost_scale: int
+    overhead_cap: int | None  # model integers
+    max_recomputes: int | None
+    peak_floor: int  # units
+    build_s: float
+    variables: int = 0  # as built (CP-SAT backend)
+    constraints: int = 0
+
+    @property
+    def backend(self) -> Any:
+        return self.form.b
+
+    @property
+    def depth(self) -> int | None:
+        return self.form.ix.depth
+
+    def overhead_of(self, a: Any) -> int:
+        """Recompute plus transfer cost of an assignment, in model integers."""
+        f = self.form
+        cost = sum(f.int_cost[i] for (s, i) in a.R if s != f.ix.first[i])
+        return cost + sum(f.int_transfer[i] for i in a.O) + sum(f.int_transfer[i] for (s, i) in a.P)
+
+    def peak_of(self, a: Any) -> int:
+        """The peak of an assignment in units (at least the floor)."""
+        return max(max(a.memory(self.form).values(), default=0), self.peak_floor)
+
+    def objective_of(self, a: Any) -> int:
+        return self.peak_of(a) if self.objective == "peak" else self.overhead_of(a)
+
+    def admissible(self, a: Any) -> bool:
+        """Whether an assignment meets the budget, the clone bound and the overhead cap."""
+        f = self.form
+        if max(a.memory(f).values(), default=0) > f.mem_cap:
+            return False
+        if self.max_recomputes is not None and len(a.R) - len(f.graph.compute_ids) > self.max_recomputes:
+            return False
+        return self.overhead_cap is None or self.overhead_of(a) <= self.overhead_cap
+
+    def to_bytes(self, value: float) -> float:
+        """Memory in model units, as bytes."""
+        return value * self.form.unit + self.form.persistent_bytes
+
+    def to_units(self, value: float) -> float:
+        """An objective value in cost units (overhead) or bytes (peak)."""
+        return value / self.cost_scale if self.objective == "overhead" else self.to_bytes(value)
+
+    def hint(self, a: Any) -> None:
+        """Make ``a`` the solver's starting point (the peak variable too)."""
+        for var, val in a.values(self.form):
+            self.backend.model.add_hint(var, val)
+        if self.peak is not None:
+            self.backend.model.add_hint(self.peak, self.peak_of(a))
+
+
+def build(graph: Graph, backend: Backend, *, objective: str, mem_cap_bytes: int | None, offload: bool,
+          transfer_cost_per_byte: float, cost_scale: int, depth: int | None = None,
+          also: dict[int, set[int]] | None = None, max_recomputes: int | None = None,
+          max_overhead: float | None = None) -> Model:
+    """The staged model with every constraint family, the side caps and the
+    objective: ``overhead`` (under ``mem_cap_bytes``) or ``peak`` (with
+    ``mem_cap_bytes`` None the budget is lifted; ``max_overhead`` x base
+    cost caps the overhead)."""
+    began = time.perf_counter()
+    form = Formulation(graph, backend, offload=offload, transfer_cost_per_byte=transfer_cost_per_byte,
+                       cost_scale=cost_scale, mem_cap_bytes=mem_cap_bytes, depth=depth, also=also)
+    form.add_all()
+    if max_recomputes is not None:
+        add_recompute_cap(form, max_recomputes)
+    floor = max(0, math.ceil((peak_lower_bound(graph) - form.persistent_bytes) / form.unit))
+    cap = None
+    peak = None
+    if objective == "overhead":
+        add_overhead_objective(form)
+    else:
+        if max_overhead is not None:
+            cap = math.floor(max_overhead * sum(form.int_cost[i] for i in graph.compute_ids) + 1e-9)
+            add_overhead_cap(form, cap)
+        peak = add_peak_objective(form, floor)
+    n_vars, n_cons = backend.size if hasattr(backend, "size") else (0, 0)
+    return Model(form, objective, peak, cost_scale, cap, max_recomputes, floor, time.perf_counter() - began,
+                 n_vars, n_cons)
+
+
+def add_tie_break(model: Model, optimum: int) -> Model:
+    """Fix the primary objective at ``optimum`` and minimise the other
+    figure (the peak after the overhead, the overhead after the peak): the
+    lexicographic second stage, on the same backend."""
+    form = model.form
+    if model.objective == "overhead":
+        form.b.add(form.recompute_terms() + form.transfer_terms(), -INF, optimum)
+        peak = add_peak_objective(form, model.peak_floor)
+        return Model(form, "peak", peak, model.cost_scale, None, model.max_recomputes, model.peak_floor, 0.0)
+    form.b.add([(1, model.peak)], -INF, optimum)
+    terms = form.recompute_terms() + form.transfer_terms()
+    form.b.minimize(terms or [(0, model.peak)])
+    return Model(form, "overhead", model.peak, model.cost_scale, None, model.max_recomputes, model.peak_floor, 0.0)

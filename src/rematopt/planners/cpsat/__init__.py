@@ -1,0 +1,39 @@
+"""``cpsat``: the exact planner. Builds the staged model of
+:mod:`.model` (formulation: ``docs/cpsat.md``), solves it in rounds with
+CP-SAT from a warm start (:mod:`.search`, chosen by :mod:`.strategy`),
+bounds the whole staged space with relaxations (:mod:`.relaxations`) and
+reports what was proven (:mod:`.report`).
+
+Objectives: ``overhead`` (default with a budget) minimises recompute plus
+transfer cost with every memory check <= budget; ``peak`` (default without a
+budget) minimises the peak with recompute plus transfer cost <= max_overhead x
+base cost. Once the primary optimum is proven, the other figure is minimised
+without losing it (lexicographic). Reported costs come from the plan
+(``cost_of_counts``), objective and bounds in cost units or bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...graph import Graph
+from ...plan import Plan
+from ...reference import peak_lower_bound
+from .report import no_plan
+from . import run
+from .settings import OPTIONS, Settings
+
+__all__ = ["OPTIONS", "Settings", "plan"]
+
+
+def plan(graph: Graph, budget: int | None, options: dict[str, Any]) -> Plan:
+    cfg = Settings.parse(budget, options)
+    if budget is not None and budget < peak_lower_bound(graph):
+        return no_plan(graph.name, "INFEASIBLE", reason=f"budget {budget:,} bytes is below the lower bound "
+                                                        f"{peak_lower_bound(graph):,} bytes; no model built")
+    if not graph.compute_ids:
+        p = Plan(graph.name, "cpsat", [], [])
+        p.stats.update(status="OPTIMAL", peak_bytes=sum(graph.bytes[i] for i in graph.initial_resident),
+                       compute_cost=0.0, transfer_bytes=0)
+        return p
+    return run.run(graph, cfg)

@@ -1,0 +1,195 @@
+"""What a cpsat run claims: the plan of its best assignment and the stats
+that say what was proven, in which space (``docs/cpsat.md``, "What OPTIMAL
+means"), or the plan from outside the model when the model's space holds
+nothing as good."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ortools.sat.python import cp_model
+
+from ...plan import Plan
+from ...reference import peak_lower_bound
+from ...simulate import Replay, cost_of_counts
+from .model import Model
+from .relaxations import WholeBound
+from .search import Context, Round
+from .solution import Assignment, events
+
+STATUS = {cp_model.OPTIMAL: "OPTIMAL", cp_model.FEASIBLE: "FEASIBLE",
+          cp_model.INFEASIBLE: "INFEASIBLE", cp_model.UNKNOWN: "UNKNOWN"}
+
+
+@dataclass(frozen=True)
+class Outside:
+    """A valid plan from outside the model (the hint, or the best fast
+    planner's) that meets the budget and caps, with its replay and primary
+    objective (cost units, or bytes): the run returns nothing worse."""
+
+    plan: Plan
+    replay: Replay
+    objective: float
+    name: str
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """Everything a run found, for :func:`report`."""
+
+    ctx: Context
+    model: Model  # the returned round's (else the last built)
+    history: tuple[Round, ...]
+    done: Round | None  # the round whose plan is returned (strategy.returned_round)
+    best: Assignment | None  # done's best, after the tie-break
+    secondary: bool  # whether the tie-break found it
+    whole: WholeBound | None  # the gap relaxation
+    proofs: tuple[Any, ...]  # run.Proof records
+    lower: int | None  # the whole space's lower bound, model integers
+    empty: bool  # a relaxation showed the whole space empty
+    outside: Outside | None
+    hint_source: str | None
+    hint_objective: int | None
+    lp_bound: float | None
+    lp_skipped: str | None  # why the LP was not solved
+    build_s: float
+    primary_s: float
+
+
+def no_plan(graph_name: str, status: str, **stats: Any) -> Plan:
+    p = Plan(graph_name, "cpsat", [], [])
+    p.stats.update(status=status, **stats)
+    return p
+
+
+def report(o: Outcome) -> Plan:
+    """The returned plan with its stats (see the module docstring)."""
+    ctx, model, g, cfg = o.ctx, o.model, o.ctx.graph, o.ctx.cfg
+    chosen = o.done or (o.history[-1] if o.history else None)
+    status = chosen.status if chosen is not None else cp_model.UNKNOWN
+    bound = chosen.bound if chosen is not None else None
+    solved_depth = chosen.depth if chosen is not None else model.depth
+    gap_infeasible = o.whole is not None and o.whole.status == "INFEASIBLE"
+    if gap_infeasible:
+        status = cp_model.INFEASIBLE
+    if gap_infeasible or o.empty:
+        solved_depth = None
+    best, stopped = o.best, ctx.stop.requested
+    rounds = [round_row(r) for r in o.history]
+    stats: dict[str, Any] = {
+        "status": STATUS.get(status, "UNKNOWN"), "objective_kind": cfg.objective,
+        "objective": None, "best_bound": model.to_units(bound) if best is not None and bound is not None else None,
+        "gap": None, "time_to_first_s": ctx.trace.first, "time_to_best_s": ctx.trace.best,
+        "primary_s": o.primary_s, "variables": model.variables, "constraints": model.constraints,
+        "build_s": o.build_s, "recompute_depth": "full" if solved_depth is None else solved_depth,
+        "cost_scale": ctx.scale, "cost_scale_exact": ctx.exact, "memory_unit_bytes": model.form.unit,
+        "offload": cfg.offload, "warm_start": o.hint_source,
+        "hint_objective": model.to_units(o.hint_objective) if o.hint_objective is not None else None,
+        "interrupted": stopped, "lexicographic": o.secondary, "rounds": rounds,
+    }
+    if o.whole is not None:
+        stats["gap_relaxation"] = {"status": o.whole.status, "seconds": o.whole.seconds,
+                                   "bound": None if o.whole.bound is None else model.to_units(o.whole.bound)}
+    if o.proofs:
+        stats["relaxation_proofs"] = [asdict(p) for p in o.proofs]
+    proven_whole = best is not None and o.lower is not None and model.objective_of(best) <= o.lower
+    trivial = 0.0 if cfg.objective == "overhead" else float(peak_lower_bound(g))
+    restricted = solved_depth is not None and cfg.depth is None
+    if restricted:
+        # The default asked about the whole staged space, but only a
+        # depth-restricted subspace was solved: its optimum and bound say
+        # nothing about the whole space; the relaxations' bound does.
+        stats.update(space=space_name(model, o.outside), space_status=stats["status"],
+                     space_bound=stats["best_bound"], best_bound=None)
+        if stats["status"] == "OPTIMAL":
+            stats["status"] = "OPTIMAL" if proven_whole else "FEASIBLE"
+    else:
+        stats["space"] = "staged" if solved_depth is None else space_name(model, o.outside)
+    if best is not None and o.lower is not None and (restricted or solved_depth is None):
+        # a whole-space bound (the relaxation's, or the trivial one) under
+        # the full model's own, whichever is higher
+        own = stats["best_bound"] if stats["best_bound"] is not None else trivial
+        stats["best_bound"] = max(own, trivial, model.to_units(o.lower))
+        if proven_whole:
+            stats["status"] = "OPTIMAL"
+    elif restricted and best is not None:
+        stats["best_bound"] = trivial
+    if gap_infeasible:  # no model solved, so no LP of it either
+        stats["reason"] = "the gap relaxation of the staged space is infeasible: no staged plan meets the budget"
+    elif o.empty:
+        stats["reason"] = (f"the {o.proofs[-1].level} relaxation of the staged space is infeasible: "
+                           "no staged plan meets the budget")
+    elif cfg.lp_bound and o.lp_skipped:
+        stats["lp_bound"] = None
+        stats["lp_bound_skipped"] = o.lp_skipped
+    elif cfg.lp_bound:
+        stats["lp_bound"] = o.lp_bound
+    if best is None:
+        if status == cp_model.INFEASIBLE and solved_depth is not None and not gap_infeasible:
+            stats["status"] = "UNKNOWN"  # only a restricted space was shown empty
+            stats["reason"] = (f"no plan recomputes within {solved_depth} producer hops of each stage's "
+                               "node; try --recompute-depth full")
+        elif status == cp_model.UNKNOWN:
+            empty = [r["recompute_depth"] for r in rounds
+                     if r["status"] == "INFEASIBLE" and r["recompute_depth"] != "full"]
+            why = "stopped by Ctrl-C" if stopped else "the time limit ran out"
+            where = f" (none recomputes within {max(empty)} producer hops of each stage's node)" if empty else ""
+            stats["reason"] = f"{why} before any plan within the budget was found{where}"
+        if o.outside is not None:  # the model's space is empty, the budget is not
+            return fallback(g.name, o.outside, stats)
+        return no_plan(g.name, stats["status"], **{k: v for k, v in stats.items() if k != "status"})
+    form = model.form
+    p = events(form, best)
+    counts, peak, moved = best.counts(form), best.peak_bytes(form), best.transfer_bytes(form)
+    # the objective as the plan realises it, not the model's scaled integers
+    recompute = cost_of_counts(g, [max(c - 1, 0) for c in counts])
+    objective = recompute + moved * cfg.transfer_cost_per_byte if cfg.objective == "overhead" else peak
+    if o.outside is not None and o.outside.objective < objective:
+        return fallback(g.name, o.outside, stats, f"{o.outside.plan.planner}'s plan, outside the model's space, "
+                                                  f"beats the model's best ({objective:.6g})")
+    stats.update(objective=objective, peak_bytes=peak, compute_cost=cost_of_counts(g, counts),
+                 transfer_bytes=moved, compute_events=len(best.R), recompute_events=len(best.R) - len(g.compute_ids))
+    if restricted and stats["space_bound"] is not None:
+        stats["space_bound"] = min(stats["space_bound"], objective)
+        stats["space_gap"] = gap(objective, stats["space_bound"])
+    if stats["best_bound"] is not None:
+        b = min(stats["best_bound"], objective)
+        stats["best_bound"] = b
+        stats["gap"] = gap(objective, b)
+    p.stats.update(stats)
+    return p
+
+
+def round_row(r: Round) -> dict[str, Any]:
+    """A round's entry in the ``rounds`` stat."""
+    m = r.model
+    return {"recompute_depth": "full" if r.depth is None else r.depth, "status": STATUS.get(r.status),
+            "objective": None if r.best is None else m.to_units(r.objective),
+            "best_bound": None if r.bound is None else m.to_units(r.bound), "variables": m.variables,
+            "constraints": m.constraints, "elapsed_s": r.elapsed_s}
+
+
+def space_name(model: Model, outside: Outside | None) -> str:
+    """The plan space a round searched: "staged", "depth 1", or "depth 1 + dtr's plan" once widened."""
+    if model.depth is None:
+        return "staged"
+    return f"depth {model.depth}" + (f" + {outside.plan.planner}'s plan" if model.form.ix.also and outside else "")
+
+
+def fallback(graph_name: str, outside: Outside, stats: dict[str, Any],
+             reason: str = "no plan found in the model's space") -> Plan:
+    """Hand back the plan from outside the model: never less than the hint.
+    Marked as such; no bound holds for it."""
+    r = outside.replay
+    p = Plan(graph_name, "cpsat", outside.plan.ops, outside.plan.nodes)
+    stats.update(peak_bytes=r.peak_bytes, compute_cost=r.compute_cost, transfer_bytes=r.transfer_bytes,
+                 space_status=stats.get("space_status", stats["status"]), status="FEASIBLE",
+                 plan_from=outside.plan.planner, objective=outside.objective, best_bound=None, gap=None,
+                 reason=reason)
+    p.stats.update(stats)
+    return p
+
+
+def gap(objective: float, bound: float) -> float:
+    return 0.0 if objective == bound else (objective - bound) / abs(objective)

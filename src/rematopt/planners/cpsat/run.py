@@ -1,0 +1,320 @@
+"""One cpsat solve from start to plan: the plan from outside the model (the
+hint, or the best fast planner's), the warm start, the rounds that
+:mod:`strategy` chooses, the relaxations that bound the whole staged space,
+the tie-break, and the report (:mod:`report`)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from ortools.sat.python import cp_model
+
+from ...errors import PlannerError
+from ...graph import Graph
+from ...plan import Plan
+from ...simulate import Replay, simulate
+from .backends import LpBackend
+from .model import Model, Stages, integer_scale
+from .relaxations import Question, WholeBound, relaxation_bound
+from .report import Outcome, Outside, report
+from .search import Context, Lowest, Round, make_model, solve_round, tie_break, whole_bound_of
+from .settings import Settings
+from .signals import Interrupt, Trace, deferred_sigint
+from .solution import Assignment, events, from_plan, staged_events
+from .strategy import (DONE, may_start, next_depth, proof_time, returned_round, should_widen,
+                       wants_emptiness_proof, wants_optimality_proof)
+from .warm_start import best_within, fast_plans, lowest_peak, staged_eviction
+
+# The gap relaxation (relaxations.py) takes well under a second on the
+# benchmark graphs; this share of the limit caps it on bigger ones.
+GAP_BOUND_SHARE = 0.1
+# The warm start (outside plan and staged eviction) may use this share of the
+# time limit, the search the rest.
+WARM_START_SHARE = 0.25
+# "Any plan at all" to a relaxation proof: an objective no plan reaches.
+ANY_PLAN = 2**60
+# Building the LP of a bigger model takes longer than its bound is worth
+# (about 20 s on the 2,090-node decoder's depth-1 model).
+LP_MAX_VARIABLES = 40_000
+
+
+@dataclass(frozen=True)
+class Proof:
+    """One relaxation asked whether any staged plan beats ``below`` (units;
+    None: whether any plan meets the budget at all)."""
+
+    level: str
+    below: float | None
+    status: str
+    seconds: float
+    elapsed_s: float
+    bound: float | None  # units
+
+
+def run(graph: Graph, cfg: Settings) -> Plan:
+    """Solve with Ctrl-C deferred: during the search CP-SAT stops itself and
+    hands back its best solution; elsewhere (warm start, building a round's
+    model) a SIGINT only marks the run stopped, and the run ends at the next
+    checkpoint with the best plan so far."""
+    stop = Interrupt()
+    start = time.perf_counter()
+    per_byte = cfg.transfer_cost_per_byte
+    scale, exact = integer_scale([graph.cost[i] for i in graph.compute_ids]
+                                 + ([b * per_byte for b in graph.bytes] if cfg.offload else []))
+    ctx = Context(graph, cfg, scale, exact, start, Trace(start), stop)
+    with deferred_sigint(stop):
+        return _run(ctx)
+
+
+def outside_plan(ctx: Context, deadline: float) -> tuple[Outside | None, Lowest | None]:
+    """The user's hint, else (``warm_start="auto"``) the best fast planner's
+    plan within the budget, kept when it also meets the caps (it stands in
+    when the model's space yields nothing or only worse); and whatever the
+    budget, the valid plan with the lowest peak among them (where the peak
+    search starts)."""
+    cfg, g = ctx.cfg, ctx.graph
+    plans: list[tuple[Plan, Replay]] = []
+    if cfg.hint is not None:
+        replay = simulate(g, cfg.hint)
+        if not replay.valid:  # a plan of another graph, say: refused, not silently dropped
+            raise PlannerError(f"cpsat: the hint (a plan for {cfg.hint.graph!r}) does not replay on "
+                               f"{g.name!r}: {replay.error}")
+        plans = [(cfg.hint, replay)]
+    elif cfg.warm_start == "auto":
+        plans = fast_plans(g, cfg.budget, deadline=deadline)
+    best = plans[0] if cfg.hint is not None else best_within(plans, cfg.budget)
+    low = lowest_peak(plans)
+    lowest = None if low is None else Lowest(low[0], low[1].peak_bytes)
+    if best is None:
+        return None, lowest
+    outside = admit(ctx, *best)
+    if outside is not None:
+        # the run returns nothing worse from here on, even when the plan
+        # does not fit the model's space (time_to_first_s counts it)
+        ctx.trace.solution("primary", outside.objective, None)
+    return outside, lowest
+
+
+def admit(ctx: Context, plan: Plan, r: Replay) -> Outside | None:
+    """``plan`` with its replay and primary objective, if it is valid and
+    within the budget, the clone bound and the overhead cap."""
+    cfg, g = ctx.cfg, ctx.graph
+    overhead = r.recompute_cost + r.transfer_bytes * cfg.transfer_cost_per_byte
+    if (r.valid and (cfg.budget is None or r.peak_bytes <= cfg.budget)
+            and (not cfg.max_clone_expansion or r.compute_events <= cfg.max_clone_expansion * len(g.compute_ids))
+            and (cfg.max_overhead is None or overhead <= cfg.max_overhead * r.base_cost)):
+        name = "hint" if cfg.hint is not None else plan.planner
+        return Outside(plan, r, overhead if cfg.objective == "overhead" else float(r.peak_bytes), name)
+    return None
+
+
+def warm_start(ctx: Context, model: Model, outside: Outside | None, spent: float
+               ) -> tuple[Assignment | None, str | None]:
+    """The hint: the better of the outside plan, projected into the model's
+    plan space, and staged eviction (slow on big models, so it stops at a
+    deadline: the warm start's share of the time limit, less ``spent``).
+    Only assignments that meet the budget and caps count."""
+    found: list[tuple[int, str, Assignment]] = []
+
+    def consider(a: Assignment | None, name: str) -> None:
+        if a is not None and model.admissible(a):
+            found.append((model.objective_of(a), name, a))
+            ctx.trace.solution("primary", model.to_units(found[-1][0]), None)
+
+    deadline = time.perf_counter() + WARM_START_SHARE * ctx.cfg.time_limit - spent
+    if outside is not None:
+        consider(from_plan(model.form, outside.plan), outside.name)
+    if ctx.cfg.hint is not None or ctx.cfg.warm_start == "auto":
+        consider(staged_eviction(model.form, deadline=deadline), "staged-eviction")
+    if not found:
+        return None, None
+    _, name, a = min(found, key=lambda x: x[0])
+    return a, name
+
+
+def plan_pairs(ix: Stages, plan: Plan) -> dict[int, set[int]]:
+    """The re-materialisations of ``plan`` per stage."""
+    staged = staged_events(ix, plan)
+    pairs: dict[int, set[int]] = {}
+    for s, i in (staged[0] | staged[1]) if staged else ():
+        if s != ix.first[i]:
+            pairs.setdefault(s, set()).add(i)
+    return pairs
+
+
+def question(ctx: Context, model: Model) -> Question:
+    """What the relaxations are asked, in the model's integers (costs
+    floored when the scale is inexact, so the optimum stays a bound on the
+    costs the model optimises)."""
+    g, f = ctx.graph, model.form
+    int_cost = f.int_cost if ctx.exact else [int(c * ctx.scale // 1) for c in g.cost]
+    int_transfer = (f.int_transfer if ctx.exact else
+                    [int(b * ctx.cfg.transfer_cost_per_byte * ctx.scale // 1) for b in g.bytes])
+    return Question(ctx.cfg.objective, f.unit, f.mem_cap, tuple(int_cost), tuple(int_transfer), ctx.cfg.offload,
+                    model.overhead_cap, model.max_recomputes, model.peak_floor)
+
+
+def relaxation(ctx: Context, q: Question, level: str, limit: float, below: int | None = None) -> WholeBound:
+    cfg = ctx.cfg
+    r = relaxation_bound(ctx.graph, q, level=level, below=below, time_limit=limit, workers=cfg.workers,
+                         seed=cfg.seed, interruptible=level != "gaps")
+    if r.interrupted:
+        ctx.stop.requested = True
+    return r
+
+
+def relaxation_proof(ctx: Context, q: Question, model: Model, best: Assignment | None, lower: int | None,
+                     proof_s: float) -> tuple[list[Proof], int | None, bool]:
+    """Ask the stronger relaxations in turn (chains, then slots) whether any
+    staged plan beats ``best``; if none does, ``best`` is optimal over the
+    whole space. Without ``best``, whether any staged plan meets the budget at
+    all (the 108-node MLP at 0.9: chains shows it empty in 0.02 s, after
+    depth 1; the full model took 8 s). Returns the attempts, the whole-space
+    lower bound raised by what they prove, and whether the space is empty."""
+    obj = model.objective_of(best) if best is not None else ANY_PLAN + 1
+    deadline = time.perf_counter() + proof_time(ctx.elapsed(), ctx.cfg.time_limit, proof_s)
+    attempts: list[Proof] = []
+    empty = False
+    for level in ("chains", "slots"):
+        left = deadline - time.perf_counter()
+        proven = best is not None and lower is not None and obj <= lower
+        if ctx.stop.requested or proven or empty or left < 0.05:
+            break
+        r = relaxation(ctx, q, level, left, below=obj - 1)
+        if best is None:
+            empty = r.status == "INFEASIBLE"
+            attempts.append(Proof(level, None, r.status, r.seconds, ctx.elapsed(), None))
+            continue
+        found = obj if r.status == "INFEASIBLE" else r.bound
+        if found is not None:
+            lower = max(lower or 0, min(found, obj))
+        attempts.append(Proof(level, model.to_units(obj - 1), r.status, r.seconds, ctx.elapsed(),
+                              None if found is None else model.to_units(min(found, obj))))
+    return attempts, lower, empty
+
+
+def lp_bound(ctx: Context, depth: int | None, also: dict[int, set[int]] | None, limit: float) -> float | None:
+    """The LP relaxation of the same formulation, in the objective's units."""
+    overhead = ctx.cfg.objective == "overhead"
+    lp = make_model(ctx, depth, also, backend=LpBackend(ctx.scale if overhead else 1.0))
+    value = lp.backend.solve(limit)
+    if value is None or overhead:
+        return value
+    return lp.to_bytes(value)
+
+
+def _run(ctx: Context) -> Plan:
+    cfg, g = ctx.cfg, ctx.graph
+    # a valid plan before any model is built (the GPT decoder's takes 9 s)
+    outside, lowest = outside_plan(ctx, ctx.start + WARM_START_SHARE * cfg.time_limit)
+    outside_s = ctx.elapsed()
+    full = Stages(g, cfg.offload)
+    full_pairs = sum(len(full.stages(i)) for i in full.values)
+    remat_cache: dict[int | None, int] = {}
+
+    def remat_pairs(depth: int | None) -> int:
+        """The (stage, value) pairs where the depth-``depth`` space may re-materialise a value."""
+        if depth not in remat_cache:
+            ix = full if depth is None else Stages(g, cfg.offload, depth)
+            remat_cache[depth] = sum(1 for i in ix.values for s in ix.stages(i) if s != ix.first[i]
+                                     and (ix.may_compute(s, i) or ix.may_prefetch(s, i)))
+        return remat_cache[depth]
+
+    history: list[Round] = []
+    stopped_round: Round | None = None  # Ctrl-C before a round's search: its hint
+    proofs: list[Proof] = []
+    whole: WholeBound | None = None  # the gap relaxation's verdict
+    q: Question | None = None
+    lower: int | None = None  # the whole space's best lower bound, model integers
+    proof_s, proof_at, asked_empty, empty = 0.0, None, False, False
+    also: dict[int, set[int]] = {}
+    hint_source = hint_obj = None
+    model: Model | None = None  # the last one built
+    while True:
+        depth = next_depth(cfg.depth, history, full_pairs, remat_pairs)
+        if depth == DONE:
+            break
+        if history:
+            last = history[-1]
+            proven = last.best is not None and lower is not None and last.objective <= lower
+            if not ctx.stop.requested and wants_optimality_proof(last, proven, proof_at):
+                # a restricted round's optimum may be the whole space's: ask the relaxations
+                began = time.perf_counter()
+                done_proofs, lower, _ = relaxation_proof(ctx, q, last.model, last.best, lower, proof_s)
+                proofs += done_proofs
+                proof_s += time.perf_counter() - began
+                proof_at = last.objective
+            if not ctx.stop.requested and wants_emptiness_proof(last, asked_empty):
+                # a restricted space is empty: the relaxations may show that the whole one is
+                began = time.perf_counter()
+                done_proofs, lower, empty = relaxation_proof(ctx, q, last.model, None, lower, proof_s)
+                proofs += done_proofs
+                proof_s += time.perf_counter() - began
+                asked_empty = True
+                if empty:
+                    break
+            proven = last.best is not None and lower is not None and last.objective <= lower
+            if ctx.stop.requested or proven or not may_start(depth, last, ctx.stop.requested, ctx.elapsed(),
+                                                             cfg.time_limit, proof_s, full_pairs):
+                break
+        prev = events(history[-1].model.form, history[-1].best) if history and history[-1].best else None
+        model = make_model(ctx, depth, also)
+        if whole is None:
+            q = question(ctx, model)
+            whole = relaxation(ctx, q, "gaps", GAP_BOUND_SHARE * cfg.time_limit)
+            lower = whole.bound
+            if whole.status == "INFEASIBLE":  # no staged plan at all: nothing to search
+                break
+        if prev is None:
+            hint, hint_source = warm_start(ctx, model, outside, outside_s)
+            hint_units = model.to_units(model.objective_of(hint)) if hint is not None else None
+            if should_widen(depth, outside.objective if outside else None, hint_units, bool(also)):
+                also = plan_pairs(full, outside.plan)
+                if also:  # the same round, in a space that holds the outside plan
+                    model = make_model(ctx, depth, also)
+                    widened = from_plan(model.form, outside.plan)
+                    if widened is not None and model.admissible(widened):
+                        hint, hint_source = widened, outside.name
+            hint_obj = model.objective_of(hint) if hint is not None else None
+        else:
+            hint = from_plan(model.form, prev)
+        if ctx.stop.requested:  # Ctrl-C while building or warm-starting: keep the best so far
+            if returned_round(history) is None and hint is not None:
+                stopped_round = Round(model, cp_model.FEASIBLE, cp_model.UNKNOWN, hint,
+                                      history[-1].bound if history else None, hint, None, None,
+                                      model.build_s, ctx.elapsed())
+            break
+        r = solve_round(ctx, model, hint, lowest)
+        if hint is None and r.fitted is not None:
+            hint_source, hint_obj = "peak search", model.objective_of(r.fitted)
+        lowest = r.lowest or lowest
+        bound = whole_bound_of(r)
+        if bound is not None:
+            lower = max(lower or 0, bound)
+        history.append(r)
+
+    done = returned_round(history) or stopped_round
+    chosen = done or (history[-1] if history else None)
+    if chosen is not None:
+        model = chosen.model
+    primary_s = ctx.elapsed()
+    best = done.best if done is not None else None
+    secondary = None
+    if best is not None and done.status == cp_model.OPTIMAL and not ctx.stop.requested:
+        secondary = tie_break(ctx, model, best, done.objective)
+        if secondary is not None:
+            best = secondary
+    lp, lp_skipped = None, None
+    if cfg.lp_bound and not empty and not (whole is not None and whole.status == "INFEASIBLE"):
+        if model.variables > LP_MAX_VARIABLES:
+            lp_skipped = f"model has {model.variables:,} variables (> {LP_MAX_VARIABLES:,})"
+        else:  # the LP of the model solved (the whole space's LP takes minutes on n100)
+            lp = lp_bound(ctx, model.depth, model.form.ix.also, max(1.0, cfg.time_limit / 4))
+    if cfg.log_path:
+        ctx.trace.write(cfg.log_path)
+    outcome = Outcome(ctx=ctx, model=model, history=tuple(history), done=done, best=best,
+                      secondary=secondary is not None, whole=whole, proofs=tuple(proofs), lower=lower,
+                      empty=empty, outside=outside, hint_source=hint_source, hint_objective=hint_obj,
+                      lp_bound=lp, lp_skipped=lp_skipped, primary_s=primary_s, build_s=sum(r.build_s for r in history) if history else model.build_s)
+    return report(outcome)

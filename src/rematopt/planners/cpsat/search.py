@@ -1,0 +1,241 @@
+"""One solve round, as a function: ``(model, hint, limit) -> Round``, with
+the searches it is made of (the CP-SAT solve itself, the peak search that
+looks for any plan within the budget, the lexicographic tie-break). Every
+result is immutable; what carries over between rounds is decided by
+:mod:`strategy` and :mod:`run`."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ortools.sat.python import cp_model
+
+from ...errors import PlannerError
+from ...graph import Graph
+from ...plan import Plan
+from ...reference import no_remat_peak
+from .backends import CpSatBackend, stopped_early, tune
+from .model import Model, add_tie_break, build
+from .settings import Settings, max_recomputes
+from .signals import Interrupt, SolutionCallback, Trace, live_progress, solver_takes_ctrl_c
+from .solution import Assignment, events, from_plan
+
+# A round with no plan to start from searches this share of the time left
+# (at least MIN_ROUND_S) before it looks for any plan within the budget by
+# minimising the peak (:func:`fit`): presolve shows most empty spaces at
+# once (resnet_s2_c16 at 0.8, depths 1-8: 0.4-3 s each), where the peak
+# search takes 2-5x longer to prove that no plan fits.
+FIT_AFTER_SHARE = 0.25
+# The peak search starts only from a plan within this share over the budget:
+# it lowers the peak by a few percent in seconds (resnet_s2_c16 at 0.8 from
+# dtr's plan, 2% over: 12% in 5 s; random_layered_n100 at 0.7 from the
+# no-remat plan, 43% over, the lowest-peak fast plan there: 3% in 8 s).
+FIT_MARGIN = 0.1
+# ... and it gets this share of what is left then; the overhead
+# search resumes for the rest (resnet_s2_c16 at 0.6: the full model proves
+# that no plan fits only after most of a 20 s limit).
+FIT_SHARE = 0.5
+# A deeper round starts only with twice the time spent so far left (the
+# depth-2 proofs took 2-3x the depth-1 ones on the benchmark graphs) and at
+# least this much: building and presolving the depth-2 model of
+# random_layered_n250 alone takes about 5 s.
+MIN_ROUND_S = 5.0
+
+
+@dataclass(frozen=True)
+class Context:
+    """What every round of one solve shares: the graph, the settings, the
+    cost scale, the clock, the trace, and the Ctrl-C flag."""
+
+    graph: Graph
+    cfg: Settings
+    scale: int
+    exact: bool
+    start: float
+    trace: Trace
+    stop: Interrupt
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def left(self) -> float:
+        return self.cfg.time_limit - self.elapsed()
+
+
+@dataclass(frozen=True)
+class Lowest:
+    """The lowest-peak valid plan known, whatever the budget: where the
+    peak search (:func:`fit`) starts."""
+
+    plan: Plan
+    peak_bytes: int
+
+
+@dataclass(frozen=True)
+class Solve:
+    """One CP-SAT solve: status, the solution's values, objective and bound."""
+
+    status: int
+    values: list[int] | None
+    objective: float
+    bound: float
+
+
+@dataclass(frozen=True)
+class Round:
+    """A round's outcome. ``best`` is never worse than the round's hint;
+    ``fitted`` is the peak search's plan when it supplied the hint, and
+    ``lowest`` a lower-peak plan that search found on the way."""
+
+    model: Model
+    status: int
+    searched: int  # the search's own status (``status`` counts the hint as a plan)
+    best: Assignment | None
+    bound: float | None
+    hint: Assignment | None
+    fitted: Assignment | None
+    lowest: Lowest | None
+    build_s: float  # the round's models, the peak search's included
+    elapsed_s: float
+
+    @property
+    def depth(self) -> int | None:
+        return self.model.depth
+
+    @property
+    def objective(self) -> int | None:
+        """The best assignment's objective, model integers."""
+        return None if self.best is None else self.model.objective_of(self.best)
+
+
+def make_model(ctx: Context, depth: int | None, also: dict[int, set[int]] | None, *, fit: bool = False,
+               backend: Any = None) -> Model:
+    """The round's model (``fit``: the peak search's, with the budget lifted
+    and the peak minimised) on ``backend`` (a fresh CP-SAT one by default)."""
+    cfg, g = ctx.cfg, ctx.graph
+    top = cfg.budget if cfg.budget is not None else no_remat_peak(g)
+    return build(g, backend if backend is not None else CpSatBackend(),
+                 objective="peak" if fit else cfg.objective, mem_cap_bytes=None if fit else top,
+                 offload=cfg.offload, transfer_cost_per_byte=cfg.transfer_cost_per_byte, cost_scale=ctx.scale,
+                 depth=depth, also=also if depth is not None else None,
+                 max_recomputes=max_recomputes(cfg, len(g.compute_ids)),
+                 max_overhead=None if fit or cfg.objective != "peak" else cfg.max_overhead)
+
+
+def solve_model(ctx: Context, model: Model, phase: str, limit: float, stop_at: int | None = None) -> Solve:
+    """Run CP-SAT on ``model`` for ``limit`` seconds, tracing ``phase``
+    ("primary", "fit" or "secondary"); stop at the first solution at most
+    ``stop_at``. A Ctrl-C ends the search with its best and sets ``ctx.stop``."""
+    cfg = ctx.cfg
+    solver = cp_model.CpSolver()
+    prm = solver.parameters
+    hinted = len(model.backend.model.proto.solution_hint.vars) > 0  # a plan to improve: the bound matters
+    tune(prm, max(limit, 0.01), cfg.workers, cfg.seed, lp_heavy=hinted)
+    to_units: Callable[[float], float] = {"primary": model.to_units, "fit": model.to_bytes}.get(phase, lambda v: v)
+    solver.best_bound_callback = lambda b: ctx.trace.new_bound(phase, to_units(b))
+    with live_progress(ctx.trace, cfg.progress and phase in ("primary", "fit")), solver_takes_ctrl_c(prm):
+        callback = SolutionCallback(ctx.trace, phase, to_units, stop_at)
+        status = solver.solve(model.backend.model, callback)
+    if stopped_early(solver, status, limit) and not callback.stopped:
+        ctx.stop.requested = True
+    if status == cp_model.MODEL_INVALID:
+        raise PlannerError(f"cpsat: model invalid ({model.backend.model.validate()})")
+    values = list(solver.response_proto.solution) if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) else None
+    return Solve(status, values, solver.objective_value, solver.best_objective_bound)
+
+
+def solve_round(ctx: Context, model: Model, hint: Assignment | None, lowest: Lowest | None) -> Round:
+    """The round's search from ``hint``, until the time limit. Without one
+    (overhead under a budget), if the lowest-peak plan so far lies in the
+    round's space within FIT_MARGIN of the budget, the search first gets
+    FIT_AFTER_SHARE of the time left, at least MIN_ROUND_S (presolve shows
+    most empty spaces at once); if that ends with neither plan nor proof,
+    :func:`fit` gets FIT_SHARE of the rest to find a plan within the budget
+    from there, and the search resumes (from that plan, if any) for the rest."""
+    cfg = ctx.cfg
+    if hint is not None:
+        model.hint(hint)
+    start = (from_plan(model.form, lowest.plan)
+             if hint is None and cfg.objective == "overhead" and cfg.budget is not None
+             and lowest is not None and lowest.peak_bytes <= (1 + FIT_MARGIN) * cfg.budget else None)
+    limit = min(ctx.left(), max(MIN_ROUND_S, FIT_AFTER_SHARE * ctx.left())) if start is not None else ctx.left()
+    first = solve_model(ctx, model, "primary", limit)
+    status, values, bound, fitted, found_lower = first.status, first.values, first.bound, None, None
+    build_s = model.build_s
+    if (start is not None and values is None and status == cp_model.UNKNOWN and not ctx.stop.requested
+            and ctx.left() >= 0.05):
+        fit_status, fitted, found_lower, fit_build_s = fit(ctx, model, start, FIT_SHARE * ctx.left())
+        build_s += fit_build_s
+        if ctx.stop.requested or fit_status == cp_model.INFEASIBLE:
+            status = fit_status if fitted is None else cp_model.UNKNOWN
+        else:
+            if fitted is not None:
+                model.hint(fitted)
+            resumed = solve_model(ctx, model, "primary", ctx.left())
+            status, values, bound = resumed.status, resumed.values, max(bound, resumed.bound)
+    if hint is None and fitted is not None:
+        hint = fitted
+    searched = status
+    best = Assignment.from_values(model.form, lambda v: values[v.index]) if values else None
+    if hint is not None and (best is None or model.objective_of(best) > model.objective_of(hint)):
+        best = hint  # never worse than the hint
+        status = cp_model.FEASIBLE if status != cp_model.OPTIMAL else status
+        ctx.trace.solution("primary", model.to_units(model.objective_of(best)), model.to_units(bound))
+    return Round(model, status, searched, best, bound, hint, fitted, found_lower, build_s, ctx.elapsed())
+
+
+def fit(ctx: Context, model: Model, start: Assignment, limit: float
+        ) -> tuple[int, Assignment | None, Lowest | None, float]:
+    """Look for any plan of the round's space within the budget in at most
+    ``limit`` seconds: minimise the peak over the same space with the
+    budget lifted, from ``start`` (the lowest-peak plan so far, in this
+    space), and stop at the first plan that fits. Every plan is a solution
+    there, so the search moves from its start: on resnet_s2_c16 at 0.8 the
+    full model had no plan in 60 s of overhead search; from dtr's plan (peak
+    2% over) one fits after 6 s. (A peak variable bounded below by the
+    budget, so that the first fit would be optimal, left the search stuck
+    above it.) Returns FEASIBLE with that plan as the round's hint,
+    INFEASIBLE if the peak's bound shows that no plan of the space fits,
+    else UNKNOWN; a new lowest-peak plan if it found one; its build time."""
+    cap, plan, lowest = model.form.mem_cap, None, None
+    peak_model = make_model(ctx, model.depth, model.form.ix.also, fit=True)
+    peak_model.hint(start)
+    r = solve_model(ctx, peak_model, "fit", limit, stop_at=cap)
+    if r.values is not None:
+        a = Assignment.from_values(peak_model.form, lambda v: r.values[v.index])
+        found = events(peak_model.form, a)
+        if peak_model.peak_of(a) <= peak_model.peak_of(start):  # the next round's start: the spaces are nested
+            lowest = Lowest(found, int(peak_model.to_bytes(peak_model.peak_of(a))))
+        plan = found if r.objective <= cap else None
+    hint = from_plan(model.form, plan) if plan is not None else None
+    if hint is not None and model.admissible(hint):
+        return cp_model.FEASIBLE, hint, lowest, peak_model.build_s
+    proven = r.status == cp_model.INFEASIBLE or r.bound > cap
+    return (cp_model.INFEASIBLE if proven else cp_model.UNKNOWN), None, lowest, peak_model.build_s
+
+
+def tie_break(ctx: Context, model: Model, best: Assignment, optimum: int) -> Assignment | None:
+    """Fix the primary at its optimum and minimise the other figure (peak
+    after overhead, overhead after peak) for at most as long as the optimum
+    took (at least 1 s, within the time left). None if nothing was found."""
+    left = min(ctx.left(), max(1.0, ctx.elapsed()))
+    if left < 0.05:
+        return None
+    second = add_tie_break(model, optimum)
+    second.backend.model.clear_hints()
+    second.hint(best)
+    r = solve_model(ctx, second, "secondary", left)
+    if r.values is None:
+        return None
+    return Assignment.from_values(model.form, lambda v: r.values[v.index])
+
+
+def whole_bound_of(round_: Round) -> int | None:
+    """The full model's bound, which holds for the whole staged space."""
+    if (round_.depth is None and round_.searched != cp_model.INFEASIBLE and round_.bound is not None
+            and math.isfinite(round_.bound)):
+        return math.ceil(round_.bound - 1e-6)
+    return None
