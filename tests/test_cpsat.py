@@ -472,3 +472,57 @@ def test_the_options_list_names_every_option_the_planners_read():
         o.read = set()
         read_options(o)
         assert o.read and o.read <= module.OPTIONS, (module.__name__, o.read - module.OPTIONS)
+
+
+def with_costs(g: Graph, scale: list[float]) -> Graph:
+    """``g`` with node i's cost multiplied by ``scale[i]``."""
+    nodes = [Node(v.id, v.name, bytes=v.bytes, cost=v.cost * scale[v.id], kind=v.kind, output=v.output,
+                  recomputable=v.recomputable, persistent=v.persistent) for v in g.nodes]
+    return Graph(g.name, nodes, g.edges, g.order)
+
+
+@pytest.mark.parametrize("factor", [1e-10, 1e-12, 1e3])
+def test_optimal_holds_for_tiny_and_huge_real_costs(factor):
+    """Costs in seconds are tiny (a fuzz found OPTIMAL false when every cost
+    was below 1e-9: the scale rounded them all to 0). The same graphs with
+    costs times ``factor`` have the same optimal plans: cpsat's OPTIMAL
+    objective is the exhaustive optimum times ``factor``, exactly scaled."""
+    checked = 0
+    for g, rng in cases(5, every=False, count=12, seed=71):
+        budget = budget_between(g, rng)
+        expect = min_cost(g, budget)
+        sol = solve(with_costs(g, [factor] * g.n), "cpsat", budget=budget, **FAST)
+        assert (sol.status == "INFEASIBLE") == (expect is None)
+        if expect is not None:
+            assert sol.status == "OPTIMAL" and sol.plan.stats["cost_resolution"] == 0.0
+            assert sol.plan.stats["objective"] == pytest.approx(expect[0] * factor, rel=1e-9, abs=0)
+            checked += 1
+    assert checked >= 6
+
+
+def test_costs_spanning_fifteen_orders_hold_optimal_up_to_the_stated_resolution():
+    """One graph with costs from 1e-12 to 1e3, drawn as real numbers (no
+    power of ten makes them integers within the objective's range): the
+    model rounds them, states ``cost_resolution``, and its OPTIMAL objective
+    is within that of the exhaustive optimum (computed on the same graph with
+    costs as exact integers of a finer unit)."""
+    rng = random.Random(5)
+    checked = 0
+    for g, _ in cases(5, every=False, count=10, seed=73):
+        budget = budget_between(g, random.Random(g.n + checked))
+        real = [10 ** rng.uniform(-12, 3) * (1 + rng.random()) for _ in range(g.n)]
+        gr = with_costs(g, [r / max(c, 1) for r, c in zip(real, g.cost)])
+        # the exhaustive optimum on integer costs of unit 1e-15 (exact for these sums)
+        gi = Graph(g.name, [Node(v.id, v.name, bytes=v.bytes, cost=round(v.cost * 1e15), kind=v.kind,
+                                 output=v.output, recomputable=v.recomputable, persistent=v.persistent)
+                            for v in gr.nodes], g.edges, g.order)
+        expect = min_cost(gi, budget)
+        sol = solve(gr, "cpsat", budget=budget, **FAST)
+        assert (sol.status == "INFEASIBLE") == (expect is None)
+        if expect is not None:
+            st = sol.plan.stats
+            assert sol.status == "OPTIMAL" and st["cost_resolution"] >= 0
+            assert st["objective"] <= expect[0] / 1e15 + st["cost_resolution"] + 1e-15 * g.n
+            assert st["best_bound"] <= expect[0] / 1e15 + 1e-15 * g.n
+            checked += 1
+    assert checked >= 4

@@ -121,7 +121,7 @@ def test_bounds_never_exceed_the_full_models_optimum(seed):
     assert sol.status == "OPTIMAL" and relax["status"] == "OPTIMAL"
     optimum = sol.plan.stats["objective"]
     assert relax["bound"] <= optimum + 1e-9
-    scale, _ = integer_scale([g.cost[i] for i in g.compute_ids])
+    scale, _ = integer_scale([g.cost[i] for i in g.compute_ids], reach=sum(g.cost) * g.n)
     unit = math.gcd(*[v.bytes for v in g.nodes if not v.persistent])
     pinned = sum(v.bytes for v in g.nodes if v.persistent)
     for level in ("chains", "slots"):

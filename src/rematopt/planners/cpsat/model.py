@@ -77,21 +77,41 @@ def constrain(backend: Backend, e: Lin, lb: float, ub: float) -> None:
 # -- data: stages, presence, integer scaling -----------------------------------
 
 
-def integer_scale(values: list[float], limit: int = 10**6) -> tuple[int, bool]:
-    """The smallest power of ten (up to ``limit``) that makes every value an
-    integer, and True; else a scale mapping the largest value to about
-    ``limit``, and False (the model then optimises rounded costs; reported
-    costs still come from the plan, via ``cost_of_counts``)."""
+# The largest objective value (cost x scale) a model may reach: CP-SAT needs
+# every linear expression's range within int64, with room to spare.
+OBJECTIVE_CEILING = 2**50
+
+
+def integer_scale(values: list[float], reach: float) -> tuple[int, bool]:
+    """The cost scale: the smallest power of ten that makes every nonzero
+    value an integer of at least 1 (to float precision, relative 1e-9), and
+    True; where none does within the ceiling (``reach`` x scale at most
+    OBJECTIVE_CEILING, ``reach`` being the largest cost any plan may pay),
+    the largest power of ten within it, and False: the model then optimises
+    rounded costs, and :func:`cost_resolution` says by how much a reported
+    optimum may exceed the true one. (A scale chosen from an absolute
+    tolerance took costs below 1e-9 for integers: every cost became 0.)"""
     values = [v for v in values if v]
     if not values:
         return 1, True
-    for k in range(7):
-        scale = 10**k
-        if scale > limit:
-            break
-        if all(abs(v * scale - round(v * scale)) <= 1e-9 * max(1.0, abs(v * scale)) for v in values):
+    top = max(1, int(OBJECTIVE_CEILING / max(reach, max(values))))
+    scale = 1
+    while True:
+        scaled = [v * scale for v in values]
+        if all(round(x) >= 1 and abs(x - round(x)) <= 1e-9 * x for x in scaled):
             return scale, True
-    return max(1, int(limit / max(values))), False
+        if scale * 10 > top:
+            return scale, False
+        scale *= 10
+
+
+def cost_resolution(per_event: list[float], scale: int, repeats: list[int]) -> float:
+    """How far a model optimum over costs rounded at ``scale`` can exceed the
+    true optimum: twice the largest rounding error any plan can accumulate,
+    ``repeats[i]`` events of cost ``per_event[i]`` each at most (the model's
+    optimum is within one plan's error of its model cost, which is at most
+    the true optimum's model cost, itself within that optimum's error)."""
+    return 2 * sum(k * abs(round(c * scale) - c * scale) for c, k in zip(per_event, repeats)) / scale
 
 
 @dataclass

@@ -44,6 +44,7 @@ class Outcome:
     done: Round | None  # the round whose plan is returned (strategy.returned_round)
     best: Assignment | None  # done's best, after the tie-break
     secondary: bool  # whether the tie-break found it
+    secondary_status: int | None  # the tie-break search's status (None: not run)
     whole: WholeBound | None  # the gap relaxation
     proofs: tuple[Any, ...]  # run.Proof records
     lower: int | None  # the whole space's lower bound, model integers
@@ -83,10 +84,15 @@ def report(o: Outcome) -> Plan:
         "gap": None, "time_to_first_s": ctx.trace.first, "time_to_best_s": ctx.trace.best,
         "primary_s": o.primary_s, "variables": model.variables, "constraints": model.constraints,
         "build_s": o.build_s, "recompute_depth": "full" if solved_depth is None else solved_depth,
-        "cost_scale": ctx.scale, "cost_scale_exact": ctx.exact, "memory_unit_bytes": model.form.unit,
+        "cost_scale": ctx.scale, "cost_scale_exact": ctx.exact, "cost_resolution": ctx.resolution,
+        "memory_unit_bytes": model.form.unit,
         "offload": cfg.offload, "warm_start": o.hint_source,
         "hint_objective": model.to_units(o.hint_objective) if o.hint_objective is not None else None,
-        "interrupted": stopped, "lexicographic": o.secondary, "rounds": rounds,
+        "interrupted": stopped, "lexicographic": o.secondary,
+        # only the primary objective is what OPTIMAL proves; the other figure
+        # is proven minimal among its optima only when this says OPTIMAL
+        "secondary_status": None if o.secondary_status is None else STATUS.get(o.secondary_status, "UNKNOWN"),
+        "rounds": rounds,
     }
     if o.whole is not None:
         stats["gap_relaxation"] = {"status": o.whole.status, "seconds": o.whole.seconds,
@@ -153,6 +159,9 @@ def report(o: Outcome) -> Plan:
     if restricted and stats["space_bound"] is not None:
         stats["space_bound"] = min(stats["space_bound"], objective)
         stats["space_gap"] = gap(objective, stats["space_bound"])
+    if stats["best_bound"] is not None and cfg.objective == "overhead":
+        # bounds on rounded costs hold for the true ones up to the rounding
+        stats["best_bound"] = max(0.0, stats["best_bound"] - ctx.resolution / 2)
     if stats["best_bound"] is not None:
         b = min(stats["best_bound"], objective)
         stats["best_bound"] = b

@@ -15,7 +15,7 @@ from ...graph import Graph
 from ...plan import Plan
 from ...simulate import Replay, simulate
 from .backends import LpBackend
-from .model import Model, Stages, integer_scale
+from .model import Model, Stages, cost_resolution, integer_scale
 from .relaxations import Question, WholeBound, relaxation_bound
 from .report import Outcome, Outside, report
 from .search import Context, Lowest, Round, make_model, solve_round, tie_break, whole_bound_of
@@ -24,7 +24,7 @@ from .signals import Interrupt, Trace, deferred_sigint
 from .solution import Assignment, events, from_plan, staged_events
 from .strategy import (DONE, may_start, next_depth, proof_time, returned_round, should_widen,
                        wants_emptiness_proof, wants_optimality_proof)
-from .warm_start import best_within, fast_plans, lowest_peak, staged_eviction
+from .warm_start import fast_plans, lowest_peak, staged_eviction
 
 # The gap relaxation (relaxations.py) takes well under a second on the
 # benchmark graphs; this share of the limit caps it on bigger ones.
@@ -59,20 +59,28 @@ def run(graph: Graph, cfg: Settings) -> Plan:
     checkpoint with the best plan so far."""
     stop = Interrupt()
     start = time.perf_counter()
-    per_byte = cfg.transfer_cost_per_byte
-    scale, exact = integer_scale([graph.cost[i] for i in graph.compute_ids]
-                                 + ([b * per_byte for b in graph.bytes] if cfg.offload else []))
-    ctx = Context(graph, cfg, scale, exact, start, Trace(start), stop)
+    full = Stages(graph, cfg.offload)
+    # every cost a plan may pay: a value's recomputes (one per stage it lives
+    # in at most), and with offload its prefetches and its one offload
+    lives = [len(full.stages(i)) if i in full.values else 1 for i in range(graph.n)]
+    costs = [graph.cost[i] for i in graph.compute_ids]
+    repeats = [lives[i] for i in graph.compute_ids]
+    if cfg.offload:
+        costs += [b * cfg.transfer_cost_per_byte for b in graph.bytes]
+        repeats += [k + 1 for k in lives]
+    scale, exact = integer_scale(costs, sum(c * k for c, k in zip(costs, repeats)))
+    resolution = 0.0 if exact else cost_resolution(costs, scale, repeats)
+    ctx = Context(graph, cfg, scale, exact, resolution, full, start, Trace(start), stop)
     with deferred_sigint(stop):
         return _run(ctx)
 
 
 def outside_plan(ctx: Context, deadline: float) -> tuple[Outside | None, Lowest | None]:
-    """The user's hint, else (``warm_start="auto"``) the best fast planner's
-    plan within the budget, kept when it also meets the caps (it stands in
-    when the model's space yields nothing or only worse); and whatever the
-    budget, the valid plan with the lowest peak among them (where the peak
-    search starts)."""
+    """The user's hint, else (``warm_start="auto"``) the fast planners' plan
+    that is best by the run's objective among those that honour every
+    setting (:func:`admit`): it stands in when the model's space yields
+    nothing or only worse. And whatever the budget, the valid plan with the
+    lowest peak among them (where the peak search starts)."""
     cfg, g = ctx.cfg, ctx.graph
     plans: list[tuple[Plan, Replay]] = []
     if cfg.hint is not None:
@@ -83,25 +91,27 @@ def outside_plan(ctx: Context, deadline: float) -> tuple[Outside | None, Lowest 
         plans = [(cfg.hint, replay)]
     elif cfg.warm_start == "auto":
         plans = fast_plans(g, cfg.budget, deadline=deadline)
-    best = plans[0] if cfg.hint is not None else best_within(plans, cfg.budget)
+    admitted = [o for o in (admit(ctx, p, r) for p, r in plans) if o is not None]
     low = lowest_peak(plans)
     lowest = None if low is None else Lowest(low[0], low[1].peak_bytes)
-    if best is None:
+    if not admitted:
         return None, lowest
-    outside = admit(ctx, *best)
-    if outside is not None:
-        # the run returns nothing worse from here on, even when the plan
-        # does not fit the model's space (time_to_first_s counts it)
-        ctx.trace.solution("primary", outside.objective, None)
+    # the best by the run's own objective: a peak run must never return a
+    # higher peak than a fast planner's plan within its caps
+    outside = min(admitted, key=lambda o: (o.objective, o.replay.compute_cost, o.replay.peak_bytes))
+    # the run returns nothing worse from here on, even when the plan does not
+    # fit the model's space (time_to_first_s counts it)
+    ctx.trace.solution("primary", outside.objective, None)
     return outside, lowest
 
 
 def admit(ctx: Context, plan: Plan, r: Replay) -> Outside | None:
     """``plan`` with its replay and primary objective, if it is valid and
-    within the budget, the clone bound and the overhead cap."""
+    honours every setting: the budget, offload (none unless allowed), the
+    clone bound and the overhead cap."""
     cfg, g = ctx.cfg, ctx.graph
     overhead = r.recompute_cost + r.transfer_bytes * cfg.transfer_cost_per_byte
-    if (r.valid and (cfg.budget is None or r.peak_bytes <= cfg.budget)
+    if (r.valid and (cfg.budget is None or r.peak_bytes <= cfg.budget) and (cfg.offload or not r.transfer_bytes)
             and (not cfg.max_clone_expansion or r.compute_events <= cfg.max_clone_expansion * len(g.compute_ids))
             and (cfg.max_overhead is None or overhead <= cfg.max_overhead * r.base_cost)):
         name = "hint" if cfg.hint is not None else plan.planner
@@ -209,7 +219,7 @@ def _run(ctx: Context) -> Plan:
     # a valid plan before any model is built (the GPT decoder's takes 9 s)
     outside, lowest = outside_plan(ctx, ctx.start + WARM_START_SHARE * cfg.time_limit)
     outside_s = ctx.elapsed()
-    full = Stages(g, cfg.offload)
+    full = ctx.full
     full_pairs = sum(len(full.stages(i)) for i in full.values)
     remat_cache: dict[int | None, int] = {}
 
@@ -300,9 +310,9 @@ def _run(ctx: Context) -> Plan:
         model = chosen.model
     primary_s = ctx.elapsed()
     best = done.best if done is not None else None
-    secondary = None
+    secondary = secondary_status = None
     if best is not None and done.status == cp_model.OPTIMAL and not ctx.stop.requested:
-        secondary = tie_break(ctx, model, best, done.objective)
+        secondary_status, secondary = tie_break(ctx, model, best, done.objective)
         if secondary is not None:
             best = secondary
     lp, lp_skipped = None, None
@@ -314,7 +324,7 @@ def _run(ctx: Context) -> Plan:
     if cfg.log_path:
         ctx.trace.write(cfg.log_path)
     outcome = Outcome(ctx=ctx, model=model, history=tuple(history), done=done, best=best,
-                      secondary=secondary is not None, whole=whole, proofs=tuple(proofs), lower=lower,
+                      secondary=secondary is not None, secondary_status=secondary_status, whole=whole, proofs=tuple(proofs), lower=lower,
                       empty=empty, outside=outside, hint_source=hint_source, hint_objective=hint_obj,
                       lp_bound=lp, lp_skipped=lp_skipped, primary_s=primary_s, build_s=sum(r.build_s for r in history) if history else model.build_s)
     return report(outcome)

@@ -18,7 +18,7 @@ from ...graph import Graph
 from ...plan import Plan
 from ...reference import no_remat_peak
 from .backends import CpSatBackend, stopped_early, tune
-from .model import Model, add_tie_break, build
+from .model import Model, Stages, add_tie_break, build
 from .settings import Settings, max_recomputes
 from .signals import Interrupt, SolutionCallback, Trace, live_progress, solver_takes_ctrl_c
 from .solution import Assignment, events, from_plan
@@ -48,12 +48,15 @@ MIN_ROUND_S = 5.0
 @dataclass(frozen=True)
 class Context:
     """What every round of one solve shares: the graph, the settings, the
-    cost scale, the clock, the trace, and the Ctrl-C flag."""
+    cost scale (and what rounding to it may cost: ``resolution``, cost
+    units), the full staged space, the clock, the trace, and the Ctrl-C flag."""
 
     graph: Graph
     cfg: Settings
     scale: int
     exact: bool
+    resolution: float
+    full: Stages
     start: float
     trace: Trace
     stop: Interrupt
@@ -217,20 +220,21 @@ def fit(ctx: Context, model: Model, start: Assignment, limit: float
     return (cp_model.INFEASIBLE if proven else cp_model.UNKNOWN), None, lowest, peak_model.build_s
 
 
-def tie_break(ctx: Context, model: Model, best: Assignment, optimum: int) -> Assignment | None:
+def tie_break(ctx: Context, model: Model, best: Assignment, optimum: int) -> tuple[int | None, Assignment | None]:
     """Fix the primary at its optimum and minimise the other figure (peak
     after overhead, overhead after peak) for at most as long as the optimum
-    took (at least 1 s, within the time left). None if nothing was found."""
+    took (at least 1 s, within the time left). Returns the search's status
+    (None: no time to run it) and its assignment (None if nothing was found)."""
     left = min(ctx.left(), max(1.0, ctx.elapsed()))
     if left < 0.05:
-        return None
+        return None, None
     second = add_tie_break(model, optimum)
     second.backend.model.clear_hints()
     second.hint(best)
     r = solve_model(ctx, second, "secondary", left)
     if r.values is None:
-        return None
-    return Assignment.from_values(model.form, lambda v: r.values[v.index])
+        return r.status, None
+    return r.status, Assignment.from_values(model.form, lambda v: r.values[v.index])
 
 
 def whole_bound_of(round_: Round) -> int | None:
