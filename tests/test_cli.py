@@ -132,3 +132,19 @@ def test_every_planner_option_is_taken_by_its_planner(tmp_path, graph_file):
     for args in runs:
         out = rematopt("solve", graph_file, *args, "--json")
         assert out.returncode == 0, (args, out.stderr)
+
+
+def test_export_model_writes_the_formulation_by_its_names(tmp_path, graph_file):
+    """--export-model writes the first round's CP-SAT model as proto text and
+    its LP as MPS, both with the formulation's variable names, the proto
+    with as many variables as the run reports for its model."""
+    target = tmp_path / "model.pbtxt"
+    out = rematopt("solve", graph_file, "--budget-ratio", "0.9", "--recompute-depth", "full", "--time-limit", "20",
+                   "--workers", "1", "--warm-start", "none", "--export-model", target, "--json")
+    assert out.returncode == 0, out.stderr
+    text, mps = target.read_text(), (tmp_path / "model.mps").read_text()
+    for name in ("R[", "S[", "F[", "U["):
+        assert f'name: "{name}' in text and f" {name}" in mps
+    assert json.loads(out.stdout)["variables"] == text.count("variables {")
+    missing = rematopt("solve", graph_file, "--budget-ratio", "0.9", "--export-model", tmp_path / "no" / "m.txt")
+    assert missing.returncode == 2 and "no such directory" in missing.stderr

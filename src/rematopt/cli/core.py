@@ -148,13 +148,15 @@ def _depth_arg(value: str | None) -> str | int | None:
 @click.option("--recompute-depth", type=str, callback=lambda c, p, v: _depth_arg(v),
               help="cpsat: auto, full, or recompute only within N producer hops of each stage's node.")
 @click.option("--log", "log_path", type=click.Path(dir_okay=False), help="Write incumbent/bound over time (CSV).")
+@click.option("--export-model", type=click.Path(dir_okay=False),
+              help="cpsat: write the first round's CP-SAT model (proto text) here and its LP beside it (.mps).")
 @click.option("--peak-model", type=click.Choice(["memory", "residual"]), help="greedy: peak estimate.")
 @click.option("--trim", type=click.Choice(["midpoint", "max-clone"]), help="greedy: clone-bound trimming rule.")
 def solve_cmd(graph: str | None, planner: str, budget: str | None, budget_ratio: float | None,
               output: str | None, as_json: bool, hint: str | None, **options: Any) -> None:
     """Plan GRAPH (default: a small instance shipped with rematopt) under a budget."""
     g = load_graph_arg(graph)
-    for path in (output, options.get("log_path")):
+    for path in (output, options.get("log_path"), options.get("export_model")):
         check_writable(path)
     ctx = click.get_current_context()
     given = {k for k in [*options, "hint"] if ctx.get_parameter_source(k) is ParameterSource.COMMANDLINE

@@ -83,9 +83,7 @@ class CpSatBackend:
 
     def export(self) -> str:
         """The model as CP-SAT's proto text."""
-        from google.protobuf import text_format
-
-        return text_format.MessageToString(self.model.proto)
+        return str(self.model.proto)
 
 
 class LpBackend:
@@ -120,7 +118,7 @@ class LpBackend:
 
     def export(self) -> str:
         """The LP in free MPS format."""
-        return self.solver.ExportModelAsMpsFormat(fixed_format=False, obfuscated=False)
+        return self.solver.ExportModelAsMpsFormat(False, False)
 
     def solve(self, time_limit_s: float) -> float | None:
         """The LP optimum, or None if GLOP stops without one."""

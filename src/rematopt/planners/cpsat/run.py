@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from ortools.sat.python import cp_model
 
@@ -214,6 +215,15 @@ def lp_bound(ctx: Context, depth: int | None, also: dict[int, set[int]] | None, 
     return lp.to_bytes(value)
 
 
+def export(ctx: Context, model: Model, path: str) -> None:
+    """Write ``model`` as CP-SAT proto text to ``path`` and the LP of the
+    same formulation as MPS beside it (``.mps``): the variables carry the
+    formulation's names (``R[s,i]``...), to read against docs/cpsat.md."""
+    Path(path).write_text(model.backend.export())
+    lp = make_model(ctx, model.depth, model.form.ix.also, backend=LpBackend(1.0))
+    Path(path).with_suffix(".mps").write_text(lp.backend.export())
+
+
 def _run(ctx: Context) -> Plan:
     cfg, g = ctx.cfg, ctx.graph
     # a valid plan before any model is built (the GPT decoder's takes 9 s)
@@ -271,6 +281,8 @@ def _run(ctx: Context) -> Plan:
         prev = events(history[-1].model.form, history[-1].best) if history and history[-1].best else None
         model = make_model(ctx, depth, also)
         if whole is None:
+            if cfg.export_model:
+                export(ctx, model, cfg.export_model)
             q = question(ctx, model)
             whole = relaxation(ctx, q, "gaps", GAP_BOUND_SHARE * cfg.time_limit)
             lower = whole.bound

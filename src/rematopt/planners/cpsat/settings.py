@@ -14,7 +14,7 @@ from ...plan import Plan
 # What plan() reads (Settings.parse).
 OPTIONS = frozenset({"objective", "max_overhead", "offload", "host_bandwidth", "transfer_cost_per_byte",
                      "max_clone_expansion", "time_limit", "workers", "seed", "hint", "warm_start", "log_path",
-                     "progress", "lp_bound", "recompute_depth"})
+                     "progress", "lp_bound", "recompute_depth", "export_model"})
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,7 @@ class Settings:
     progress: bool
     lp_bound: bool
     depth: int | str | None  # None: automatic; "full"; or a number of producer hops
+    export_model: str | None  # write the first round's model here (proto text) and its LP (.mps)
 
     @classmethod
     def parse(cls, budget: int | None, o: dict[str, Any]) -> "Settings":
@@ -64,7 +65,7 @@ class Settings:
                    o.get("max_clone_expansion") or None, float(60.0 if o.get("time_limit") is None else o["time_limit"]),
                    int(o.get("workers") or os.cpu_count() or 1), int(o.get("seed") or 0), hint,
                    o.get("warm_start") or "auto", o.get("log_path"), bool(o.get("progress", False)),
-                   bool(o.get("lp_bound", True)), _depth(o.get("recompute_depth")))
+                   bool(o.get("lp_bound", True)), _depth(o.get("recompute_depth")), o.get("export_model"))
 
 
 def _depth(value: Any) -> int | str | None:
