@@ -72,6 +72,24 @@ def cases(n: int, every: bool, count: int, seed: int):
             yield g, rng
 
 
+def beaten_from_outside(sol) -> bool:
+    """Whether cpsat proved its space's optimum but returned a fast planner's
+    plan that beats it (``plan_from``): OPTIMAL is never claimed over a plan
+    rematopt can make. Greedy may compute nodes out of program order, which
+    no staged plan does (a 4-node graph: 0, 2 then 1, 3 without recompute)."""
+    st = sol.plan.stats
+    return sol.status == "FEASIBLE" and st.get("plan_from") not in (None, "cpsat") and \
+        st.get("space_status", "OPTIMAL") == "OPTIMAL" and "beats the model's best" in st.get("reason", "")
+
+
+def staged_optimum(sol) -> float | None:
+    """The staged space's proven optimum of a full-space solve (the full
+    round's objective), whether or not a plan from outside the space beat it
+    and was returned; None if the full round did not prove one."""
+    last = (sol.plan.stats.get("rounds") or [{}])[-1]
+    return last["objective"] if last.get("status") == "OPTIMAL" and last["recompute_depth"] == "full" else None
+
+
 def check_overhead(g: Graph, budget: int, offload: bool = False, per_byte: int = 0) -> None:
     expect = min_cost(g, budget, offload, per_byte)
     sol = solve(g, "cpsat", budget=budget, objective="overhead", offload=offload,
@@ -79,8 +97,11 @@ def check_overhead(g: Graph, budget: int, offload: bool = False, per_byte: int =
     if expect is None:
         assert sol.status == "INFEASIBLE"
         return
-    assert sol.status == "OPTIMAL"
     st = sol.plan.stats
+    if beaten_from_outside(sol):  # a fast plan outside the staged space (another order) does better
+        assert st["objective"] < expect[0] and sol.replay.peak_bytes <= budget
+        return
+    assert sol.status == "OPTIMAL"
     assert st["objective"] == expect[0]
     assert sol.replay.peak_bytes == expect[1]  # lexicographic: lowest peak at that cost
     recompute = sol.replay.compute_cost - sol.replay.base_cost
@@ -297,7 +318,7 @@ def test_lp_bound_never_exceeds_the_optimum():
     sols = [solve(g, "cpsat", budget=budget_between(g, rng), **dict(FAST, lp_bound=True))
             for g, rng in cases(5, every=False, count=10, seed=51)]
     optimal = [s for s in sols if s.status == "OPTIMAL"]
-    assert len(optimal) >= 5 and all(s.status in ("OPTIMAL", "INFEASIBLE") for s in sols)
+    assert len(optimal) >= 5 and all(s.status in ("OPTIMAL", "INFEASIBLE") or beaten_from_outside(s) for s in sols)
     assert all(s.plan.stats["lp_bound"] <= s.plan.stats["objective"] + 1e-6 for s in optimal)
 
 
@@ -346,8 +367,11 @@ def test_never_worse_than_a_hint_from_outside_the_models_space():
     budget = lo + (hi - lo) // 5
     hint = solve(g, "greedy", budget=budget)
     staged = solve(g, "cpsat", budget=budget, recompute_depth="full", **FAST)
-    assert hint.status == "FEASIBLE" and staged.status == "OPTIMAL"
-    assert hint.replay.recompute_cost < staged.replay.recompute_cost
+    # even without the warm start, the staged optimum is not claimed over greedy's plan
+    st = staged.plan.stats
+    assert hint.status == "FEASIBLE" and staged.status == "FEASIBLE" and st["space_status"] == "OPTIMAL"
+    assert st["plan_from"] == "greedy" and staged.replay.recompute_cost == hint.replay.recompute_cost
+    assert "greedy's plan, outside the model's space, beats the model's best" in st["reason"]
     sol = solve(g, "cpsat", budget=budget, recompute_depth="full", hint=hint.plan, **FAST)
     assert sol.plan.stats["plan_from"] == "greedy" and "beats the model's best" in sol.plan.stats["reason"]
     assert sol.replay.recompute_cost == hint.replay.recompute_cost and sol.replay.peak_bytes <= budget
@@ -373,7 +397,8 @@ def test_empty_restricted_spaces_double_the_depth(monkeypatch, length, frac, dep
     assert [r["recompute_depth"] for r in rounds] == depths
     assert [r["status"] for r in rounds] == ["INFEASIBLE"] * (len(depths) - 1) + ["OPTIMAL"]
     same = solve(g, "cpsat", budget=budget, recompute_depth=depths[-1], **FAST)
-    assert same.status == "OPTIMAL" and same.plan.stats["objective"] == rounds[-1]["objective"]
+    assert same.plan.stats["rounds"][-1]["status"] == "OPTIMAL"
+    assert same.plan.stats["rounds"][-1]["objective"] == rounds[-1]["objective"]
     assert st["objective"] <= rounds[-1]["objective"] and sol.replay.peak_bytes <= budget
 
 
@@ -493,7 +518,10 @@ def test_optimal_holds_for_tiny_and_huge_real_costs(factor):
         expect = min_cost(g, budget)
         sol = solve(with_costs(g, [factor] * g.n), "cpsat", budget=budget, **FAST)
         assert (sol.status == "INFEASIBLE") == (expect is None)
-        if expect is not None:
+        if expect is not None and beaten_from_outside(sol):  # a fast plan outside the space does better
+            assert sol.plan.stats["objective"] < expect[0] * factor * (1 - 1e-9)
+            checked += 1
+        elif expect is not None:
             assert sol.status == "OPTIMAL" and sol.plan.stats["cost_resolution"] == 0.0
             assert sol.plan.stats["objective"] == pytest.approx(expect[0] * factor, rel=1e-9, abs=0)
             checked += 1
@@ -519,7 +547,10 @@ def test_costs_spanning_fifteen_orders_hold_optimal_up_to_the_stated_resolution(
         expect = min_cost(gi, budget)
         sol = solve(gr, "cpsat", budget=budget, **FAST)
         assert (sol.status == "INFEASIBLE") == (expect is None)
-        if expect is not None:
+        if expect is not None and beaten_from_outside(sol):
+            assert sol.plan.stats["objective"] < expect[0] / 1e15
+            checked += 1
+        elif expect is not None:
             st = sol.plan.stats
             assert sol.status == "OPTIMAL" and st["cost_resolution"] >= 0
             assert st["objective"] <= expect[0] / 1e15 + st["cost_resolution"] + 1e-15 * g.n

@@ -92,21 +92,28 @@ def outside_plan(ctx: Context, deadline: float) -> tuple[Outside | None, Lowest 
         plans = [(cfg.hint, replay)]
     elif cfg.warm_start == "auto":
         plans = fast_plans(g, cfg.budget, deadline=deadline)
-    admitted = [o for o in (admit(ctx, p, r) for p, r in plans) if o is not None]
+    name = "hint" if cfg.hint is not None else None
     low = lowest_peak(plans)
     lowest = None if low is None else Lowest(low[0], low[1].peak_bytes)
-    if not admitted:
+    outside = best_admitted(ctx, plans, name)
+    if outside is None:
         return None, lowest
-    # the best by the run's own objective: a peak run must never return a
-    # higher peak than a fast planner's plan within its caps
-    outside = min(admitted, key=lambda o: (o.objective, o.replay.compute_cost, o.replay.peak_bytes))
     # the run returns nothing worse from here on, even when the plan does not
     # fit the model's space (time_to_first_s counts it)
     ctx.trace.solution("primary", outside.objective, None)
     return outside, lowest
 
 
-def admit(ctx: Context, plan: Plan, r: Replay) -> Outside | None:
+def best_admitted(ctx: Context, plans: list[tuple[Plan, Replay]], name: str | None = None) -> Outside | None:
+    """The plan best by the run's own objective among those that honour every
+    setting (:func:`admit`), named ``name`` (default: its planner's name):
+    a peak run must never return a higher peak than a fast planner's plan
+    within its caps, nor an overhead run a costlier one."""
+    admitted = [o for o in (admit(ctx, p, r, name or p.planner) for p, r in plans) if o is not None]
+    return min(admitted, key=lambda o: (o.objective, o.replay.compute_cost, o.replay.peak_bytes), default=None)
+
+
+def admit(ctx: Context, plan: Plan, r: Replay, name: str) -> Outside | None:
     """``plan`` with its replay and primary objective, if it is valid and
     honours every setting: the budget, offload (none unless allowed), the
     clone bound and the overhead cap."""
@@ -115,7 +122,6 @@ def admit(ctx: Context, plan: Plan, r: Replay) -> Outside | None:
     if (r.valid and (cfg.budget is None or r.peak_bytes <= cfg.budget) and (cfg.offload or not r.transfer_bytes)
             and (not cfg.max_clone_expansion or r.compute_events <= cfg.max_clone_expansion * len(g.compute_ids))
             and (cfg.max_overhead is None or overhead <= cfg.max_overhead * r.base_cost)):
-        name = "hint" if cfg.hint is not None else plan.planner
         return Outside(plan, r, overhead if cfg.objective == "overhead" else float(r.peak_bytes), name)
     return None
 
@@ -327,6 +333,13 @@ def _run(ctx: Context) -> Plan:
         secondary_status, secondary = tie_break(ctx, model, best, done.objective)
         if secondary is not None:
             best = secondary
+    if best is not None and done.status == cp_model.OPTIMAL and (cfg.hint is not None or cfg.warm_start != "auto"):
+        # an optimum is never claimed over a plan rematopt itself can make:
+        # without the warm start's fast plans, run them now
+        rivals = fast_plans(g, cfg.budget)
+        rival = best_admitted(ctx, rivals + ([(outside.plan, outside.replay)] if outside else []))
+        if rival is not None and (outside is None or rival.objective < outside.objective):
+            outside = rival
     lp, lp_skipped = None, None
     if cfg.lp_bound and not empty and not (whole is not None and whole.status == "INFEASIBLE"):
         if model.variables > LP_MAX_VARIABLES:
