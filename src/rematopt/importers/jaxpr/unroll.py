@@ -179,34 +179,30 @@ def _trip_count(eqn: Any, ins: list) -> int | None:
     cn, bn = p["cond_nconsts"], p["body_nconsts"]
     cond, body = p["cond_jaxpr"], p["body_jaxpr"]
     cond_consts, body_consts, init = ins[:cn], ins[cn:cn + bn], ins[cn + bn:]
-    need = _reads(cond.jaxpr, range(cn, cn + len(init)), offset=cn)
+    # The carries the condition reads, closed under what the body computes them from.
+    need = {k - cn for k in set().union(*_deps(cond.jaxpr)) if k >= cn}
     deps = _deps(body.jaxpr)
     while True:
-        more = set().union(*(deps[bn + k] for k in need)) if need else set()
-        grown = need | {k - bn for k in more if k >= bn}
+        reads = set().union(*(deps[k] for k in need))
+        grown = need | {k - bn for k in reads if k >= bn}
         if grown == need:
             break
         need = grown
-    known = [init[k] for k in need] + [body_consts[k] for k in more if k < bn] + list(cond_consts)
+    known = [init[k] for k in need] + [body_consts[k] for k in reads if k < bn] + list(cond_consts)
     if any(isinstance(x, (jax.core.Tracer, Stack)) for x in known):
         return None
-    with jax.ensure_compile_time_eval():
+    run_cond, run_body = jcore.jaxpr_as_fun(cond), jcore.jaxpr_as_fun(body)
+    with jax.ensure_compile_time_eval():  # concrete even inside the caller's trace
+        # Carries and consts the counter does not depend on are zeros: they never reach it.
         carry = [init[k] if k in need else np.zeros(v.aval.shape, v.aval.dtype)
                  for k, v in enumerate(body.jaxpr.invars[bn:])]
-        consts = [c if k in more else np.zeros(v.aval.shape, v.aval.dtype)
+        consts = [c if k in reads else np.zeros(v.aval.shape, v.aval.dtype)
                   for k, (c, v) in enumerate(zip(body_consts, body.jaxpr.invars))]
         for trips in range(MAX_TRIP + 1):
-            if not bool(jcore.jaxpr_as_fun(cond)(*cond_consts, *carry)[0]):
+            if not bool(run_cond(*cond_consts, *carry)[0]):
                 return trips
-            carry = jcore.jaxpr_as_fun(body)(*consts, *carry)
+            carry = run_body(*consts, *carry)
     return None
-
-
-def _reads(jaxpr: Any, positions: range, offset: int) -> set[int]:
-    """Carry positions (relative to ``offset``) among ``positions`` the jaxpr's outputs read."""
-    deps = _deps(jaxpr)
-    used = set().union(*deps) if deps else set()
-    return {k - offset for k in positions if k in used}
 
 
 def _deps(jaxpr: Any) -> list[set[int]]:

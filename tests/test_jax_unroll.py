@@ -1,0 +1,160 @@
+"""Loops unrolled by the JAX front end: a scanned decoder gives the Python-loop
+decoder's graph, nodes say where they came from (name stack, loop indices),
+and plans made on the unrolled graph apply to the scanned program."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax import lax  # noqa: E402
+
+from rematopt import Graph, no_remat_plan, simulate, solve  # noqa: E402
+from rematopt.jax import apply_plan, residual_fates, trace, trace_grad  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from models import gpt, gpt_scan  # noqa: E402
+from test_jax_apply import assert_same_gradients, saved  # noqa: E402
+from test_jax_trace import jax_residuals, residual_values  # noqa: E402
+
+GPT = {"layers": 3, "width": 16, "heads": 2, "seq": 4, "vocab": 16}
+
+
+def compute_ops(g: Graph) -> list[tuple[str, str | None, int]]:
+    return [(v.op, v.phase, v.bytes) for v in g.nodes if not v.is_input]
+
+
+def no_remat_peak(g: Graph) -> int:
+    replay = simulate(g, no_remat_plan(g))
+    assert replay.valid, replay.error
+    return replay.peak_bytes
+
+
+@pytest.mark.parametrize("fuse", [False, True])
+def test_scanned_decoder_unrolls_to_the_python_loop_graph(fuse):
+    loop_fn, loop_args = gpt.factory(**GPT)
+    scan_fn, scan_args = gpt_scan.factory(**GPT)
+    loop, scanned = trace_grad(loop_fn, *loop_args, fuse=fuse), trace_grad(scan_fn, *scan_args, fuse=fuse)
+    assert scanned.n == loop.n and len(scanned.edges) == len(loop.edges)
+    assert compute_ops(scanned) == compute_ops(loop)
+    assert scanned.meta["residuals"] == loop.meta["residuals"]
+    assert no_remat_peak(scanned) == no_remat_peak(loop)
+    assert sorted(v.bytes for v in scanned.nodes if v.is_input) == sorted(v.bytes for v in loop.nodes if v.is_input)
+    # JAX's own report of the loop model's saved residuals, value by value
+    assert residual_values(scanned) == jax_residuals(loop_fn, loop_args)
+    # the same parameter values: both compute the same loss
+    assert float(scan_fn(*scan_args)) == pytest.approx(float(loop_fn(*loop_args)), rel=1e-6)
+
+
+def test_no_unroll_keeps_the_scan_one_node():
+    fn, args = gpt_scan.factory(**GPT)
+    g = trace_grad(fn, *args, unroll=False)
+    assert g.meta["unroll"] is False
+    assert [v.phase for v in g.nodes if v.op == "scan"] == ["forward", "backward"]
+    assert not any("iteration" in v.extra for v in g.nodes)
+    assert g.n < trace_grad(fn, *args).n / 2
+
+
+def test_nodes_record_name_stack_and_iteration_and_keep_them_on_a_round_trip(tmp_path):
+    def loss(ws, x):
+        def outer(h, w_row):
+            with jax.named_scope("block"):
+                h, _ = lax.scan(lambda h, w: (jnp.tanh(h @ w), None), h, w_row)
+            return h, None
+
+        h, _ = lax.scan(outer, x, ws)
+        with jax.named_scope("head"):
+            return jnp.sum(h ** 2)
+
+    ws = np.random.default_rng(0).standard_normal((2, 3, 4, 4)).astype(np.float32) * 0.3
+    g = trace_grad(loss, ws, np.ones((2, 4), np.float32))
+    tanh = [v for v in g.nodes if v.op == "tanh"]
+    assert [v.extra["iteration"] for v in tanh] == [[i, j] for i in range(2) for j in range(3)]
+    assert {v.extra["name_stack"] for v in tanh} == {"block"}
+    # the backward pass's nodes carry the loop indices of the forward op they
+    # differentiate: the inner body's, and the outer body's slicing of its layer
+    # (the inner scan's stacked operand is a slice, not an argument, so it is not split)
+    bwd = {tuple(v.extra["iteration"]) for v in g.nodes if v.phase == "backward" and "iteration" in v.extra}
+    assert bwd == {(i, j) for i in range(2) for j in range(3)} | {(0,), (1,)}
+    assert {v.op for v in g.nodes if v.phase == "backward" and len(v.extra.get("iteration", ())) == 1} == {
+        "broadcast_in_dim", "pad", "add_any"}
+    assert any(v.extra.get("name_stack") == "head" and v.phase == "forward" for v in g.nodes)
+    assert not any("iteration" in v.extra for v in g.nodes if v.extra.get("name_stack") == "head")
+    # a stacked argument the outer scan slices: one input node per layer
+    params = [v for v in g.nodes if v.is_input and v.persistent]
+    assert [v.extra["iteration"] for v in params] == [[0], [1]] and params[0].bytes == 3 * 4 * 4 * 4
+    path = tmp_path / "g.json"
+    g.save(path)
+    again = Graph.load(path)
+    assert again.to_dict() == g.to_dict()
+    assert [v.extra.get("iteration") for v in again.nodes] == [v.extra.get("iteration") for v in g.nodes]
+    assert [v.extra.get("name_stack") for v in again.nodes] == [v.extra.get("name_stack") for v in g.nodes]
+
+
+def block(x, w):
+    return jnp.tanh(jnp.sin(x @ w) * 2.0)
+
+
+@pytest.mark.parametrize("where", ["body", "around"])
+def test_checkpoint_and_scan_unroll_to_the_checkpointed_python_loop(where):
+    ws = np.random.default_rng(1).standard_normal((4, 8, 8)).astype(np.float32) * 0.3
+    x = np.ones((2, 8), np.float32)
+    remat_block = jax.checkpoint(block)
+
+    def scanned(ws, x):
+        if where == "body":
+            h, _ = lax.scan(lambda h, w: (remat_block(h, w), None), x, ws)
+        else:
+            h, _ = jax.checkpoint(lambda ws, x: lax.scan(lambda h, w: (block(h, w), None), x, ws))(ws, x)
+        return jnp.sum(h ** 2)
+
+    def looped(ws, x):
+        if where == "around":
+            return jnp.sum(jax.checkpoint(lambda ws, x: layers(ws, x, block))(ws, x) ** 2)
+        return jnp.sum(layers(ws, x, remat_block) ** 2)
+
+    def layers(ws, x, f):
+        for w in ws:
+            x = f(x, w)
+        return x
+
+    ws_list = list(ws)
+    g_scan, g_loop = trace_grad(scanned, ws, x), trace_grad(looped, ws_list, x)
+    assert not any(v.op in ("scan", "checkpoint", "remat") for v in g_scan.nodes)
+    assert compute_ops(g_scan) == compute_ops(g_loop) and g_scan.n == g_loop.n
+    assert no_remat_peak(g_scan) == no_remat_peak(g_loop)
+    assert residual_values(g_scan) == residual_values(g_loop) == jax_residuals(looped, (ws_list, x))
+    # the remat is real: the backward pass recomputes the forward sin and tanh
+    assert sum(v.op == "sin" for v in g_scan.nodes) == 2 * len(ws)
+    assert_same_gradients(scanned, apply_plan(scanned, g_scan, no_remat_plan(g_scan)), (ws, x))
+
+
+def test_while_with_a_static_trip_count_unrolls_and_a_traced_bound_stays_a_node():
+    def counted(x):
+        y = lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, jnp.sin(c[1])), (0, x))[1]
+        return lax.fori_loop(0, jnp.int32(2), lambda i, c: c * 2.0, y)
+
+    g = trace(counted, jnp.ones(3))
+    ops = [(v.op, v.extra.get("iteration")) for v in g.nodes if not v.is_input]
+    assert ops == [("sin", [0]), ("sin", [1]), ("sin", [2]), ("mul", [0]), ("mul", [1])]
+    np.testing.assert_allclose(counted(jnp.ones(3)), 2.0 * 2.0 * np.sin(np.sin(np.sin(1.0))), rtol=1e-6)
+    bounded = trace(lambda x, n: lax.while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, c[1] * 2.0), (0, x))[1],
+                    jnp.ones(3), 3)
+    assert [v.op for v in bounded.nodes if not v.is_input] == ["while"]
+
+
+def test_a_plan_on_the_unrolled_graph_applies_to_the_scanned_program():
+    fn, args = gpt_scan.factory(**GPT)
+    g = trace_grad(fn, *args, fuse=True)
+    sol = solve(g, "greedy", budget_ratio=0.7)
+    fates = residual_fates(g, sol.plan)
+    assert fates.recomputed and fates.kept
+    planned = apply_plan(fn, g, sol.plan)
+    assert_same_gradients(fn, planned, args)
+    # JAX's report of what the planned gradient saves is what the plan keeps
+    assert saved(planned, args) == (sorted(g.nodes[i].bytes for i in fates.kept), [])
