@@ -158,3 +158,42 @@ def test_a_plan_on_the_unrolled_graph_applies_to_the_scanned_program():
     assert_same_gradients(fn, planned, args)
     # JAX's report of what the planned gradient saves is what the plan keeps
     assert saved(planned, args) == (sorted(g.nodes[i].bytes for i in fates.kept), [])
+
+
+def test_the_unrolled_graph_differs_from_jaxs_scan_report_only_by_the_hoisted_mask():
+    """JAX's gradient of a scan computes loop-invariant residuals once, outside
+    the loop (gpt's causal-mask ``where``: a bool and a float [b, h, t, t]);
+    the unrolled program, like the Python loop, saves them in every layer."""
+    from collections import Counter
+
+    from jax._src.ad_checkpoint import saved_residuals
+
+    fn, args = gpt_scan.factory(**GPT)
+    g = trace_grad(fn, *args)
+    split = []
+    for aval, src in saved_residuals(lambda p: fn(p, args[1]), args[0]):
+        if src.startswith(("from the argument", "from a literal", "from a constant")):
+            continue
+        size = int(np.prod(aval.shape)) * aval.dtype.itemsize
+        stacked = "output of scan" in src
+        assert not stacked or aval.shape[0] == GPT["layers"]
+        split += [size // GPT["layers"]] * GPT["layers"] if stacked else [size]
+    ours = Counter(residual_values(g))
+    b, h, t = 2, GPT["heads"], GPT["seq"]
+    assert not Counter(split) - ours
+    assert ours - Counter(split) == Counter({b * h * t * t: GPT["layers"] - 1, 4 * b * h * t * t: GPT["layers"] - 1})
+
+
+def test_import_jax_unrolls_unless_told_not_to(tmp_path):
+    from test_jax_cli import rematopt
+
+    settings = [x for k, v in GPT.items() for x in ("--set", f"{k}={v}")]
+    graphs = {}
+    for flag in ([], ["--no-unroll"]):
+        out = tmp_path / f"g{len(flag)}.json"
+        run = rematopt("import", "jax", "models.gpt_scan:factory", *settings, *flag, "-o", out)
+        assert run.returncode == 0, run.stderr
+        graphs[bool(flag)] = Graph.load(out)
+    fn, args = gpt.factory(**GPT)
+    assert graphs[False].n == trace_grad(fn, *args).n and graphs[False].meta["unroll"] is True
+    assert graphs[True].meta["unroll"] is False and sum(v.op == "scan" for v in graphs[True].nodes) == 2
