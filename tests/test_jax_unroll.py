@@ -197,3 +197,21 @@ def test_import_jax_unrolls_unless_told_not_to(tmp_path):
     fn, args = gpt.factory(**GPT)
     assert graphs[False].n == trace_grad(fn, *args).n and graphs[False].meta["unroll"] is True
     assert graphs[True].meta["unroll"] is False and sum(v.op == "scan" for v in graphs[True].nodes) == 2
+
+
+def test_a_scan_inside_a_custom_vjp_keeps_its_rule():
+    @jax.custom_vjp
+    def clipped(x):
+        return lax.scan(lambda h, _: (jnp.sin(h), None), x, None, length=3)[0]
+
+    clipped.defvjp(lambda x: (clipped(x), None), lambda _, ct: (jnp.clip(ct, -0.1, 0.1),))
+
+    def loss(w, x):
+        return jnp.sum(clipped(x @ w) * 5.0)
+
+    args = (np.ones((4, 4), np.float32), np.ones((2, 4), np.float32))
+    g = trace_grad(loss, *args)
+    assert sum(v.op == "scan" for v in g.nodes) == 1  # bound as it is, not inlined
+    planned = apply_plan(loss, g, no_remat_plan(g))
+    assert_same_gradients(loss, planned, args)
+    np.testing.assert_allclose(jax.grad(planned)(*args), np.full((4, 4), 0.2), rtol=1e-6)

@@ -28,6 +28,12 @@ from jax.extend import core as jcore
 from .flatten import INLINE_PARAMS, bind_primitive
 
 ITERATION = "rematopt.iteration="
+# Calls whose body is unrolled when it holds a loop (jit inlined, checkpoint
+# rewrapped). A custom_jvp/custom_vjp call is bound as it is, loops and all:
+# inlining it would drop its differentiation rule.
+CALLS = {name: INLINE_PARAMS[name] for name in ("jit", "pjit", "closed_call", "core_call", "checkpoint",
+                                                 "remat", "remat2")}
+REMAT = ("checkpoint", "remat", "remat2")
 # A while loop whose counter runs longer than this stays one node: unrolling
 # it would make a graph no planner can take.
 MAX_TRIP = 10_000
@@ -114,7 +120,7 @@ def run(closed: Any, args: Sequence, ns: Any) -> list:
         ins = [read(v) for v in eqn.invars]
         here = ns + eqn.source_info.name_stack
         name = eqn.primitive.name
-        body = eqn.params.get(INLINE_PARAMS.get(name, ""))
+        body = eqn.params.get(CALLS.get(name, ""))
         if name == "scan" and eqn.params["length"] > 0:
             outs = _scan(eqn, ins, here)
         elif name == "while" and (trips := _trip_count(eqn, ins)) is not None:
@@ -164,7 +170,7 @@ def _while(eqn: Any, ins: list, ns: Any, trips: int) -> list:
 def _call(eqn: Any, body: Any, ins: list, ns: Any) -> list:
     """A call-like equation whose body holds a loop: inlined, or for
     ``checkpoint`` rewrapped with the same policy around the unrolled body."""
-    if eqn.primitive.name in ("checkpoint", "remat", "remat2"):
+    if eqn.primitive.name in REMAT:
         p = eqn.params
         wrapped = jax.checkpoint(lambda *a: run(body, a, ns), prevent_cse=p.get("prevent_cse", True),
                                  policy=p.get("policy"))
@@ -233,7 +239,7 @@ def _has_loop(jaxpr: Any) -> bool:
 
 def _scanned_leaves(jaxpr: Any) -> dict[int, int]:
     """Leaf index -> scan length, for leaves a scan reads as stacked input,
-    through inlined calls."""
+    through the calls :func:`run` unrolls."""
     found: dict[int, int] = {}
 
     def walk(jx, origin: dict):
@@ -243,7 +249,7 @@ def _scanned_leaves(jaxpr: Any) -> dict[int, int]:
                 for v in e.invars[p["num_consts"] + p["num_carry"]:]:
                     if v in origin:
                         found[origin[v]] = p["length"]
-            body = e.params.get(INLINE_PARAMS.get(e.primitive.name, ""))
+            body = e.params.get(CALLS.get(e.primitive.name, ""))
             if body is not None:
                 inner = _jaxpr_of(body)
                 walk(inner, {iv: origin[v] for iv, v in zip(inner.invars, e.invars) if v in origin})
