@@ -215,3 +215,23 @@ def test_a_scan_inside_a_custom_vjp_keeps_its_rule():
     planned = apply_plan(loss, g, no_remat_plan(g))
     assert_same_gradients(loss, planned, args)
     np.testing.assert_allclose(jax.grad(planned)(*args), np.full((4, 4), 0.2), rtol=1e-6)
+
+
+def test_stacked_outputs_stay_per_iteration_until_something_reads_them_whole():
+    def f(x):
+        _, ys = lax.scan(lambda c, _: (jnp.sin(c), jnp.cos(c)), x, None, length=3)
+        _, zs = lax.scan(lambda c, y: (c, y * 2.0), 0.0, ys)  # slice by slice: no copy
+        return jnp.sum(zs, axis=0)  # whole: stacked once
+
+    x = jnp.linspace(0.0, 1.0, 5)
+    g = trace(f, x)
+    ops = [v.op for v in g.nodes if not v.is_input]
+    assert ops.count("cos") == ops.count("mul") == 3 and ops.count("stack") == 1
+    assert not {"slice", "squeeze", "dynamic_slice", "scan"} & set(ops)
+    mul = [v for v in g.nodes if v.op == "mul"]
+    assert [v.extra["iteration"] for v in mul] == [[0], [1], [2]]
+    (stack,) = [v for v in g.nodes if v.op == "stack"]
+    assert sorted(g.preds[stack.id]) == [v.id for v in mul] and stack.bytes == 3 * 5 * 4
+    carries = [np.linspace(0.0, 1.0, 5, dtype=np.float32)]
+    carries += [np.sin(carries[-1]), np.sin(np.sin(carries[-1]))]
+    np.testing.assert_allclose(f(x), sum(2.0 * np.cos(c) for c in carries), rtol=1e-6)
