@@ -223,7 +223,7 @@ def _planned_step(step: Step, fates: Fates) -> Callable:
         for leaf, r in zip(grad_leaves, grad_refs):
             cts[leaf] = read(env, r)
         return tuple(_leaf_cotangent([cts[k] for k in ks], [flat.avals[step.arg_ids[k]] for k in ks],
-                                     sources[ks[0]][1] is not None)
+                                     _stacked_dims([sources[k][1] for k in ks]))
                      for _, ks in sorted(pieces.items()))
 
     f.defvjp(f_fwd, f_bwd)
@@ -236,14 +236,22 @@ def _grad_leaf_order(step: Step) -> list[int]:
     return [leaf for i in step.argnums for leaf in jax.tree_util.tree_leaves(arg_tree_children[i])]
 
 
-def _leaf_cotangent(cts: list, avals: list, stacked: bool) -> Any:
-    """The cotangent of one caller leaf from those of its pieces (None: not differentiated)."""
+def _stacked_dims(indices: list) -> tuple[int, ...]:
+    """The leading axes a caller leaf was split along, from its pieces' slice indices."""
+    if indices[0] is None:
+        return ()
+    return tuple(max(ix[d] for ix in indices) + 1 for d in range(len(indices[0])))
+
+
+def _leaf_cotangent(cts: list, avals: list, dims: tuple[int, ...]) -> Any:
+    """The cotangent of one caller leaf from those of its pieces (row-major;
+    None: not differentiated)."""
+    shape = dims + tuple(avals[0].shape)
     if all(c is None for c in cts):
-        shape = ((len(avals),) if stacked else ()) + tuple(avals[0].shape)
         return _zero_like(jax.ShapeDtypeStruct(shape, avals[0].dtype))
-    if not stacked:
+    if not dims:
         return cts[0]
-    return jax.numpy.stack([_zero_like(a) if c is None else c for c, a in zip(cts, avals)])
+    return jax.numpy.stack([_zero_like(a) if c is None else c for c, a in zip(cts, avals)]).reshape(shape)
 
 
 def _zero_like(aval: Any) -> Any:

@@ -53,7 +53,7 @@ class Step:
     unrolled: bool = False            # loops were unrolled (:mod:`.unroll`)
     # Per flat leaf: (leaf of the caller's arguments, slice index) when unrolling
     # split a stacked argument; None when the leaves are the caller's own.
-    sources: list[tuple[int, int | None]] | None = None
+    sources: list[tuple[int, tuple[int, ...] | None]] | None = None
 
     @property
     def n_inputs(self) -> int:
@@ -239,7 +239,7 @@ def to_graph(step: Step, name: str, device: str = costmodel.DEFAULT_DEVICE,
              for i, v in enumerate(step.arg_ids)]
     for node, (_, index) in zip(nodes, step.sources or ()):
         if index is not None:  # one slice of a stacked argument: the iteration that reads it
-            node.extra["iteration"] = [index]
+            node.extra["iteration"] = list(index)
     edges: list[tuple[int, int]] = []
     residual_values = {r for r in step.res_refs if not isinstance(r, Const)}
     for g, members in enumerate(step.groups):

@@ -17,6 +17,7 @@ and are stacked into one array only where an operation reads them whole.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -55,7 +56,7 @@ class Unrolled:
 
     fn: Callable
     args: tuple
-    sources: list[tuple[int, int | None]]  # per new leaf: (original leaf, slice index or None)
+    sources: list[tuple[int, tuple[int, ...] | None]]  # per new leaf: (original leaf, slice index or None)
 
 
 def provenance(ns: Any) -> tuple[str, tuple[int, ...]]:
@@ -79,11 +80,13 @@ def unroll(fn: Callable, args: Sequence) -> Unrolled | None:
     if not _has_loop(closed.jaxpr):
         return None
     out_tree = jax.tree_util.tree_structure(out_shape)
-    lengths = _scanned_leaves(closed.jaxpr)
-    sources = [(j, s) for j in range(len(leaves)) for s in (range(lengths[j]) if j in lengths else [None])]
+    depth = _scanned_leaves(closed.jaxpr)
+    dims = {j: structs[j].shape[:k] for j, k in depth.items()}
+    sources = [(j, s) for j in range(len(leaves))
+               for s in (itertools.product(*map(range, dims[j])) if j in dims else [None])]
     new_args = jax.tree_util.tree_unflatten(tree, [
-        tuple(jax.ShapeDtypeStruct(x.shape[1:], x.dtype) for _ in range(lengths[j])) if j in lengths else x
-        for j, x in enumerate(structs)])
+        _nest([jax.ShapeDtypeStruct(x.shape[len(dims[j]):], x.dtype)] * int(np.prod(dims[j])), dims[j], tuple)
+        if j in dims else x for j, x in enumerate(structs)])
 
     def unrolled(*a):
         slices: dict[int, list] = {}
@@ -93,11 +96,19 @@ def unroll(fn: Callable, args: Sequence) -> Unrolled | None:
                 orig[j] = x
             else:
                 slices.setdefault(j, []).append(x)
-        orig = [Stack(tuple(slices[j])) if j in slices else x for j, x in enumerate(orig)]
+        orig = [_nest(slices[j], dims[j], Stack) if j in slices else x for j, x in enumerate(orig)]
         outs = run(closed, orig, siu.new_name_stack())
         return jax.tree_util.tree_unflatten(out_tree, [whole(o) for o in outs])
 
     return Unrolled(unrolled, tuple(new_args), sources)
+
+
+def _nest(items: list, dims: tuple[int, ...], make: Callable) -> Any:
+    """Row-major ``items`` as nested ``make(tuple)`` of the given leading dims."""
+    if not dims:
+        return items[0]
+    step = len(items) // dims[0]
+    return make(tuple(_nest(items[i * step:(i + 1) * step], dims[1:], make) for i in range(dims[0])))
 
 
 def whole(v: Any) -> Any:
@@ -238,21 +249,32 @@ def _has_loop(jaxpr: Any) -> bool:
 
 
 def _scanned_leaves(jaxpr: Any) -> dict[int, int]:
-    """Leaf index -> scan length, for leaves a scan reads as stacked input,
-    through the calls :func:`run` unrolls."""
+    """Leaf index -> how many leading axes scans slice it along (nested scans
+    slice a slice), through the calls :func:`run` unrolls."""
     found: dict[int, int] = {}
 
-    def walk(jx, origin: dict):
+    def walk(jx, origin: dict):  # var -> (leaf, axes already sliced off)
         for e in jx.eqns:
-            if e.primitive.name == "scan" and e.params["length"] > 0:
-                p = e.params
-                for v in e.invars[p["num_consts"] + p["num_carry"]:]:
-                    if v in origin:
-                        found[origin[v]] = p["length"]
             body = e.params.get(CALLS.get(e.primitive.name, ""))
             if body is not None:
                 inner = _jaxpr_of(body)
-                walk(inner, {iv: origin[v] for iv, v in zip(inner.invars, e.invars) if v in origin})
+                walk(inner, {iv: origin[v] for iv, v in zip(inner.invars, e.invars) if _var_in(v, origin)})
+            if e.primitive.name != "scan" or e.params["length"] == 0:
+                continue
+            nc, nk = e.params["num_consts"], e.params["num_carry"]
+            inner, sub = _jaxpr_of(e.params["jaxpr"]), {}
+            for k, (iv, v) in enumerate(zip(inner.invars, e.invars)):
+                if _var_in(v, origin) and not nc <= k < nc + nk:
+                    leaf, axes = origin[v]
+                    if k >= nc + nk:  # stacked input: sliced along one more axis
+                        axes += 1
+                        found[leaf] = max(found.get(leaf, 0), axes)
+                    sub[iv] = (leaf, axes)
+            walk(inner, sub)
 
-    walk(jaxpr, {v: k for k, v in enumerate(jaxpr.invars)})
+    walk(jaxpr, {v: (k, 0) for k, v in enumerate(jaxpr.invars)})
     return found
+
+
+def _var_in(v: Any, origin: dict) -> bool:
+    return not isinstance(v, jcore.Literal) and v in origin
