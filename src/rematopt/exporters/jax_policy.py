@@ -90,11 +90,13 @@ def apply_plan(loss_fn: Callable, graph: Graph, plan: Plan) -> Callable:
     keeps, offloads what it offloads and recomputes the rest.
 
     ``graph`` must come from :func:`rematopt.jax.trace_grad` of this function
-    at arguments of the same shapes (a graph with unrolled loops applies to the
-    program with its loops: the planned gradient runs them unrolled) (the function is traced again at call
-    time and checked node by node; ImportFailure if it differs). ``loss_fn'``
-    supports reverse-mode differentiation (``jax.grad``, ``jax.vjp``); its
-    cotangents for arguments outside ``argnums`` are zero.
+    at arguments of the same shapes (the function is traced again at call
+    time, with its loops unrolled if the graph's were, and checked node by
+    node; ImportFailure if it differs). A graph with unrolled loops applies to
+    the program with its loops and stacked parameters: the planned gradient
+    runs the loops unrolled. ``loss_fn'`` supports reverse-mode
+    differentiation (``jax.grad``, ``jax.vjp``); its cotangents for arguments
+    outside ``argnums`` are zero.
     """
     replay = simulate(graph, plan)
     if not replay.valid:

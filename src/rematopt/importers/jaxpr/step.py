@@ -143,7 +143,7 @@ def trace_step(loss_fn: Callable, args: Sequence, argnums: int | Sequence[int] =
     step.dead = _drop_dead(flat, step.out_refs + res_refs)
     step.groups = _groups(step, fuse)
     step.fused = fuse
-    step.unrolled, step.sources = unroll_loops, unrolled and unrolled.sources
+    step.unrolled, step.sources = unroll_loops, unrolled.sources if unrolled else None
     return step
 
 
@@ -165,7 +165,7 @@ def trace_program(fn: Callable, args: Sequence, fuse: bool = False, unroll_loops
     step.dead = _drop_dead(flat, outs)
     step.groups = _groups(step, fuse)
     step.fused = fuse
-    step.unrolled, step.sources = unroll_loops, unrolled and unrolled.sources
+    step.unrolled, step.sources = unroll_loops, unrolled.sources if unrolled else None
     return step
 
 
