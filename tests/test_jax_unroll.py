@@ -15,6 +15,7 @@ import numpy as np  # noqa: E402
 from jax import lax  # noqa: E402
 
 from rematopt import Graph, no_remat_plan, simulate, solve  # noqa: E402
+from rematopt.importers.jaxpr.unroll import MAX_TRIP  # noqa: E402
 from rematopt.jax import apply_plan, residual_fates, trace, trace_grad  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -80,6 +81,8 @@ def test_nodes_record_name_stack_and_iteration_and_keep_them_on_a_round_trip(tmp
     # the backward pass's nodes carry the loop indices of the forward op they differentiate
     bwd = {tuple(v.extra["iteration"]) for v in g.nodes if v.phase == "backward" and "iteration" in v.extra}
     assert bwd == {(i, j) for i in range(2) for j in range(3)}
+    assert {v.extra.get("name_stack") for v in g.nodes if v.phase == "backward" and "iteration" in v.extra} == {
+        "block"}
     assert any(v.extra.get("name_stack") == "head" and v.phase == "forward" for v in g.nodes)
     assert not any("iteration" in v.extra for v in g.nodes if v.extra.get("name_stack") == "head")
     # the stacked argument the nested scans slice: one input node per (outer, inner) slice
@@ -146,6 +149,9 @@ def test_while_with_a_static_trip_count_unrolls_and_a_traced_bound_stays_a_node(
     bounded = trace(lambda x, n: lax.while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, c[1] * 2.0), (0, x))[1],
                     jnp.ones(3), 3)
     assert [v.op for v in bounded.nodes if not v.is_input] == ["while"]
+    long = trace(lambda x: lax.while_loop(lambda c: c[0] < MAX_TRIP + 1, lambda c: (c[0] + 1, c[1] * 2.0),
+                                          (0, x))[1], jnp.ones(3))
+    assert [v.op for v in long.nodes if not v.is_input] == ["while"]
 
 
 def test_a_plan_on_the_unrolled_graph_applies_to_the_scanned_program():

@@ -35,9 +35,9 @@ ITERATION = "rematopt.iteration="
 CALLS = {name: INLINE_PARAMS[name] for name in ("jit", "pjit", "closed_call", "core_call", "checkpoint",
                                                  "remat", "remat2")}
 REMAT = ("checkpoint", "remat", "remat2")
-# A while loop whose counter runs longer than this stays one node: unrolling
-# it would make a graph no planner can take.
-MAX_TRIP = 10_000
+# A while loop whose counter runs longer than this stays one node (and a loop
+# whose condition never turns false is not run forever to find out).
+MAX_TRIP = 1_000
 
 
 @dataclass(frozen=True)
