@@ -191,14 +191,14 @@ def test_a_graph_without_phases_is_refused():
         residual_fates(g, no_remat_plan(g))
 
 
-def test_scan_is_one_node_whose_stacked_residuals_cross_together():
+def test_a_scan_not_unrolled_is_one_node_whose_stacked_residuals_cross_together():
     def loss(ws, x):
         h, _ = jax.lax.scan(lambda h, w: (jax.numpy.tanh(h @ w), None), x, ws)
         return jax.numpy.sum(h ** 2)
 
     ws = np.random.default_rng(0).standard_normal((3, 8, 8)).astype(np.float32) * 0.3
     args = (ws, np.ones((4, 8), np.float32))
-    g = trace_grad(loss, *args)
+    g = trace_grad(loss, *args, unroll=False)
     (scan,) = [v for v in g.nodes if v.op == "scan" and v.phase == "forward"]
     assert scan.extra["residual_outputs"] and scan.id in residual_nodes(g)
     others = {i for i in residual_nodes(g) if i != scan.id}

@@ -113,7 +113,7 @@ def test_nested_calls_are_inlined_and_bytes_come_from_avals():
         assert len(g.preds[mul.id]) == 1  # the literal 2.0 is not a node
 
 
-def test_control_flow_is_one_opaque_node_costed_from_its_body():
+def test_control_flow_without_unrolling_is_one_opaque_node_costed_from_its_body():
     def body(c, _):
         return jnp.tanh(c @ c), None
 
@@ -121,7 +121,7 @@ def test_control_flow_is_one_opaque_node_costed_from_its_body():
         return jax.lax.scan(body, x, None, length=n)[0]
 
     x = jnp.ones((32, 32))
-    g4, g8 = (trace(lambda x: scanned(x, n), x) for n in (4, 8))
+    g4, g8 = (trace(lambda x: scanned(x, n), x, unroll=False) for n in (4, 8))
     (s4,), (s8,) = ([v for v in g.nodes if v.op == "scan"] for g in (g4, g8))
     one_step = trace(lambda c: body(c, None)[0], x)
     assert s4.cost == pytest.approx(4 * sum(one_step.cost))
@@ -134,7 +134,7 @@ def test_control_flow_is_one_opaque_node_costed_from_its_body():
     gc = trace(branches, x)
     (c,) = [v for v in gc.nodes if v.op == "cond"]
     assert c.cost == pytest.approx(max(sum(trace(lambda x: x @ x @ x, x).cost), sum(trace(lambda x: x + 1.0, x).cost)))
-    gw = trace(lambda x: jax.lax.while_loop(lambda c: c[0, 0] < 10.0, lambda c: c * 2.0, x), x)
+    gw = trace(lambda x: jax.lax.while_loop(lambda c: c[0, 0] < 10.0, lambda c: c * 2.0, x), x, unroll=False)
     assert [v.op for v in gw.nodes if not v.is_input] == ["while"]
 
 

@@ -39,13 +39,15 @@ _device_option = click.option("--device", type=click.Choice(_DEVICES), default="
 @import_group.command(name="jax")
 @click.argument("spec", metavar="MODULE:FACTORY")
 @click.option("--fuse", is_flag=True, help="Fold cheap elementwise equations into their consumers (XLA-like).")
+@click.option("--no-unroll", is_flag=True,
+              help="Keep each scan / static while loop one opaque node (default: one node per iteration's op).")
 @_device_option
 @click.option("--name", help="Graph name (default: the factory's module).")
 @click.option("--argnums", default="0", show_default=True, help="Differentiated arguments, e.g. 0 or 0,1.")
 @_set_option
 @click.option("--output", "-o", type=click.Path(dir_okay=False), required=True)
-def import_jax(spec: str, fuse: bool, device: str, name: str | None, argnums: str, settings: tuple[str, ...],
-               output: str) -> None:
+def import_jax(spec: str, fuse: bool, no_unroll: bool, device: str, name: str | None, argnums: str,
+               settings: tuple[str, ...], output: str) -> None:
     """Trace FACTORY's training step, jax.value_and_grad(loss_fn)(*example_args), as a graph.
 
     FACTORY is a callable returning (loss_fn, example_args); MODULE is imported
@@ -57,7 +59,7 @@ def import_jax(spec: str, fuse: bool, device: str, name: str | None, argnums: st
     nums = _argnums(argnums)
     g = trace_grad(fn, *args, argnums=nums, fuse=fuse, device=device,
                    name=name or spec.partition(":")[0].rsplit(".", 1)[-1],
-                   meta={"model": spec, "config": config})
+                   meta={"model": spec, "config": config}, unroll=not no_unroll)
     g.save(output)
     sizes = f"{g.meta['nodes']} nodes fused from {g.meta['nodes_unfused']}" if fuse else f"{g.n} nodes"
     click.echo(f"wrote {output}: {sizes}, {len(g.edges)} edges, "

@@ -91,9 +91,12 @@ def apply_plan(loss_fn: Callable, graph: Graph, plan: Plan) -> Callable:
 
     ``graph`` must come from :func:`rematopt.jax.trace_grad` of this function
     at arguments of the same shapes (the function is traced again at call
-    time and checked node by node; ImportFailure if it differs). ``loss_fn'``
-    supports reverse-mode differentiation (``jax.grad``, ``jax.vjp``); its
-    cotangents for arguments outside ``argnums`` are zero.
+    time, with its loops unrolled if the graph's were, and checked node by
+    node; ImportFailure if it differs). A graph with unrolled loops applies to
+    the program with its loops and stacked parameters: the planned gradient
+    runs the loops unrolled. ``loss_fn'`` supports reverse-mode
+    differentiation (``jax.grad``, ``jax.vjp``); its cotangents for arguments
+    outside ``argnums`` are zero.
     """
     replay = simulate(graph, plan)
     if not replay.valid:
@@ -102,6 +105,7 @@ def apply_plan(loss_fn: Callable, graph: Graph, plan: Plan) -> Callable:
     fates = residual_fates(graph, plan)
     argnums = tuple(graph.meta.get("argnums", (0,)))
     fuse = bool(graph.meta.get("fuse", False))
+    unroll = bool(graph.meta.get("unroll", False))  # graphs from before unrolling existed were not unrolled
     built: dict[Any, Callable] = {}
 
     @functools.wraps(loss_fn)
@@ -109,7 +113,7 @@ def apply_plan(loss_fn: Callable, graph: Graph, plan: Plan) -> Callable:
         leaves, tree = jax.tree_util.tree_flatten(args)
         key = (tree, tuple((np.shape(x), str(jax.numpy.result_type(x))) for x in leaves))
         if key not in built:
-            step = trace_step(loss_fn, args, argnums, fuse)
+            step = trace_step(loss_fn, args, argnums, fuse, unroll)
             check_matches(step, graph)
             built[key] = _planned_step(step, fates)
         return built[key](*leaves)
@@ -130,7 +134,7 @@ def check_matches(step: Step, graph: Graph) -> None:
 
 
 def _planned_step(step: Step, fates: Fates) -> Callable:
-    """The custom_vjp function over the flat argument leaves."""
+    """The custom_vjp function over the caller's flat argument leaves."""
     flat = step.flat
     eqns = flat.eqns
     prod = step.producers()
@@ -171,12 +175,24 @@ def _planned_step(step: Step, fates: Fates) -> Callable:
     arg_vals = sorted(v for v in read_after if prod[v] < n_in)
     loss_ref, grad_refs = step.out_refs[0], step.out_refs[1:]
     grad_leaves = _grad_leaf_order(step)
+    # Unrolling may have split a stacked argument into one leaf per slice: the
+    # function takes the caller's leaves, slices them, and stacks their cotangents.
+    sources = step.sources or [(k, None) for k in range(n_in)]
+    position = {v: k for k, v in enumerate(step.arg_ids)}
+    arg_leaves = sorted({sources[position[v]][0] for v in arg_vals})
+    pieces: dict[int, list[int]] = {}
+    for k, (j, _) in enumerate(sources):
+        pieces.setdefault(j, []).append(k)
+
+    def piece(leaves, k):
+        j, s = sources[k]
+        return leaves[j] if s is None else leaves[j][s]
 
     def read(env, r):
         return r.value if isinstance(r, Const) else env[r]
 
     def forward_env(leaves):
-        return evaluate(fwd, dict(zip(step.arg_ids, leaves)))
+        return evaluate(fwd, {v: piece(leaves, k) for k, v in enumerate(step.arg_ids)})
 
     @jax.custom_vjp
     def f(*leaves):
@@ -186,11 +202,12 @@ def _planned_step(step: Step, fates: Fates) -> Callable:
         env = forward_env(leaves)
         saved = tuple(jax.device_put(env[v], jax.memory.Space.Host) if v in host_vals else env[v]
                       for v in saved_vals)
-        return read(env, loss_ref), (tuple(env[v] for v in arg_vals), saved)
+        return read(env, loss_ref), (tuple(leaves[j] for j in arg_leaves), saved)
 
     def f_bwd(res, ct):
         arg_res, saved = res
-        env = dict(zip(arg_vals, arg_res))
+        leaves = dict(zip(arg_leaves, arg_res))
+        env = {v: piece(leaves, position[v]) for v in arg_vals}
         env.update((v, jax.device_put(x, jax.memory.Space.Device) if v in host_vals else x)
                    for v, x in zip(saved_vals, saved))
         env[step.ct_id] = last = ct
@@ -204,10 +221,12 @@ def _planned_step(step: Step, fates: Fates) -> Callable:
             else:
                 evaluate(members, env)
                 last = env[members[-1].outs[0]]
-        cts = [_zero_like(flat.avals[v]) for v in step.arg_ids]
+        cts: list[Any] = [None] * n_in
         for leaf, r in zip(grad_leaves, grad_refs):
             cts[leaf] = read(env, r)
-        return tuple(cts)
+        return tuple(_leaf_cotangent([cts[k] for k in ks], [flat.avals[step.arg_ids[k]] for k in ks],
+                                     _stacked_dims([sources[k][1] for k in ks]))
+                     for _, ks in sorted(pieces.items()))
 
     f.defvjp(f_fwd, f_bwd)
     return f
@@ -217,6 +236,24 @@ def _grad_leaf_order(step: Step) -> list[int]:
     """Flat leaf index of each gradient output (argnums order, then leaves)."""
     arg_tree_children = jax.tree_util.tree_unflatten(step.arg_tree, list(range(step.n_inputs)))
     return [leaf for i in step.argnums for leaf in jax.tree_util.tree_leaves(arg_tree_children[i])]
+
+
+def _stacked_dims(indices: list) -> tuple[int, ...]:
+    """The leading axes a caller leaf was split along, from its pieces' slice indices."""
+    if indices[0] is None:
+        return ()
+    return tuple(max(ix[d] for ix in indices) + 1 for d in range(len(indices[0])))
+
+
+def _leaf_cotangent(cts: list, avals: list, dims: tuple[int, ...]) -> Any:
+    """The cotangent of one caller leaf from those of its pieces (row-major;
+    None: not differentiated)."""
+    shape = dims + tuple(avals[0].shape)
+    if all(c is None for c in cts):
+        return _zero_like(jax.ShapeDtypeStruct(shape, avals[0].dtype))
+    if not dims:
+        return cts[0]
+    return jax.numpy.stack([_zero_like(a) if c is None else c for c, a in zip(cts, avals)]).reshape(shape)
 
 
 def _zero_like(aval: Any) -> Any:

@@ -16,7 +16,7 @@ from .step import Step, to_graph, trace_program, trace_step
 
 def trace_grad(loss_fn: Callable, *example_args: Any, argnums: int | Sequence[int] = 0,
                name: str | None = None, fuse: bool = False, device: str = DEFAULT_DEVICE,
-               persistent_params: bool = True, meta: dict | None = None) -> Graph:
+               persistent_params: bool = True, meta: dict | None = None, unroll: bool = True) -> Graph:
     """The graph of one training step, ``jax.value_and_grad(loss_fn, argnums)(*example_args)``.
 
     Forward equations get ``phase: "forward"``, backward ones ``"backward"``;
@@ -24,18 +24,23 @@ def trace_grad(loss_fn: Callable, *example_args: Any, argnums: int | Sequence[in
     parameters, which the training loop keeps) are ``persistent`` unless
     ``persistent_params`` is false. The loss and the gradients are outputs.
 
+    ``scan`` and ``while`` loops with a static trip count are unrolled (each
+    iteration's operations are nodes, tagged with their ``iteration``; stacked
+    arguments a scan slices become one input node per slice) unless ``unroll``
+    is false, which keeps each loop one opaque node.
+
     Raises ImportFailure if the function cannot be traced or its loss is not a
     float scalar.
     """
-    step = trace_step(loss_fn, example_args, argnums, fuse)
+    step = trace_step(loss_fn, example_args, argnums, fuse, unroll)
     return to_graph(step, name or getattr(loss_fn, "__name__", "step"), device,
                     [d and persistent_params for d in step.diff_leaves], meta)
 
 
 def trace(fn: Callable, *example_args: Any, name: str | None = None, fuse: bool = False,
-          device: str = DEFAULT_DEVICE, meta: dict | None = None) -> Graph:
-    """The graph of ``fn(*example_args)`` taken as it is (no phases)."""
-    step = trace_program(fn, example_args, fuse)
+          device: str = DEFAULT_DEVICE, meta: dict | None = None, unroll: bool = True) -> Graph:
+    """The graph of ``fn(*example_args)`` taken as it is (no phases); loops as in :func:`trace_grad`."""
+    step = trace_program(fn, example_args, fuse, unroll)
     return to_graph(step, name or getattr(fn, "__name__", "fn"), device, None, meta)
 
 

@@ -23,6 +23,7 @@ LAYOUT = frozenset({
     "reshape", "broadcast_in_dim", "transpose", "squeeze", "expand_dims", "slice", "dynamic_slice",
     "dynamic_update_slice", "concatenate", "pad", "gather", "convert_element_type", "copy", "copy_p",
     "rev", "iota", "device_put", "split", "bitcast_convert_type", "reduce_precision", "stop_gradient",
+    "stack",
 })
 # One result element per input element (after broadcasting): what XLA fuses freely.
 ELEMENTWISE = frozenset({

@@ -40,6 +40,7 @@ class Eqn:
     effectful: bool
     source: str = ""
     phase: str | None = None
+    name_stack: Any = None     # jax NameStack, whole (inlined bodies' stacks are relative to their call)
 
 
 @dataclass
@@ -57,9 +58,9 @@ class Flat:
         """Append ``closed``'s equations, its invars bound to ``in_refs``;
         return the refs of its outvars."""
         env: dict[Any, Any] = {v: Const(c) for v, c in zip(closed.jaxpr.constvars, closed.consts)}
-        return self._walk(closed.jaxpr, env, list(in_refs), phase)
+        return self._walk(closed.jaxpr, env, list(in_refs), phase, None)
 
-    def _walk(self, jaxpr: "jcore.Jaxpr", env: dict, in_refs: list, phase: str | None) -> list:
+    def _walk(self, jaxpr: "jcore.Jaxpr", env: dict, in_refs: list, phase: str | None, outer: Any) -> list:
         if len(in_refs) != len(jaxpr.invars):
             raise ValueError(f"jaxpr takes {len(jaxpr.invars)} inputs, got {len(in_refs)}")
         env.update(zip(jaxpr.invars, in_refs))
@@ -70,16 +71,17 @@ class Flat:
         for eqn in jaxpr.eqns:
             ins = [read(v) for v in eqn.invars]
             body = _inline_body(eqn)
+            ns = eqn.source_info.name_stack if outer is None else outer + eqn.source_info.name_stack
             if body is not None:
                 sub_jaxpr, consts = body
                 sub_env = {v: Const(c) for v, c in zip(sub_jaxpr.constvars, consts)}
-                outs = self._walk(sub_jaxpr, sub_env, ins, phase)
+                outs = self._walk(sub_jaxpr, sub_env, ins, phase, ns)
                 env.update(zip(eqn.outvars, outs))
                 continue
             outs = [self.new_value(v.aval) for v in eqn.outvars]
             env.update(zip(eqn.outvars, outs))
             self.eqns.append(Eqn(eqn.primitive, dict(eqn.params), ins, outs,
-                                 bool(eqn.effects), _source(eqn), phase))
+                                 bool(eqn.effects), _source(eqn), phase, ns))
         return [read(v) for v in jaxpr.outvars]
 
 
@@ -122,12 +124,17 @@ def aval_bytes(aval: Any) -> int:
 
 def bind(eqn: Eqn, invals: Sequence) -> list:
     """Run one equation on concrete or traced values (as ``eval_jaxpr`` does)."""
-    params = eqn.prim.get_bind_params(eqn.params)
+    return bind_primitive(eqn.prim, eqn.params, invals)
+
+
+def bind_primitive(prim: Any, eqn_params: dict, invals: Sequence) -> list:
+    """``prim`` applied to ``invals`` with a jaxpr equation's params; a list of results."""
+    params = prim.get_bind_params(eqn_params)
     subfuns: Sequence = ()
     if isinstance(params, tuple):  # jax < 0.7 returned (subfuns, params)
         subfuns, params = params
-    out = eqn.prim.bind(*subfuns, *invals, **params)
-    return list(out) if eqn.prim.multiple_results else [out]
+    out = prim.bind(*subfuns, *invals, **params)
+    return list(out) if prim.multiple_results else [out]
 
 
 def evaluate(eqns: Sequence[Eqn], env: dict[int, Any]) -> dict[int, Any]:

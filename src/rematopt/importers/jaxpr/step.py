@@ -22,6 +22,7 @@ from ...errors import ImportFailure
 from .. import costmodel
 from . import cost
 from .flatten import Const, Flat, aval_bytes
+from .unroll import provenance, unroll
 
 # Primitives whose re-execution is unsafe even when JAX lists no effect for them.
 NOT_RECOMPUTABLE = frozenset({"io_callback", "debug_callback", "rng_uniform", "debug_print"})
@@ -49,6 +50,10 @@ class Step:
     groups: list[list[int]] = field(default_factory=list)  # equation indices per compute node
     fused: bool = False
     dead: int = 0                     # equations dropped because nothing reads their results
+    unrolled: bool = False            # loops were unrolled (:mod:`.unroll`)
+    # Per flat leaf: (leaf of the caller's arguments, slice index) when unrolling
+    # split a stacked argument; None when the leaves are the caller's own.
+    sources: list[tuple[int, tuple[int, ...] | None]] | None = None
 
     @property
     def n_inputs(self) -> int:
@@ -82,12 +87,25 @@ def _arg_structs(args: Sequence) -> tuple[list, list[str], Any]:
     return structs, names, tree
 
 
+def _unrolled(fn: Callable, args: Sequence, what: str):
+    """:func:`.unroll.unroll` with a tracing failure as one ImportFailure line."""
+    _arg_structs(args)  # refuse non-array arguments before tracing
+    try:
+        return unroll(fn, args)
+    except Exception as e:
+        raise ImportFailure(f"tracing {what} failed: {type(e).__name__}: {_first_line(e)}") from None
+
+
 def trace_step(loss_fn: Callable, args: Sequence, argnums: int | Sequence[int] = 0,
-               fuse: bool = False) -> Step:
-    """Trace ``jax.value_and_grad(loss_fn, argnums)(*args)`` as forward + backward."""
+               fuse: bool = False, unroll_loops: bool = True) -> Step:
+    """Trace ``jax.value_and_grad(loss_fn, argnums)(*args)`` as forward + backward,
+    with static loops unrolled unless ``unroll_loops`` is false."""
     argnums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
     if not argnums or any(not 0 <= i < len(args) for i in argnums):
         raise ImportFailure(f"argnums {argnums} out of range for {len(args)} arguments")
+    unrolled = _unrolled(loss_fn, args, "the loss function") if unroll_loops else None
+    if unrolled is not None:
+        loss_fn, args = unrolled.fn, unrolled.args
     structs, names, tree = _arg_structs(args)
     sizes = [len(jax.tree_util.tree_leaves(a)) for a in args]
     diff_leaves = [i in argnums for i, s in enumerate(sizes) for _ in range(s)]
@@ -125,11 +143,16 @@ def trace_step(loss_fn: Callable, args: Sequence, argnums: int | Sequence[int] =
     step.dead = _drop_dead(flat, step.out_refs + res_refs)
     step.groups = _groups(step, fuse)
     step.fused = fuse
+    step.unrolled, step.sources = unroll_loops, unrolled.sources if unrolled else None
     return step
 
 
-def trace_program(fn: Callable, args: Sequence, fuse: bool = False) -> Step:
-    """Trace ``fn(*args)`` as it is: no phases, no residuals."""
+def trace_program(fn: Callable, args: Sequence, fuse: bool = False, unroll_loops: bool = True) -> Step:
+    """Trace ``fn(*args)`` as it is: no phases, no residuals; static loops
+    unrolled unless ``unroll_loops`` is false."""
+    unrolled = _unrolled(fn, args, "the function") if unroll_loops else None
+    if unrolled is not None:
+        fn, args = unrolled.fn, unrolled.args
     structs, names, tree = _arg_structs(args)
     try:
         closed = jax.make_jaxpr(fn)(*structs)
@@ -142,6 +165,7 @@ def trace_program(fn: Callable, args: Sequence, fuse: bool = False) -> Step:
     step.dead = _drop_dead(flat, outs)
     step.groups = _groups(step, fuse)
     step.fused = fuse
+    step.unrolled, step.sources = unroll_loops, unrolled.sources if unrolled else None
     return step
 
 
@@ -213,6 +237,9 @@ def to_graph(step: Step, name: str, device: str = costmodel.DEFAULT_DEVICE,
     nodes = [Node(i, name=step.arg_names[i], op="input", kind="input", bytes=aval_bytes(flat.avals[v]),
                   persistent=bool(persistent_leaves[i]), extra={"aval": _short(flat.avals[v])})
              for i, v in enumerate(step.arg_ids)]
+    for node, (_, index) in zip(nodes, step.sources or ()):
+        if index is not None:  # one slice of a stacked argument: the iteration that reads it
+            node.extra["iteration"] = list(index)
     edges: list[tuple[int, int]] = []
     residual_values = {r for r in step.res_refs if not isinstance(r, Const)}
     for g, members in enumerate(step.groups):
@@ -241,6 +268,11 @@ def to_graph(step: Step, name: str, device: str = costmodel.DEFAULT_DEVICE,
             node.extra["body_bytes"] = _body_bytes(head)
         if head.source:
             node.extra["source"] = head.source
+        scope, loops = provenance(head.name_stack)
+        if scope:
+            node.extra["name_stack"] = scope
+        if loops:
+            node.extra["iteration"] = list(loops)
         nodes.append(node)
     for r in step.out_refs:
         if not isinstance(r, Const) and r in prod:
@@ -254,6 +286,7 @@ def to_graph(step: Step, name: str, device: str = costmodel.DEFAULT_DEVICE,
         "device_source": dev.source,
         "argnums": list(step.argnums),
         "fuse": step.fused,
+        "unroll": step.unrolled,
         "args": [f"{n}: {_short(flat.avals[v])}" for n, v in zip(step.arg_names, step.arg_ids)],
         "equations": len(flat.eqns),
         "dead_equations_dropped": step.dead,
