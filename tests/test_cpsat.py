@@ -557,3 +557,33 @@ def test_costs_spanning_fifteen_orders_hold_optimal_up_to_the_stated_resolution(
             assert st["best_bound"] <= expect[0] / 1e15 + 1e-15 * g.n
             checked += 1
     assert checked >= 4
+
+
+def test_cluster_sized_bytes_and_costs_plan_correctly():
+    """Nodes of about 2^50 bytes (1e15: what a cluster holds) with sizes
+    sharing no divisor, and costs up to 1e6 s: memory is counted in units
+    rounded up (the model refused them before: "the sum of all variable
+    domains do not fit on an int64_t"), so every plan that fits the model
+    fits the budget, and no model optimum is claimed for the whole space."""
+    rng = random.Random(3)
+    base = synthetic.linear_training(6)
+    nodes = [Node(v.id, v.name, bytes=v.bytes * 2**30 + rng.randrange(1, 2**20), cost=v.cost * 1e6,
+                  kind=v.kind, output=v.output, persistent=v.persistent) for v in base.nodes]
+    g = Graph("huge", nodes, base.edges, base.order)
+    assert max(g.bytes) > 10**15 and max(g.cost) >= 1e6
+    for ratio in (0.9, 0.7):
+        sol = solve(g, "cpsat", budget_ratio=ratio, **FAST)
+        st = sol.plan.stats
+        assert sol.status in ("OPTIMAL", "FEASIBLE") and not st["memory_unit_exact"]
+        assert sol.replay.valid and sol.replay.peak_bytes <= sol.budget
+        assert st["best_bound"] is None or st["best_bound"] <= st["objective"]
+    assert solve(g, "cpsat", objective="peak", **FAST).replay.valid
+
+
+def test_costs_beyond_the_objective_range_are_one_clear_error():
+    from rematopt.errors import PlannerError
+
+    chain = synthetic.chain(4)
+    g = with_costs(chain, [1e16] * chain.n)
+    with pytest.raises(PlannerError, match="at most .* are supported"):
+        solve(g, "cpsat", objective="peak", **FAST)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from functools import reduce
 from typing import Any, Protocol
 
+from ...errors import PlannerError
 from ...graph import Graph
 from ...reference import peak_lower_bound
 
@@ -80,6 +81,23 @@ def constrain(backend: Backend, e: Lin, lb: float, ub: float) -> None:
 # The largest objective value (cost x scale) a model may reach: CP-SAT needs
 # every linear expression's range within int64, with room to spare.
 OBJECTIVE_CEILING = 2**50
+# The largest total memory, in units, a model holds (a memory check sums up
+# to all of it): nodes of 2^50 bytes (gcd 1) made CP-SAT refuse the model.
+MEMORY_CEILING = 2**40
+
+
+def memory_unit(graph: Graph) -> tuple[int, bool]:
+    """The unit memory is counted in: the gcd of the non-persistent sizes
+    (exact), unless their total in it would pass MEMORY_CEILING; then the
+    smallest unit that keeps it below, with sizes rounded up (a plan within
+    the model's budget is within the true one; False: not exact)."""
+    sizes = [v.bytes for v in graph.nodes if v.bytes and not v.persistent]
+    unit = reduce(math.gcd, sizes, 0) or 1
+    total = sum(sizes)
+    if total // unit <= MEMORY_CEILING:
+        return unit, True
+    unit = -(-total // MEMORY_CEILING)
+    return unit, False
 
 
 def integer_scale(values: list[float], reach: float) -> tuple[int, bool]:
@@ -94,6 +112,9 @@ def integer_scale(values: list[float], reach: float) -> tuple[int, bool]:
     values = [v for v in values if v]
     if not values:
         return 1, True
+    if reach > OBJECTIVE_CEILING:
+        raise PlannerError(f"cpsat: the costs a plan may pay add up to {reach:.3g} cost units; at most "
+                           f"{OBJECTIVE_CEILING:.3g} are supported (give costs in a larger unit)")
     top = max(1, int(OBJECTIVE_CEILING / max(reach, max(values))))
     scale = 1
     while True:
@@ -217,9 +238,8 @@ class Formulation:
         self.graph = graph
         self.b = backend
         self.ix = Stages(graph, offload, depth, also)
-        sizes = [v.bytes for v in graph.nodes if v.bytes and not v.persistent]
-        self.unit = reduce(math.gcd, sizes, 0) or 1
-        self.size = [x // self.unit for x in graph.bytes]
+        self.unit, self.memory_exact = memory_unit(graph)
+        self.size = [-(-x // self.unit) for x in graph.bytes]  # rounded up: a plan that fits the model fits
         self.cost_scale = cost_scale
         self.int_cost = [round(c * cost_scale) for c in graph.cost]
         self.int_transfer = [round(b * transfer_cost_per_byte * cost_scale) for b in graph.bytes]

@@ -12,7 +12,7 @@ from ortools.sat.python import cp_model
 
 from ...plan import Plan
 from ...reference import peak_lower_bound
-from ...simulate import Replay, cost_of_counts
+from ...simulate import Replay, cost_of_counts, simulate
 from .model import Model
 from .relaxations import WholeBound
 from .search import Context, Round
@@ -77,6 +77,12 @@ def report(o: Outcome) -> Plan:
     if gap_infeasible or o.empty:
         solved_depth = None
     best, stopped = o.best, ctx.stop.requested
+    if not model.form.memory_exact:
+        # sizes rounded up: the model's optimum and bound speak of the plans
+        # that fit it, not of all plans; only the relaxations (sizes rounded
+        # down) bound the whole space
+        status = cp_model.FEASIBLE if status == cp_model.OPTIMAL else status
+        bound = None
     rounds = [round_row(r) for r in o.history]
     stats: dict[str, Any] = {
         "status": STATUS.get(status, "UNKNOWN"), "objective_kind": cfg.objective,
@@ -85,7 +91,7 @@ def report(o: Outcome) -> Plan:
         "primary_s": o.primary_s, "variables": model.variables, "constraints": model.constraints,
         "build_s": o.build_s, "recompute_depth": "full" if solved_depth is None else solved_depth,
         "cost_scale": ctx.scale, "cost_scale_exact": ctx.exact, "cost_resolution": ctx.resolution,
-        "memory_unit_bytes": model.form.unit,
+        "memory_unit_bytes": model.form.unit, "memory_unit_exact": model.form.memory_exact,
         "offload": cfg.offload, "warm_start": o.hint_source,
         "hint_objective": model.to_units(o.hint_objective) if o.hint_objective is not None else None,
         "interrupted": stopped, "lexicographic": o.secondary,
@@ -147,7 +153,7 @@ def report(o: Outcome) -> Plan:
         return no_plan(g.name, stats["status"], **{k: v for k, v in stats.items() if k != "status"})
     form = model.form
     p = events(form, best)
-    counts, peak, moved = best.counts(form), best.peak_bytes(form), best.transfer_bytes(form)
+    counts, peak, moved = best.counts(form), simulate(g, p).peak_bytes, best.transfer_bytes(form)
     # the objective as the plan realises it, not the model's scaled integers
     recompute = cost_of_counts(g, [max(c - 1, 0) for c in counts])
     objective = recompute + moved * cfg.transfer_cost_per_byte if cfg.objective == "overhead" else peak

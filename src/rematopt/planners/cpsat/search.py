@@ -238,8 +238,10 @@ def tie_break(ctx: Context, model: Model, best: Assignment, optimum: int) -> tup
 
 
 def whole_bound_of(round_: Round) -> int | None:
-    """The full model's bound, which holds for the whole staged space."""
-    if (round_.depth is None and round_.searched != cp_model.INFEASIBLE and round_.bound is not None
+    """The full model's bound, which holds for the whole staged space (when
+    memory is counted exactly: with sizes rounded up, the model holds only
+    some of the plans)."""
+    if (round_.depth is None and round_.model.form.memory_exact and round_.searched != cp_model.INFEASIBLE and round_.bound is not None
             and math.isfinite(round_.bound)):
         return math.ceil(round_.bound - 1e-6)
     return None

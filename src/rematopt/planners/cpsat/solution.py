@@ -59,11 +59,6 @@ class Assignment:
                 prev = q
         return out
 
-    def peak_bytes(self, form: Formulation) -> int:
-        mem = self.memory(form)
-        top = max(mem.values(), default=0) * form.unit + form.persistent_bytes
-        return max(top, form.initial_bytes)
-
     def counts(self, form: Formulation) -> list[int]:
         c = [0] * form.graph.n
         for (s, i) in self.R:
