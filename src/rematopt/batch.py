@@ -51,6 +51,7 @@ from typing import Any, Callable, Iterable
 from . import planners
 from .errors import BudgetError, GraphError, RematoptError
 from .graph import Graph
+from .planners.options import parse
 from .reference import no_remat_peak, peak_lower_bound
 
 RESULTS = "results.jsonl"
@@ -500,6 +501,7 @@ def plan_batch(inputs: list[GraphInput], planner_names: list[str], ratios: list[
     options = {k: v for k, v in (options or {}).items() if v is not None}
     for name in planner_names:
         planners.get(name)  # unknown or not importable: fail before any job runs
+        parse(planners.options_class(name), options, name)  # a bad value too
     for r in ratios:
         if not (r > 0 and math.isfinite(r)):
             raise BudgetError(f"budget ratio must be a finite number > 0, got {r}")

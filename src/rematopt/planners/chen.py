@@ -25,6 +25,9 @@ import networkx as nx
 from ..graph import Graph
 from ..plan import Plan
 from .emit import finish, keep_schedule
+from .options import NoOptions
+
+Options = NoOptions  # takes none
 
 THRESHOLDS = 48  # thresholds tried by chen-greedy (geometric, plus 0)
 

@@ -44,13 +44,21 @@ from ..graph import Graph
 from ..plan import COMPUTE, FREE, Plan
 from ..reference import no_remat_peak
 from ..simulate import cost_of_counts
+from .options import option, parse
 
 CLONE_BOUND = "REMAT_PLAN_CLONE_BOUND"
 PEAK_MODELS = ("memory", "residual")
 TRIMS = ("midpoint", "max-clone")
-OPTIONS = frozenset({"peak_model", "trim", "max_clone_expansion"})  # what plan() reads
 # An unbounded expansion past this many compute events is refused, not attempted.
 MAX_EVENTS = 50_000_000
+
+
+@dataclass(frozen=True)
+class Options:
+    peak_model: str = option("memory", "peak estimate.", choices=PEAK_MODELS)
+    trim: str = option("midpoint", "clone-bound trimming rule.", choices=TRIMS)
+    max_clone_expansion: float = option(8.0, "compute events <= X x compute nodes (0: unbounded).",
+                                        minimum=0, finite=True)
 
 
 # -- the peak over positions ---------------------------------------------------
@@ -689,27 +697,11 @@ def sweep_peak(graph: Graph, ops: np.ndarray, nodes: np.ndarray) -> int:
 
 # -- the planner -------------------------------------------------------------
 
-def _options(options: dict[str, Any]) -> tuple[str, float, str]:
-    kind = options.get("peak_model") or "memory"
-    if kind not in PEAK_MODELS:
-        raise PlannerError(f"greedy: peak_model must be one of {', '.join(PEAK_MODELS)}, got {kind!r}")
-    trim = options.get("trim") or "midpoint"
-    if trim not in TRIMS:
-        raise PlannerError(f"greedy: trim must be one of {', '.join(TRIMS)}, got {trim!r}")
-    bound = options.get("max_clone_expansion")
-    bound = 8.0 if bound is None else bound
-    if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not bound >= 0 or math.isinf(bound):
-        raise PlannerError(f"greedy: max_clone_expansion must be a finite number >= 0, got {bound!r}")
-    return kind, float(bound), trim
-
-
 def plan(graph: Graph, budget: int | None, options: dict[str, Any]) -> Plan:
-    """Select, trim to the clone bound, materialise; see the module docstring.
-
-    Options: ``peak_model`` ("memory" | "residual"), ``max_clone_expansion``
-    (default 8; 0 = unbounded), ``trim`` ("midpoint" | "max-clone").
-    """
-    kind, bound, trim = _options(options)
+    """Select, trim to the clone bound, materialise; see the module docstring
+    and :class:`Options`."""
+    opts = parse(Options, options, "greedy")
+    kind, bound, trim = opts.peak_model, opts.max_clone_expansion, opts.trim
     clock = time.perf_counter()
     timings: dict[str, float] = {}
 

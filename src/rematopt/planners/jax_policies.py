@@ -30,6 +30,9 @@ from typing import Any
 from ..graph import Graph
 from ..plan import OFFLOAD, Plan
 from .emit import drop_points, finish, has_late_reads, keep_schedule
+from .options import NoOptions
+
+Options = NoOptions  # takes none
 
 # jax.lax primitives, XLA/StableHLO ops and the MLIR dialects' spellings.
 DOT_OPS = frozenset({"dot", "dot_general", "matmul", "batch_matmul", "batched_matmul", "gemm",

@@ -8,7 +8,9 @@ from ..graph import Graph
 from ..plan import Plan
 from ..reference import no_remat_peak, no_remat_plan
 from ..simulate import base_cost
+from .options import NoOptions
 
+Options = NoOptions  # takes none
 
 def plan(graph: Graph, budget: int | None, options: dict[str, Any]) -> Plan:
     p = no_remat_plan(graph)
