@@ -51,10 +51,10 @@ def candidates(graph: Graph) -> list[int]:
 
 
 def _plan(graph: Graph, checkpoints: list[int], planner: str, budget: int | None,
-          stats: dict[str, Any]) -> Plan:
+          details: dict[str, Any]) -> Plan:
     schedule = keep_schedule(graph, checkpoints, retain=True)
     names = [graph.nodes[i].name for i in checkpoints]
-    return finish(graph, schedule, planner, budget, {"checkpoints": names, **stats})
+    return finish(graph, schedule, planner, budget, {"checkpoints": names, **details})
 
 
 def plan_sqrt(graph: Graph, budget: int | None, options: dict[str, Any]) -> Plan:
@@ -93,11 +93,12 @@ def plan_greedy(graph: Graph, budget: int | None, options: dict[str, Any]) -> Pl
         seen.add(cps)
         p = _plan(graph, list(cps), "chen-greedy", budget,
                   {"candidates": len(cands), "threshold_bytes": threshold})
-        fits = p.stats["status"] == "FEASIBLE"
+        st = p.stats
         # Under the budget: cheapest (then lowest peak); otherwise lowest peak.
-        key = (0, p.stats["compute_cost"], p.stats["peak_bytes"]) if fits else \
-              (1, p.stats["peak_bytes"], p.stats["compute_cost"])
+        key = (0, st.compute_cost, st.peak_bytes) if st.status == "FEASIBLE" else \
+              (1, st.peak_bytes, st.compute_cost)
         if best is None or key < best[0]:
             best = (key, p)
-    best[1].stats["thresholds_tried"] = len(seen)
-    return best[1]
+    p = best[1]
+    p.stats = p.stats.with_details(thresholds_tried=len(seen))
+    return p

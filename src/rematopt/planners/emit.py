@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterable
 from ..graph import Graph
 from ..plan import COMPUTE, OFFLOAD, PREFETCH, Plan, PlanBuilder
 from ..simulate import cost_of_counts
+from ..stats import Stats
 
 Schedule = list[tuple[int, int]]  # (op code, node) without frees
 
@@ -130,10 +131,10 @@ def keep_schedule(graph: Graph, save: Iterable[int], offload: Iterable[int] = ()
 
 
 def finish(graph: Graph, schedule: Schedule, planner: str, budget: int | None,
-           stats: dict[str, Any] | None = None) -> Plan:
+           details: dict[str, Any] | None = None) -> Plan:
     """Insert the frees (see the module docstring), sweep memory, and build
     the plan with its claimed ``status``, ``peak_bytes``, ``compute_cost`` and
-    ``transfer_bytes`` plus ``stats``."""
+    ``transfer_bytes``, and ``details`` (:class:`~rematopt.stats.Stats`)."""
     n = graph.n
     size, preds = graph.bytes, graph.preds
     never_freed = [v.output or v.persistent for v in graph.nodes]
@@ -185,8 +186,7 @@ def finish(graph: Graph, schedule: Schedule, planner: str, budget: int | None,
             b.free(w)
             mem -= size[w]
 
-    out = {"status": "FEASIBLE" if budget is None or peak <= budget else "OVER_BUDGET",
-           "peak_bytes": peak, "compute_cost": cost_of_counts(graph, counts), "transfer_bytes": transfer,
-           "recomputes": sum(counts) - len(graph.compute_ids)}
-    out.update(stats or {})
+    out = Stats(status="FEASIBLE" if budget is None or peak <= budget else "OVER_BUDGET",
+                peak_bytes=peak, compute_cost=cost_of_counts(graph, counts), transfer_bytes=transfer,
+                details={"recomputes": sum(counts) - len(graph.compute_ids), **(details or {})})
     return b.build(graph.name, planner, out)

@@ -44,6 +44,7 @@ from ..graph import Graph
 from ..plan import COMPUTE, FREE, Plan
 from ..reference import no_remat_peak
 from ..simulate import cost_of_counts
+from ..stats import Stats
 from .options import option, parse
 
 CLONE_BOUND = "REMAT_PLAN_CLONE_BOUND"
@@ -762,11 +763,7 @@ def plan(graph: Graph, budget: int | None, options: dict[str, Any]) -> Plan:
     cost = cost_of_counts(graph, counts)
     lap("figures_s")
     selected = [i for i in graph.order if sel[i]]
-    stats = {
-        "status": "FEASIBLE" if budget is None or peak <= budget else "OVER_BUDGET",
-        "peak_bytes": peak,
-        "compute_cost": cost,
-        "transfer_bytes": 0,
+    details = {
         "peak_model": kind,
         "model_peak_bytes": model.peak(),
         "model_peak_before_trim_bytes": peak_before_trim,
@@ -784,5 +781,7 @@ def plan(graph: Graph, budget: int | None, options: dict[str, Any]) -> Plan:
         "warnings": warned,
         "timings_s": timings,
     }
+    stats = Stats(status="FEASIBLE" if budget is None or peak <= budget else "OVER_BUDGET",
+                  peak_bytes=peak, compute_cost=cost, transfer_bytes=0, details=details)
     return Plan(graph.name, "greedy", ops, nodes, stats)
 
