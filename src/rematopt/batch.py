@@ -52,7 +52,7 @@ from . import planners
 from .errors import BudgetError, GraphError, RematoptError
 from .graph import Graph
 from .planners.options import parse
-from .reference import no_remat_peak, peak_lower_bound
+from .reference import no_remat_peak, peak_lower_bound, ratio_budget
 
 if TYPE_CHECKING:
     from .solve import Solution
@@ -284,7 +284,7 @@ def make_spec(g: GraphInput, ratio: float, planner: str, options: dict[str, Any]
     return {
         "key": key, "graph": g.name, "family": g.family, "graph_file": str(g.path),
         "graph_sha256": g.sha256, "nodes": g.nodes, "edges": g.edges, "budget_ratio": ratio,
-        "budget": math.floor(ratio * g.no_remat_peak),  # as resolve_budget does
+        "budget": ratio_budget(g.no_remat_peak, ratio),
         "planner": planner, "planner_ref": planners.REGISTRY[planner], "options": options,
         "run_options": opts, "out": str(out), "plan_path": stem + ".json", "log_path": log, "hint_path": None,
         "hint_from": None, "memory_limit": memory_limit, "timeout": timeout,

@@ -73,7 +73,7 @@ class _Runtime:
         self.computed = [False] * n
         for i in graph.initial_resident:
             self.resident[i] = self.computed[i] = True
-        self.mem = sum(graph.bytes[i] for i in graph.initial_resident)
+        self.mem = graph.initial_bytes
         self.pins = [0] * n
         self.last_access = [0] * n
         self.clock = 1

@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable
 
 from ..graph import Graph
 from ..plan import COMPUTE, OFFLOAD, PREFETCH, Plan, PlanBuilder
-from ..simulate import cost_of_counts
+from ..simulate import cost_of_counts, peak_of
 from ..stats import Stats
 
 Schedule = list[tuple[int, int]]  # (op code, node) without frees
@@ -132,7 +132,7 @@ def keep_schedule(graph: Graph, save: Iterable[int], offload: Iterable[int] = ()
 
 def finish(graph: Graph, schedule: Schedule, planner: str, budget: int | None,
            details: dict[str, Any] | None = None) -> Plan:
-    """Insert the frees (see the module docstring), sweep memory, and build
+    """Insert the frees (see the module docstring), take the peak, and build
     the plan with its claimed ``status``, ``peak_bytes``, ``compute_cost`` and
     ``transfer_bytes``, and ``details`` (:class:`~rematopt.stats.Stats`)."""
     n = graph.n
@@ -161,30 +161,23 @@ def finish(graph: Graph, schedule: Schedule, planner: str, budget: int | None,
             free_after[k].append(u)
 
     b = PlanBuilder()
-    mem = sum(size[i] for i in graph.initial_resident)
-    peak = mem
     transfer = 0
     counts = [0] * n
     for u in sorted(free_after[-1]):
         b.free(u)
-        mem -= size[u]
     for k, (op, u) in enumerate(schedule):
         if op == COMPUTE:
             b.compute(u)
             counts[u] += 1
-            mem += size[u]
-            peak = max(peak, mem)
         elif op == PREFETCH:
             b.prefetch(u)
             transfer += size[u]
-            mem += size[u]
-            peak = max(peak, mem)
         else:
             b.offload(u)
             transfer += size[u]
         for w in sorted(free_after[k]):
             b.free(w)
-            mem -= size[w]
+    peak = peak_of(graph, b.ops, b.nodes)
 
     out = Stats(status="FEASIBLE" if budget is None or peak <= budget else "OVER_BUDGET",
                 peak_bytes=peak, compute_cost=cost_of_counts(graph, counts), transfer_bytes=transfer,

@@ -43,7 +43,7 @@ from ..errors import PlannerError, located
 from ..graph import Graph
 from ..plan import COMPUTE, FREE, Plan
 from ..reference import no_remat_peak
-from ..simulate import cost_of_counts
+from ..simulate import cost_of_counts, peak_of
 from ..stats import Stats
 from .options import option, parse
 
@@ -685,17 +685,6 @@ def decode(enc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return ops, nodes
 
 
-def sweep_peak(graph: Graph, ops: np.ndarray, nodes: np.ndarray) -> int:
-    """The plan's peak as the simulator counts it: memory only rises at a
-    compute, so the peak is the largest running total (or the initial memory)."""
-    size = np.asarray(graph.bytes, dtype=np.int64)
-    initial = int(sum(graph.bytes[i] for i in graph.initial_resident))
-    if not len(ops):
-        return initial
-    delta = np.where(ops == COMPUTE, size[nodes], -size[nodes])
-    return max(initial, initial + int(np.cumsum(delta).max()))
-
-
 # -- the planner -------------------------------------------------------------
 
 def plan(graph: Graph, budget: int | None, options: dict[str, Any]) -> Plan:
@@ -759,7 +748,7 @@ def plan(graph: Graph, budget: int | None, options: dict[str, Any]) -> Plan:
     ops, nodes = decode(emit(program, sel, proj))
     lap("emit_s")
     counts = np.bincount(nodes[ops == COMPUTE], minlength=graph.n).tolist()
-    peak = sweep_peak(graph, ops, nodes)
+    peak = peak_of(graph, ops, nodes)
     cost = cost_of_counts(graph, counts)
     lap("figures_s")
     selected = [i for i in graph.order if sel[i]]
