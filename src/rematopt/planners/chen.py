@@ -4,7 +4,7 @@ Both planners keep a set of checkpoints chosen among the articulation points
 of the forward graph (a value whose removal disconnects it, so a segment
 between two checkpoints can be recomputed from the first alone), drop every
 other forward value after the forward pass, and recompute each segment once
-for the backward pass (:func:`~rematopt.planners.emit.keep_schedule` with
+for the backward pass (:func:`~rematopt.planners.frees.keep_schedule` with
 ``retain``: a recomputed value stays until its last read).
 
 - ``chen-sqrt``: about every sqrt(m)-th of the m candidates, so about sqrt(m)
@@ -24,7 +24,7 @@ import networkx as nx
 
 from ..graph import Graph
 from ..plan import Plan
-from .emit import finish, keep_schedule
+from .frees import keep_schedule, place_frees
 from .options import NoOptions
 
 Options = NoOptions  # takes none
@@ -54,7 +54,7 @@ def _plan(graph: Graph, checkpoints: list[int], planner: str, budget: int | None
           details: dict[str, Any]) -> Plan:
     schedule = keep_schedule(graph, checkpoints, retain=True)
     names = [graph.nodes[i].name for i in checkpoints]
-    return finish(graph, schedule, planner, budget, {"checkpoints": names, **details})
+    return place_frees(graph, schedule, planner, budget, {"checkpoints": names, **details})
 
 
 def plan_sqrt(graph: Graph, budget: int | None, options: dict[str, Any]) -> Plan:

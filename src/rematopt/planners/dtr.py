@@ -41,7 +41,7 @@ from typing import Any
 
 from ..graph import Graph
 from ..plan import COMPUTE, Plan
-from .emit import Schedule, always_kept, finish
+from .frees import Schedule, always_kept, place_frees
 from .options import option, parse
 
 HEURISTICS = ("h_dtr", "local")
@@ -204,6 +204,6 @@ def plan(graph: Graph, budget: int | None, options: dict[str, Any]) -> Plan:
         remats = [] if graph.nodes[v].is_input else rt.run(v)
         for u in frees_at[t] + [u for u in remats if hold[u] <= t]:
             rt.free(u)
-    return finish(graph, rt.schedule, "dtr", budget,
-                  {"heuristic": heuristic, "evictions": rt.evictions,
-                   "thrashed": rt.recomputes > rt.max_recomputes})
+    return place_frees(graph, rt.schedule, "dtr", budget,
+                       {"heuristic": heuristic, "evictions": rt.evictions,
+                        "thrashed": rt.recomputes > rt.max_recomputes})
