@@ -20,8 +20,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import networkx as nx
-
 from ..graph import Graph
 from ..plan import Plan
 from .frees import keep_schedule, place_frees
@@ -41,6 +39,8 @@ def forward_ids(graph: Graph) -> list[int]:
 
 def candidates(graph: Graph) -> list[int]:
     """Articulation points of the (undirected) forward graph, in program order."""
+    import networkx as nx  # here, not at the top: the command line imports this module for its Options
+
     fwd = forward_ids(graph)
     g = nx.Graph()
     g.add_nodes_from(fwd)
