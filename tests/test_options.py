@@ -67,7 +67,7 @@ def test_every_registered_planner_has_an_options_class():
 def test_cpsat_options_mirror_what_the_planner_reads():
     from rematopt.planners import cpsat
 
-    assert names(CLASSES["cpsat"]) == cpsat.OPTIONS  # until cpsat reads them through its Options
+    assert cpsat.OPTIONS <= names(CLASSES["cpsat"])  # until cpsat reads them through its Options
 
 
 @pytest.mark.parametrize("planner, f", FIELDS, ids=[f"{p}.{f.name}" for p, f in FIELDS])

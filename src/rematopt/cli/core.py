@@ -170,7 +170,7 @@ def solve_cmd(graph: str | None, planner: str, budget: str | None, budget_ratio:
               output: str | None, as_json: bool, **options: Any) -> None:
     """Plan GRAPH (default: a small instance shipped with rematopt) under a budget."""
     g = load_graph_arg(graph)
-    for path in (output, options.get("log_path")):
+    for path in (output, options.get("log_path"), options.get("export_model")):
         check_writable(path)
     ctx = click.get_current_context()
     given = {k for k in options if ctx.get_parameter_source(k) is ParameterSource.COMMANDLINE

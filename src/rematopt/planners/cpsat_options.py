@@ -37,6 +37,8 @@ class Options:
     log_path: str | None = option(None, "write incumbent/bound over time (CSV).", cli="--log")
     progress: bool = option(False, "show the incumbent and bound while solving.", cli=False)
     lp_bound: bool = option(True, "bound the objective by the LP relaxation too.", cli=False)
+    export_model: str | None = option(None, "write the first round's CP-SAT model (proto text) here and its LP "
+                                      "beside it (.mps).")
     recompute_depth: int | str = option("auto", "auto, full, or recompute only within N producer hops of "
                                         "each stage's node.", choices=("auto", "full"), minimum=0,
                                         from_text=recompute_depth)
