@@ -34,21 +34,16 @@ class Stats(Mapping):
     details: Mapping[str, Any] = field(default_factory=dict)  # planner-specific extras
 
     def __post_init__(self) -> None:
-        clash = self.typed() & set(self.details)
+        clash = TYPED & set(self.details)
         if clash:
             raise ValueError(f"stats details may not hold typed fields: {', '.join(sorted(clash))}")
         object.__setattr__(self, "details", MappingProxyType(dict(self.details)))
 
     @classmethod
-    def typed(cls) -> frozenset[str]:
-        return frozenset(f.name for f in fields(cls)) - {"details"}
-
-    @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Stats":
         """From a plan file's ``stats`` object: known keys to fields, the others to ``details``."""
-        typed = cls.typed()
-        known = {k: v for k, v in d.items() if k in typed and v is not None}
-        return cls(**known, details={k: v for k, v in d.items() if k not in typed})
+        known = {k: v for k, v in d.items() if k in TYPED and v is not None}
+        return cls(**known, details={k: v for k, v in d.items() if k not in TYPED})
 
     def with_details(self, **extra: Any) -> "Stats":
         """A copy with ``extra`` added to (or replacing entries of) ``details``."""
@@ -57,7 +52,7 @@ class Stats(Mapping):
     # -- the mapping: the plan file's ``stats`` object --------------------------
 
     def __getitem__(self, key: str) -> Any:
-        if key in self.typed():
+        if key in TYPED:
             value = getattr(self, key)
             if value is None:
                 raise KeyError(key)
@@ -65,9 +60,9 @@ class Stats(Mapping):
         return self.details[key]
 
     def __iter__(self) -> Iterator[str]:
-        for f in fields(self):
-            if f.name != "details" and getattr(self, f.name) is not None:
-                yield f.name
+        for name in TYPED_ORDER:
+            if getattr(self, name) is not None:
+                yield name
         yield from self.details
 
     def __len__(self) -> int:
@@ -76,3 +71,7 @@ class Stats(Mapping):
     def to_dict(self) -> dict[str, Any]:
         """The plan file's ``stats`` object."""
         return dict(self.items())
+
+
+TYPED_ORDER = tuple(f.name for f in fields(Stats) if f.name != "details")  # as the plan file writes them
+TYPED = frozenset(TYPED_ORDER)

@@ -18,6 +18,7 @@ import numbers
 import types
 import typing
 from dataclasses import dataclass, fields
+from functools import lru_cache
 from dataclasses import field as _field
 from typing import Any, Callable, Iterable, Mapping
 
@@ -65,6 +66,7 @@ def flag(f: Any) -> str:
     return cli if isinstance(cli, str) else "--" + f.name.replace("_", "-")
 
 
+@lru_cache(maxsize=None)
 def kinds(cls: type) -> dict[str, tuple[type, ...]]:
     """Each field's accepted types, None left out (None always means "not given")."""
     hints = typing.get_type_hints(cls)
