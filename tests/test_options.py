@@ -179,3 +179,17 @@ def test_values_read_from_text_on_the_command_line(tmp_path):
     from rematopt.planners.cpsat_options import recompute_depth
 
     assert recompute_depth("3") == 3 and recompute_depth("full") == "full"
+
+
+def test_a_batch_refuses_a_bad_option_before_any_job_runs(tmp_path):
+    from rematopt import batch
+
+    path = tmp_path / "chain.json"
+    synthetic.chain(4).save(path)
+    inputs, _ = batch.load_inputs([path])
+    with pytest.raises(PlannerError, match="^dtr: dtr-heuristic must be one of h_dtr, local, got 'lru'$"):
+        batch.plan_batch(inputs, ["greedy", "dtr"], [0.9], tmp_path / "out", {"dtr_heuristic": "lru"})
+    # an option only some planners take is fine for the others
+    ok = batch.plan_batch(inputs, ["greedy", "dtr"], [1.0], tmp_path / "out", {"dtr_heuristic": "local"})
+    assert [s["planner"] for s in ok.specs] == ["greedy", "dtr"]
+    assert not (tmp_path / "out").exists()  # nothing ran, nothing written
