@@ -6,6 +6,7 @@ the workers can import it), so nothing depends on which planners exist."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -17,9 +18,11 @@ from rematopt.errors import BudgetError, GraphError, PlannerError, RematoptError
 from rematopt.importers.synthetic import chain, random_layered, unet
 
 FAKES = '''
-import os, signal, time
+import dataclasses, os, signal, time
 from rematopt.plan import Plan
 from rematopt.planners.no_remat import plan as no_remat
+from rematopt.planners.options import NoOptions as Options
+from rematopt.stats import Stats
 
 def crash(graph, budget, options):
     os.abort()
@@ -38,7 +41,7 @@ def broken(graph, budget, options):
 
 def liar(graph, budget, options):
     p = no_remat(graph, budget, options)
-    p.stats["peak_bytes"] -= 1
+    p.stats = dataclasses.replace(p.stats, peak_bytes=p.stats.peak_bytes - 1)
     return p
 
 def patient(graph, budget, options):
@@ -55,9 +58,7 @@ def quitter(graph, budget, options):
     signal.signal(signal.SIGINT, lambda *a: stop.append(1))
     while not stop:
         time.sleep(0.05)
-    p = Plan(graph.name, "quitter", [], [])
-    p.stats["status"] = "UNKNOWN"
-    return p
+    return Plan(graph.name, "quitter", [], [], Stats(status="UNKNOWN"))
 
 def fragile(graph, budget, options):
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # dies of the SIGINT instead of raising
@@ -71,8 +72,8 @@ def echo_hint(graph, budget, options):
     """An 'exact' planner that reports the hint it was given."""
     p = no_remat(graph, budget, options)
     hint = options.get("hint")
-    p.stats["hint_planner"] = hint.planner if hint is not None else None
-    p.stats["hint_events"] = len(hint) if hint is not None else 0
+    p.stats = p.stats.with_details(hint_planner=hint.planner if hint is not None else None,
+                                   hint_events=len(hint) if hint is not None else 0)
     with open(options["log_path"], "w") as f:
         f.write("phase,elapsed_s,incumbent,bound" + chr(10) + "primary,0.1,5,1" + chr(10))
     return p
@@ -84,7 +85,7 @@ def fakes(tmp_path, monkeypatch):
     """Register the fake planners here and make them importable in workers."""
     (tmp_path / "fakeplanners.py").write_text(textwrap.dedent(FAKES))
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
     for name in ("crash", "hang", "hog", "broken", "liar", "patient", "quitter", "stubborn", "fragile",
                  "echo_hint"):
         monkeypatch.setitem(planners.REGISTRY, f"fake-{name}", f"fakeplanners:{name}")

@@ -376,10 +376,10 @@ def test_tie_goes_to_the_earliest_position():
 
 
 @pytest.mark.parametrize("options, match", [
-    ({"peak_model": "exact"}, "peak_model"),
-    ({"trim": "random"}, "trim"),
-    ({"max_clone_expansion": -1}, "max_clone_expansion"),
-    ({"max_clone_expansion": "8"}, "max_clone_expansion"),
+    ({"peak_model": "exact"}, "peak-model must be one of memory, residual"),
+    ({"trim": "random"}, "trim must be one of midpoint, max-clone"),
+    ({"max_clone_expansion": -1}, "max-clone-expansion must be a finite number >= 0"),
+    ({"max_clone_expansion": "8"}, "max-clone-expansion"),
 ])
 def test_bad_options_are_refused(options, match):
     with pytest.raises(PlannerError, match=match):

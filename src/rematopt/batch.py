@@ -46,12 +46,16 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from . import planners
 from .errors import BudgetError, GraphError, RematoptError
 from .graph import Graph
-from .reference import no_remat_peak, peak_lower_bound
+from .planners.options import parse
+from .reference import no_remat_peak, peak_lower_bound, ratio_budget
+
+if TYPE_CHECKING:
+    from .solve import Solution
 
 RESULTS = "results.jsonl"
 EXACT = ("cpsat",)  # take a hint from the fast planners, so they run last
@@ -280,7 +284,7 @@ def make_spec(g: GraphInput, ratio: float, planner: str, options: dict[str, Any]
     return {
         "key": key, "graph": g.name, "family": g.family, "graph_file": str(g.path),
         "graph_sha256": g.sha256, "nodes": g.nodes, "edges": g.edges, "budget_ratio": ratio,
-        "budget": math.floor(ratio * g.no_remat_peak),  # as resolve_budget does
+        "budget": ratio_budget(g.no_remat_peak, ratio),
         "planner": planner, "planner_ref": planners.REGISTRY[planner], "options": options,
         "run_options": opts, "out": str(out), "plan_path": stem + ".json", "log_path": log, "hint_path": None,
         "hint_from": None, "memory_limit": memory_limit, "timeout": timeout,
@@ -311,31 +315,26 @@ def _version(package: str) -> str | None:
         return None
 
 
-# Names planners may use for the figures a row has columns for.
-_STAT_ALIASES = {
-    "bound": ("bound", "best_bound", "objective_bound", "lower_bound"),
-    "gap": ("gap", "relative_gap", "optimality_gap"),
-    "time_to_first_s": ("time_to_first_s", "time_to_first", "first_solution_s"),
-    "time_to_best_s": ("time_to_best_s", "time_to_best", "best_solution_s"),
-}
+# Row columns read from the planner's Stats (column -> field); the figures of
+# the plan itself come from its replay.
+STAT_COLUMNS = {"bound": "best_bound", "gap": "gap", "time_to_first_s": "time_to_first_s",
+                "time_to_best_s": "time_to_best_s"}
 
 
-def solution_row(spec: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:
-    """A row from ``Solution.summary()``: the simulator's figures plus the
-    planner's bound, gap and timings; other scalar stats go to ``stats``."""
+def solution_row(spec: dict[str, Any], sol: "Solution") -> dict[str, Any]:
+    """A row from a solution: the simulator's figures (``Solution.summary()``),
+    the planner's bound, gap and timings (its Stats); its other scalar stats
+    go to ``stats``."""
     row = base_row(spec)
+    summary = sol.summary()
     for k in ("status", "peak_bytes", "compute_cost", "base_cost", "overhead", "transfer_bytes",
               "recompute_cost", "compute_events", "events", "no_remat_peak_bytes",
               "working_set_bound_bytes", "wall_s"):
         row[k] = summary.get(k)
-    row["budget"] = summary.get("budget_bytes")
-    used = set(row) | {"planner", "graph", "budget_bytes"}
-    for col, names in _STAT_ALIASES.items():
-        for name in names:
-            if summary.get(name) is not None:
-                row[col] = summary[name]
-                used.add(name)
-                break
+    row["budget"] = sol.budget
+    for col, name in STAT_COLUMNS.items():
+        row[col] = getattr(sol.plan.stats, name)
+    used = set(row) | {"planner", "graph", "budget_bytes", *STAT_COLUMNS.values()}
     row["stats"] = json.dumps({k: v for k, v in summary.items()
                                if k not in used and isinstance(v, (int, float, str, bool))}, sort_keys=True)
     row["error"] = None
@@ -368,7 +367,7 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
             Path(options["log_path"]).parent.mkdir(parents=True, exist_ok=True)
         _limit_memory(spec.get("memory_limit"))
         sol = solve(graph, spec["planner"], budget=budget, **options)
-        row = solution_row(spec, sol.summary())
+        row = solution_row(spec, sol)
         if len(sol.plan):
             path = out / spec["plan_path"]
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -500,6 +499,7 @@ def plan_batch(inputs: list[GraphInput], planner_names: list[str], ratios: list[
     options = {k: v for k, v in (options or {}).items() if v is not None}
     for name in planner_names:
         planners.get(name)  # unknown or not importable: fail before any job runs
+        parse(planners.options_class(name), options, name)  # a bad value too
     for r in ratios:
         if not (r > 0 and math.isfinite(r)):
             raise BudgetError(f"budget ratio must be a finite number > 0, got {r}")
@@ -538,20 +538,16 @@ def plan_batch(inputs: list[GraphInput], planner_names: list[str], ratios: list[
 
 
 def best_hint(rows: Iterable[dict[str, Any]], spec: dict[str, Any]) -> dict[str, Any] | None:
-    """The best fast plan of the spec's (graph, budget): within budget, least
-    compute cost (least peak when the objective is the peak), then least
-    transfer."""
-    by_peak = spec["options"].get("objective") == "peak"
+    """The best fast plan of the spec's (graph, budget), ranked as cpsat's own
+    warm start ranks them (:func:`~rematopt.planners.cpsat.warm_start.best_within`)."""
+    from .planners.cpsat.warm_start import Figures, best_within
 
-    def rank(row):
-        cost, peak = row["compute_cost"], row["peak_bytes"]
-        return (peak, cost, row["transfer_bytes"] or 0) if by_peak else (cost, row["transfer_bytes"] or 0, peak)
-
-    fits = [row for row in rows
+    fits = [(row, Figures(row["compute_cost"], row["transfer_bytes"] or 0, row["peak_bytes"])) for row in rows
             if row["graph_sha256"] == spec["graph_sha256"] and row["budget_ratio"] == spec["budget_ratio"]
             and row["planner"] not in EXACT and row["status"] in ("OPTIMAL", "FEASIBLE")
             and row.get("plan_path") and row["budget"] is not None and row["peak_bytes"] <= row["budget"]]
-    return min(fits, key=rank, default=None)
+    best = best_within(fits, None, by_peak=spec["options"].get("objective") == "peak")
+    return None if best is None else best[0]
 
 
 def run_batch(batch: BatchPlan, out: str | Path, jobs: int = 1, executor: str = "local",

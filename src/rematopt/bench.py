@@ -78,7 +78,7 @@ def greedy_table(depth: int = 2000, repeat: int = 3) -> Table:
     before = no_remat_peak(graph)
     table = Table(title=f"greedy on chain_sinks_d{depth} (budget 0, {len(graph.compute_ids):,} compute nodes)")
     for col in ("variant", "selected", "dropped", "compute ops", "x nodes", "peak cut",
-                "planner s", "select", "project", "trim", "emit", "figures", "replay s"):
+                "planner s", "select", "project", "trim", "materialise", "figures", "replay s"):
         table.add_column(col, justify="right")
     variants = [("unbounded", {"max_clone_expansion": 0}), ("bound 8, midpoint", {}),
                 ("bound 8, max-clone", {"trim": "max-clone"})]
@@ -102,7 +102,7 @@ def greedy_table(depth: int = 2000, repeat: int = 3) -> Table:
         table.add_row(name, f"{len(stats['selected']):,}", f"{len(stats['dropped']):,}",
                       f"{replay.compute_events:,}", f"{replay.compute_events / len(graph.compute_ids):.2f}",
                       f"{100 * (1 - replay.peak_bytes / before):.1f}%", f"{planner_s:.2f}",
-                      *(f"{t[k]:.2f}" for k in ("select_s", "project_s", "trim_s", "emit_s", "figures_s")),
+                      *(f"{t[k]:.2f}" for k in ("select_s", "project_s", "trim_s", "materialise_s", "figures_s")),
                       f"{replay_s:.2f}")
     return table
 

@@ -230,6 +230,11 @@ class Graph:
         """Nodes resident before the first event: inputs and persistent nodes."""
         return [v.id for v in self.nodes if v.is_input or v.persistent]
 
+    @cached_property
+    def initial_bytes(self) -> int:
+        """Memory before the first event: the bytes of :attr:`initial_resident`."""
+        return sum(self.bytes[i] for i in self.initial_resident)
+
     @property
     def has_phases(self) -> bool:
         return any(v.phase is not None for v in self.nodes)

@@ -14,6 +14,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from .errors import PlanError, located
+from .stats import Stats
 
 FORMAT = "rematopt.plan/1"
 OPS = ("compute", "free", "offload", "prefetch")
@@ -24,9 +25,10 @@ _OP_CODE = {name: code for code, name in enumerate(OPS)}
 class Plan:
     """An event list for one graph plus the planner's ``stats``.
 
-    ``stats`` always carries the planner's own claims ``peak_bytes``,
-    ``compute_cost`` and ``transfer_bytes`` (checked against the simulator by
-    :func:`rematopt.solve`) and a ``status``; planners add what they know.
+    ``stats`` (a :class:`~rematopt.stats.Stats`) carries the planner's own
+    claims ``peak_bytes``, ``compute_cost`` and ``transfer_bytes`` (checked
+    against the simulator by :func:`rematopt.solve`) and a ``status``;
+    planners add what they know.
     """
 
     def __init__(
@@ -35,7 +37,7 @@ class Plan:
         planner: str,
         ops: np.ndarray | Iterable[int],
         nodes: np.ndarray | Iterable[int],
-        stats: dict[str, Any] | None = None,
+        stats: Stats | None = None,
         extra: dict[str, Any] | None = None,
     ):
         self.graph = graph
@@ -44,12 +46,12 @@ class Plan:
         self.nodes = np.asarray(nodes, dtype=np.int64)
         if self.ops.shape != self.nodes.shape or self.ops.ndim != 1:
             raise ValueError("ops and nodes must be 1-d arrays of equal length")
-        self.stats: dict[str, Any] = dict(stats or {})
+        self.stats: Stats = stats if stats is not None else Stats()
         self.extra: dict[str, Any] = dict(extra or {})
 
     @classmethod
     def from_events(cls, graph: str, planner: str, events: Iterable[tuple[str, int]],
-                    stats: dict[str, Any] | None = None) -> "Plan":
+                    stats: Stats | None = None) -> "Plan":
         """Build from ``(op_name, node)`` pairs, e.g. ``[("compute", 1), ("free", 0)]``."""
         ops, nodes = [], []
         for op, node in events:
@@ -96,7 +98,7 @@ class Plan:
         if not isinstance(stats, dict):
             raise PlanError(located(source, "'stats' must be an object"))
         extra = {k: v for k, v in d.items() if k not in ("format", "graph", "planner", "events", "stats")}
-        return cls(str(d.get("graph", "")), str(d.get("planner", "")), ops, nodes, stats, extra)
+        return cls(str(d.get("graph", "")), str(d.get("planner", "")), ops, nodes, Stats.from_dict(stats), extra)
 
     @classmethod
     def load(cls, path: str | Path) -> "Plan":
@@ -115,7 +117,7 @@ class Plan:
             "graph": self.graph,
             "planner": self.planner,
             "events": [{"op": op, "node": n} for op, n in self.events()],
-            "stats": self.stats,
+            "stats": dict(self.stats),
             **self.extra,
         }
 
@@ -130,7 +132,7 @@ class Plan:
             f.write(",\n".join(f'{{"op": {names[o]}, "node": {n}}}'
                                for o, n in zip(self.ops.tolist(), self.nodes.tolist())))
             f.write('\n], "stats": ')
-            f.write(json.dumps(self.stats, indent=1, default=_jsonable))
+            f.write(json.dumps(dict(self.stats), indent=1, default=_jsonable))
             f.write("}\n")
 
     def __repr__(self) -> str:
@@ -169,5 +171,5 @@ class PlanBuilder:
         self.ops.append(PREFETCH)
         self.nodes.append(i)
 
-    def build(self, graph: str, planner: str, stats: dict[str, Any] | None = None) -> Plan:
+    def build(self, graph: str, planner: str, stats: Stats | None = None) -> Plan:
         return Plan(graph, planner, self.ops, self.nodes, stats)

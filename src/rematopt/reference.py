@@ -8,6 +8,7 @@ import math
 from .errors import BudgetError, located
 from .graph import Graph
 from .plan import Plan, PlanBuilder
+from .simulate import peak_of
 
 
 def no_remat_plan(graph: Graph) -> Plan:
@@ -36,22 +37,9 @@ def no_remat_plan(graph: Graph) -> Plan:
 
 
 def no_remat_peak(graph: Graph) -> int:
-    """Peak bytes of :func:`no_remat_plan`, by a sweep over positions."""
-    mem = sum(graph.bytes[i] for i in graph.initial_resident)
-    peak = mem
-    freed_at = [0] * graph.n
-    for v in graph.nodes:
-        if not (v.output or v.persistent):
-            if v.is_input and not graph.succs[v.id]:
-                mem -= v.bytes
-            else:
-                freed_at[graph.last_use[v.id]] += v.bytes
-    for t, i in enumerate(graph.order):
-        if not graph.nodes[i].is_input:
-            mem += graph.bytes[i]
-            peak = max(peak, mem)
-        mem -= freed_at[t]
-    return peak
+    """Peak bytes of :func:`no_remat_plan`."""
+    p = no_remat_plan(graph)
+    return peak_of(graph, p.ops, p.nodes)
 
 
 def working_set_bound(graph: Graph) -> int:
@@ -70,7 +58,12 @@ def working_set_bound(graph: Graph) -> int:
 def peak_lower_bound(graph: Graph) -> int:
     """The largest bound we can state cheaply: the working-set bound, and the
     memory resident before the first event (every peak includes it)."""
-    return max(working_set_bound(graph), sum(graph.bytes[i] for i in graph.initial_resident))
+    return max(working_set_bound(graph), graph.initial_bytes)
+
+
+def ratio_budget(no_remat_peak: int, ratio: float) -> int:
+    """The budget a ratio means: ``floor(ratio x no-remat peak)`` bytes (FORMATS.md)."""
+    return math.floor(ratio * no_remat_peak)
 
 
 def resolve_budget(graph: Graph, budget: int | None = None, ratio: float | None = None,
@@ -86,7 +79,7 @@ def resolve_budget(graph: Graph, budget: int | None = None, ratio: float | None 
     if ratio is not None:
         if not (ratio >= 0 and math.isfinite(ratio)):
             raise BudgetError(f"budget ratio must be a finite number >= 0, got {ratio}")
-        budget = math.floor(ratio * no_remat_peak(graph))
+        budget = ratio_budget(no_remat_peak(graph), ratio)
     elif budget is None and graph.meta.get("budget_bytes") is not None:
         budget = int(graph.meta["budget_bytes"])
     if budget is None:

@@ -9,7 +9,7 @@ replay differs from those claims by a single byte or ulp.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from . import planners
@@ -37,7 +37,7 @@ class Solution:
 
     @property
     def status(self) -> str:
-        return str(self.plan.stats.get("status", "UNKNOWN"))
+        return self.plan.stats.status
 
     def summary(self) -> dict[str, Any]:
         """One flat JSON-ready record: the simulator's figures, then the
@@ -79,11 +79,9 @@ def solve(graph: Graph, planner: str = "no-remat", budget: int | None = None,
     start = time.perf_counter()
     plan = fn(graph, budget, dict(options))
     wall = time.perf_counter() - start
-    plan.stats.setdefault("status", "UNKNOWN")
-    plan.stats["budget_bytes"] = budget
-    plan.stats["wall_s"] = wall
+    plan.stats = replace(plan.stats, budget_bytes=budget, wall_s=wall)
     replay = None
-    if len(plan) or plan.stats["status"] not in NO_PLAN:
+    if len(plan) or plan.stats.status not in NO_PLAN:
         replay = check_claims(graph, plan, budget)
     return Solution(plan, replay, budget, wall, no_remat_peak(graph), working_set_bound(graph))
 

@@ -18,7 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from .. import planners
 from ..errors import RematoptError
 from . import cli
-from .core import parse_bytes
+from .core import parse_bytes, planner_options
 
 
 def _floats(text: str) -> list[float]:
@@ -34,17 +34,11 @@ def _floats(text: str) -> list[float]:
               help="Comma-separated planner names, or 'all' for every planner available here.")
 @click.option("--budget-ratios", default="0.9,0.8,0.7,0.6,0.5", show_default=True,
               help="Budgets as fractions of each graph's no-remat peak.")
-@click.option("--objective", type=click.Choice(["overhead", "peak"]), help="Passed to the planners (cpsat).")
-@click.option("--offload/--no-offload", default=None, help="Passed to the planners (cpsat).")
-@click.option("--host-bandwidth", type=float, help="Transfer cost = bytes / this (bytes per cost unit).")
-@click.option("--transfer-cost-per-byte", type=float, help="Transfer cost = bytes x this.")
-@click.option("--max-clone-expansion", type=float, help="Compute events <= X x compute nodes (0: unbounded).")
+@planner_options(exclude=("hint", "log_path", "time_limit"))  # the batch sets these per job
 @click.option("--time-limit", type=float, default=60.0, show_default=True,
               help="Per-job solver time limit, seconds; a worker is killed at this plus --timeout-margin.")
 @click.option("--timeout-margin", type=float, default=30.0, show_default=True,
               help="Seconds a job may run past --time-limit before its worker is killed.")
-@click.option("--workers", type=int, help="Solver threads per job (default: cores / --jobs).")
-@click.option("--seed", type=int, help="Solver random seed.")
 @click.option("--jobs", "-j", type=int, default=1, show_default=True,
               help="Jobs run at once (with dask: tasks in flight on the cluster).")
 @click.option("--memory-limit", default="4GiB", show_default=True, help="Address-space cap per job (0: none).")

@@ -19,6 +19,7 @@ from .. import planners
 from ..errors import BudgetError, GraphError, RematoptError
 from ..graph import Graph
 from ..plan import Plan
+from ..planners.options import command_line
 from ..reference import no_remat_peak, working_set_bound
 from ..simulate import base_cost, simulate
 from ..solve import solve
@@ -117,12 +118,43 @@ def simulate_cmd(graph: str, plan: str, as_json: bool, timeline: str | None) -> 
         sys.exit(1)
 
 
-def _depth_arg(value: str | None) -> str | int | None:
-    if value in (None, "auto", "full"):
-        return value
-    if not value.isdigit():
-        raise click.BadParameter(f"expected auto, full or an integer >= 0, got {value!r}")
-    return int(value)
+class _FromText(click.ParamType):
+    """A planner option read by its own function (``option(from_text=...)``)."""
+
+    name = "text"
+
+    def __init__(self, read):
+        self.read = read
+
+    def convert(self, value, param, ctx):
+        if not isinstance(value, str):
+            return value
+        try:
+            return self.read(value)
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+
+
+def planner_options(exclude: tuple[str, ...] = ()):
+    """The planners' options as click options (:func:`~rematopt.planners.options.command_line`):
+    each defaults to None (not given), so every planner applies its own default,
+    and its help names the planners that take it."""
+
+    def decorate(fn):
+        for o in reversed(command_line(planners.options_classes(), exclude)):
+            if o.spec.from_text is not None:
+                kind = _FromText(o.spec.from_text)
+            elif o.spec.choices is not None:
+                kind = click.Choice(o.spec.choices)
+            else:
+                kind = o.kind[0]
+            if o.kind == (bool,):
+                fn = click.option(f"{o.flag}/--no-{o.flag[2:]}", o.name, default=None, help=o.help)(fn)
+            else:
+                fn = click.option(o.flag, o.name, type=kind, help=o.help)(fn)
+        return fn
+
+    return decorate
 
 
 @cli.command(name="solve")
@@ -133,41 +165,21 @@ def _depth_arg(value: str | None) -> str | int | None:
 @click.option("--budget-ratio", type=float, help="Budget as a fraction of the no-remat peak.")
 @click.option("--output", "-o", type=click.Path(dir_okay=False), help="Write the plan here.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@click.option("--objective", type=click.Choice(["overhead", "peak"]),
-              help="cpsat: minimise overhead under the budget, or the peak.")
-@click.option("--max-overhead", type=float, help="cpsat --objective peak: overhead cap.")
-@click.option("--offload/--no-offload", default=False, help="cpsat: allow host offload.")
-@click.option("--host-bandwidth", type=float, help="Transfer cost = bytes / this (bytes per cost unit).")
-@click.option("--transfer-cost-per-byte", type=float, help="Transfer cost = bytes x this.")
-@click.option("--max-clone-expansion", type=float, help="Compute events <= X x compute nodes (0: unbounded).")
-@click.option("--time-limit", type=float, help="Solver time limit, seconds.")
-@click.option("--workers", type=int, help="Solver threads (default: all cores).")
-@click.option("--seed", type=int, help="Solver random seed.")
-@click.option("--hint", type=click.Path(dir_okay=False), help="A plan to start the solver from.")
-@click.option("--warm-start", type=click.Choice(["auto", "none"]), help="cpsat: run fast planners first.")
-@click.option("--recompute-depth", type=str, callback=lambda c, p, v: _depth_arg(v),
-              help="cpsat: auto, full, or recompute only within N producer hops of each stage's node.")
-@click.option("--log", "log_path", type=click.Path(dir_okay=False), help="Write incumbent/bound over time (CSV).")
-@click.option("--export-model", type=click.Path(dir_okay=False),
-              help="cpsat: write the first round's CP-SAT model (proto text) here and its LP beside it (.mps).")
-@click.option("--peak-model", type=click.Choice(["memory", "residual"]), help="greedy: peak estimate.")
-@click.option("--trim", type=click.Choice(["midpoint", "max-clone"]), help="greedy: clone-bound trimming rule.")
+@planner_options()
 def solve_cmd(graph: str | None, planner: str, budget: str | None, budget_ratio: float | None,
-              output: str | None, as_json: bool, hint: str | None, **options: Any) -> None:
+              output: str | None, as_json: bool, **options: Any) -> None:
     """Plan GRAPH (default: a small instance shipped with rematopt) under a budget."""
     g = load_graph_arg(graph)
     for path in (output, options.get("log_path"), options.get("export_model")):
         check_writable(path)
     ctx = click.get_current_context()
-    given = {k for k in [*options, "hint"] if ctx.get_parameter_source(k) is ParameterSource.COMMANDLINE
-             and options.get(k) is not False}  # --no-offload asks nothing of a planner that never offloads
+    given = {k for k in options if ctx.get_parameter_source(k) is ParameterSource.COMMANDLINE
+             and options[k] is not False}  # --no-offload asks nothing of a planner that never offloads
     ignored = given - planners.options(planner)  # a plan made without them would look like an answer
     if ignored:
-        flags = ", ".join(sorted({"log_path": "--log"}.get(k, "--" + k.replace("_", "-")) for k in ignored))
-        raise RematoptError(f"planner {planner!r} does not take {flags}")
+        flags = {p.name: p.opts[0] for p in ctx.command.params}
+        raise RematoptError(f"planner {planner!r} does not take {', '.join(sorted(flags[k] for k in ignored))}")
     options = {k: v for k, v in options.items() if v is not None}
-    if hint:
-        options["hint"] = Plan.load(hint)
     options.setdefault("progress", sys.stderr.isatty() and not as_json)
     sol = solve(g, planner, budget=parse_bytes(budget) if budget is not None else None,
                 budget_ratio=budget_ratio, **options)

@@ -4,9 +4,11 @@
 
 registered here by name as ``"module:function"`` (imported on first use, so
 heavy solvers cost nothing until asked for). A new planner is one new module
-plus one line below. Options a planner does not know are ignored (a batch
-gives every planner the same ones); a module lists those its planners read
-in ``OPTIONS``, so that ``rematopt solve`` can refuse the others.
+plus one line below. Its module declares the options its planners read as
+one frozen dataclass, ``Options`` (see :mod:`.options`): the command line's
+options and their parsing are derived from those classes. Options a planner
+does not declare are ignored (a batch gives every planner the same ones);
+``rematopt solve`` refuses them.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any, Callable
 from ..errors import PlannerError
 from ..graph import Graph
 from ..plan import Plan
+from .options import names as option_names
 
 PlannerFn = Callable[[Graph, "int | None", dict[str, Any]], Plan]
 
@@ -31,6 +34,8 @@ REGISTRY: dict[str, str] = {
     "jax-offload-dots": "rematopt.planners.jax_policies:plan_offload_dots",
     "cpsat": "rematopt.planners.cpsat:plan",
 }
+# Where a planner's options class is, when not in its module as ``Options``.
+OPTIONS_AT: dict[str, str] = {"cpsat": "rematopt.planners.cpsat.settings:Options"}
 
 
 def names() -> list[str]:
@@ -49,9 +54,33 @@ def available() -> list[str]:
     return out
 
 
+def options_class(name: str) -> type:
+    """The options class of planner ``name`` (its module's ``Options``),
+    found without running anything heavy; PlannerError if the planner is
+    unknown or its module does not import here."""
+    if name not in REGISTRY:
+        get(name)  # the unknown-planner error
+    module, attr = OPTIONS_AT.get(name, REGISTRY[name].split(":")[0] + ":Options").split(":")
+    try:
+        return getattr(import_module(module), attr)
+    except (ModuleNotFoundError, AttributeError) as e:
+        raise PlannerError(f"planner {name!r} is not available here ({e})") from None
+
+
+def options_classes() -> dict[str, type]:
+    """Planner name -> options class, for every planner whose options import here."""
+    out = {}
+    for name in names():
+        try:
+            out[name] = options_class(name)
+        except PlannerError:
+            continue
+    return out
+
+
 def options(name: str) -> frozenset[str]:
-    """The options planner ``name`` reads (its module's ``OPTIONS``)."""
-    return getattr(import_module(get(name).__module__), "OPTIONS", frozenset())
+    """The options planner ``name`` reads."""
+    return option_names(options_class(name))
 
 
 def get(name: str) -> PlannerFn:

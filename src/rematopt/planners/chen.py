@@ -4,7 +4,7 @@ Both planners keep a set of checkpoints chosen among the articulation points
 of the forward graph (a value whose removal disconnects it, so a segment
 between two checkpoints can be recomputed from the first alone), drop every
 other forward value after the forward pass, and recompute each segment once
-for the backward pass (:func:`~rematopt.planners.emit.keep_schedule` with
+for the backward pass (:func:`~rematopt.planners.frees.keep_schedule` with
 ``retain``: a recomputed value stays until its last read).
 
 - ``chen-sqrt``: about every sqrt(m)-th of the m candidates, so about sqrt(m)
@@ -20,11 +20,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import networkx as nx
-
 from ..graph import Graph
 from ..plan import Plan
-from .emit import finish, keep_schedule
+from .frees import keep_schedule, place_frees
+from .options import NoOptions
+
+Options = NoOptions  # takes none
 
 THRESHOLDS = 48  # thresholds tried by chen-greedy (geometric, plus 0)
 
@@ -38,6 +39,8 @@ def forward_ids(graph: Graph) -> list[int]:
 
 def candidates(graph: Graph) -> list[int]:
     """Articulation points of the (undirected) forward graph, in program order."""
+    import networkx as nx  # here, not at the top: the command line imports this module for its Options
+
     fwd = forward_ids(graph)
     g = nx.Graph()
     g.add_nodes_from(fwd)
@@ -48,10 +51,10 @@ def candidates(graph: Graph) -> list[int]:
 
 
 def _plan(graph: Graph, checkpoints: list[int], planner: str, budget: int | None,
-          stats: dict[str, Any]) -> Plan:
+          details: dict[str, Any]) -> Plan:
     schedule = keep_schedule(graph, checkpoints, retain=True)
     names = [graph.nodes[i].name for i in checkpoints]
-    return finish(graph, schedule, planner, budget, {"checkpoints": names, **stats})
+    return place_frees(graph, schedule, planner, budget, {"checkpoints": names, **details})
 
 
 def plan_sqrt(graph: Graph, budget: int | None, options: dict[str, Any]) -> Plan:
@@ -90,11 +93,12 @@ def plan_greedy(graph: Graph, budget: int | None, options: dict[str, Any]) -> Pl
         seen.add(cps)
         p = _plan(graph, list(cps), "chen-greedy", budget,
                   {"candidates": len(cands), "threshold_bytes": threshold})
-        fits = p.stats["status"] == "FEASIBLE"
+        st = p.stats
         # Under the budget: cheapest (then lowest peak); otherwise lowest peak.
-        key = (0, p.stats["compute_cost"], p.stats["peak_bytes"]) if fits else \
-              (1, p.stats["peak_bytes"], p.stats["compute_cost"])
+        key = (0, st.compute_cost, st.peak_bytes) if st.status == "FEASIBLE" else \
+              (1, st.peak_bytes, st.compute_cost)
         if best is None or key < best[0]:
             best = (key, p)
-    best[1].stats["thresholds_tried"] = len(seen)
-    return best[1]
+    p = best[1]
+    p.stats = p.stats.with_details(thresholds_tried=len(seen))
+    return p

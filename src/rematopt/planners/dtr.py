@@ -36,12 +36,13 @@ an unguarded run made about 300,000 evictions for a 930x overhead.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from ..errors import PlannerError
 from ..graph import Graph
 from ..plan import COMPUTE, Plan
-from .emit import Schedule, always_kept, finish
+from .frees import Schedule, always_kept, place_frees
+from .options import option, parse
 
 HEURISTICS = ("h_dtr", "local")
 THRASH_LIMIT = 10  # default dtr_thrash_limit: recomputations per compute node
@@ -72,7 +73,7 @@ class _Runtime:
         self.computed = [False] * n
         for i in graph.initial_resident:
             self.resident[i] = self.computed[i] = True
-        self.mem = sum(graph.bytes[i] for i in graph.initial_resident)
+        self.mem = graph.initial_bytes
         self.pins = [0] * n
         self.last_access = [0] * n
         self.clock = 1
@@ -181,16 +182,16 @@ class _Runtime:
             self.mem -= self.g.bytes[u]
 
 
-OPTIONS = frozenset({"dtr_heuristic", "dtr_thrash_limit"})  # what plan() reads
+@dataclass(frozen=True)
+class Options:
+    dtr_heuristic: str = option("h_dtr", "eviction heuristic.", choices=HEURISTICS)
+    dtr_thrash_limit: float = option(THRASH_LIMIT, "stop evicting after this many recomputes per compute node.",
+                                     minimum=0)
 
 
 def plan(graph: Graph, budget: int | None, options: dict[str, Any]) -> Plan:
-    heuristic = options.get("dtr_heuristic", "h_dtr")
-    if heuristic not in HEURISTICS:
-        raise PlannerError(f"dtr: dtr_heuristic must be one of {', '.join(HEURISTICS)}, got {heuristic!r}")
-    limit = options.get("dtr_thrash_limit", THRASH_LIMIT)
-    if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not limit >= 0:
-        raise PlannerError(f"dtr: dtr_thrash_limit must be a number >= 0, got {limit!r}")
+    opts = parse(Options, options, "dtr")
+    heuristic, limit = opts.dtr_heuristic, opts.dtr_thrash_limit
     rt = _Runtime(graph, budget, heuristic == "local", limit * len(graph.compute_ids))
     # Free after the last read: by a consumer for a recomputable value (it can
     # come back), by anything that might need it recomputed otherwise.
@@ -203,6 +204,6 @@ def plan(graph: Graph, budget: int | None, options: dict[str, Any]) -> Plan:
         remats = [] if graph.nodes[v].is_input else rt.run(v)
         for u in frees_at[t] + [u for u in remats if hold[u] <= t]:
             rt.free(u)
-    return finish(graph, rt.schedule, "dtr", budget,
-                  {"heuristic": heuristic, "evictions": rt.evictions,
-                   "thrashed": rt.recomputes > rt.max_recomputes})
+    return place_frees(graph, rt.schedule, "dtr", budget,
+                       {"heuristic": heuristic, "evictions": rt.evictions,
+                        "thrashed": rt.recomputes > rt.max_recomputes})

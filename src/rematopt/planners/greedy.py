@@ -4,8 +4,10 @@ The pass works on the program in its order (positions ``0..n-1``):
 
 1. **Candidates**: recomputable compute nodes with bytes > 0 whose output is
    consumed after its own position; with phases, non-backward nodes with a
-   backward consumer. A node's *late* consumers are the ones a clone serves:
-   its backward consumers (with phases) or all of its consumers (without).
+   backward consumer. A node's *clone readers* are the consumers a clone of
+   it serves (:meth:`Program.reads_clone`): with phases, its late consumers
+   (:func:`~rematopt.planners.frees.late_rule`, the one definition of late);
+   without phases, all of its consumers.
 2. **Selection**: while the modelled peak exceeds the budget, take the
    candidate with the largest bytes x interval length / recompute cost (ties:
    earliest position). The peak is the root of a tree over a difference array
@@ -17,13 +19,13 @@ The pass works on the program in its order (positions ``0..n-1``):
    goes back (the midpoint of its chain of selected nodes, or with
    ``trim="max-clone"`` the node with most clones), its interval back into
    the difference array.
-4. **Materialisation** (:func:`emit`): before each surviving original whose
-   input is a late use of a selected node, that node is recomputed, and so,
+4. **Materialisation** (:func:`materialise`): before each surviving original
+   that is a clone reader of a selected node, that node is recomputed, and so,
    recursively, are its selected inputs; a clone is freed right after its
    one consumer, so no node ever has two copies resident.
 
-Without phases every consumer is late, so a selected node's original is
-always dropped. With phases a node is a candidate only if its non-backward
+Without phases every consumer is a clone reader, so a selected node's
+original is always dropped (it is rebuilt right before each use). With phases a node is a candidate only if its non-backward
 consumers all come before the first backward node: its original (if any use
 keeps it) is then freed before its first clone is computed.
 """
@@ -43,14 +45,24 @@ from ..errors import PlannerError, located
 from ..graph import Graph
 from ..plan import COMPUTE, FREE, Plan
 from ..reference import no_remat_peak
-from ..simulate import cost_of_counts
+from ..simulate import cost_of_counts, peak_of
+from ..stats import Stats
+from .frees import late_rule
+from .options import option, parse
 
 CLONE_BOUND = "REMAT_PLAN_CLONE_BOUND"
 PEAK_MODELS = ("memory", "residual")
 TRIMS = ("midpoint", "max-clone")
-OPTIONS = frozenset({"peak_model", "trim", "max_clone_expansion"})  # what plan() reads
 # An unbounded expansion past this many compute events is refused, not attempted.
 MAX_EVENTS = 50_000_000
+
+
+@dataclass(frozen=True)
+class Options:
+    peak_model: str = option("memory", "peak estimate.", choices=PEAK_MODELS)
+    trim: str = option("midpoint", "clone-bound trimming rule.", choices=TRIMS)
+    max_clone_expansion: float = option(8.0, "compute events <= X x compute nodes (0: unbounded).",
+                                        minimum=0, finite=True)
 
 
 # -- the peak over positions ---------------------------------------------------
@@ -121,9 +133,9 @@ class Program:
     graph: Graph
     phased: bool               # the graph has phases
     backward: list[bool]       # node is in the backward phase
-    late: list[list[int]]      # late consumers of each node (what clones serve)
-    early: list[list[int]]     # the other consumers (served by the original)
-    eligible: list[bool]       # structurally able to be recomputed at late uses
+    clone_readers: list[list[int]]     # consumers of each node a clone of it serves
+    original_readers: list[list[int]]  # the other consumers (served by the original)
+    eligible: list[bool]               # structurally able to be recomputed for its clone readers
 
     @classmethod
     def of(cls, graph: Graph) -> "Program":
@@ -131,25 +143,24 @@ class Program:
         phases = graph.has_phases
         backward = [v.phase == "backward" for v in graph.nodes]
         first_backward = min((pos[v.id] for v in graph.nodes if backward[v.id]), default=graph.n)
-        late: list[list[int]] = []
-        early: list[list[int]] = []
+        late = late_rule(graph)
+        cloned: list[list[int]] = []
+        kept: list[list[int]] = []
         eligible: list[bool] = []
         for v in graph.nodes:
             i = v.id
-            if phases:
-                late.append([u for u in succs[i] if backward[u]])
-                early.append([u for u in succs[i] if not backward[u]])
-            else:
-                late.append(list(succs[i]))
-                early.append([])
-            ok = (not v.is_input and v.recomputable and not v.output and bool(late[i])
-                  and not (phases and (backward[i] or any(pos[u] >= first_backward for u in early[i]))))
+            cloned.append([u for u in succs[i] if not phases or late(i, u)])
+            kept.append([u for u in succs[i] if phases and not late(i, u)])
+            ok = (not v.is_input and v.recomputable and not v.output and bool(cloned[i])
+                  and not (phases and (backward[i] or any(pos[u] >= first_backward for u in kept[i]))))
             eligible.append(ok)
-        return cls(graph, phases, backward, late, early, eligible)
+        return cls(graph, phases, backward, cloned, kept, eligible)
 
-    def is_late(self, producer: int, consumer: int) -> bool:
+    def reads_clone(self, producer: int, consumer: int) -> bool:
         """Whether ``consumer`` reads ``producer`` through a clone when
-        ``producer`` is selected."""
+        ``producer`` is selected: with phases, when it reads it late
+        (:func:`~rematopt.planners.frees.late_rule`; a selected producer is
+        never backward); without phases, always."""
         return not self.phased or self.backward[consumer]
 
 
@@ -179,9 +190,9 @@ class Projection:
 
 def projection(graph: Graph, selected: list[bool] | set[int], program: Program | None = None) -> Projection:
     """Walk the program in reverse, as materialisation does: a selected node
-    gets one clone per surviving original that uses it late, plus one per
+    gets one clone per surviving original among its clone readers, plus one per
     clone of each selected consumer (so counts compound along chains); its
-    original survives only if a surviving original uses it early."""
+    original survives only if one of its original readers' originals does."""
     program = program or Program.of(graph)
     sel = _as_flags(graph, selected)
     pos = graph.position
@@ -196,11 +207,11 @@ def projection(graph: Graph, selected: list[bool] | set[int], program: Program |
             if sel[u]:
                 count += clones[u]
                 latest = max(latest, reach[u])
-            if original[u] and program.is_late(i, u):
+            if original[u] and program.reads_clone(i, u):
                 count += 1
                 latest = max(latest, pos[u])
         clones[i], reach[i] = count, latest
-        original[i] = any(original[u] for u in program.early[i])
+        original[i] = any(original[u] for u in program.original_readers[i])
     return Projection(clones, original, reach)
 
 
@@ -232,9 +243,9 @@ class PeakModel:
     values to the end, both ends inclusive): an unselected value lives until
     its last use, which may be a clone of a selected consumer (at that
     consumer's *reach*, the latest position one of its clones is used); a
-    selected value keeps its original up to its last early consumer whose
-    own original survives, and occupies one slot at each unselected late
-    consumer (the clone resident while that consumer runs); and a consumer
+    selected value keeps its original up to its last original reader whose
+    own original survives, and occupies one slot at each unselected clone
+    reader (the clone resident while that consumer runs); and a consumer
     whose clone trees, built one after another right before it, rise above
     those slots is charged the difference (its *rise*). Its peak is the
     simulated peak of the emitted plan (the tests hold it to that).
@@ -277,12 +288,12 @@ class PeakModel:
     def _reach(self, i: int) -> int:
         """Unselected: position of the last use of the original. Selected: the
         latest position at which one of its clones is used. -1: no use."""
-        pos, sel, reach, late = self.g.position, self.sel, self.reach, self.program.is_late
+        pos, sel, reach, cloned = self.g.position, self.sel, self.reach, self.program.reads_clone
         best = -1
         for u in self.g.succs[i]:
             if sel[u]:
                 r = reach[u]
-            elif sel[i] and not late(i, u):
+            elif sel[i] and not cloned(i, u):
                 continue
             else:
                 r = pos[u]
@@ -299,25 +310,25 @@ class PeakModel:
         return self.reach[i] + 1
 
     def _clone_points(self, i: int, sign: int) -> None:
-        """Node i selected: one position at each unselected late consumer; and
+        """Node i selected: one position at each unselected clone reader; and
         a selected producer loses (or regains) its clone slot at i's position
         when i's original goes (or returns)."""
         g, pos, b, tracker = self.g, self.g.position, self.g.bytes[i], self.tracker
-        for u in self.program.late[i]:
+        for u in self.program.clone_readers[i]:
             if not self.sel[u]:
                 tracker.add(pos[u] + 1, pos[u] + 1, sign * b)
         for q in g.preds[i]:
-            if self.sel[q] and self.program.is_late(q, i):
+            if self.sel[q] and self.program.reads_clone(q, i):
                 tracker.add(pos[i] + 1, pos[i] + 1, -sign * g.bytes[q])
 
     def _keep_original(self, i: int) -> bool:
-        """Selected i: span its original to its last early consumer whose own
+        """Selected i: span its original to its last original reader whose own
         original survives (none: the original is dropped). Unselected i: its
         whole interval stands. True if whether i's original survives changed."""
         pos, b = self.g.position, self.g.bytes[i]
         end = -1
         if self.sel[i]:
-            end = max((pos[u] for u in self.program.early[i] if self.original[u]), default=-1)
+            end = max((pos[u] for u in self.program.original_readers[i] if self.original[u]), default=-1)
         old = self.kept_until[i]
         if end != old:
             if old >= 0:
@@ -380,9 +391,9 @@ class PeakModel:
 
     def _clone_kids(self, i: int) -> list[int]:
         """The selected inputs rebuilt for i, in build order (latest first):
-        all of them for a clone of i, the late ones for i's original."""
-        sel, late, pos = self.sel, self.program.is_late, self.g.position
-        kids = [p for p in self.g.preds[i] if sel[p] and (sel[i] or late(p, i))]
+        all of them for a clone of i, those it reads through a clone for i's original."""
+        sel, cloned, pos = self.sel, self.program.reads_clone, self.g.position
+        kids = [p for p in self.g.preds[i] if sel[p] and (sel[i] or cloned(p, i))]
         kids.sort(key=pos.__getitem__, reverse=True)
         return kids
 
@@ -528,7 +539,7 @@ class Trimmer:
         sel[s] = False
         self.total_clones -= clones[s]
         # What s contributed to each selected producer, and what it contributes now.
-        change = {q: (1 if p.is_late(q, s) else 0) - clones[s] - (1 if original[s] and p.is_late(q, s) else 0)
+        change = {q: (1 if p.reads_clone(q, s) else 0) - clones[s] - (1 if original[s] and p.reads_clone(q, s) else 0)
                   for q in g.preds[s] if sel[q]}
         revived = {s} if not original[s] else set()
         clones[s] = 0
@@ -547,7 +558,7 @@ class Trimmer:
 
         for q, d in change.items():
             push(q, d)
-        wake = {q for q in change if revived and not p.is_late(q, s)}
+        wake = {q for q in change if revived and not p.reads_clone(q, s)}
         while heap:
             _, q = heapq.heappop(heap)
             d = delta.pop(q)
@@ -562,10 +573,10 @@ class Trimmer:
             for r in g.preds[q]:
                 if not sel[r]:
                     continue
-                late = p.is_late(r, q)
-                if d or (revive and late):
-                    push(r, d + (1 if revive and late else 0))
-                if revive and not late:
+                cloned = p.reads_clone(r, q)
+                if d or (revive and cloned):
+                    push(r, d + (1 if revive and cloned else 0))
+                if revive and not cloned:
                     wake.add(r)
                     push(r, 0)
 
@@ -607,10 +618,10 @@ class Trimmer:
 
 # -- materialisation -----------------------------------------------------------
 
-def emit(program: Program, sel: list[bool], proj: Projection) -> np.ndarray:
+def materialise(program: Program, sel: list[bool], proj: Projection) -> np.ndarray:
     """The plan's events, encoded ``i`` for ``compute i`` and ``~i`` for
     ``free i``. Walks positions in order; at each surviving original, first
-    the clones its late inputs need. A clone's event sequence does not depend
+    the clones of the inputs it reads through a clone. A clone's event sequence does not depend
     on where it is used, so it is built once per selected node (inputs in
     decreasing position, so a sibling's subtree never needs a node that is
     resident waiting for its consumer) and copied wherever it is needed."""
@@ -619,17 +630,17 @@ def emit(program: Program, sel: list[bool], proj: Projection) -> np.ndarray:
     original, reach = proj.original, proj.reach
 
     def inputs_to_clone(i: int, as_clone: bool) -> list[int]:
-        return sorted((p for p in preds[i] if sel[p] and (as_clone or program.is_late(p, i))),
+        return sorted((p for p in preds[i] if sel[p] and (as_clone or program.reads_clone(p, i))),
                       key=pos.__getitem__, reverse=True)
 
     # When each surviving original is last used: by a surviving original
-    # (unless through a late edge of a selected producer) or by a clone of a
+    # (unless it reads a selected producer through a clone) or by a clone of a
     # selected consumer (at that consumer's reach).
     last = [-1] * g.n
     for i in g.order:
         if original[i]:
             for p in preds[i]:
-                if not (sel[p] and program.is_late(p, i)):
+                if not (sel[p] and program.reads_clone(p, i)):
                     last[p] = max(last[p], pos[i])
         if sel[i] and proj.clones[i]:
             for p in preds[i]:
@@ -676,40 +687,13 @@ def decode(enc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return ops, nodes
 
 
-def sweep_peak(graph: Graph, ops: np.ndarray, nodes: np.ndarray) -> int:
-    """The plan's peak as the simulator counts it: memory only rises at a
-    compute, so the peak is the largest running total (or the initial memory)."""
-    size = np.asarray(graph.bytes, dtype=np.int64)
-    initial = int(sum(graph.bytes[i] for i in graph.initial_resident))
-    if not len(ops):
-        return initial
-    delta = np.where(ops == COMPUTE, size[nodes], -size[nodes])
-    return max(initial, initial + int(np.cumsum(delta).max()))
-
-
 # -- the planner -------------------------------------------------------------
 
-def _options(options: dict[str, Any]) -> tuple[str, float, str]:
-    kind = options.get("peak_model") or "memory"
-    if kind not in PEAK_MODELS:
-        raise PlannerError(f"greedy: peak_model must be one of {', '.join(PEAK_MODELS)}, got {kind!r}")
-    trim = options.get("trim") or "midpoint"
-    if trim not in TRIMS:
-        raise PlannerError(f"greedy: trim must be one of {', '.join(TRIMS)}, got {trim!r}")
-    bound = options.get("max_clone_expansion")
-    bound = 8.0 if bound is None else bound
-    if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not bound >= 0 or math.isinf(bound):
-        raise PlannerError(f"greedy: max_clone_expansion must be a finite number >= 0, got {bound!r}")
-    return kind, float(bound), trim
-
-
 def plan(graph: Graph, budget: int | None, options: dict[str, Any]) -> Plan:
-    """Select, trim to the clone bound, materialise; see the module docstring.
-
-    Options: ``peak_model`` ("memory" | "residual"), ``max_clone_expansion``
-    (default 8; 0 = unbounded), ``trim`` ("midpoint" | "max-clone").
-    """
-    kind, bound, trim = _options(options)
+    """Select, trim to the clone bound, materialise; see the module docstring
+    and :class:`Options`."""
+    opts = parse(Options, options, "greedy")
+    kind, bound, trim = opts.peak_model, opts.max_clone_expansion, opts.trim
     clock = time.perf_counter()
     timings: dict[str, float] = {}
 
@@ -763,18 +747,14 @@ def plan(graph: Graph, budget: int | None, options: dict[str, Any]) -> Plan:
         proj = projection(graph, sel, program)
         if (proj.total_clones, proj.originals_dropped()) != (trimmer.total_clones, trimmer.dropped_originals):
             raise RuntimeError("greedy: incremental clone projection drifted from the full walk")
-    ops, nodes = decode(emit(program, sel, proj))
-    lap("emit_s")
+    ops, nodes = decode(materialise(program, sel, proj))
+    lap("materialise_s")
     counts = np.bincount(nodes[ops == COMPUTE], minlength=graph.n).tolist()
-    peak = sweep_peak(graph, ops, nodes)
+    peak = peak_of(graph, ops, nodes)
     cost = cost_of_counts(graph, counts)
     lap("figures_s")
     selected = [i for i in graph.order if sel[i]]
-    stats = {
-        "status": "FEASIBLE" if budget is None or peak <= budget else "OVER_BUDGET",
-        "peak_bytes": peak,
-        "compute_cost": cost,
-        "transfer_bytes": 0,
+    details = {
         "peak_model": kind,
         "model_peak_bytes": model.peak(),
         "model_peak_before_trim_bytes": peak_before_trim,
@@ -792,5 +772,7 @@ def plan(graph: Graph, budget: int | None, options: dict[str, Any]) -> Plan:
         "warnings": warned,
         "timings_s": timings,
     }
+    stats = Stats(status="FEASIBLE" if budget is None or peak <= budget else "OVER_BUDGET",
+                  peak_bytes=peak, compute_cost=cost, transfer_bytes=0, details=details)
     return Plan(graph.name, "greedy", ops, nodes, stats)
 

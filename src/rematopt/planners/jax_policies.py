@@ -11,8 +11,8 @@ with one of its stock policies (``jax.checkpoint_policies``):
 
 Everything not saved is recomputed for the backward pass: each late consumer's
 missing forward inputs are recomputed from saved values right before it and
-dropped right after it (:func:`~rematopt.planners.emit.keep_schedule`;
-"late" is defined by :func:`~rematopt.planners.emit.late_rule`, so graphs
+dropped right after it (:func:`~rematopt.planners.frees.keep_schedule`;
+"late" is defined by :func:`~rematopt.planners.frees.late_rule`, so graphs
 without phases count as all-forward). Inputs, outputs and non-recomputable
 values are always kept; a non-offloadable dot is kept on the device.
 
@@ -29,7 +29,10 @@ from typing import Any
 
 from ..graph import Graph
 from ..plan import OFFLOAD, Plan
-from .emit import drop_points, finish, has_late_reads, keep_schedule
+from .frees import drop_points, has_late_reads, keep_schedule, place_frees
+from .options import NoOptions
+
+Options = NoOptions  # takes none
 
 # jax.lax primitives, XLA/StableHLO ops and the MLIR dialects' spellings.
 DOT_OPS = frozenset({"dot", "dot_general", "matmul", "batch_matmul", "batched_matmul", "gemm",
@@ -49,13 +52,13 @@ def _dots(graph: Graph) -> list[int]:
 
 
 def plan_nothing_saveable(graph: Graph, budget: int | None, options: dict[str, Any]) -> Plan:
-    return finish(graph, keep_schedule(graph, ()), "jax-nothing-saveable", budget)
+    return place_frees(graph, keep_schedule(graph, ()), "jax-nothing-saveable", budget)
 
 
 def plan_dots_saveable(graph: Graph, budget: int | None, options: dict[str, Any]) -> Plan:
     saved = _dots(graph)
-    return finish(graph, keep_schedule(graph, saved), "jax-dots-saveable", budget,
-                  {"saved": [graph.nodes[i].name for i in saved]})
+    return place_frees(graph, keep_schedule(graph, saved), "jax-dots-saveable", budget,
+                       {"saved": [graph.nodes[i].name for i in saved]})
 
 
 def plan_offload_dots(graph: Graph, budget: int | None, options: dict[str, Any]) -> Plan:
@@ -65,6 +68,6 @@ def plan_offload_dots(graph: Graph, budget: int | None, options: dict[str, Any])
     kept = [i for i in dots if not graph.nodes[i].offloadable]
     schedule = keep_schedule(graph, kept, offload=to_host)
     offloaded = sorted({u for op, u in schedule if op == OFFLOAD})
-    return finish(graph, schedule, "jax-offload-dots", budget,
-                  {"offloaded": [graph.nodes[i].name for i in offloaded],
-                   "saved": [graph.nodes[i].name for i in kept]})
+    return place_frees(graph, schedule, "jax-offload-dots", budget,
+                       {"offloaded": [graph.nodes[i].name for i in offloaded],
+                        "saved": [graph.nodes[i].name for i in kept]})

@@ -19,21 +19,21 @@ from typing import Any
 from ...graph import Graph
 from ...plan import Plan
 from ...reference import peak_lower_bound
-from .report import no_plan
-from . import run
-from .settings import OPTIONS, Settings
+from ...stats import Stats
+from .settings import OPTIONS, Options, Settings
 
-__all__ = ["OPTIONS", "Settings", "plan"]
+__all__ = ["OPTIONS", "Options", "Settings", "plan"]
 
 
 def plan(graph: Graph, budget: int | None, options: dict[str, Any]) -> Plan:
+    from . import run  # CP-SAT is imported when a plan is asked for, not for the options
+    from .report import no_plan
+
     cfg = Settings.parse(budget, options)
     if budget is not None and budget < peak_lower_bound(graph):
         return no_plan(graph.name, "INFEASIBLE", reason=f"budget {budget:,} bytes is below the lower bound "
                                                         f"{peak_lower_bound(graph):,} bytes; no model built")
     if not graph.compute_ids:
-        p = Plan(graph.name, "cpsat", [], [])
-        p.stats.update(status="OPTIMAL", peak_bytes=sum(graph.bytes[i] for i in graph.initial_resident),
-                       compute_cost=0.0, transfer_bytes=0)
-        return p
+        return Plan(graph.name, "cpsat", [], [],
+                    Stats(status="OPTIMAL", peak_bytes=graph.initial_bytes, compute_cost=0.0, transfer_bytes=0))
     return run.run(graph, cfg)

@@ -244,7 +244,7 @@ class Formulation:
         self.int_cost = [round(c * cost_scale) for c in graph.cost]
         self.int_transfer = [round(b * transfer_cost_per_byte * cost_scale) for b in graph.bytes]
         self.persistent_bytes = sum(v.bytes for v in graph.nodes if v.persistent)
-        self.initial_bytes = sum(graph.bytes[i] for i in graph.initial_resident)
+        self.initial_bytes = graph.initial_bytes
         # the largest memory (units, persistent bytes aside) any slot may use
         self.mem_cap = (sum(self.size) if mem_cap_bytes is None
                         else max(0, (mem_cap_bytes - self.persistent_bytes) // self.unit))

@@ -13,6 +13,7 @@ from ortools.sat.python import cp_model
 from ...plan import Plan
 from ...reference import peak_lower_bound
 from ...simulate import Replay, cost_of_counts, simulate
+from ...stats import Stats
 from .model import Model
 from .relaxations import WholeBound
 from .search import Context, Round
@@ -59,9 +60,7 @@ class Outcome:
 
 
 def no_plan(graph_name: str, status: str, **stats: Any) -> Plan:
-    p = Plan(graph_name, "cpsat", [], [])
-    p.stats.update(status=status, **stats)
-    return p
+    return Plan(graph_name, "cpsat", [], [], Stats.from_dict({"status": status, **stats}))
 
 
 def report(o: Outcome) -> Plan:
@@ -172,8 +171,7 @@ def report(o: Outcome) -> Plan:
         b = min(stats["best_bound"], objective)
         stats["best_bound"] = b
         stats["gap"] = gap(objective, b)
-    p.stats.update(stats)
-    return p
+    return Plan(g.name, "cpsat", p.ops, p.nodes, Stats.from_dict(stats))
 
 
 def round_row(r: Round) -> dict[str, Any]:
@@ -197,13 +195,11 @@ def fallback(graph_name: str, outside: Outside, stats: dict[str, Any],
     """Hand back the plan from outside the model: never less than the hint.
     Marked as such; no bound holds for it."""
     r = outside.replay
-    p = Plan(graph_name, "cpsat", outside.plan.ops, outside.plan.nodes)
     stats.update(peak_bytes=r.peak_bytes, compute_cost=r.compute_cost, transfer_bytes=r.transfer_bytes,
                  space_status=stats.get("space_status", stats["status"]), status="FEASIBLE",
                  plan_from=outside.plan.planner, objective=outside.objective, best_bound=None, gap=None,
                  reason=reason)
-    p.stats.update(stats)
-    return p
+    return Plan(graph_name, "cpsat", outside.plan.ops, outside.plan.nodes, Stats.from_dict(stats))
 
 
 def gap(objective: float, bound: float) -> float:

@@ -25,7 +25,7 @@ from .signals import Interrupt, Trace, deferred_sigint
 from .solution import Assignment, events, from_plan, staged_events
 from .strategy import (DONE, may_start, next_depth, proof_time, returned_round, should_widen,
                        wants_emptiness_proof, wants_optimality_proof)
-from .warm_start import fast_plans, lowest_peak, staged_eviction
+from .warm_start import best_within, fast_plans, lowest_peak, staged_eviction
 
 # The gap relaxation (relaxations.py) takes well under a second on the
 # benchmark graphs; this share of the limit caps it on bigger ones.
@@ -109,8 +109,9 @@ def best_admitted(ctx: Context, plans: list[tuple[Plan, Replay]], name: str | No
     setting (:func:`admit`), named ``name`` (default: its planner's name):
     a peak run must never return a higher peak than a fast planner's plan
     within its caps, nor an overhead run a costlier one."""
-    admitted = [o for o in (admit(ctx, p, r, name or p.planner) for p, r in plans) if o is not None]
-    return min(admitted, key=lambda o: (o.objective, o.replay.compute_cost, o.replay.peak_bytes), default=None)
+    admitted = [(o, o.replay) for o in (admit(ctx, p, r, name or p.planner) for p, r in plans) if o is not None]
+    best = best_within(admitted, None, by_peak=ctx.cfg.objective == "peak")
+    return None if best is None else best[0]
 
 
 def admit(ctx: Context, plan: Plan, r: Replay, name: str) -> Outside | None:

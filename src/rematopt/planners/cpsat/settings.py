@@ -1,25 +1,70 @@
-"""The options ``cpsat`` reads, checked once into a frozen :class:`Settings`."""
+"""The options ``cpsat`` reads, declared once (:class:`Options`: the CLI's
+flags, their help, the batch's parsing), and resolved with the budget into a
+frozen :class:`Settings` the rest of the package reads."""
 
 from __future__ import annotations
 
 import math
-import numbers
 import os
 from dataclasses import dataclass
-from typing import Any
 
 from ...errors import PlannerError
 from ...plan import Plan
+from ..options import names, option, parse
 
-# What plan() reads (Settings.parse).
-OPTIONS = frozenset({"objective", "max_overhead", "offload", "host_bandwidth", "transfer_cost_per_byte",
-                     "max_clone_expansion", "time_limit", "workers", "seed", "hint", "warm_start", "log_path",
-                     "progress", "lp_bound", "recompute_depth", "export_model"})
+
+def recompute_depth(text: str) -> int | str:
+    """The command line's ``--recompute-depth``: auto, full or an integer >= 0."""
+    if text in ("auto", "full"):
+        return text
+    if not text.isdigit():
+        raise ValueError(f"expected auto, full or an integer >= 0, got {text!r}")
+    return int(text)
+
+
+@dataclass(frozen=True)
+class Options:
+    """What ``cpsat`` reads (see :mod:`rematopt.planners.options`). The
+    objective's default depends on the budget (overhead with one, peak
+    without), so it is None here and settled by :class:`Settings`, as is
+    ``workers`` (0: all cores)."""
+
+    objective: str | None = option(None, "minimise overhead under the budget, or the peak.",
+                                   choices=("overhead", "peak"))
+    max_overhead: float | None = option(None, "overhead cap (with --objective peak).", minimum=0, finite=True)
+    offload: bool = option(False, "allow host offload.")
+    host_bandwidth: float | None = option(None, "transfer cost = bytes / this (bytes per cost unit).")
+    transfer_cost_per_byte: float | None = option(None, "transfer cost = bytes x this.", minimum=0, finite=True)
+    max_clone_expansion: float | None = option(None, "compute events <= X x compute nodes (0: unbounded).",
+                                               minimum=0, finite=True)
+    time_limit: float = option(60.0, "solver time limit, seconds.", minimum=0, finite=True)
+    workers: int = option(0, "solver threads (default: all cores).", minimum=0)
+    seed: int = option(0, "solver random seed.")
+    hint: Plan | None = option(None, "a plan to start the solver from.", from_text=Plan.load)
+    warm_start: str = option("auto", "run fast planners first.", choices=("auto", "none"))
+    log_path: str | None = option(None, "write incumbent/bound over time (CSV).", cli="--log")
+    progress: bool = option(False, "show the incumbent and bound while solving.", cli=False)
+    lp_bound: bool = option(True, "bound the objective by the LP relaxation too.", cli=False)
+    export_model: str | None = option(None, "write the first round's CP-SAT model (proto text) here and its LP "
+                                      "beside it (.mps).")
+    recompute_depth: int | str = option("auto", "auto, full, or recompute only within N producer hops of "
+                                        "each stage's node.", choices=("auto", "full"), minimum=0,
+                                        from_text=recompute_depth)
+
+    def __post_init__(self) -> None:
+        if self.host_bandwidth is not None and self.transfer_cost_per_byte is not None:
+            raise ValueError("give --host-bandwidth or --transfer-cost-per-byte, not both")
+        if self.host_bandwidth is not None and not self.host_bandwidth > 0:
+            raise ValueError(f"host bandwidth must be > 0, got {self.host_bandwidth}")
+
+
+OPTIONS = names(Options)
 
 
 @dataclass(frozen=True)
 class Settings:
-    """The planner's options, checked once."""
+    """The options resolved against the budget: the objective settled, the
+    transfer cost per byte from either spelling, the worker count."""
 
     objective: str
     budget: int | None
@@ -39,43 +84,16 @@ class Settings:
     export_model: str | None  # write the first round's model here (proto text) and its LP (.mps)
 
     @classmethod
-    def parse(cls, budget: int | None, o: dict[str, Any]) -> "Settings":
-        objective = o.get("objective") or ("overhead" if budget is not None else "peak")
-        if objective not in ("overhead", "peak"):
-            raise PlannerError(f"cpsat: objective must be 'overhead' or 'peak', got {objective!r}")
+    def parse(cls, budget: int | None, options: dict) -> "Settings":
+        o = parse(Options, options, "cpsat")
+        objective = o.objective or ("overhead" if budget is not None else "peak")
         if objective == "overhead" and budget is None:
             raise PlannerError("cpsat: --objective overhead needs a budget (--budget or --budget-ratio)")
-        bw, tcpb = o.get("host_bandwidth"), o.get("transfer_cost_per_byte")
-        if bw is not None and tcpb is not None:
-            raise PlannerError("cpsat: give --host-bandwidth or --transfer-cost-per-byte, not both")
-        if bw is not None and not bw > 0:
-            raise PlannerError(f"cpsat: host bandwidth must be > 0, got {bw}")
-        per_byte = 1.0 / bw if bw is not None else float(tcpb or 0.0)
-        for key in ("max_overhead", "max_clone_expansion", "time_limit", "transfer_cost_per_byte"):
-            if o.get(key) is not None and not (o[key] >= 0 and math.isfinite(o[key])):
-                raise PlannerError(f"cpsat: {key.replace('_', '-')} must be a finite number >= 0, got {o[key]}")
-        workers = o.get("workers")
-        if workers is not None and (isinstance(workers, bool) or not isinstance(workers, numbers.Integral)
-                                    or workers < 0):
-            raise PlannerError(f"cpsat: workers must be an integer >= 0 (0: all cores), got {workers!r}")
-        hint = o.get("hint")
-        if hint is not None and not isinstance(hint, Plan):
-            raise PlannerError("cpsat: hint must be a Plan")
-        return cls(objective, budget, bool(o.get("offload", False)), per_byte, o.get("max_overhead"),
-                   o.get("max_clone_expansion") or None, float(60.0 if o.get("time_limit") is None else o["time_limit"]),
-                   int(o.get("workers") or os.cpu_count() or 1), int(o.get("seed") or 0), hint,
-                   o.get("warm_start") or "auto", o.get("log_path"), bool(o.get("progress", False)),
-                   bool(o.get("lp_bound", True)), _depth(o.get("recompute_depth")), o.get("export_model"))
-
-
-def _depth(value: Any) -> int | str | None:
-    if value in (None, "auto"):
-        return None
-    if value == "full":
-        return "full"
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise PlannerError(f"cpsat: recompute depth must be 'auto', 'full' or an integer >= 0, got {value!r}")
-    return value
+        per_byte = 1.0 / o.host_bandwidth if o.host_bandwidth is not None else float(o.transfer_cost_per_byte or 0.0)
+        return cls(objective, budget, o.offload, per_byte, o.max_overhead, o.max_clone_expansion or None,
+                   float(o.time_limit), o.workers or os.cpu_count() or 1, o.seed, o.hint, o.warm_start, o.log_path,
+                   o.progress, o.lp_bound, None if o.recompute_depth == "auto" else o.recompute_depth,
+                   o.export_model)
 
 
 def max_recomputes(cfg: Settings, compute_nodes: int) -> int | None:

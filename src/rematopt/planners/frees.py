@@ -1,14 +1,15 @@
-"""Emission shared by the classic baselines (``chen``, ``dtr``, ``jax_policies``).
+"""Placing the frees, for the classic baselines (``chen``, ``dtr``, ``jax_policies``);
+and what "late" means, for every planner.
 
 A baseline decides *what* to compute, offload and prefetch, in which order; it
-never has to place a ``free``. :func:`finish` does that for every baseline in
+never has to place a ``free``. :func:`place_frees` does that for every baseline in
 one way: each value is freed right after its last read within each of its
 residency intervals (an interval runs from a compute, a prefetch or the start
 to the value's next compute or prefetch, or the end), and the last interval of
 an output or persistent value is never freed. Freeing earlier than that breaks
 a read; freeing later only raises memory, so for a given schedule this is the
-lowest-memory placement. :func:`finish` also sweeps memory itself and writes
-the stats every plan must claim.
+lowest-memory placement. :func:`place_frees` also takes the plan's peak
+(:func:`~rematopt.simulate.peak_of`) and writes the stats every plan must claim.
 
 :func:`keep_schedule` is the checkpointing policy Chen and JAX share: compute
 the program in order, keep a chosen set of values, drop every other value
@@ -22,14 +23,16 @@ from typing import Any, Callable, Iterable
 
 from ..graph import Graph
 from ..plan import COMPUTE, OFFLOAD, PREFETCH, Plan, PlanBuilder
-from ..simulate import cost_of_counts
+from ..simulate import cost_of_counts, peak_of
+from ..stats import Stats
 
 Schedule = list[tuple[int, int]]  # (op code, node) without frees
 
 
 def late_rule(graph: Graph) -> Callable[[int, int], bool]:
     """``late(u, c)``: whether consumer ``c`` reads ``u`` late (from a saved or
-    recomputed copy).
+    recomputed copy). The one definition of "late" (greedy's clone readers
+    are built on it).
 
     With phases: a backward consumer of a non-backward value (the forward
     residuals of a training step). Without phases, the whole graph counts as
@@ -129,11 +132,11 @@ def keep_schedule(graph: Graph, save: Iterable[int], offload: Iterable[int] = ()
     return schedule
 
 
-def finish(graph: Graph, schedule: Schedule, planner: str, budget: int | None,
-           stats: dict[str, Any] | None = None) -> Plan:
-    """Insert the frees (see the module docstring), sweep memory, and build
+def place_frees(graph: Graph, schedule: Schedule, planner: str, budget: int | None,
+                details: dict[str, Any] | None = None) -> Plan:
+    """Insert the frees (see the module docstring), take the peak, and build
     the plan with its claimed ``status``, ``peak_bytes``, ``compute_cost`` and
-    ``transfer_bytes`` plus ``stats``."""
+    ``transfer_bytes``, and ``details`` (:class:`~rematopt.stats.Stats`)."""
     n = graph.n
     size, preds = graph.bytes, graph.preds
     never_freed = [v.output or v.persistent for v in graph.nodes]
@@ -160,33 +163,25 @@ def finish(graph: Graph, schedule: Schedule, planner: str, budget: int | None,
             free_after[k].append(u)
 
     b = PlanBuilder()
-    mem = sum(size[i] for i in graph.initial_resident)
-    peak = mem
     transfer = 0
     counts = [0] * n
     for u in sorted(free_after[-1]):
         b.free(u)
-        mem -= size[u]
     for k, (op, u) in enumerate(schedule):
         if op == COMPUTE:
             b.compute(u)
             counts[u] += 1
-            mem += size[u]
-            peak = max(peak, mem)
         elif op == PREFETCH:
             b.prefetch(u)
             transfer += size[u]
-            mem += size[u]
-            peak = max(peak, mem)
         else:
             b.offload(u)
             transfer += size[u]
         for w in sorted(free_after[k]):
             b.free(w)
-            mem -= size[w]
+    peak = peak_of(graph, b.ops, b.nodes)
 
-    out = {"status": "FEASIBLE" if budget is None or peak <= budget else "OVER_BUDGET",
-           "peak_bytes": peak, "compute_cost": cost_of_counts(graph, counts), "transfer_bytes": transfer,
-           "recomputes": sum(counts) - len(graph.compute_ids)}
-    out.update(stats or {})
+    out = Stats(status="FEASIBLE" if budget is None or peak <= budget else "OVER_BUDGET",
+                peak_bytes=peak, compute_cost=cost_of_counts(graph, counts), transfer_bytes=transfer,
+                details={"recomputes": sum(counts) - len(graph.compute_ids), **(details or {})})
     return b.build(graph.name, planner, out)
