@@ -578,3 +578,21 @@ def test_costs_beyond_the_objective_range_are_one_clear_error():
     g = with_costs(chain, [1e16] * chain.n)
     with pytest.raises(PlannerError, match="at most .* are supported"):
         solve(g, "cpsat", objective="peak", **FAST)
+
+
+def test_the_time_limit_covers_building_the_model():
+    """--time-limit is the whole solve's: where building the first model
+    would pass it, the run stops building and returns the best fast plan
+    (here dtr's on a 300-layer training chain, whose full model takes longer
+    than 2 s to build), marked as such, rather than building on past the
+    limit; without a fast plan, no plan."""
+    g = synthetic.linear_training(300)
+    sol = solve(g, "cpsat", budget_ratio=0.8, time_limit=2, workers=1, recompute_depth="full")
+    st = sol.plan.stats
+    assert st["reason"] == "the time limit (2 s) ran out while building the first model"
+    assert sol.status == "FEASIBLE" and st["plan_from"] not in (None, "cpsat") and st["rounds"] == []
+    assert sol.replay.valid and sol.replay.peak_bytes <= sol.budget
+    nothing = solve(g, "cpsat", budget_ratio=0.8, time_limit=2, workers=1, warm_start="none",
+                    recompute_depth="full")
+    assert nothing.status == "UNKNOWN" and len(nothing.plan) == 0 and "ran out while building" in \
+        nothing.plan.stats["reason"]

@@ -78,6 +78,18 @@ def constrain(backend: Backend, e: Lin, lb: float, ub: float) -> None:
 # -- data: stages, presence, integer scaling -----------------------------------
 
 
+class OutOfTime(Exception):
+    """Building a model ran past the solve's deadline: the 9,652-node decoder's
+    depth-1 model took 290 s of Python loops, where the time limit is the
+    whole command's."""
+
+
+def check_time(deadline: float | None) -> None:
+    """Raise OutOfTime once ``deadline`` (a ``time.perf_counter()`` value) has passed."""
+    if deadline is not None and time.perf_counter() > deadline:
+        raise OutOfTime
+
+
 # The largest objective value (cost x scale) a model may reach: CP-SAT needs
 # every linear expression's range within int64, with room to spare.
 OBJECTIVE_CEILING = 2**50
@@ -234,9 +246,11 @@ class Formulation:
 
     def __init__(self, graph: Graph, backend: Backend, *, offload: bool = False,
                  transfer_cost_per_byte: float = 0.0, cost_scale: int = 1, mem_cap_bytes: int | None = None,
-                 depth: int | None = None, also: dict[int, set[int]] | None = None):
+                 depth: int | None = None, also: dict[int, set[int]] | None = None,
+                 deadline: float | None = None):
         self.graph = graph
         self.b = backend
+        self.deadline = deadline  # building raises OutOfTime past it
         self.ix = Stages(graph, offload, depth, also)
         self.unit, self.memory_exact = memory_unit(graph)
         self.size = [-(-x // self.unit) for x in graph.bytes]  # rounded up: a plan that fits the model fits
@@ -261,6 +275,7 @@ class Formulation:
     def make_variables(self) -> None:
         ix, b, g = self.ix, self.b, self.graph
         for i in ix.values:
+            check_time(self.deadline)
             for s in ix.stages(i):
                 if s == ix.first[i]:
                     self.R[s, i] = 1
@@ -271,16 +286,19 @@ class Formulation:
             if any((s, i) in self.P for s in ix.stages(i)):
                 self.O[i] = b.bool_var(f"O[{i}]")
         for i in ix.values:
+            check_time(self.deadline)
             for s in ix.stages(i):
                 if s > ix.first[i]:
                     self.S[s, i] = self.S[s - 1, i] if self.carries(s - 1, i) else b.bool_var(f"S[{s},{i}]")
             if g.nodes[i].output:
                 self.S[ix.T, i] = 1
         for s in range(ix.T):
+            check_time(self.deadline)
             for q in self.slots(s):
                 for i in self.freeable_at(s, q):
                     self.F[s, i, q] = b.bool_var(f"F[{s},{i},{q}]")
         for s in range(ix.T):
+            check_time(self.deadline)
             for q in self.slots(s):
                 self.U[s, q] = b.int_var(0, self.mem_cap, f"U[{s},{q}]")
 
@@ -331,6 +349,7 @@ class Formulation:
         if not hasattr(self, "_freeable"):
             self._freeable: dict[tuple[int, int], list[int]] = {}
             for i in self.ix.values:
+                check_time(self.deadline)
                 for t in self.ix.stages(i):
                     for point in self.free_points(t, i):
                         self._freeable.setdefault((t, point), []).append(i)
@@ -351,6 +370,7 @@ class Formulation:
         is never re-materialised in it (freeing it first and recomputing at its
         slot is the same plan as not keeping it: S=0, R=1)."""
         for i in self.ix.values:
+            check_time(self.deadline)
             for s in self.ix.stages(i):
                 if not self.carries(s, i):
                     constrain(self.b, self.available(s, i), -INF, 1)
@@ -360,6 +380,7 @@ class Formulation:
         every s > first(i): nothing is kept or re-materialised that no one
         reads (dropping it only lowers memory and cost)."""
         for i in self.ix.values:
+            check_time(self.deadline)
             for s in self.ix.stages(i):
                 if s == self.ix.first[i] or self.carries(s, i):
                     continue
@@ -374,6 +395,7 @@ class Formulation:
         the previous stage, or materialised at their earlier slot)."""
         g = self.graph
         for (s, j), rv in self.R.items():
+            check_time(self.deadline)
             for i in g.preds[j]:
                 if g.nodes[i].persistent:
                     continue
@@ -388,6 +410,7 @@ class Formulation:
         """
         pos = self.ix.pos
         for i in self.ix.values:
+            check_time(self.deadline)
             for s in self.ix.stages(i):
                 if self.carries(s, i):
                     continue
@@ -424,15 +447,19 @@ class Formulation:
         the cap (``mem_cap`` or the peak variable) is exact."""
         ix, g = self.ix, self.graph
         node_at = {ix.pos[i]: i for i in range(g.n)}
+        kept: list[list[int]] = [[] for _ in range(ix.T)]  # kept[s]: the values with an S entry in stage s
+        for (s, i) in self.S:
+            if s < ix.T:
+                kept[s].append(i)
         for s in range(ix.T):
+            check_time(self.deadline)
             prev = None
             for q in self.slots(s):
                 x = node_at[q]
                 e = lin((self.size[x], self.r(s, x)), (self.size[x], self.p(s, x)), (-1, self.U[s, q]))
                 if prev is None:
-                    for i in ix.values:
-                        if (s, i) in self.S:
-                            e.add(self.size[i], self.S[s, i])
+                    for i in sorted(kept[s]):  # in id order, as ix.values
+                        e.add(self.size[i], self.S[s, i])
                 else:
                     e.add(1, self.U[s, prev])
                     for i in self.freeable_at(s, prev):
@@ -555,14 +582,15 @@ class Model:
 def build(graph: Graph, backend: Backend, *, objective: str, mem_cap_bytes: int | None, offload: bool,
           transfer_cost_per_byte: float, cost_scale: int, depth: int | None = None,
           also: dict[int, set[int]] | None = None, max_recomputes: int | None = None,
-          max_overhead: float | None = None) -> Model:
+          max_overhead: float | None = None, deadline: float | None = None) -> Model:
     """The staged model with every constraint family, the side caps and the
     objective: ``overhead`` (under ``mem_cap_bytes``) or ``peak`` (with
     ``mem_cap_bytes`` None the budget is lifted; ``max_overhead`` x base
-    cost caps the overhead)."""
+    cost caps the overhead). Raises OutOfTime past ``deadline``."""
     began = time.perf_counter()
     form = Formulation(graph, backend, offload=offload, transfer_cost_per_byte=transfer_cost_per_byte,
-                       cost_scale=cost_scale, mem_cap_bytes=mem_cap_bytes, depth=depth, also=also)
+                       cost_scale=cost_scale, mem_cap_bytes=mem_cap_bytes, depth=depth, also=also,
+                       deadline=deadline)
     form.add_all()
     if max_recomputes is not None:
         add_recompute_cap(form, max_recomputes)

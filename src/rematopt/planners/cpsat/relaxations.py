@@ -53,7 +53,7 @@ from ortools.sat.python import cp_model
 
 from ...graph import Graph
 from .backends import stopped_early, tune
-from .model import Stages
+from .model import OutOfTime, Stages, check_time
 from .signals import solver_takes_ctrl_c
 
 
@@ -106,11 +106,15 @@ def relaxation_bound(graph: Graph, q: Question, *, level: str, below: int | None
     began = time.perf_counter()
     if level not in LEVELS:
         raise ValueError(f"relaxation level must be one of {LEVELS}, got {level!r}")
-    shape = _Lifetimes(graph, level=level, offload=q.offload, unit=q.unit,
-                       cap=q.cap_units if q.objective == "overhead" else q.peak_floor)
-    if shape.pairs > MAX_PAIRS:  # too big to build in the time a proof gets
-        return WholeBound("SKIPPED", None, time.perf_counter() - began)
-    r = _Model(graph, shape)
+    deadline = began + time_limit
+    try:
+        shape = _Lifetimes(graph, level=level, offload=q.offload, unit=q.unit,
+                           cap=q.cap_units if q.objective == "overhead" else q.peak_floor, deadline=deadline)
+        if shape.pairs > MAX_PAIRS:  # too big to build in the time a proof gets
+            return WholeBound("SKIPPED", None, time.perf_counter() - began)
+        r = _Model(graph, shape, deadline)
+    except OutOfTime:  # not even built in the time it was given
+        return WholeBound("UNKNOWN", None, time.perf_counter() - began)
     m = r.model
     cost = r.cost(q.int_cost, q.int_transfer)
     if q.max_recomputes is not None:
@@ -154,7 +158,8 @@ class _Lifetimes:
     outputs) and life, the critical stages, and how many (value, critical
     stage) pairs the chains levels would make (``pairs``)."""
 
-    def __init__(self, graph: Graph, *, level: str, offload: bool, unit: int, cap: int):
+    def __init__(self, graph: Graph, *, level: str, offload: bool, unit: int, cap: int,
+                 deadline: float | None = None):
         g = graph
         self.level, self.chains = level, level != "gaps"
         self.ix = ix = Stages(g, offload)
@@ -164,6 +169,7 @@ class _Lifetimes:
         self.life: dict[int, tuple[int, int]] = {}
         alive = [0] * T
         for i in ix.values:
+            check_time(deadline)
             self.points[i] = ({ix.first[j] for j in g.succs[i] if ix.first[j] >= 0}
                               | ({T - 1} if g.nodes[i].output else set()) | ({ix.first[i]} - {-1}))
             self.life[i] = (max(ix.first[i], 0), max(self.points[i], default=-1))
@@ -180,7 +186,7 @@ class _Model:
     """The relaxation's variables and its structural constraints (all but
     memory caps and the objective), as in the module docstring."""
 
-    def __init__(self, graph: Graph, shape: _Lifetimes):
+    def __init__(self, graph: Graph, shape: _Lifetimes, deadline: float | None = None):
         g, ix, crit, chains = graph, shape.ix, shape.crit, shape.chains
         points, life, T = shape.points, shape.life, ix.T
         self.size = size = shape.size
@@ -214,6 +220,7 @@ class _Model:
         made: set[tuple[int, int]] = set()
         todo: deque[tuple[int, int]] = deque()  # recomputes whose producers are still to be required
         for i in ix.values:
+            check_time(deadline)
             lo, last = life[i]
             droppable = ix.recomputable[i] or ix.offloadable[i]
             for k, c in enumerate(crit):
@@ -230,6 +237,7 @@ class _Model:
                     back_y(i, k)
 
         for i in ix.values:
+            check_time(deadline)
             for k in range(len(crit)):
                 exists = ix.first[i] <= crit[k]
                 if (k and exists and ix.first[i] <= crit[k - 1] and (i, k) in pres

@@ -55,6 +55,7 @@ class Outcome:
     hint_objective: int | None
     lp_bound: float | None
     lp_skipped: str | None  # why the LP was not solved
+    built_in_time: bool  # False: the time limit ran out while building a deeper round's model
     build_s: float
     primary_s: float
 
@@ -99,6 +100,8 @@ def report(o: Outcome) -> Plan:
         "secondary_status": None if o.secondary_status is None else STATUS.get(o.secondary_status, "UNKNOWN"),
         "rounds": rounds,
     }
+    if not o.built_in_time:
+        stats["time_limit_reached_while_building"] = True
     if o.whole is not None:
         stats["gap_relaxation"] = {"status": o.whole.status, "seconds": o.whole.seconds,
                                    "bound": None if o.whole.bound is None else model.to_units(o.whole.bound)}
@@ -172,6 +175,20 @@ def report(o: Outcome) -> Plan:
         stats["best_bound"] = b
         stats["gap"] = gap(objective, b)
     return Plan(g.name, "cpsat", p.ops, p.nodes, Stats.from_dict(stats))
+
+
+def report_unbuilt(ctx: Context, outside: Outside | None) -> Plan:
+    """The time limit ran out before the first model was built: the plan from
+    outside the model if there is one, else no plan; nothing is proven."""
+    stats: dict[str, Any] = {
+        "status": "UNKNOWN", "reason": f"the time limit ({ctx.cfg.time_limit:g} s) ran out while building the "
+                                       "first model", "objective_kind": ctx.cfg.objective,
+        "time_to_first_s": ctx.trace.first, "time_to_best_s": ctx.trace.best, "interrupted": ctx.stop.requested,
+        "cost_scale": ctx.scale, "cost_scale_exact": ctx.exact, "cost_resolution": ctx.resolution, "rounds": [],
+        "warm_start": None if outside is None else outside.name}
+    if outside is not None:
+        return fallback(ctx.graph.name, outside, stats, stats["reason"])
+    return no_plan(ctx.graph.name, "UNKNOWN", **{k: v for k, v in stats.items() if k != "status"})
 
 
 def round_row(r: Round) -> dict[str, Any]:

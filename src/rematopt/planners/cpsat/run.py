@@ -16,9 +16,9 @@ from ...graph import Graph
 from ...plan import Plan
 from ...simulate import Replay, simulate
 from .backends import LpBackend
-from .model import Model, Stages, cost_resolution, integer_scale
+from .model import Model, OutOfTime, Stages, cost_resolution, integer_scale
 from .relaxations import Question, WholeBound, relaxation_bound
-from .report import Outcome, Outside, report
+from .report import Outcome, Outside, report, report_unbuilt
 from .search import Context, Lowest, Round, make_model, solve_round, tie_break, whole_bound_of
 from .settings import Settings
 from .signals import Interrupt, Trace, deferred_sigint
@@ -248,6 +248,7 @@ def _run(ctx: Context) -> Plan:
                                      and (ix.may_compute(s, i) or ix.may_prefetch(s, i)))
         return remat_cache[depth]
 
+    built_in_time = True
     history: list[Round] = []
     stopped_round: Round | None = None  # Ctrl-C before a round's search: its hint
     proofs: list[Proof] = []
@@ -285,44 +286,50 @@ def _run(ctx: Context) -> Plan:
             if ctx.stop.requested or proven or not may_start(depth, last, ctx.stop.requested, ctx.elapsed(),
                                                              cfg.time_limit, proof_s, full_pairs):
                 break
-        prev = events(history[-1].model.form, history[-1].best) if history and history[-1].best else None
-        model = make_model(ctx, depth, also)
-        if whole is None:
-            if cfg.export_model:
-                export(ctx, model, cfg.export_model)
-            q = question(ctx, model)
-            whole = relaxation(ctx, q, "gaps", GAP_BOUND_SHARE * cfg.time_limit)
-            lower = whole.bound
-            if whole.status == "INFEASIBLE":  # no staged plan at all: nothing to search
+        try:
+            prev = events(history[-1].model.form, history[-1].best) if history and history[-1].best else None
+            model = make_model(ctx, depth, also)
+            if whole is None:
+                if cfg.export_model:
+                    export(ctx, model, cfg.export_model)
+                q = question(ctx, model)
+                whole = relaxation(ctx, q, "gaps", GAP_BOUND_SHARE * cfg.time_limit)
+                lower = whole.bound
+                if whole.status == "INFEASIBLE":  # no staged plan at all: nothing to search
+                    break
+            if prev is None:
+                hint, hint_source = warm_start(ctx, model, outside, outside_s)
+                hint_units = model.to_units(model.objective_of(hint)) if hint is not None else None
+                if should_widen(depth, outside.objective if outside else None, hint_units, bool(also)):
+                    also = plan_pairs(full, outside.plan)
+                    if also:  # the same round, in a space that holds the outside plan
+                        model = make_model(ctx, depth, also)
+                        widened = from_plan(model.form, outside.plan)
+                        if widened is not None and model.admissible(widened):
+                            hint, hint_source = widened, outside.name
+                hint_obj = model.objective_of(hint) if hint is not None else None
+            else:
+                hint = from_plan(model.form, prev)
+            if ctx.stop.requested:  # Ctrl-C while building or warm-starting: keep the best so far
+                if returned_round(history) is None and hint is not None:
+                    stopped_round = Round(model, cp_model.FEASIBLE, cp_model.UNKNOWN, hint,
+                                          history[-1].bound if history else None, hint, None, None,
+                                          model.build_s, ctx.elapsed())
                 break
-        if prev is None:
-            hint, hint_source = warm_start(ctx, model, outside, outside_s)
-            hint_units = model.to_units(model.objective_of(hint)) if hint is not None else None
-            if should_widen(depth, outside.objective if outside else None, hint_units, bool(also)):
-                also = plan_pairs(full, outside.plan)
-                if also:  # the same round, in a space that holds the outside plan
-                    model = make_model(ctx, depth, also)
-                    widened = from_plan(model.form, outside.plan)
-                    if widened is not None and model.admissible(widened):
-                        hint, hint_source = widened, outside.name
-            hint_obj = model.objective_of(hint) if hint is not None else None
-        else:
-            hint = from_plan(model.form, prev)
-        if ctx.stop.requested:  # Ctrl-C while building or warm-starting: keep the best so far
-            if returned_round(history) is None and hint is not None:
-                stopped_round = Round(model, cp_model.FEASIBLE, cp_model.UNKNOWN, hint,
-                                      history[-1].bound if history else None, hint, None, None,
-                                      model.build_s, ctx.elapsed())
+            r = solve_round(ctx, model, hint, lowest)
+            if hint is None and r.fitted is not None:
+                hint_source, hint_obj = "peak search", model.objective_of(r.fitted)
+            lowest = r.lowest or lowest
+            bound = whole_bound_of(r)
+            if bound is not None:
+                lower = max(lower or 0, bound)
+            history.append(r)
+        except OutOfTime:  # the time limit is the whole solve's, model building included
+            built_in_time = False
             break
-        r = solve_round(ctx, model, hint, lowest)
-        if hint is None and r.fitted is not None:
-            hint_source, hint_obj = "peak search", model.objective_of(r.fitted)
-        lowest = r.lowest or lowest
-        bound = whole_bound_of(r)
-        if bound is not None:
-            lower = max(lower or 0, bound)
-        history.append(r)
 
+    if model is None:  # not even the first model was built in time
+        return report_unbuilt(ctx, outside)
     done = returned_round(history) or stopped_round
     chosen = done or (history[-1] if history else None)
     if chosen is not None:
@@ -346,11 +353,14 @@ def _run(ctx: Context) -> Plan:
         if model.variables > LP_MAX_VARIABLES:
             lp_skipped = f"model has {model.variables:,} variables (> {LP_MAX_VARIABLES:,})"
         else:  # the LP of the model solved (the whole space's LP takes minutes on n100)
-            lp = lp_bound(ctx, model.depth, model.form.ix.also, max(1.0, cfg.time_limit / 4))
+            try:
+                lp = lp_bound(ctx, model.depth, model.form.ix.also, max(1.0, cfg.time_limit / 4))
+            except OutOfTime:
+                lp_skipped = "the time limit ran out while building the LP"
     if cfg.log_path:
         ctx.trace.write(cfg.log_path)
     outcome = Outcome(ctx=ctx, model=model, history=tuple(history), done=done, best=best,
                       secondary=secondary is not None, secondary_status=secondary_status, whole=whole, proofs=tuple(proofs), lower=lower,
                       empty=empty, outside=outside, hint_source=hint_source, hint_objective=hint_obj,
-                      lp_bound=lp, lp_skipped=lp_skipped, primary_s=primary_s, build_s=sum(r.build_s for r in history) if history else model.build_s)
+                      lp_bound=lp, lp_skipped=lp_skipped, built_in_time=built_in_time, primary_s=primary_s, build_s=sum(r.build_s for r in history) if history else model.build_s)
     return report(outcome)

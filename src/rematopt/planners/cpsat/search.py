@@ -18,7 +18,7 @@ from ...graph import Graph
 from ...plan import Plan
 from ...reference import no_remat_peak
 from .backends import CpSatBackend, stopped_early, tune
-from .model import Model, Stages, add_tie_break, build
+from .model import Model, OutOfTime, Stages, add_tie_break, build
 from .settings import Settings, max_recomputes
 from .signals import Interrupt, SolutionCallback, Trace, live_progress, solver_takes_ctrl_c
 from .solution import Assignment, events, from_plan
@@ -117,7 +117,8 @@ class Round:
 def make_model(ctx: Context, depth: int | None, also: dict[int, set[int]] | None, *, fit: bool = False,
                backend: Any = None) -> Model:
     """The round's model (``fit``: the peak search's, with the budget lifted
-    and the peak minimised) on ``backend`` (a fresh CP-SAT one by default)."""
+    and the peak minimised) on ``backend`` (a fresh CP-SAT one by default).
+    Raises OutOfTime when building it would pass the time limit."""
     cfg, g = ctx.cfg, ctx.graph
     top = cfg.budget if cfg.budget is not None else no_remat_peak(g)
     return build(g, backend if backend is not None else CpSatBackend(),
@@ -125,7 +126,8 @@ def make_model(ctx: Context, depth: int | None, also: dict[int, set[int]] | None
                  offload=cfg.offload, transfer_cost_per_byte=cfg.transfer_cost_per_byte, cost_scale=ctx.scale,
                  depth=depth, also=also if depth is not None else None,
                  max_recomputes=max_recomputes(cfg, len(g.compute_ids)),
-                 max_overhead=None if fit or cfg.objective != "peak" else cfg.max_overhead)
+                 max_overhead=None if fit or cfg.objective != "peak" else cfg.max_overhead,
+                 deadline=ctx.start + cfg.time_limit)
 
 
 def solve_model(ctx: Context, model: Model, phase: str, limit: float, stop_at: int | None = None) -> Solve:
@@ -170,7 +172,10 @@ def solve_round(ctx: Context, model: Model, hint: Assignment | None, lowest: Low
     build_s = model.build_s
     if (start is not None and values is None and status == cp_model.UNKNOWN and not ctx.stop.requested
             and ctx.left() >= 0.05):
-        fit_status, fitted, found_lower, fit_build_s = fit(ctx, model, start, FIT_SHARE * ctx.left())
+        try:
+            fit_status, fitted, found_lower, fit_build_s = fit(ctx, model, start, FIT_SHARE * ctx.left())
+        except OutOfTime:  # its model could not be built in the time left
+            fit_status, fitted, found_lower, fit_build_s = cp_model.UNKNOWN, None, None, 0.0
         build_s += fit_build_s
         if ctx.stop.requested or fit_status == cp_model.INFEASIBLE:
             status = fit_status if fitted is None else cp_model.UNKNOWN
