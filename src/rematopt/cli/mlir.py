@@ -8,18 +8,19 @@ from pathlib import Path
 import click
 
 from . import cli
-from .core import import_group
+from .core import drop_unsafe_marks_option, import_group
 
 
 @import_group.command(name="mlir")
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--function", "function", help="Function to read (default: main, else the only public one).")
 @click.option("--output", "-o", type=click.Path(dir_okay=False), required=True)
-def import_mlir_cmd(file: str, function: str | None, output: str) -> None:
+@drop_unsafe_marks_option
+def import_mlir_cmd(file: str, function: str | None, output: str, drop_unsafe_marks: bool) -> None:
     """Convert one function of an MLIR module (StableHLO, tessera...)."""
     from ..importers.mlir import import_mlir
 
-    g = import_mlir(file, function=function)
+    g = import_mlir(file, function=function, drop_unsafe_marks=drop_unsafe_marks)
     g.save(output)
     click.echo(f"wrote {output}: {g.n} nodes, {len(g.edges)} edges")
 
@@ -42,11 +43,13 @@ def _export_group() -> click.Group:
 @click.argument("plan", type=click.Path(dir_okay=False))
 @click.option("--function", "function", help="Function the plan is for (default: as import mlir).")
 @click.option("--output", "-o", type=click.Path(dir_okay=False), required=True)
-def export_mlir_cmd(file: str, plan: str, function: str | None, output: str) -> None:
+@drop_unsafe_marks_option
+def export_mlir_cmd(file: str, plan: str, function: str | None, output: str, drop_unsafe_marks: bool) -> None:
     """Apply PLAN to FILE: recomputations as clones, figures as tessera.remat_* attributes."""
     from ..exporters.mlir import export_mlir
     from ..plan import Plan
 
-    text = export_mlir(file, Plan.load(plan), function=function, plan_source=plan)
+    text = export_mlir(file, Plan.load(plan), function=function, plan_source=plan,
+                       drop_unsafe_marks=drop_unsafe_marks)
     Path(output).write_text(text)
     click.echo(f"wrote {output}")

@@ -25,18 +25,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..errors import PlanError
 from ..importers.mlir import ATTR_RECOMPUTE, MlirFunction, load_function, replace_operands, used_values
 from ..plan import COMPUTE, OFFLOAD, PREFETCH, Plan
 from ..reference import no_remat_peak
 from ..simulate import simulate
 
-# Function attributes recording the figures, in the remat pass's naming style.
+# Function attributes recording the figures under the remat pass's own names (i64).
+ATTR_AUTO_SELECTED = "tessera.remat_auto_selected"
+ATTR_BUDGET_BYTES = "tessera.remat_budget_bytes"
 ATTR_PEAK_BEFORE = "tessera.remat_peak_before_bytes"
 ATTR_PEAK_AFTER = "tessera.remat_peak_after_bytes"
-ATTR_SELECTED_COST = "tessera.remat_selected_cost"
-ATTR_NUM_CLONES = "tessera.remat_num_clones"
-ATTR_COST_UNIT = "tessera.remat_cost_unit"
+ATTR_SELECTED_COST = "tessera.remat_selected_cost_ns"
+ATTR_REMATERIALIZED = "tessera.rematerialized"
+NS_PER_UNIT = {"ns": 1.0, "s": 1e9}
 # Offload decisions, on the value's defining op (in ``arg_attrs`` for an argument).
 ATTR_OFFLOAD = "tessera.offload"
 ATTR_OFFLOAD_AFTER = "tessera.offload_after"
@@ -44,7 +48,7 @@ ATTR_PREFETCH_BEFORE = "tessera.prefetch_before"
 
 
 def export_mlir(path: str | Path, plan: Plan, function: str | None = None,
-                plan_source: str | None = None) -> str:
+                plan_source: str | None = None, drop_unsafe_marks: bool = False) -> str:
     """The text of ``path``'s module with ``plan`` applied to ``function``.
 
     Raises PlanError when the plan does not replay on the function's graph or
@@ -53,7 +57,7 @@ def export_mlir(path: str | Path, plan: Plan, function: str | None = None,
     """
     from jax._src.lib.mlir import ir
 
-    fn = load_function(path, function)
+    fn = load_function(path, function, drop_unsafe_marks=drop_unsafe_marks)
     graph = fn.graph
     where = plan_source or "plan"
     replay = simulate(graph, plan)
@@ -70,16 +74,39 @@ def export_mlir(path: str | Path, plan: Plan, function: str | None = None,
             if ATTR_RECOMPUTE in op.attributes:
                 del op.attributes[ATTR_RECOMPUTE]
         i64 = ir.IntegerType.get_signless(64)
-        attrs = fn.func.attributes
-        attrs[ATTR_PEAK_BEFORE] = ir.IntegerAttr.get(i64, no_remat_peak(graph))
-        attrs[ATTR_PEAK_AFTER] = ir.IntegerAttr.get(i64, replay.peak_bytes)
-        attrs[ATTR_SELECTED_COST] = ir.FloatAttr.get(ir.F64Type.get(), replay.recompute_cost)
         clones = sum(1 for x in layout.instances if x.clone and x.op is not None)
-        attrs[ATTR_NUM_CLONES] = ir.IntegerAttr.get(i64, clones)
-        attrs[ATTR_COST_UNIT] = ir.StringAttr.get(graph.cost_unit)
+        for key, value in pass_figures(graph, plan, replay, clones).items():
+            fn.func.attributes[key] = ir.IntegerAttr.get(i64, value)
         if not fn.module.operation.verify():
             raise PlanError(f"{where}: the rewritten {fn.path} does not verify")
         return fn.module.operation.get_asm(use_name_loc_as_prefix=True, assume_verified=True)
+
+
+def pass_figures(graph, plan: Plan, replay, clones: int) -> dict[str, int]:
+    """The remat pass's function figures for ``plan``: from greedy's stats
+    where it states them in the pass's terms (its peak model before and
+    after, the selected nodes' own cost, the automatic selections), else
+    from the replay (no-remat and replayed peak, recompute cost, the nodes
+    recomputed without a mark). Costs in ns."""
+    stats = plan.stats
+
+    def stated(key: str, default):
+        value = stats.get(key)
+        return value if isinstance(value, (int, float)) and not isinstance(value, bool) else default
+
+    counts = np.bincount(plan.nodes[plan.ops == COMPUTE], minlength=graph.n)
+    recomputed = np.flatnonzero(counts > 1).tolist()
+    out = {
+        ATTR_AUTO_SELECTED: int(stated("auto_selected", len([i for i in recomputed
+                                                             if not graph.nodes[i].recompute]))),
+        ATTR_PEAK_BEFORE: int(stated("peak_before_bytes", no_remat_peak(graph))),
+        ATTR_PEAK_AFTER: int(stated("peak_after_bytes", replay.peak_bytes)),
+        ATTR_SELECTED_COST: round(stated("selected_cost", replay.recompute_cost) * NS_PER_UNIT[graph.cost_unit]),
+        ATTR_REMATERIALIZED: clones,
+    }
+    if isinstance(stats.get("budget_bytes"), int):
+        out[ATTR_BUDGET_BYTES] = stats["budget_bytes"]
+    return out
 
 
 @dataclass
@@ -211,10 +238,10 @@ class _Layout:
     def name_values(self, ir) -> None:
         """Name locations, so the printer keeps the graph's names as SSA names."""
         for i, arg in self.fn.args.items():
-            arg.set_location(ir.Location.name(self.fn.graph.nodes[i].name))
+            arg.set_location(ir.Location.name(self.fn.graph.nodes[i].name, childLoc=arg.location))
         for inst in self.instances:
-            if inst.op is not None:
-                inst.op.location = ir.Location.name(inst.name)
+            if inst.op is not None:  # the old location stays inside: JAX's name stacks say the phase
+                inst.op.location = ir.Location.name(inst.name, childLoc=inst.op.location)
 
 
 def _strings(ir, names: list[str]):

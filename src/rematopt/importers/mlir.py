@@ -13,8 +13,13 @@ flat block in which every op but the terminator is one node:
   makes its result count :data:`DYNAMIC_RESULT_BYTES`;
 * costs are measured attributes when present, else the shared roofline model
   (:mod:`rematopt.importers.costmodel`);
-* only ops in :data:`PURE_OPS` (and the pure dialects) without regions are
-  recomputable: an op with a region or an unknown op may have effects.
+* an op is recomputable when re-running it cannot change the program: the
+  pure dialects' ops, :data:`PURE_OPS`, sharding pass-throughs, and the ops
+  of :data:`REGION_OPS` whose regions hold only such ops; a
+  ``tessera.recompute`` mark on any other op is ``REMAT_EFFECTFUL``;
+* phases come from ``tessera.autodiff.phase`` or, in JAX-lowered modules
+  printed with debug info, from the name stack in each op's location
+  (``transpose(jvp(...))`` is the backward pass).
 
 The parser drops SSA names, so names are recovered from the source text at
 each op's location (``%square = ...`` -> ``square``); ops the exporter renamed
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +54,21 @@ EFFECTFUL_OPS = frozenset({
     "stablehlo.rng", "stablehlo.rng_bit_generator", "stablehlo.after_all", "stablehlo.create_token",
     "stablehlo.optimization_barrier", "stablehlo.partition_id", "stablehlo.replica_id",
 })
+# Ops with regions that compute a pure function of their operands when every op
+# in their regions is pure (a reduction's combiner, a sort's comparator, a loop
+# body): re-running them gives the same values. Others (sdy.manual_computation,
+# unknown dialects' region ops) stay opaque.
+REGION_OPS = frozenset({
+    "stablehlo.reduce", "stablehlo.reduce_window", "stablehlo.sort", "stablehlo.map",
+    "stablehlo.select_and_scatter", "stablehlo.scatter", "stablehlo.while", "stablehlo.if", "stablehlo.case",
+})
+# Terminators inside those regions (they only yield values).
+REGION_TERMINATORS = frozenset({"stablehlo.return"})
+# Sharding annotations: they pass their operand through, so re-running one is a
+# copy of a value (Shardy's constraint, and GSPMD's ``custom_call @Sharding``
+# that carries an ``mhlo.sharding`` attribute).
+PASS_THROUGH_OPS = frozenset({"sdy.sharding_constraint"})
+PASS_THROUGH_CALLS = frozenset({"Sharding"})
 # The compiler ops its remat pass may recompute (known to be pure).
 PURE_OPS = frozenset({
     "tessera.matmul", "tessera.batched_gemm", "tessera.softmax", "tessera.layer_norm", "tessera.rms_norm",
@@ -62,6 +83,12 @@ ATTR_PHASE = "tessera.autodiff.phase"
 ATTR_COST = ("tessera.backward_work_ns", "tessera.remat_cost_ns")  # first present wins
 ATTR_BYTES = "tessera.residual.retained_bytes"
 ATTR_BUDGET_MB = "tessera.remat_budget_mb"
+ATTR_BUDGET_BYTES = "tessera.remat_budget_bytes"  # wins over the MiB figure: it is exact
+EFFECTFUL_MARK = "REMAT_EFFECTFUL"
+# JAX's name stacks: ``jit(f)/transpose(jvp(f))/mul`` is the backward pass of
+# ``jit(f)/jvp(f)/mul``; ops without either (constants) take the default.
+_BACKWARD_SCOPE = "transpose("
+_FORWARD_SCOPE = "jvp("
 
 _NAME = r"[A-Za-z_$.\-0-9]+"
 # "%a, %b = " or "%r:2 = " before an op's location; some custom parsers put the
@@ -87,17 +114,20 @@ class MlirFunction:
     args: dict[int, Any]
 
 
-def import_mlir(path: str | Path, function: str | None = None) -> Graph:
+def import_mlir(path: str | Path, function: str | None = None, drop_unsafe_marks: bool = False) -> Graph:
     """Read ``function`` (default: ``main``, else the only public function)
     of an MLIR file as a :class:`Graph`.
 
     Raises ImportFailure ``"FILE:LINE: reason"`` for a syntax or verifier error,
-    an unknown function or an unsupported construct.
+    an unknown function or an unsupported construct, and ``"REMAT_EFFECTFUL:
+    OP at FILE:LINE:COL ..."`` for a ``tessera.recompute`` mark on an op that is
+    not recomputable (with ``drop_unsafe_marks``, a warning; the mark is ignored).
     """
-    return load_function(path, function).graph
+    return load_function(path, function, drop_unsafe_marks=drop_unsafe_marks).graph
 
 
-def load_function(path: str | Path, function: str | None = None, device: str | None = None) -> MlirFunction:
+def load_function(path: str | Path, function: str | None = None, device: str | None = None,
+                  drop_unsafe_marks: bool = False) -> MlirFunction:
     """Parse ``path``, select ``function``, inline its calls and build its graph
     (roofline costs on ``device``, default A100), keeping the IR for the exporter."""
     path = Path(path)
@@ -109,7 +139,8 @@ def load_function(path: str | Path, function: str | None = None, device: str | N
         func = _select_function(ir, path, module, function)
         names = _Names(path, text)
         _inline_calls(ir, path, module, func.regions[0].blocks[0], names, stack=[_sym_name(func)])
-        graph, node_ops, args = _build_graph(ir, path, func, names, device or costmodel.DEFAULT_DEVICE)
+        graph, node_ops, args = _build_graph(ir, path, func, names, device or costmodel.DEFAULT_DEVICE,
+                                             drop_unsafe_marks)
     return MlirFunction(path, ctx, module, func, graph, node_ops, args)
 
 
@@ -171,6 +202,17 @@ def _loc_line(loc) -> int | None:
 def _fail_at(path: Path, op, problem: str):
     line = _loc_line(op.location)
     raise ImportFailure(f"{path}:{line}: {problem}" if line else f"{path}: {problem}")
+
+
+def _where(path: Path, op, name: str) -> str:
+    """``FILE:LINE:COL`` of ``op`` in the source; ``FILE (name)`` when it has
+    no file location (an inlined op, say)."""
+    loc = op.location
+    line, col = getattr(loc, "start_line", None), getattr(loc, "start_col", None)
+    if line is None:
+        m = re.search(r'"[^"]*":(\d+):(\d+)', str(loc))
+        line, col = (int(m.group(1)), int(m.group(2))) if m else (None, None)
+    return f"{path}:{line}:{col}" if line is not None else f"{path} ({name})"
 
 
 def _functions(module) -> dict[str, Any]:
@@ -391,17 +433,60 @@ def _number(attr) -> float | None:
 
 
 def is_recomputable(op) -> bool:
-    """Pure and region-free: re-executing it cannot change the program's effects."""
+    """Re-executing it cannot change the program: it has results and is pure
+    (see :func:`is_pure`)."""
+    return bool(op.results) and is_pure(op)
+
+
+def is_pure(op) -> bool:
+    """A pure dialect's op (minus communication, I/O, randomness and tokens),
+    a known-pure compiler op, a sharding pass-through, or one of
+    :data:`REGION_OPS` whose regions hold only pure ops and terminators."""
     name = op.operation.name
-    if len(op.regions) > 0 or name in EFFECTFUL_OPS or not op.results:
+    if name == "stablehlo.custom_call":
+        target = op.attributes["call_target_name"] if "call_target_name" in op.attributes else None
+        return getattr(target, "value", None) in PASS_THROUGH_CALLS
+    if name in EFFECTFUL_OPS:
         return False
-    return name in PURE_OPS or name.split(".", 1)[0] in PURE_DIALECTS
+    if len(op.regions) > 0:
+        return name in REGION_OPS and all(
+            inner.operation.name in REGION_TERMINATORS or is_pure(inner)
+            for region in op.regions for block in region.blocks for inner in block.operations)
+    return name in PURE_OPS or name in PASS_THROUGH_OPS or name.split(".", 1)[0] in PURE_DIALECTS
+
+
+def _scope_names(loc) -> list[str]:
+    """Every name in a location tree (name, call-site and fused locations)."""
+    out: list[str] = []
+    stack = [loc]
+    while stack:
+        loc = stack.pop()
+        name = getattr(loc, "name_str", None)
+        if name is not None:
+            out.append(name)
+            stack.append(loc.child_loc)
+        elif hasattr(loc, "callee"):
+            stack.extend([loc.callee, loc.caller])
+        elif hasattr(loc, "locations"):
+            stack.extend(loc.locations)
+    return out
+
+
+def location_phase(op) -> str | None:
+    """``backward`` when JAX's name stack in the op's location is inside a
+    ``transpose(...)``, ``forward`` inside a ``jvp(...)`` only, else None."""
+    names = _scope_names(op.location)
+    if any(_BACKWARD_SCOPE in n for n in names):
+        return "backward"
+    if any(_FORWARD_SCOPE in n for n in names):
+        return "forward"
+    return None
 
 
 # -- the graph ------------------------------------------------------------------
 
 
-def _build_graph(ir, path: Path, func, names: _Names, device: str):
+def _build_graph(ir, path: Path, func, names: _Names, device: str, drop_unsafe_marks: bool):
     block = func.regions[0].blocks[0]
     dev = costmodel.device(device)
     nodes: list[Node] = []
@@ -426,7 +511,8 @@ def _build_graph(ir, path: Path, func, names: _Names, device: str):
 
     edges: list[tuple[int, int]] = []
     measured: dict[int, float] = {}
-    phases: dict[int, str] = {}
+    phases: dict[int, str] = {}  # from tessera.autodiff.phase
+    located_phases: dict[int, str] = {}  # from JAX's name stacks
     terminator = None
     for op in block.operations:
         name = op.operation.name
@@ -450,10 +536,20 @@ def _build_graph(ir, path: Path, func, names: _Names, device: str):
                 break
         if ATTR_PHASE in attrs:
             phases[i] = str(attrs[ATTR_PHASE].value) if isinstance(attrs[ATTR_PHASE], ir.StringAttr) else ""
+        elif (scope := location_phase(op)) is not None:
+            located_phases[i] = scope
         recomputable = is_recomputable(op)
-        nodes.append(Node(id=i, name=unique(names.of_op(op) or f"{name}.{i}"), op=name, bytes=size,
-                          cost=roofline_cost(ir, op, dev), recomputable=recomputable,
-                          recompute=recomputable and ATTR_RECOMPUTE in attrs))
+        node_name = unique(names.of_op(op) or f"{name}.{i}")
+        marked = ATTR_RECOMPUTE in attrs
+        if marked and not recomputable:
+            msg = (f"{EFFECTFUL_MARK}: {name} at {_where(path, op, node_name)}: marked {ATTR_RECOMPUTE} but "
+                   "not provably pure, so re-running it would change the program")
+            if not drop_unsafe_marks:
+                raise ImportFailure(msg + " (--drop-unsafe-marks ignores such marks)")
+            warnings.warn(msg + "; mark ignored", stacklevel=4)
+            marked = False
+        nodes.append(Node(id=i, name=node_name, op=name, bytes=size,
+                          cost=roofline_cost(ir, op, dev), recomputable=recomputable, recompute=marked))
         node_ops.append(op)
         for p in dict.fromkeys(producer[v] for v in used_values(op) if v in producer):
             edges.append((p, i))
@@ -473,16 +569,25 @@ def _build_graph(ir, path: Path, func, names: _Names, device: str):
         meta["cost_unit"] = "ns"
     else:
         meta.update(cost_unit="s", device=device)
-    if phases:
+    if phases or "backward" in located_phases.values():
+        located_phases.update(phases)
         for v in nodes:
             if not v.is_input:
-                v.phase = "backward" if phases.get(v.id) == "backward" else "forward"
-    fattrs = func.attributes
-    if ATTR_BUDGET_MB in fattrs:
-        mb = _number(fattrs[ATTR_BUDGET_MB])
-        if mb is None or not mb >= 0 or not math.isfinite(mb):
-            _fail_at(path, func, f"{ATTR_BUDGET_MB} must be a finite number >= 0")
-        meta["budget_bytes"] = int(mb * 2**20)
+                v.phase = "backward" if located_phases.get(v.id) == "backward" else "forward"
+    budget = _function_budget(path, func)
+    if budget is not None:
+        meta["budget_bytes"] = budget
     fname = _sym_name(func)
     gname = path.stem if fname == "main" else f"{path.stem}.{fname}"
     return Graph(gname, nodes, edges, None, meta, str(path)), node_ops, args
+
+
+def _function_budget(path: Path, func) -> int | None:
+    """The pass's budget from the function's attributes: bytes, else MiB x 2^20."""
+    for key, scale in ((ATTR_BUDGET_BYTES, 1), (ATTR_BUDGET_MB, 2**20)):
+        if key in func.attributes:
+            value = _number(func.attributes[key])
+            if value is None or not value >= 0 or not math.isfinite(value):
+                _fail_at(path, func, f"{key} must be a finite number >= 0")
+            return int(value * scale)
+    return None
