@@ -48,8 +48,14 @@ ATTR_PREFETCH_BEFORE = "tessera.prefetch_before"
 
 
 def export_mlir(path: str | Path, plan: Plan, function: str | None = None,
-                plan_source: str | None = None, drop_unsafe_marks: bool = False) -> str:
+                plan_source: str | None = None, drop_unsafe_marks: bool = False,
+                barriers: bool | None = None) -> str:
     """The text of ``path``'s module with ``plan`` applied to ``function``.
+
+    ``barriers``: pin each run of recomputations behind a
+    ``stablehlo.optimization_barrier`` (default: when the function is
+    StableHLO, i.e. has a ``stablehlo`` op), so that XLA's CSE cannot merge
+    the clones back into the forward ops.
 
     Raises PlanError when the plan does not replay on the function's graph or
     computes an op that is not recomputable out of program order (its effects
@@ -65,9 +71,12 @@ def export_mlir(path: str | Path, plan: Plan, function: str | None = None,
         raise PlanError(f"{where}: does not replay on {fn.path} (function "
                         f"{graph.meta['function']!r}): {replay.error}")
     with fn.context, ir.Location.unknown():
+        pin = _wants_barriers(fn, barriers)
         layout = _Layout(fn)
         layout.apply(ir, plan, where)
         layout.erase_unused()
+        if pin:
+            layout.pin_recomputations(ir)
         layout.annotate_offload(ir)
         layout.name_values(ir)
         for op in fn.func.regions[0].blocks[0].operations:
@@ -80,6 +89,12 @@ def export_mlir(path: str | Path, plan: Plan, function: str | None = None,
         if not fn.module.operation.verify():
             raise PlanError(f"{where}: the rewritten {fn.path} does not verify")
         return fn.module.operation.get_asm(use_name_loc_as_prefix=True, assume_verified=True)
+
+
+def _wants_barriers(fn: MlirFunction, barriers: bool | None) -> bool:
+    if barriers is not None:
+        return barriers
+    return any(op is not None and op.operation.name.startswith("stablehlo.") for op in fn.node_ops)
 
 
 def pass_figures(graph, plan: Plan, replay, clones: int) -> dict[str, int]:
@@ -198,6 +213,37 @@ class _Layout:
             if inst.op.results and (inst.clone or orphan) and not _has_uses(inst.op):
                 inst.op.erase()
                 inst.op = None
+
+    def pin_recomputations(self, ir) -> None:
+        """Pin each run of consecutive clones the way JAX lowers
+        ``jax.checkpoint``: the values the run reads from outside pass through
+        one ``stablehlo.optimization_barrier`` together with the value computed
+        right before the run (the backward value it must follow), and the
+        clones read the barrier's results. XLA cannot then hoist the run above
+        that value, nor CSE a clone with its original (their operands differ)."""
+        alive = [x for x in self.instances if x.op is not None]
+        k = 0
+        while k < len(alive):
+            if not alive[k].clone:
+                k += 1
+                continue
+            end = k
+            while end < len(alive) and alive[end].clone:
+                end += 1
+            run = alive[k:end]
+            made = {r for x in run for r in x.op.results}
+            inputs = list(dict.fromkeys(v for x in run for v in used_values(x.op) if v not in made))
+            before = next((x.op.results[0] for x in reversed(alive[:k]) if x.op.results), None)
+            follow = [before] if before is not None and before not in inputs else []
+            if inputs:
+                barrier = ir.Operation.create(
+                    "stablehlo.optimization_barrier", results=[v.type for v in inputs + follow],
+                    operands=inputs + follow, ip=ir.InsertionPoint(run[0].op))
+                barrier.location = ir.Location.name(f"{run[0].name}.barrier")
+                mapping = dict(zip(inputs, barrier.results))
+                for x in run:
+                    replace_operands(x.op, mapping)
+            k = end
 
     def _anchor(self, index: int, step: int) -> str | None:
         """Name of the kept instance at ``index``, else the nearest one in

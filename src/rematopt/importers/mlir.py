@@ -69,6 +69,10 @@ REGION_TERMINATORS = frozenset({"stablehlo.return"})
 # that carries an ``mhlo.sharding`` attribute).
 PASS_THROUGH_OPS = frozenset({"sdy.sharding_constraint"})
 PASS_THROUGH_CALLS = frozenset({"Sharding"})
+# Ops whose results are their operands, in place: an optimization barrier
+# allocates nothing and moves nothing (it only orders), so its node has 0
+# bytes and cost, and its k-th result is the k-th operand's value.
+ALIAS_OPS = frozenset({"stablehlo.optimization_barrier"})
 # The compiler ops its remat pass may recompute (known to be pure).
 PURE_OPS = frozenset({
     "tessera.matmul", "tessera.batched_gemm", "tessera.softmax", "tessera.layer_norm", "tessera.rms_norm",
@@ -513,6 +517,7 @@ def _build_graph(ir, path: Path, func, names: _Names, device: str, drop_unsafe_m
     measured: dict[int, float] = {}
     phases: dict[int, str] = {}  # from tessera.autodiff.phase
     located_phases: dict[int, str] = {}  # from JAX's name stacks
+    through: dict[Any, int] = {}  # a barrier's result -> the barrier's node
     terminator = None
     for op in block.operations:
         name = op.operation.name
@@ -521,7 +526,8 @@ def _build_graph(ir, path: Path, func, names: _Names, device: str, drop_unsafe_m
             break
         i = len(nodes)
         attrs = op.attributes
-        size = sum(value_bytes(ir, r.type) for r in op.results)
+        alias = name in ALIAS_OPS
+        size = 0 if alias else sum(value_bytes(ir, r.type) for r in op.results)
         if ATTR_BYTES in attrs:
             override = _number(attrs[ATTR_BYTES])
             if override is None or override < 0:
@@ -549,16 +555,27 @@ def _build_graph(ir, path: Path, func, names: _Names, device: str, drop_unsafe_m
             warnings.warn(msg + "; mark ignored", stacklevel=4)
             marked = False
         nodes.append(Node(id=i, name=node_name, op=name, bytes=size,
-                          cost=roofline_cost(ir, op, dev), recomputable=recomputable, recompute=marked))
+                          cost=0.0 if alias else roofline_cost(ir, op, dev), recomputable=recomputable,
+                          recompute=marked))
         node_ops.append(op)
-        for p in dict.fromkeys(producer[v] for v in used_values(op) if v in producer):
+        used = [v for v in used_values(op) if v in producer]
+        # a value passed through a barrier lives as long as its readers through
+        # it read it; the barrier itself is read too, so it keeps its place
+        readers = [producer[v] for v in used] + [through[v] for v in used if v in through]
+        for p in dict.fromkeys(readers):
             edges.append((p, i))
-        for r in op.results:
-            producer[r] = i
+        for k, r in enumerate(op.results):
+            if alias:
+                producer[r] = producer.get(op.operands[k], i)
+                through[r] = i
+            else:
+                producer[r] = i
     if terminator is None:
         _fail_at(path, func, "function body does not end in func.return")
     for v in terminator.operands:
         nodes[producer[v]].output = True
+        if v in through:
+            nodes[through[v]].output = True
 
     meta: dict[str, Any] = {"source": "mlir", "file": str(path), "function": _sym_name(func)}
     if measured:
