@@ -232,7 +232,8 @@ class _Layout:
                 end += 1
             run = alive[k:end]
             made = {r for x in run for r in x.op.results}
-            inputs = list(dict.fromkeys(v for x in run for v in used_values(x.op) if v not in made))
+            inputs = list(dict.fromkeys(v for x in run for v in used_values(x.op)
+                                        if v not in made and not _constant(v)))
             before = next((x.op.results[0] for x in reversed(alive[:k]) if x.op.results), None)
             follow = [before] if before is not None and before not in inputs else []
             if inputs:
@@ -288,6 +289,15 @@ class _Layout:
         for inst in self.instances:
             if inst.op is not None:  # the old location stays inside: JAX's name stacks say the phase
                 inst.op.location = ir.Location.name(inst.name, childLoc=inst.op.location)
+
+
+def _constant(value) -> bool:
+    """A constant's result: left out of barriers, which would hide it from
+    XLA's algebraic simplifier (measured on a lowered MLP step: a clone of
+    ``broadcast(1.0)`` read through a barrier kept a multiply by one, 65,536
+    FLOPs, that the simplifier otherwise removes)."""
+    owner = getattr(value, "owner", None)
+    return owner is not None and getattr(owner, "name", None) in ("stablehlo.constant", "arith.constant")
 
 
 def _strings(ir, names: list[str]):

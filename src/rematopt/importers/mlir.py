@@ -347,11 +347,14 @@ def replace_operands(op, mapping: dict) -> None:
 def used_values(op) -> list:
     """Operands of ``op`` and values its regions use from outside (captures)."""
     values = list(op.operands)
+    inner: set = set()
     for region in op.regions:
         for block in region.blocks:
-            for inner in block.operations:
-                values.extend(used_values(inner))
-    return values
+            inner.update(block.arguments)
+            for nested in block.operations:
+                inner.update(nested.results)
+                values.extend(used_values(nested))
+    return [v for v in values if v not in inner]
 
 
 # -- sizes and costs ----------------------------------------------------------
@@ -404,30 +407,41 @@ def _shape(ir, t) -> list[int]:
     return list(t.shape) if isinstance(t, ir.RankedTensorType) and t.has_static_shape else []
 
 
-def roofline_cost(ir, op, dev: costmodel.Device) -> float:
-    """Seconds for one execution of ``op`` on ``dev`` (shared roofline model)."""
+def contraction_flops(ir, op) -> float | None:
+    """FLOPs of a matmul-like op or a convolution (2 per multiply-add), None
+    for any other op."""
     name = op.operation.name
     in_types = [v.type for v in op.operands]
-    out_types = [r.type for r in op.results]
-    moved = sum(value_bytes(ir, t) for t in in_types + out_types)
-    out_elems = sum(_elements(ir, t) or 0 for t in out_types)
+    out_elems = sum(_elements(ir, r.type) or 0 for r in op.results)
     lhs = _shape(ir, in_types[0]) if in_types else []
     if name == "stablehlo.dot_general" and lhs:
         from jax._src.lib.mlir.dialects import hlo
 
         dims = hlo.DotDimensionNumbers(op.attributes["dot_dimension_numbers"]).lhs_contracting_dimensions
-        flops = costmodel.matmul_flops(out_elems, math.prod(lhs[d] for d in dims))
-    elif name in MATMUL_OPS and lhs:
-        flops = costmodel.matmul_flops(out_elems, lhs[-1])
-    elif name == "stablehlo.convolution" and len(in_types) > 1 and _shape(ir, in_types[1]):
+        return costmodel.matmul_flops(out_elems, math.prod(lhs[d] for d in dims))
+    if name in MATMUL_OPS and lhs:
+        return costmodel.matmul_flops(out_elems, lhs[-1])
+    if name == "stablehlo.convolution" and len(in_types) > 1 and _shape(ir, in_types[1]):
         from jax._src.lib.mlir.dialects import hlo
 
         kernel = _shape(ir, in_types[1])
         out_dim = hlo.ConvDimensionNumbers(op.attributes["dimension_numbers"]).kernel_output_feature_dimension
-        flops = costmodel.conv_flops(out_elems, math.prod(kernel), kernel[out_dim])
-    else:
-        elems = max([_elements(ir, t) or 0 for t in in_types + out_types], default=0)
-        flops = costmodel.elementwise_flops(name, elems)
+        return costmodel.conv_flops(out_elems, math.prod(kernel), kernel[out_dim])
+    return None
+
+
+def element_counts(ir, op) -> tuple[list[int], list[int]]:
+    """Elements of each operand and of each result (0 when unknowable)."""
+    return ([_elements(ir, v.type) or 0 for v in op.operands], [_elements(ir, r.type) or 0 for r in op.results])
+
+
+def roofline_cost(ir, op, dev: costmodel.Device) -> float:
+    """Seconds for one execution of ``op`` on ``dev`` (shared roofline model)."""
+    moved = sum(value_bytes(ir, v.type) for v in list(op.operands) + list(op.results))
+    flops = contraction_flops(ir, op)
+    if flops is None:
+        ins, outs = element_counts(ir, op)
+        flops = costmodel.elementwise_flops(op.operation.name, max(ins + outs, default=0))
     return costmodel.roofline_seconds(flops, moved, dev)
 
 
