@@ -134,7 +134,7 @@ def test_recomputing_inlined_ops(tmp_path):
     g = import_mlir(DATA / "call.mlir")
     x = g.node_by_name("x")
     plan = remat_plan(g, [g.node_by_name("first.t").id])
-    out, g2 = round_trip(tmp_path, "call", plan, barriers=False)
+    out, g2 = round_trip(tmp_path, "call", plan, xla=False)
     text = out.read_text()
     assert "call @block" not in text and "call @external" in text  # inlined in the output
     assert [v.name for v in g2.nodes][:5] == [x.name, "first.t", "first.s.m", "first.t.remat1", "first.u"]
@@ -193,7 +193,18 @@ def test_offload_becomes_attributes(tmp_path):
     assert ('%a1 = stablehlo.broadcast_in_dim %x, dims = [1] {tessera.offload, tessera.offload_after = ["a1"], '
             'tessera.prefetch_before = ["out"]}') in text
     assert '%x: tensor<16xf32> {tessera.offload, tessera.offload_after = ["x"], tessera.prefetch_before = []}' in text
-    assert shape(g2) == shape(g)
+    # and as XLA's host-offload annotations (what JAX lowers device_put(x, memory_kind=...) to):
+    # a1 goes to pinned host right after it is computed, comes back right before out, and out reads the copy
+    place = 'stablehlo.custom_call @annotate_device_placement({}) {{backend_config = "", has_side_effect = true, ' \
+            'mhlo.frontend_attributes = {{_xla_buffer_placement = "{}"}}}}'
+    assert f"%a1.host1 = {place.format('%a1', 'pinned_host')}" in text
+    assert f"%a1.device2 = {place.format('%a1.host1', 'device')}" in text
+    assert "%out = stablehlo.dot_general %a3, %a1.device2" in text
+    assert [v.name for v in g2.nodes] == ["x", "x.host1", "a1", "a1.host1", "a2", "a3", "a1.device2", "out"]
+    assert [v.bytes for v in g2.nodes if ".host" in v.name] == [0, 0]  # host memory takes no device bytes
+    assert no_remat_peak(g2) == simulate(g, plan).peak_bytes == 9216 < no_remat_peak(g)
+    out2, g3 = round_trip(tmp_path, "remat", plan, xla=False)  # attributes only
+    assert "annotate_device_placement" not in out2.read_text() and shape(g3) == shape(g)
     verify(out)
 
 

@@ -49,13 +49,14 @@ ATTR_PREFETCH_BEFORE = "tessera.prefetch_before"
 
 def export_mlir(path: str | Path, plan: Plan, function: str | None = None,
                 plan_source: str | None = None, drop_unsafe_marks: bool = False,
-                barriers: bool | None = None) -> str:
+                xla: bool | None = None) -> str:
     """The text of ``path``'s module with ``plan`` applied to ``function``.
 
-    ``barriers``: pin each run of recomputations behind a
-    ``stablehlo.optimization_barrier`` (default: when the function is
-    StableHLO, i.e. has a ``stablehlo`` op), so that XLA's CSE cannot merge
-    the clones back into the forward ops.
+    ``xla``: also write what XLA reads (default: when the function is
+    StableHLO, i.e. has a ``stablehlo`` op): each run of recomputations
+    pinned behind a ``stablehlo.optimization_barrier``, so that CSE cannot
+    merge the clones back into the forward ops, and offload / prefetch as
+    XLA's host-offload annotations.
 
     Raises PlanError when the plan does not replay on the function's graph or
     computes an op that is not recomputable out of program order (its effects
@@ -71,13 +72,15 @@ def export_mlir(path: str | Path, plan: Plan, function: str | None = None,
         raise PlanError(f"{where}: does not replay on {fn.path} (function "
                         f"{graph.meta['function']!r}): {replay.error}")
     with fn.context, ir.Location.unknown():
-        pin = _wants_barriers(fn, barriers)
+        pin = _is_stablehlo(fn) if xla is None else xla
         layout = _Layout(fn)
         layout.apply(ir, plan, where)
         layout.erase_unused()
         if pin:
             layout.pin_recomputations(ir)
         layout.annotate_offload(ir)
+        if pin:
+            layout.place_offloads(ir)
         layout.name_values(ir)
         for op in fn.func.regions[0].blocks[0].operations:
             if ATTR_RECOMPUTE in op.attributes:
@@ -91,9 +94,7 @@ def export_mlir(path: str | Path, plan: Plan, function: str | None = None,
         return fn.module.operation.get_asm(use_name_loc_as_prefix=True, assume_verified=True)
 
 
-def _wants_barriers(fn: MlirFunction, barriers: bool | None) -> bool:
-    if barriers is not None:
-        return barriers
+def _is_stablehlo(fn: MlirFunction) -> bool:
     return any(op is not None and op.operation.name.startswith("stablehlo.") for op in fn.node_ops)
 
 
@@ -246,6 +247,59 @@ class _Layout:
                     replace_operands(x.op, mapping)
             k = end
 
+    def _alive(self, index: int, step: int):
+        """The kept instance's op at ``index``, else the nearest one in
+        direction ``step`` (None past the end)."""
+        while 0 <= index < len(self.instances):
+            if self.instances[index].op is not None:
+                return self.instances[index].op
+            index += step
+        return None
+
+    def place_offloads(self, ir) -> None:
+        """Offload and prefetch as XLA's host-offload annotations: a copy to
+        pinned host memory right after the offload point, a copy back to the
+        device right before the first reader after the prefetch, and the
+        readers from there on (to the next prefetch) read the device copy."""
+        from .host_offload import DEVICE, HOST, placement_attributes
+
+        records = [x for x in self.instances if x.op is not None] + list(self.arg_offload.values())
+        records = [x for x in records if x.offload_after or x.prefetch_before]
+        if not records:
+            return
+        attrs = placement_attributes(ir)
+        block_ops = list(self.block.operations)
+        for inst in records:
+            values = [self.fn.args[inst.node]] if inst.op is None else list(inst.op.results)
+            events = sorted([(t, 0) for t in inst.offload_after] + [(t, 1) for t in inst.prefetch_before])
+            host: list = values
+            copies: dict = {}  # device copy op -> the values it stands for
+            for k, (index, prefetch) in enumerate(events, start=1):
+                if not prefetch:
+                    anchor = self._alive(index, -1)
+                    if anchor is None or (inst.op is not None and _before(block_ops, anchor, inst.op)):
+                        anchor = inst.op
+                    at = ir.InsertionPoint(_next_op(self.block, anchor))
+                    host = [self._copy(ir, attrs[HOST], v, at, f"{inst.name}.host{k}").results[0] for v in values]
+                else:
+                    reader = self._alive(index, 1) or self.terminator
+                    dev = [self._copy(ir, attrs[DEVICE], h, ir.InsertionPoint(reader), f"{inst.name}.device{k}")
+                           for h in host]
+                    copies[dev[0].operation] = dict(zip(values, [d.results[0] for d in dev]))
+            current: dict = {}
+            for op in list(self.block.operations):
+                if op.operation in copies:
+                    current = copies[op.operation]
+                elif current:
+                    replace_operands(op, current)
+
+    @staticmethod
+    def _copy(ir, attrs: dict, value, at, name: str):
+        op = ir.Operation.create("stablehlo.custom_call", results=[value.type], operands=[value],
+                                 attributes=dict(attrs), ip=at)
+        op.location = ir.Location.name(name)
+        return op
+
     def _anchor(self, index: int, step: int) -> str | None:
         """Name of the kept instance at ``index``, else the nearest one in
         direction ``step``."""
@@ -289,6 +343,18 @@ class _Layout:
         for inst in self.instances:
             if inst.op is not None:  # the old location stays inside: JAX's name stacks say the phase
                 inst.op.location = ir.Location.name(inst.name, childLoc=inst.op.location)
+
+
+def _next_op(block, op):
+    """The op after ``op`` in ``block`` (``op`` None: the first op)."""
+    ops = [x.operation for x in block.operations]
+    return ops[0] if op is None else ops[ops.index(op.operation) + 1]
+
+
+def _before(ops: list, a, b) -> bool:
+    """Whether ``a`` comes before ``b`` in ``ops``."""
+    ops = [x.operation for x in ops]
+    return ops.index(a.operation) < ops.index(b.operation)
 
 
 def _constant(value) -> bool:

@@ -73,6 +73,11 @@ PASS_THROUGH_CALLS = frozenset({"Sharding"})
 # allocates nothing and moves nothing (it only orders), so its node has 0
 # bytes and cost, and its k-th result is the k-th operand's value.
 ALIAS_OPS = frozenset({"stablehlo.optimization_barrier"})
+# XLA's host-offload annotation (``custom_call`` with this frontend attribute,
+# as JAX lowers ``device_put(x, memory_kind=...)``): a result placed in host
+# memory takes no device bytes.
+PLACEMENT_KEY = "_xla_buffer_placement"
+HOST_KINDS = frozenset({"pinned_host", "unpinned_host"})
 # The compiler ops its remat pass may recompute (known to be pure).
 PURE_OPS = frozenset({
     "tessera.matmul", "tessera.batched_gemm", "tessera.softmax", "tessera.layer_norm", "tessera.rms_norm",
@@ -473,6 +478,16 @@ def is_pure(op) -> bool:
     return name in PURE_OPS or name in PASS_THROUGH_OPS or name.split(".", 1)[0] in PURE_DIALECTS
 
 
+def memory_kind(op) -> str | None:
+    """The memory kind a host-offload annotation puts its result in, else None."""
+    if op.operation.name != "stablehlo.custom_call" or "mhlo.frontend_attributes" not in op.attributes:
+        return None
+    front = op.attributes["mhlo.frontend_attributes"]
+    if PLACEMENT_KEY not in front:
+        return None
+    return getattr(front[PLACEMENT_KEY], "value", None)
+
+
 def _scope_names(loc) -> list[str]:
     """Every name in a location tree (name, call-site and fused locations)."""
     out: list[str] = []
@@ -541,7 +556,8 @@ def _build_graph(ir, path: Path, func, names: _Names, device: str, drop_unsafe_m
         i = len(nodes)
         attrs = op.attributes
         alias = name in ALIAS_OPS
-        size = 0 if alias else sum(value_bytes(ir, r.type) for r in op.results)
+        on_host = memory_kind(op) in HOST_KINDS
+        size = 0 if alias or on_host else sum(value_bytes(ir, r.type) for r in op.results)
         if ATTR_BYTES in attrs:
             override = _number(attrs[ATTR_BYTES])
             if override is None or override < 0:
