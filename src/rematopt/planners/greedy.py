@@ -480,9 +480,10 @@ def score(graph: Graph, i: int) -> float:
 
 
 def select(program: Program, model: PeakModel, candidates: list[int], marked: list[int],
-           budget: int | None) -> tuple[list[bool], int]:
+           budget: int | None) -> tuple[list[bool], int, list[int]]:
     """Marked nodes first, then candidates by score while the peak is over
-    budget; returns the selection and the peak with the marks alone. Under the memory model (the true peak) a selection that raises
+    budget; returns the selection, the peak with the marks alone, and the
+    unmarked selections in the order they were made. Under the memory model (the true peak) a selection that raises
     the peak is given back: without phases a node is rebuilt before every
     use, and rebuilding can cost more than the interval it frees (the pass,
     judging its residual estimate, cannot see that and keeps it)."""
@@ -492,8 +493,9 @@ def select(program: Program, model: PeakModel, candidates: list[int], marked: li
         sel[i] = True
         model.select(i)
     marks_peak = model.peak()
+    taken: list[int] = []
     if budget is None:
-        return sel, marks_peak
+        return sel, marks_peak, taken
     pos = g.position
     monotone = model.kind == "memory"
     ranked = sorted((i for i in candidates if not sel[i]), key=lambda i: (-score(g, i), pos[i]))
@@ -506,7 +508,9 @@ def select(program: Program, model: PeakModel, candidates: list[int], marked: li
         if monotone and model.peak() > peak:
             sel[i] = False
             model.unselect(i)
-    return sel, marks_peak
+        else:
+            taken.append(i)
+    return sel, marks_peak, taken
 
 
 # -- trimming ----------------------------------------------------------------------
@@ -739,7 +743,7 @@ def plan(graph: Graph, budget: int | None, options: dict[str, Any]) -> Plan:
                                    f"node {bad.id} ({bad.name}) is marked recompute but is not recomputable"))
     model = PeakModel(program, candidates, kind)
     model_before = model.peak()
-    sel, marks_peak = select(program, model, candidates, sorted(marks, key=graph.position.__getitem__), budget)
+    sel, marks_peak, taken = select(program, model, candidates, sorted(marks, key=graph.position.__getitem__), budget)
     lap("select_s")
     proj = projection(graph, sel, program)
     lap("project_s")
@@ -774,7 +778,7 @@ def plan(graph: Graph, budget: int | None, options: dict[str, Any]) -> Plan:
         proj = projection(graph, sel, program)
         if (proj.total_clones, proj.originals_dropped()) != (trimmer.total_clones, trimmer.dropped_originals):
             raise RuntimeError("greedy: incremental clone projection drifted from the full walk")
-    given_back = _keep_under_no_remat(graph, model, sel, marks, marks_peak) if kind == "memory" else []
+    given_back = _keep_under_no_remat(graph, model, sel, taken, marks_peak) if kind == "memory" else []
     if given_back:
         proj = projection(graph, sel, program)
     ops, nodes = decode(emit(program, sel, proj))
@@ -817,16 +821,20 @@ def plan(graph: Graph, budget: int | None, options: dict[str, Any]) -> Plan:
 
 
 
-def _keep_under_no_remat(graph: Graph, model: PeakModel, sel: list[bool], marks: set[int],
+def _keep_under_no_remat(graph: Graph, model: PeakModel, sel: list[bool], taken: list[int],
                          marks_peak: int) -> list[int]:
-    """Selection never raised the peak, but trimming gives part of it back;
-    if what is left peaks above the no-remat program (above the marks alone,
-    when explicit marks raise it), give back every unmarked selection too.
+    """Selection never raised the peak, but trimming gives part of it back,
+    which can leave it above the no-remat peak (above the marks alone, when
+    explicit marks raise it). Then give back the latest selections, the
+    lowest scored, until it is not: with none left, the marks' peak.
     Returns the nodes given back."""
-    if model.peak() <= max(no_remat_peak(graph), marks_peak):
-        return []
-    back = [i for i in graph.order if sel[i] and i not in marks]
-    for i in back:
-        sel[i] = False
-        model.unselect(i)
+    limit = max(no_remat_peak(graph), marks_peak)
+    back: list[int] = []
+    for i in reversed(taken):
+        if model.peak() <= limit:
+            break
+        if sel[i]:
+            sel[i] = False
+            model.unselect(i)
+            back.append(i)
     return back
