@@ -151,3 +151,18 @@ def json_plan(path):
     from rematopt.plan import Plan
 
     return Plan.load(path)
+
+
+def test_remat_effectful_names_a_jax_location(tmp_path):
+    """A module printed with JAX's locations: the op's place is its Python source."""
+    path = tmp_path / "dbg.mlir"
+    path.write_text('''func.func @main(%x: tensor<64xf32>) -> tensor<64xf32> {
+  %d = "test.stateful_dropout"(%x) {tessera.recompute} : (tensor<64xf32>) -> tensor<64xf32> loc(#loc1)
+  return %d : tensor<64xf32>
+}
+#loc1 = loc("jit(f)/dropout"("/src/model.py":3:17))
+''')
+    with pytest.raises(ImportFailure) as err:
+        import_mlir(path)
+    assert str(err.value).startswith(f'REMAT_EFFECTFUL: test.stateful_dropout at {path} (test.stateful_dropout.1, '
+                                     'loc("jit(f)/dropout"("/src/model.py":3:17))): ')

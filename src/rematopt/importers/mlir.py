@@ -213,15 +213,12 @@ def _fail_at(path: Path, op, problem: str):
     raise ImportFailure(f"{path}:{line}: {problem}" if line else f"{path}: {problem}")
 
 
-def _where(path: Path, op, name: str) -> str:
-    """``FILE:LINE:COL`` of ``op`` in the source; ``FILE (name)`` when it has
-    no file location (an inlined op, say)."""
-    loc = op.location
-    line, col = getattr(loc, "start_line", None), getattr(loc, "start_col", None)
-    if line is None:
-        m = re.search(r'"[^"]*":(\d+):(\d+)', str(loc))
-        line, col = (int(m.group(1)), int(m.group(2))) if m else (None, None)
-    return f"{path}:{line}:{col}" if line is not None else f"{path} ({name})"
+def _where(names: "_Names", op, name: str) -> str:
+    """``FILE:LINE:COL`` of ``op`` in the MLIR source; ``FILE (name, its
+    location)`` when that is elsewhere (an inlined op, or a JAX location
+    naming the Python source)."""
+    pos = names.file_pos(op.location)
+    return f"{names.path}:{pos[0]}:{pos[1]}" if pos else f"{names.path} ({name}, {op.location})"
 
 
 def _functions(module) -> dict[str, Any]:
@@ -270,7 +267,7 @@ class _Names:
         self.path = str(path)
         self.lines = text.splitlines()
 
-    def _file_pos(self, loc) -> tuple[int, int] | None:
+    def file_pos(self, loc) -> tuple[int, int] | None:
         if getattr(loc, "filename", None) == self.path:
             return loc.start_line, loc.start_col
         return None
@@ -282,7 +279,7 @@ class _Names:
         name = getattr(loc, "name_str", None)
         if name is not None:
             return name if re.fullmatch(_NAME, name) else None
-        pos = self._file_pos(loc)
+        pos = self.file_pos(loc)
         if pos is None or pos[0] > len(self.lines):
             return None
         m = _RESULTS_BEFORE_OP.search(self.lines[pos[0] - 1][: pos[1] - 1])
@@ -292,7 +289,7 @@ class _Names:
         name = getattr(arg.location, "name_str", None)
         if name is not None:
             return name
-        pos = self._file_pos(arg.location)
+        pos = self.file_pos(arg.location)
         if pos is None or pos[0] > len(self.lines):
             return None
         m = _ARG_AT.match(self.lines[pos[0] - 1], pos[1] - 1)
@@ -578,7 +575,7 @@ def _build_graph(ir, path: Path, func, names: _Names, device: str, drop_unsafe_m
         node_name = unique(names.of_op(op) or f"{name}.{i}")
         marked = ATTR_RECOMPUTE in attrs
         if marked and not recomputable:
-            msg = (f"{EFFECTFUL_MARK}: {name} at {_where(path, op, node_name)}: marked {ATTR_RECOMPUTE} but "
+            msg = (f"{EFFECTFUL_MARK}: {name} at {_where(names, op, node_name)}: marked {ATTR_RECOMPUTE} but "
                    "not provably pure, so re-running it would change the program")
             if not drop_unsafe_marks:
                 raise ImportFailure(msg + " (--drop-unsafe-marks ignores such marks)")
