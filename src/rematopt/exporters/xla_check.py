@@ -5,12 +5,15 @@ module with the installed jaxlib's XLA and compare.
   (``%h.remat1 = ...``); XLA carries each instruction's source line into the
   optimized HLO's metadata, fused instructions included, so a clone survives
   when some instruction of the optimized module still comes from its line.
-  Clones that only move data (:data:`NO_FLOPS`: a reshape, a broadcast) are
-  not counted: XLA folds them into their readers (a bitcast, a broadcast of
-  a broadcast) with or without a recomputation.
+  The original is compiled as the exporter prints it without a plan (the
+  no-remat plan), so its ops have lines too. A clone counts when XLA keeps
+  its original: an op XLA folds away (a constant expression, a reduction
+  over a size-1 dimension, a maximum with -inf) goes with or without a
+  recomputation, and so does one that only moves data (:data:`NO_FLOPS`: a
+  reshape becomes a bitcast, a broadcast joins its reader).
 * **FLOPs**: ``cost_analysis()["flops"]`` of the exported module must exceed
-  the original's by the clones' FLOPs, counted the way XLA's cost analysis
-  counts them (:func:`xla_flops`), within :data:`FLOPS_TOLERANCE`.
+  the original's by the counted clones' FLOPs, counted the way XLA's cost
+  analysis counts them (:func:`xla_flops`), within :data:`FLOPS_TOLERANCE`.
 
 On CPU, XLA removes optimization barriers before CSE, which then merges a
 clone with its original (measured: an 8-layer tanh MLP with per-layer
@@ -31,6 +34,7 @@ from ..importers.mlir import contraction_flops, element_counts, load_function
 FLOPS_TOLERANCE = 0.10
 _CLONE = re.compile(r"\.remat\d+$")
 _SOURCE_LINE = re.compile(r"source_line=(\d+)")
+_DEFINES = re.compile(r"\s*%([^\s:=]+)(?::\d+)?\s*=")
 # Ops XLA's cost analysis gives no FLOPs: data movement, constants, barriers
 # and annotations.
 NO_FLOPS = frozenset({
@@ -49,11 +53,11 @@ TRANSCENDENTALS = frozenset({
 class XlaCheck:
     backend: str
     cse: bool                # whether XLA's CSE pass ran
-    clones: int              # recomputations in the exported module that compute (not only move data)
+    clones: int              # recomputations in the exported module whose original XLA keeps
     clones_kept: int         # of them, those the optimized HLO still computes
     flops_before: float      # cost_analysis FLOPs of the original module
     flops_after: float       # ... of the exported one
-    expected_rise: float     # the clones' FLOPs, counted as XLA counts them
+    expected_rise: float     # those clones' FLOPs, counted as XLA counts them
 
     @property
     def rise(self) -> float:
@@ -114,17 +118,41 @@ def check_export(original: str | Path, exported: str | Path, function: str | Non
     from jax._src import xla_bridge
     from jax._src.lib.mlir import ir
 
+    from ..reference import no_remat_plan
+    from .mlir import export_mlir
+
     platform = xla_bridge.get_backend().platform
     if cse is None:
         cse = platform != "cpu"
+    base = load_function(original, function)
+    base_text = export_mlir(original, no_remat_plan(base.graph), function=function)
+    before = compile_module(base_text, cse)
+    lines = _defined_at(base_text)
+    kept = {lines[n] for n in _hlo_lines(before) if n in lines}
     fn = load_function(exported, function)
     with fn.context:
-        ops = [fn.node_ops[v.id] for v in fn.graph.nodes if not v.is_input and _CLONE.search(v.name)]
-        expected = sum(xla_flops(ir, op) for op in ops)
-        clones = {op.location.start_line for op in ops if op.operation.name.rsplit(".", 1)[-1] not in NO_FLOPS}
-    before = compile_module(Path(original).read_text(), cse)
+        counted = {}
+        for v in fn.graph.nodes:
+            op = fn.node_ops[v.id]
+            if not v.is_input and _CLONE.search(v.name) and _CLONE.sub("", v.name) in kept \
+                    and op.operation.name.rsplit(".", 1)[-1] not in NO_FLOPS:
+                counted[op.location.start_line] = xla_flops(ir, op)
     after = compile_module(Path(exported).read_text(), cse)
-    lines = {int(n) for m in after.hlo_modules() for n in _SOURCE_LINE.findall(m.to_string())}
-    return XlaCheck(platform, cse, len(clones), len(lines & clones),
+    return XlaCheck(platform, cse, len(counted), len(_hlo_lines(after) & counted.keys()),
                     float(before.cost_analysis().get("flops", 0.0)), float(after.cost_analysis().get("flops", 0.0)),
-                    expected)
+                    sum(counted.values()))
+
+
+def _hlo_lines(executable) -> set[int]:
+    """Source lines of the instructions left in the optimized HLO."""
+    return {int(n) for m in executable.hlo_modules() for n in _SOURCE_LINE.findall(m.to_string())}
+
+
+def _defined_at(text: str) -> dict[int, str]:
+    """Line -> SSA name of the value defined on it (``%h = ...``, ``%w:2 = ...``)."""
+    out = {}
+    for k, line in enumerate(text.splitlines(), start=1):
+        m = _DEFINES.match(line)
+        if m:
+            out[k] = m.group(1)
+    return out
