@@ -73,9 +73,10 @@ def figures_table(title: str, rows: dict[str, Any]) -> None:
 @cli.command()
 @click.argument("graph", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def inspect(graph: str, as_json: bool) -> None:
+@drop_unsafe_marks_option
+def inspect(graph: str, as_json: bool, drop_unsafe_marks: bool) -> None:
     """Sizes and reference points of GRAPH (rematopt graph, node-link JSON or MLIR)."""
-    g = Graph.load(graph)
+    g = load_graph_arg(graph, drop_unsafe_marks)
     info = {
         "graph": g.name,
         "nodes": g.n,
@@ -99,9 +100,10 @@ def inspect(graph: str, as_json: bool) -> None:
 @click.argument("plan", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--timeline", type=click.Path(dir_okay=False), help="Write memory after each event (CSV).")
-def simulate_cmd(graph: str, plan: str, as_json: bool, timeline: str | None) -> None:
+@drop_unsafe_marks_option
+def simulate_cmd(graph: str, plan: str, as_json: bool, timeline: str | None, drop_unsafe_marks: bool) -> None:
     """Replay PLAN against GRAPH: validity, peak, costs, transfers. Exit 1 if invalid."""
-    g = Graph.load(graph)
+    g = load_graph_arg(graph, drop_unsafe_marks)
     p = Plan.load(plan)
     r = simulate(g, p)
     info = {"graph": g.name, "planner": p.planner, **r.summary(), "no_remat_peak_bytes": no_remat_peak(g)}
