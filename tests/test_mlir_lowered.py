@@ -137,3 +137,23 @@ def test_sharding_constraints_are_pass_throughs(tmp_path, shardy):
     assert g.has_phases and all(v.recomputable for v in g.nodes if not v.is_input)
     for ratio in (0.7, 0.0):
         assert solve(g, "greedy", budget_ratio=ratio).replay.peak_bytes <= no_remat_peak(g)
+
+
+def test_exported_step_keeps_its_phases_and_names(lowered, tmp_path):
+    """The output is printed without locations: phases read from them are
+    written as the pass's attribute on the backward ops, and JAX's argument
+    names (``params['w']``) become SSA names that read back the same."""
+    from rematopt.exporters.mlir import export_mlir
+
+    _, _, _, path = lowered
+    g = import_mlir(path)
+    sol = solve(g, "greedy", budget_ratio=0.7)
+    out = tmp_path / "out.mlir"
+    out.write_text(export_mlir(path, sol.plan))
+    g2 = import_mlir(out)
+    phase = {v.name: v.phase for v in g.nodes}
+    assert all(v.name in phase for v in g2.nodes if ".remat" not in v.name and ".barrier" not in v.name)
+    assert g2.has_phases and {v.name: v.phase for v in g2.nodes if v.name in phase} == {
+        v.name: v.phase for v in g.nodes if v.name in {x.name for x in g2.nodes}}
+    assert [v.name for v in g2.nodes if v.is_input] == [v.name for v in g.nodes if v.is_input]
+    assert all("[" not in v.name and "'" not in v.name for v in g.nodes)

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import PlanError
-from ..importers.mlir import ATTR_RECOMPUTE, MlirFunction, load_function, replace_operands, used_values
+from ..importers.mlir import ATTR_PHASE, ATTR_RECOMPUTE, MlirFunction, load_function, replace_operands, used_values
 from ..plan import COMPUTE, OFFLOAD, PREFETCH, Plan
 from ..reference import no_remat_peak
 from ..simulate import simulate
@@ -82,6 +82,7 @@ def export_mlir(path: str | Path, plan: Plan, function: str | None = None,
         if pin:
             layout.place_offloads(ir)
         layout.name_values(ir)
+        layout.write_phases(ir)
         for op in fn.func.regions[0].blocks[0].operations:
             if ATTR_RECOMPUTE in op.attributes:
                 del op.attributes[ATTR_RECOMPUTE]
@@ -335,6 +336,15 @@ class _Layout:
         merged.update(new)
         current[k] = ir.DictAttr.get(merged)
         func.attributes["arg_attrs"] = ir.ArrayAttr.get(current)
+
+    def write_phases(self, ir) -> None:
+        """Phases read from JAX's locations, as the pass's attribute on the
+        backward ops: the output is printed without locations."""
+        graph = self.fn.graph
+        for inst in self.instances:
+            if inst.op is not None and graph.nodes[inst.node].phase == "backward" \
+                    and ATTR_PHASE not in inst.op.attributes:
+                inst.op.attributes[ATTR_PHASE] = ir.StringAttr.get("backward")
 
     def name_values(self, ir) -> None:
         """Name locations, so the printer keeps the graph's names as SSA names."""

@@ -286,9 +286,12 @@ class _Names:
         return m.group(1) if m and not m.group(1).isdigit() else None
 
     def of_arg(self, arg) -> str | None:
+        """``%x: tensor<...>`` -> ``x``; a name location (JAX's
+        ``params['w'][0]``) made a valid SSA name (``params_w_0``), so that
+        the exporter prints it as it is."""
         name = getattr(arg.location, "name_str", None)
         if name is not None:
-            return name
+            return re.sub(r"[^A-Za-z_$.\-0-9]+", "_", name).strip("_") or None
         pos = self.file_pos(arg.location)
         if pos is None or pos[0] > len(self.lines):
             return None
