@@ -15,8 +15,12 @@ plan node ids name its ops. Then, following the plan's events in order:
 Memory: in the output a value lives from its op to its last use, which is when
 a plan that frees eagerly frees it (every planner here does), so the output's
 no-remat peak equals such a plan's peak, and is never above a plan's peak.
-Offload and prefetch cannot be said in plain ops: they become attributes
-(``docs/mlir.md``) and the program text itself keeps the value live across them.
+
+For XLA (a StableHLO function, by default): each run of clones is pinned
+behind an optimization barrier as JAX pins ``jax.checkpoint``, so that CSE
+keeps it, and offload / prefetch become XLA's host-offload annotations
+(:mod:`.host_offload`); both are also written as ``tessera.*`` attributes for
+compilers that read those (``docs/mlir.md``).
 """
 
 from __future__ import annotations
@@ -351,7 +355,7 @@ class _Layout:
         for i, arg in self.fn.args.items():
             arg.set_location(ir.Location.name(self.fn.graph.nodes[i].name, childLoc=arg.location))
         for inst in self.instances:
-            if inst.op is not None:  # the old location stays inside: JAX's name stacks say the phase
+            if inst.op is not None:  # the old location (its source) stays inside the name
                 inst.op.location = ir.Location.name(inst.name, childLoc=inst.op.location)
 
 
