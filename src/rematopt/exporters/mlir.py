@@ -19,7 +19,7 @@ no-remat peak equals such a plan's peak, and is never above a plan's peak.
 For XLA (a StableHLO function, by default): each run of clones is pinned
 behind an optimization barrier as JAX pins ``jax.checkpoint``, so that CSE
 keeps it, and offload / prefetch become XLA's host-offload annotations
-(:mod:`.host_offload`); both are also written as ``tessera.*`` attributes for
+(:mod:`.host_offload`), besides the ``tessera.*`` attributes written for
 compilers that read those (``docs/mlir.md``).
 """
 
