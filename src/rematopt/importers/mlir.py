@@ -95,9 +95,8 @@ ATTR_BUDGET_MB = "tessera.remat_budget_mb"
 ATTR_BUDGET_BYTES = "tessera.remat_budget_bytes"  # wins over the MiB figure: it is exact
 EFFECTFUL_MARK = "REMAT_EFFECTFUL"
 # JAX's name stacks: ``jit(f)/transpose(jvp(f))/mul`` is the backward pass of
-# ``jit(f)/jvp(f)/mul``; ops without either (constants) take the default.
+# ``jit(f)/jvp(f)/mul``; every other op (constants too) is forward.
 _BACKWARD_SCOPE = "transpose("
-_FORWARD_SCOPE = "jvp("
 
 _NAME = r"[A-Za-z_$.\-0-9]+"
 # "%a, %b = " or "%r:2 = " before an op's location; some custom parsers put the
@@ -505,15 +504,9 @@ def _scope_names(loc) -> list[str]:
     return out
 
 
-def location_phase(op) -> str | None:
-    """``backward`` when JAX's name stack in the op's location is inside a
-    ``transpose(...)``, ``forward`` inside a ``jvp(...)`` only, else None."""
-    names = _scope_names(op.location)
-    if any(_BACKWARD_SCOPE in n for n in names):
-        return "backward"
-    if any(_FORWARD_SCOPE in n for n in names):
-        return "forward"
-    return None
+def located_backward(op) -> bool:
+    """Whether JAX's name stack in the op's location is inside a ``transpose(...)``."""
+    return any(_BACKWARD_SCOPE in n for n in _scope_names(op.location))
 
 
 # -- the graph ------------------------------------------------------------------
@@ -545,7 +538,7 @@ def _build_graph(ir, path: Path, func, names: _Names, device: str, drop_unsafe_m
     edges: list[tuple[int, int]] = []
     measured: dict[int, float] = {}
     phases: dict[int, str] = {}  # from tessera.autodiff.phase
-    located_phases: dict[int, str] = {}  # from JAX's name stacks
+    located_backward_ops: set[int] = set()  # from JAX's name stacks
     through: dict[Any, int] = {}  # a barrier's result -> the barrier's node
     terminator = None
     for op in block.operations:
@@ -572,8 +565,8 @@ def _build_graph(ir, path: Path, func, names: _Names, device: str, drop_unsafe_m
                 break
         if ATTR_PHASE in attrs:
             phases[i] = str(attrs[ATTR_PHASE].value) if isinstance(attrs[ATTR_PHASE], ir.StringAttr) else ""
-        elif (scope := location_phase(op)) is not None:
-            located_phases[i] = scope
+        elif located_backward(op):
+            located_backward_ops.add(i)
         recomputable = is_recomputable(op)
         node_name = unique(names.of_op(op) or f"{name}.{i}")
         marked = ATTR_RECOMPUTE in attrs
@@ -616,11 +609,11 @@ def _build_graph(ir, path: Path, func, names: _Names, device: str, drop_unsafe_m
         meta["cost_unit"] = "ns"
     else:
         meta.update(cost_unit="s", device=device)
-    if phases or "backward" in located_phases.values():
-        located_phases.update(phases)
+    if phases or located_backward_ops:
         for v in nodes:
             if not v.is_input:
-                v.phase = "backward" if located_phases.get(v.id) == "backward" else "forward"
+                backward = phases[v.id] == "backward" if v.id in phases else v.id in located_backward_ops
+                v.phase = "backward" if backward else "forward"
     budget = _function_budget(path, func)
     if budget is not None:
         meta["budget_bytes"] = budget
