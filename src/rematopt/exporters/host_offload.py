@@ -4,9 +4,9 @@ StableHLO has no offload op. JAX lowers ``jax.device_put(x, memory_kind=...)``
 inside ``jit`` to a side-effecting custom call that XLA's host-offload passes
 read: the value after it lives in that memory kind. Rather than hard-code that
 form, it is found by lowering such a ``device_put`` with the installed jaxlib,
-for a GPU target (the CPU lowering drops the annotation, because the CPU
-compiler has no host offloader), and its attributes are copied onto the
-exported ops.
+for a GPU target (JAX registers the annotating lowering for TPU and GPU
+only; its CPU lowering drops the transfer), and its attributes are copied
+onto the exported ops.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ def _lowered_round_trip() -> str:
     try:
         lowered = jax.jit(there_and_back).trace(jnp.zeros((2,), jnp.float32)).lower(lowering_platforms=("cuda",))
     except Exception as e:  # a jaxlib without the GPU lowering rules, say
-        raise PlanError(f"cannot find XLA's host-offload annotation with this jaxlib: {e}") from None
+        raise PlanError(f"cannot find XLA's host-offload annotation with this jaxlib ({e}); "
+                        "--no-xla writes offload as tessera attributes only") from None
     return lowered.as_text()
 
 
@@ -55,5 +56,5 @@ def placement_attributes(ir) -> dict[str, dict]:
                 found[ir.StringAttr(front[PLACEMENT_KEY]).value] = attrs
     if set(found) != {HOST, DEVICE}:
         raise PlanError(f"cannot find XLA's host-offload annotation with this jaxlib (lowering device_put gave "
-                        f"placements {sorted(found)})")
+                        f"placements {sorted(found)}); --no-xla writes offload as tessera attributes only")
     return found
