@@ -22,7 +22,7 @@ from rematopt.solve import solve
 CLASSES = planners.options_classes()
 FIELDS = [(name, f) for name in sorted(CLASSES) for f in fields(CLASSES[name])]
 # The solve command's own options, not any planner's.
-SOLVE_OWN = {"graph", "planner", "budget", "budget_ratio", "output", "as_json"}
+SOLVE_OWN = {"graph", "planner", "budget", "budget_ratio", "output", "as_json", "drop_unsafe_marks"}
 
 
 def good_value(cls, f):

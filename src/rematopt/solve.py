@@ -19,6 +19,9 @@ from .reference import no_remat_peak, resolve_budget, working_set_bound
 from .simulate import Replay, simulate
 
 CLAIMS = ("peak_bytes", "compute_cost", "transfer_bytes")
+# Planners that prove a budget impossible, and so refuse one below the peak
+# lower bound; the heuristics take any budget >= 0 and say OVER_BUDGET.
+REFUSE_IMPOSSIBLE_BUDGET = ("cpsat",)
 NO_PLAN = ("INFEASIBLE", "UNKNOWN")  # statuses that come without events
 
 
@@ -66,15 +69,18 @@ class Solution:
 
 
 def solve(graph: Graph, planner: str = "no-remat", budget: int | None = None,
-          budget_ratio: float | None = None, check_budget: bool = True, **options: Any) -> Solution:
+          budget_ratio: float | None = None, check_budget: bool | None = None, **options: Any) -> Solution:
     """Plan ``graph`` with the named planner under a budget in bytes (or a
     ratio of the no-remat peak; or the graph's ``meta.budget_bytes``).
 
-    Raises BudgetError for a budget below the peak lower bound (unless
-    ``check_budget`` is false), PlannerError for an unknown planner, and
-    PlanMismatch if the planner's plan fails its replay.
+    Raises BudgetError for a negative budget, or one below the peak lower
+    bound when ``check_budget`` says so (by default: for the planners of
+    :data:`REFUSE_IMPOSSIBLE_BUDGET`), PlannerError for an unknown planner,
+    and PlanMismatch if the planner's plan fails its replay.
     """
     fn = planners.get(planner)
+    if check_budget is None:
+        check_budget = planner in REFUSE_IMPOSSIBLE_BUDGET
     budget = resolve_budget(graph, budget, budget_ratio, check=check_budget)
     start = time.perf_counter()
     plan = fn(graph, budget, dict(options))
@@ -89,7 +95,8 @@ def solve(graph: Graph, planner: str = "no-remat", budget: int | None = None,
 def check_claims(graph: Graph, plan: Plan, budget: int | None) -> Replay:
     """Replay ``plan`` and raise PlanMismatch unless it is valid, matches the
     planner's claimed figures exactly, and meets the budget whenever the
-    status says it does."""
+    status says it does (on the replayed peak, or on the estimate a planner
+    names in ``stats["budget_judged_on"]``, as greedy's residual model does)."""
     replay = simulate(graph, plan)
     who = f"planner {plan.planner!r} on {graph.name!r}"
     if not replay.valid:
@@ -101,6 +108,9 @@ def check_claims(graph: Graph, plan: Plan, budget: int | None) -> Replay:
             raise PlanMismatch(f"{who}: stats lack the claim {key!r}")
         if plan.stats[key] != actual[key]:
             raise PlanMismatch(f"{who}: claims {key}={plan.stats[key]!r}, replay gives {actual[key]!r}")
-    if budget is not None and plan.stats["status"] in ("OPTIMAL", "FEASIBLE") and replay.peak_bytes > budget:
-        raise PlanMismatch(f"{who}: status {plan.stats['status']} but peak {replay.peak_bytes} > budget {budget}")
+    judged = plan.stats.get("budget_judged_on", "peak_bytes")
+    peak = replay.peak_bytes if judged == "peak_bytes" else plan.stats.get(judged)
+    if budget is not None and plan.stats["status"] in ("OPTIMAL", "FEASIBLE") and not (
+            isinstance(peak, int) and peak <= budget):
+        raise PlanMismatch(f"{who}: status {plan.stats['status']} but {judged} {peak} > budget {budget}")
     return replay

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 from importlib import resources
 from pathlib import Path
@@ -16,33 +15,32 @@ from rich.console import Console
 from rich.table import Table
 
 from .. import planners
-from ..errors import BudgetError, GraphError, RematoptError
+from ..errors import GraphError, RematoptError
 from ..graph import Graph
 from ..plan import Plan
 from ..planners.options import command_line
 from ..reference import no_remat_peak, working_set_bound
 from ..simulate import base_cost, simulate
+from ..sizes import parse_bytes, with_human
 from ..solve import solve
 from . import cli
-
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
-
-
-def parse_bytes(text: str) -> int:
-    """``"1048576"``, ``"512MiB"``, ``"1.5GB"`` -> bytes (floored)."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
-    if not m or m.group(2).lower() not in _UNITS:
-        raise BudgetError(f"cannot read {text!r} as a size in bytes (e.g. 1048576, 512MiB, 1.5GB)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-
 
 def default_graph_path() -> Path:
     """The small instance shipped inside the package, for ``solve`` with no GRAPH."""
     return Path(str(resources.files("rematopt") / "data" / "default.json"))
 
 
-def load_graph_arg(path: str | None) -> Graph:
-    return Graph.load(path if path is not None else default_graph_path())
+def load_graph_arg(path: str | None, drop_unsafe_marks: bool = False) -> Graph:
+    from ..importers import read_graph
+
+    return read_graph(path if path is not None else default_graph_path(), drop_unsafe_marks=drop_unsafe_marks)
+
+
+# For MLIR input: a tessera.recompute mark on an effectful op is an error unless this is given.
+drop_unsafe_marks_option = click.option(
+    "--drop-unsafe-marks", is_flag=True,
+    help="MLIR: warn about (instead of refusing) a tessera.recompute mark on an op that is not "
+         "recomputable (REMAT_EFFECTFUL), and ignore the mark.")
 
 
 def check_writable(path: str | None) -> None:
@@ -62,12 +60,13 @@ def emit_json(obj: Any) -> None:
 
 
 def figures_table(title: str, rows: dict[str, Any]) -> None:
+    """Two columns; byte counts (keys ending in ``bytes``) also in human units."""
     table = Table(title=title, show_header=False, title_justify="left")
     for key, value in rows.items():
         if isinstance(value, float):
             value = f"{value:.6g}"
         elif isinstance(value, int) and not isinstance(value, bool):
-            value = f"{value:,}"
+            value = with_human(value) if key.endswith("bytes") else f"{value:,}"
         table.add_row(key, str(value))
     Console().print(table)
 
@@ -75,9 +74,10 @@ def figures_table(title: str, rows: dict[str, Any]) -> None:
 @cli.command()
 @click.argument("graph", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def inspect(graph: str, as_json: bool) -> None:
+@drop_unsafe_marks_option
+def inspect(graph: str, as_json: bool, drop_unsafe_marks: bool) -> None:
     """Sizes and reference points of GRAPH (rematopt graph, node-link JSON or MLIR)."""
-    g = Graph.load(graph)
+    g = load_graph_arg(graph, drop_unsafe_marks)
     info = {
         "graph": g.name,
         "nodes": g.n,
@@ -101,9 +101,10 @@ def inspect(graph: str, as_json: bool) -> None:
 @click.argument("plan", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--timeline", type=click.Path(dir_okay=False), help="Write memory after each event (CSV).")
-def simulate_cmd(graph: str, plan: str, as_json: bool, timeline: str | None) -> None:
+@drop_unsafe_marks_option
+def simulate_cmd(graph: str, plan: str, as_json: bool, timeline: str | None, drop_unsafe_marks: bool) -> None:
     """Replay PLAN against GRAPH: validity, peak, costs, transfers. Exit 1 if invalid."""
-    g = Graph.load(graph)
+    g = load_graph_arg(graph, drop_unsafe_marks)
     p = Plan.load(plan)
     r = simulate(g, p)
     info = {"graph": g.name, "planner": p.planner, **r.summary(), "no_remat_peak_bytes": no_remat_peak(g)}
@@ -161,15 +162,16 @@ def planner_options(exclude: tuple[str, ...] = ()):
 @click.argument("graph", required=False, type=click.Path(dir_okay=False))
 @click.option("--planner", "-p", default="cpsat", show_default=True,
               help=f"One of: {', '.join(planners.names())}.")
-@click.option("--budget", help="Memory budget in bytes (512MiB, 1.5GB... accepted).")
+@click.option("--budget", help="Memory budget in bytes (2M, 1E9, 1.5GiB, 512MB... accepted).")
 @click.option("--budget-ratio", type=float, help="Budget as a fraction of the no-remat peak.")
 @click.option("--output", "-o", type=click.Path(dir_okay=False), help="Write the plan here.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @planner_options()
+@drop_unsafe_marks_option
 def solve_cmd(graph: str | None, planner: str, budget: str | None, budget_ratio: float | None,
-              output: str | None, as_json: bool, **options: Any) -> None:
+              output: str | None, as_json: bool, drop_unsafe_marks: bool, **options: Any) -> None:
     """Plan GRAPH (default: a small instance shipped with rematopt) under a budget."""
-    g = load_graph_arg(graph)
+    g = load_graph_arg(graph, drop_unsafe_marks)
     for path in (output, options.get("log_path"), options.get("export_model")):
         check_writable(path)
     ctx = click.get_current_context()

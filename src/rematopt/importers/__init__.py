@@ -14,8 +14,9 @@ from ..errors import GraphError
 from ..graph import Graph
 
 
-def read_graph(path: str | Path, function: str | None = None) -> Graph:
-    """Load a graph file of any supported kind.
+def read_graph(path: str | Path, function: str | None = None, drop_unsafe_marks: bool = False) -> Graph:
+    """Load a graph file of any supported kind (``drop_unsafe_marks``: see
+    :func:`rematopt.importers.mlir.import_mlir`).
 
     Raises GraphError (or ImportFailure from a front end) with the file named.
     """
@@ -27,7 +28,7 @@ def read_graph(path: str | Path, function: str | None = None) -> Graph:
     if path.suffix == ".mlir":
         from .mlir import import_mlir
 
-        return import_mlir(path, function=function)
+        return import_mlir(path, function=function, drop_unsafe_marks=drop_unsafe_marks)
     try:
         doc = json.loads(path.read_text())
     except UnicodeDecodeError:

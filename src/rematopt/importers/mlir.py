@@ -13,8 +13,13 @@ flat block in which every op but the terminator is one node:
   makes its result count :data:`DYNAMIC_RESULT_BYTES`;
 * costs are measured attributes when present, else the shared roofline model
   (:mod:`rematopt.importers.costmodel`);
-* only ops in :data:`PURE_OPS` (and the pure dialects) without regions are
-  recomputable: an op with a region or an unknown op may have effects.
+* an op is recomputable when re-running it cannot change the program: the
+  pure dialects' ops, :data:`PURE_OPS`, sharding pass-throughs, and the ops
+  of :data:`REGION_OPS` whose regions hold only such ops; a
+  ``tessera.recompute`` mark on any other op is ``REMAT_EFFECTFUL``;
+* phases come from ``tessera.autodiff.phase`` or, in JAX-lowered modules
+  printed with debug info, from the name stack in each op's location
+  (``transpose(jvp(...))`` is the backward pass).
 
 The parser drops SSA names, so names are recovered from the source text at
 each op's location (``%square = ...`` -> ``square``); ops the exporter renamed
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +54,30 @@ EFFECTFUL_OPS = frozenset({
     "stablehlo.rng", "stablehlo.rng_bit_generator", "stablehlo.after_all", "stablehlo.create_token",
     "stablehlo.optimization_barrier", "stablehlo.partition_id", "stablehlo.replica_id",
 })
+# Ops with regions that compute a pure function of their operands when every op
+# in their regions is pure (a reduction's combiner, a sort's comparator, a loop
+# body): re-running them gives the same values. Others (sdy.manual_computation,
+# unknown dialects' region ops) stay opaque.
+REGION_OPS = frozenset({
+    "stablehlo.reduce", "stablehlo.reduce_window", "stablehlo.sort", "stablehlo.map",
+    "stablehlo.select_and_scatter", "stablehlo.scatter", "stablehlo.while", "stablehlo.if", "stablehlo.case",
+})
+# Terminators inside those regions (they only yield values).
+REGION_TERMINATORS = frozenset({"stablehlo.return"})
+# Sharding annotations: they pass their operand through, so re-running one is a
+# copy of a value (Shardy's constraint, and GSPMD's ``custom_call @Sharding``
+# that carries an ``mhlo.sharding`` attribute).
+PASS_THROUGH_OPS = frozenset({"sdy.sharding_constraint"})
+PASS_THROUGH_CALLS = frozenset({"Sharding"})
+# Ops whose results are their operands, in place: an optimization barrier
+# allocates nothing and moves nothing (it only orders), so its node has 0
+# bytes and cost, and its k-th result is the k-th operand's value.
+ALIAS_OPS = frozenset({"stablehlo.optimization_barrier"})
+# XLA's host-offload annotation (``custom_call`` with this frontend attribute,
+# as JAX lowers ``device_put(x, memory_kind=...)``): a result placed in host
+# memory takes no device bytes.
+PLACEMENT_KEY = "_xla_buffer_placement"
+HOST_KINDS = frozenset({"pinned_host", "unpinned_host"})
 # The compiler ops its remat pass may recompute (known to be pure).
 PURE_OPS = frozenset({
     "tessera.matmul", "tessera.batched_gemm", "tessera.softmax", "tessera.layer_norm", "tessera.rms_norm",
@@ -62,6 +92,11 @@ ATTR_PHASE = "tessera.autodiff.phase"
 ATTR_COST = ("tessera.backward_work_ns", "tessera.remat_cost_ns")  # first present wins
 ATTR_BYTES = "tessera.residual.retained_bytes"
 ATTR_BUDGET_MB = "tessera.remat_budget_mb"
+ATTR_BUDGET_BYTES = "tessera.remat_budget_bytes"  # wins over the MiB figure: it is exact
+EFFECTFUL_MARK = "REMAT_EFFECTFUL"
+# JAX's name stacks: ``jit(f)/transpose(jvp(f))/mul`` is the backward pass of
+# ``jit(f)/jvp(f)/mul``; every other op (constants too) is forward.
+_BACKWARD_SCOPE = "transpose("
 
 _NAME = r"[A-Za-z_$.\-0-9]+"
 # "%a, %b = " or "%r:2 = " before an op's location; some custom parsers put the
@@ -87,17 +122,20 @@ class MlirFunction:
     args: dict[int, Any]
 
 
-def import_mlir(path: str | Path, function: str | None = None) -> Graph:
+def import_mlir(path: str | Path, function: str | None = None, drop_unsafe_marks: bool = False) -> Graph:
     """Read ``function`` (default: ``main``, else the only public function)
     of an MLIR file as a :class:`Graph`.
 
     Raises ImportFailure ``"FILE:LINE: reason"`` for a syntax or verifier error,
-    an unknown function or an unsupported construct.
+    an unknown function or an unsupported construct, and ``"REMAT_EFFECTFUL:
+    OP at FILE:LINE:COL ..."`` for a ``tessera.recompute`` mark on an op that is
+    not recomputable (with ``drop_unsafe_marks``, a warning; the mark is ignored).
     """
-    return load_function(path, function).graph
+    return load_function(path, function, drop_unsafe_marks=drop_unsafe_marks).graph
 
 
-def load_function(path: str | Path, function: str | None = None, device: str | None = None) -> MlirFunction:
+def load_function(path: str | Path, function: str | None = None, device: str | None = None,
+                  drop_unsafe_marks: bool = False) -> MlirFunction:
     """Parse ``path``, select ``function``, inline its calls and build its graph
     (roofline costs on ``device``, default A100), keeping the IR for the exporter."""
     path = Path(path)
@@ -109,7 +147,8 @@ def load_function(path: str | Path, function: str | None = None, device: str | N
         func = _select_function(ir, path, module, function)
         names = _Names(path, text)
         _inline_calls(ir, path, module, func.regions[0].blocks[0], names, stack=[_sym_name(func)])
-        graph, node_ops, args = _build_graph(ir, path, func, names, device or costmodel.DEFAULT_DEVICE)
+        graph, node_ops, args = _build_graph(ir, path, func, names, device or costmodel.DEFAULT_DEVICE,
+                                             drop_unsafe_marks)
     return MlirFunction(path, ctx, module, func, graph, node_ops, args)
 
 
@@ -173,6 +212,14 @@ def _fail_at(path: Path, op, problem: str):
     raise ImportFailure(f"{path}:{line}: {problem}" if line else f"{path}: {problem}")
 
 
+def _where(names: "_Names", op, name: str) -> str:
+    """``FILE:LINE:COL`` of ``op`` in the MLIR source; ``FILE (name, its
+    location)`` when that is elsewhere (an inlined op, or a JAX location
+    naming the Python source)."""
+    pos = names.file_pos(op.location)
+    return f"{names.path}:{pos[0]}:{pos[1]}" if pos else f"{names.path} ({name}, {op.location})"
+
+
 def _functions(module) -> dict[str, Any]:
     return {_sym_name(op): op for op in module.body.operations if op.operation.name == "func.func"}
 
@@ -219,7 +266,7 @@ class _Names:
         self.path = str(path)
         self.lines = text.splitlines()
 
-    def _file_pos(self, loc) -> tuple[int, int] | None:
+    def file_pos(self, loc) -> tuple[int, int] | None:
         if getattr(loc, "filename", None) == self.path:
             return loc.start_line, loc.start_col
         return None
@@ -231,17 +278,20 @@ class _Names:
         name = getattr(loc, "name_str", None)
         if name is not None:
             return name if re.fullmatch(_NAME, name) else None
-        pos = self._file_pos(loc)
+        pos = self.file_pos(loc)
         if pos is None or pos[0] > len(self.lines):
             return None
         m = _RESULTS_BEFORE_OP.search(self.lines[pos[0] - 1][: pos[1] - 1])
         return m.group(1) if m and not m.group(1).isdigit() else None
 
     def of_arg(self, arg) -> str | None:
+        """``%x: tensor<...>`` -> ``x``; a name location (JAX's
+        ``params['w'][0]``) made a valid SSA name (``params_w_0``), so that
+        the exporter prints it as it is."""
         name = getattr(arg.location, "name_str", None)
         if name is not None:
-            return name
-        pos = self._file_pos(arg.location)
+            return re.sub(r"[^A-Za-z_$.\-0-9]+", "_", name).strip("_") or None
+        pos = self.file_pos(arg.location)
         if pos is None or pos[0] > len(self.lines):
             return None
         m = _ARG_AT.match(self.lines[pos[0] - 1], pos[1] - 1)
@@ -301,11 +351,14 @@ def replace_operands(op, mapping: dict) -> None:
 def used_values(op) -> list:
     """Operands of ``op`` and values its regions use from outside (captures)."""
     values = list(op.operands)
+    inner: set = set()
     for region in op.regions:
         for block in region.blocks:
-            for inner in block.operations:
-                values.extend(used_values(inner))
-    return values
+            inner.update(block.arguments)
+            for nested in block.operations:
+                inner.update(nested.results)
+                values.extend(used_values(nested))
+    return [v for v in values if v not in inner]
 
 
 # -- sizes and costs ----------------------------------------------------------
@@ -358,30 +411,41 @@ def _shape(ir, t) -> list[int]:
     return list(t.shape) if isinstance(t, ir.RankedTensorType) and t.has_static_shape else []
 
 
-def roofline_cost(ir, op, dev: costmodel.Device) -> float:
-    """Seconds for one execution of ``op`` on ``dev`` (shared roofline model)."""
+def contraction_flops(ir, op) -> float | None:
+    """FLOPs of a matmul-like op or a convolution (2 per multiply-add), None
+    for any other op."""
     name = op.operation.name
     in_types = [v.type for v in op.operands]
-    out_types = [r.type for r in op.results]
-    moved = sum(value_bytes(ir, t) for t in in_types + out_types)
-    out_elems = sum(_elements(ir, t) or 0 for t in out_types)
+    out_elems = sum(_elements(ir, r.type) or 0 for r in op.results)
     lhs = _shape(ir, in_types[0]) if in_types else []
     if name == "stablehlo.dot_general" and lhs:
         from jax._src.lib.mlir.dialects import hlo
 
         dims = hlo.DotDimensionNumbers(op.attributes["dot_dimension_numbers"]).lhs_contracting_dimensions
-        flops = costmodel.matmul_flops(out_elems, math.prod(lhs[d] for d in dims))
-    elif name in MATMUL_OPS and lhs:
-        flops = costmodel.matmul_flops(out_elems, lhs[-1])
-    elif name == "stablehlo.convolution" and len(in_types) > 1 and _shape(ir, in_types[1]):
+        return costmodel.matmul_flops(out_elems, math.prod(lhs[d] for d in dims))
+    if name in MATMUL_OPS and lhs:
+        return costmodel.matmul_flops(out_elems, lhs[-1])
+    if name == "stablehlo.convolution" and len(in_types) > 1 and _shape(ir, in_types[1]):
         from jax._src.lib.mlir.dialects import hlo
 
         kernel = _shape(ir, in_types[1])
         out_dim = hlo.ConvDimensionNumbers(op.attributes["dimension_numbers"]).kernel_output_feature_dimension
-        flops = costmodel.conv_flops(out_elems, math.prod(kernel), kernel[out_dim])
-    else:
-        elems = max([_elements(ir, t) or 0 for t in in_types + out_types], default=0)
-        flops = costmodel.elementwise_flops(name, elems)
+        return costmodel.conv_flops(out_elems, math.prod(kernel), kernel[out_dim])
+    return None
+
+
+def element_counts(ir, op) -> tuple[list[int], list[int]]:
+    """Elements of each operand and of each result (0 when unknowable)."""
+    return ([_elements(ir, v.type) or 0 for v in op.operands], [_elements(ir, r.type) or 0 for r in op.results])
+
+
+def roofline_cost(ir, op, dev: costmodel.Device) -> float:
+    """Seconds for one execution of ``op`` on ``dev`` (shared roofline model)."""
+    moved = sum(value_bytes(ir, v.type) for v in list(op.operands) + list(op.results))
+    flops = contraction_flops(ir, op)
+    if flops is None:
+        ins, outs = element_counts(ir, op)
+        flops = costmodel.elementwise_flops(op.operation.name, max(ins + outs, default=0))
     return costmodel.roofline_seconds(flops, moved, dev)
 
 
@@ -391,17 +455,64 @@ def _number(attr) -> float | None:
 
 
 def is_recomputable(op) -> bool:
-    """Pure and region-free: re-executing it cannot change the program's effects."""
+    """Re-executing it cannot change the program: it has results and is pure
+    (see :func:`is_pure`)."""
+    return bool(op.results) and is_pure(op)
+
+
+def is_pure(op) -> bool:
+    """A pure dialect's op (minus communication, I/O, randomness and tokens),
+    a known-pure compiler op, a sharding pass-through, or one of
+    :data:`REGION_OPS` whose regions hold only pure ops and terminators."""
     name = op.operation.name
-    if len(op.regions) > 0 or name in EFFECTFUL_OPS or not op.results:
+    if name == "stablehlo.custom_call":
+        target = op.attributes["call_target_name"] if "call_target_name" in op.attributes else None
+        return getattr(target, "value", None) in PASS_THROUGH_CALLS
+    if name in EFFECTFUL_OPS:
         return False
-    return name in PURE_OPS or name.split(".", 1)[0] in PURE_DIALECTS
+    if len(op.regions) > 0:
+        return name in REGION_OPS and all(
+            inner.operation.name in REGION_TERMINATORS or is_pure(inner)
+            for region in op.regions for block in region.blocks for inner in block.operations)
+    return name in PURE_OPS or name in PASS_THROUGH_OPS or name.split(".", 1)[0] in PURE_DIALECTS
+
+
+def memory_kind(op) -> str | None:
+    """The memory kind a host-offload annotation puts its result in, else None."""
+    if op.operation.name != "stablehlo.custom_call" or "mhlo.frontend_attributes" not in op.attributes:
+        return None
+    front = op.attributes["mhlo.frontend_attributes"]
+    if PLACEMENT_KEY not in front:
+        return None
+    return getattr(front[PLACEMENT_KEY], "value", None)
+
+
+def _scope_names(loc) -> list[str]:
+    """Every name in a location tree (name, call-site and fused locations)."""
+    out: list[str] = []
+    stack = [loc]
+    while stack:
+        loc = stack.pop()
+        name = getattr(loc, "name_str", None)
+        if name is not None:
+            out.append(name)
+            stack.append(loc.child_loc)
+        elif hasattr(loc, "callee"):
+            stack.extend([loc.callee, loc.caller])
+        elif hasattr(loc, "locations"):
+            stack.extend(loc.locations)
+    return out
+
+
+def located_backward(op) -> bool:
+    """Whether JAX's name stack in the op's location is inside a ``transpose(...)``."""
+    return any(_BACKWARD_SCOPE in n for n in _scope_names(op.location))
 
 
 # -- the graph ------------------------------------------------------------------
 
 
-def _build_graph(ir, path: Path, func, names: _Names, device: str):
+def _build_graph(ir, path: Path, func, names: _Names, device: str, drop_unsafe_marks: bool):
     block = func.regions[0].blocks[0]
     dev = costmodel.device(device)
     nodes: list[Node] = []
@@ -426,7 +537,9 @@ def _build_graph(ir, path: Path, func, names: _Names, device: str):
 
     edges: list[tuple[int, int]] = []
     measured: dict[int, float] = {}
-    phases: dict[int, str] = {}
+    phases: dict[int, str] = {}  # from tessera.autodiff.phase
+    located_backward_ops: set[int] = set()  # from JAX's name stacks
+    through: dict[Any, int] = {}  # a barrier's result -> the barrier's node
     terminator = None
     for op in block.operations:
         name = op.operation.name
@@ -435,7 +548,9 @@ def _build_graph(ir, path: Path, func, names: _Names, device: str):
             break
         i = len(nodes)
         attrs = op.attributes
-        size = sum(value_bytes(ir, r.type) for r in op.results)
+        alias = name in ALIAS_OPS
+        on_host = memory_kind(op) in HOST_KINDS
+        size = 0 if alias or on_host else sum(value_bytes(ir, r.type) for r in op.results)
         if ATTR_BYTES in attrs:
             override = _number(attrs[ATTR_BYTES])
             if override is None or override < 0:
@@ -450,19 +565,40 @@ def _build_graph(ir, path: Path, func, names: _Names, device: str):
                 break
         if ATTR_PHASE in attrs:
             phases[i] = str(attrs[ATTR_PHASE].value) if isinstance(attrs[ATTR_PHASE], ir.StringAttr) else ""
+        elif located_backward(op):
+            located_backward_ops.add(i)
         recomputable = is_recomputable(op)
-        nodes.append(Node(id=i, name=unique(names.of_op(op) or f"{name}.{i}"), op=name, bytes=size,
-                          cost=roofline_cost(ir, op, dev), recomputable=recomputable,
-                          recompute=recomputable and ATTR_RECOMPUTE in attrs))
+        node_name = unique(names.of_op(op) or f"{name}.{i}")
+        marked = ATTR_RECOMPUTE in attrs
+        if marked and not recomputable:
+            msg = (f"{EFFECTFUL_MARK}: {name} at {_where(names, op, node_name)}: marked {ATTR_RECOMPUTE} but "
+                   "not provably pure, so re-running it would change the program")
+            if not drop_unsafe_marks:
+                raise ImportFailure(msg + " (--drop-unsafe-marks ignores such marks)")
+            warnings.warn(msg + "; mark ignored", stacklevel=4)
+            marked = False
+        nodes.append(Node(id=i, name=node_name, op=name, bytes=size,
+                          cost=0.0 if alias else roofline_cost(ir, op, dev), recomputable=recomputable,
+                          recompute=marked))
         node_ops.append(op)
-        for p in dict.fromkeys(producer[v] for v in used_values(op) if v in producer):
+        used = [v for v in used_values(op) if v in producer]
+        # a value passed through a barrier lives as long as its readers through
+        # it read it; the barrier itself is read too, so it keeps its place
+        readers = [producer[v] for v in used] + [through[v] for v in used if v in through]
+        for p in dict.fromkeys(readers):
             edges.append((p, i))
-        for r in op.results:
-            producer[r] = i
+        for k, r in enumerate(op.results):
+            if alias:
+                producer[r] = producer.get(op.operands[k], i)
+                through[r] = i
+            else:
+                producer[r] = i
     if terminator is None:
         _fail_at(path, func, "function body does not end in func.return")
     for v in terminator.operands:
         nodes[producer[v]].output = True
+        if v in through:
+            nodes[through[v]].output = True
 
     meta: dict[str, Any] = {"source": "mlir", "file": str(path), "function": _sym_name(func)}
     if measured:
@@ -473,16 +609,25 @@ def _build_graph(ir, path: Path, func, names: _Names, device: str):
         meta["cost_unit"] = "ns"
     else:
         meta.update(cost_unit="s", device=device)
-    if phases:
+    if phases or located_backward_ops:
         for v in nodes:
             if not v.is_input:
-                v.phase = "backward" if phases.get(v.id) == "backward" else "forward"
-    fattrs = func.attributes
-    if ATTR_BUDGET_MB in fattrs:
-        mb = _number(fattrs[ATTR_BUDGET_MB])
-        if mb is None or not mb >= 0 or not math.isfinite(mb):
-            _fail_at(path, func, f"{ATTR_BUDGET_MB} must be a finite number >= 0")
-        meta["budget_bytes"] = int(mb * 2**20)
+                backward = phases[v.id] == "backward" if v.id in phases else v.id in located_backward_ops
+                v.phase = "backward" if backward else "forward"
+    budget = _function_budget(path, func)
+    if budget is not None:
+        meta["budget_bytes"] = budget
     fname = _sym_name(func)
     gname = path.stem if fname == "main" else f"{path.stem}.{fname}"
     return Graph(gname, nodes, edges, None, meta, str(path)), node_ops, args
+
+
+def _function_budget(path: Path, func) -> int | None:
+    """The pass's budget from the function's attributes: bytes, else MiB x 2^20."""
+    for key, scale in ((ATTR_BUDGET_BYTES, 1), (ATTR_BUDGET_MB, 2**20)):
+        if key in func.attributes:
+            value = _number(func.attributes[key])
+            if value is None or not value >= 0 or not math.isfinite(value):
+                _fail_at(path, func, f"{key} must be a finite number >= 0")
+            return int(value * scale)
+    return None

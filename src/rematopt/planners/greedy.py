@@ -491,23 +491,37 @@ def score(graph: Graph, i: int) -> float:
 
 
 def select(program: Program, model: PeakModel, candidates: list[int], marked: list[int],
-           budget: int | None) -> list[bool]:
-    """Marked nodes first, then candidates by score while the peak is over budget."""
+           budget: int | None) -> tuple[list[bool], int, list[int]]:
+    """Marked nodes first, then candidates by score while the peak is over
+    budget; returns the selection, the peak with the marks alone, and the
+    unmarked selections in the order they were made. Under the memory model (the true peak) a selection that raises
+    the peak is given back: without phases a node is rebuilt before every
+    use, and rebuilding can cost more than the interval it frees (the pass,
+    judging its residual estimate, cannot see that and keeps it)."""
     g = program.graph
     sel = [False] * g.n
     for i in marked:
         sel[i] = True
         model.select(i)
+    marks_peak = model.peak()
+    taken: list[int] = []
     if budget is None:
-        return sel
+        return sel, marks_peak, taken
     pos = g.position
+    monotone = model.kind == "memory"
     ranked = sorted((i for i in candidates if not sel[i]), key=lambda i: (-score(g, i), pos[i]))
     for i in ranked:
-        if model.peak() <= budget:
+        peak = model.peak()
+        if peak <= budget:
             break
         sel[i] = True
         model.select(i)
-    return sel
+        if monotone and model.peak() > peak:
+            sel[i] = False
+            model.unselect(i)
+        else:
+            taken.append(i)
+    return sel, marks_peak, taken
 
 
 # -- trimming ----------------------------------------------------------------------
@@ -712,7 +726,8 @@ def plan(graph: Graph, budget: int | None, options: dict[str, Any]) -> Plan:
         raise PlannerError(located(graph.source or graph.name,
                                    f"node {bad.id} ({bad.name}) is marked recompute but is not recomputable"))
     model = PeakModel(program, candidates, kind)
-    sel = select(program, model, candidates, sorted(marks, key=graph.position.__getitem__), budget)
+    model_before = model.peak()
+    sel, marks_peak, taken = select(program, model, candidates, sorted(marks, key=graph.position.__getitem__), budget)
     lap("select_s")
     proj = projection(graph, sel, program)
     lap("project_s")
@@ -747,6 +762,9 @@ def plan(graph: Graph, budget: int | None, options: dict[str, Any]) -> Plan:
         proj = projection(graph, sel, program)
         if (proj.total_clones, proj.originals_dropped()) != (trimmer.total_clones, trimmer.dropped_originals):
             raise RuntimeError("greedy: incremental clone projection drifted from the full walk")
+    given_back = _keep_under_no_remat(graph, model, sel, taken, marks_peak) if kind == "memory" else []
+    if given_back:
+        proj = projection(graph, sel, program)
     ops, nodes = decode(materialise(program, sel, proj))
     lap("materialise_s")
     counts = np.bincount(nodes[ops == COMPUTE], minlength=graph.n).tolist()
@@ -754,25 +772,50 @@ def plan(graph: Graph, budget: int | None, options: dict[str, Any]) -> Plan:
     cost = cost_of_counts(graph, counts)
     lap("figures_s")
     selected = [i for i in graph.order if sel[i]]
+    # The pass judges its budget on its own estimate: under the residual model
+    # so does the status, and the figures before and after are that estimate.
+    residual = kind == "residual"
+    judged = model.peak() if residual else peak
     details = {
         "peak_model": kind,
         "model_peak_bytes": model.peak(),
         "model_peak_before_trim_bytes": peak_before_trim,
-        "peak_before_bytes": no_remat_peak(graph),
-        "peak_after_bytes": peak,
+        "budget_judged_on": "model_peak_bytes" if residual else "peak_bytes",
+        "peak_before_bytes": model_before if residual else no_remat_peak(graph),
+        "peak_after_bytes": judged,
         "selected": [graph.nodes[i].name for i in selected],
+        "auto_selected": len([i for i in selected if i not in marks]),
         "dropped": [graph.nodes[i].name for i in dropped],
+        "given_back": [graph.nodes[i].name for i in given_back],
         "marked": [graph.nodes[i].name for i in graph.order if i in marks],
         "selected_cost": math.fsum(graph.cost[i] for i in selected),
-        "projected_clones": trimmer.total_clones,
-        "originals_dropped": trimmer.dropped_originals,
+        "projected_clones": proj.total_clones,
+        "originals_dropped": proj.originals_dropped(),
         "emitted_compute_events": int(sum(counts)),
         "max_clone_expansion": bound,
         "trim": trim,
         "warnings": warned,
         "timings_s": timings,
     }
-    stats = Stats(status="FEASIBLE" if budget is None or peak <= budget else "OVER_BUDGET",
+    stats = Stats(status="FEASIBLE" if budget is None or judged <= budget else "OVER_BUDGET",
                   peak_bytes=peak, compute_cost=cost, transfer_bytes=0, details=details)
     return Plan(graph.name, "greedy", ops, nodes, stats)
 
+
+def _keep_under_no_remat(graph: Graph, model: PeakModel, sel: list[bool], taken: list[int],
+                         marks_peak: int) -> list[int]:
+    """Selection never raised the peak, but trimming gives part of it back,
+    which can leave it above the no-remat peak (above the marks alone, when
+    explicit marks raise it). Then give back the latest selections, the
+    lowest scored, until it is not: with none left, the marks' peak.
+    Returns the nodes given back."""
+    limit = max(no_remat_peak(graph), marks_peak)
+    back: list[int] = []
+    for i in reversed(taken):
+        if model.peak() <= limit:
+            break
+        if sel[i]:
+            sel[i] = False
+            model.unselect(i)
+            back.append(i)
+    return back
