@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 from . import planners
 from .errors import BudgetError, GraphError, RematoptError
 from .graph import Graph
+from .solve import REFUSE_IMPOSSIBLE_BUDGET
 from .planners.options import parse
 from .reference import no_remat_peak, peak_lower_bound, ratio_budget
 
@@ -356,7 +357,7 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
         budget = resolve_budget(graph, ratio=spec["budget_ratio"], check=False)
         row["budget"] = budget
         try:
-            resolve_budget(graph, budget=budget)
+            resolve_budget(graph, budget=budget, check=spec["planner"] in REFUSE_IMPOSSIBLE_BUDGET)
         except BudgetError as e:
             row.update(status="INFEASIBLE_BUDGET", error=str(e))
             return row
@@ -524,7 +525,7 @@ def plan_batch(inputs: list[GraphInput], planner_names: list[str], ratios: list[
                     rerun[spec["key"]] = earlier[spec["key"]]
                 row = base_row(spec)
                 row["log_path"] = None
-                if spec["budget"] < g.peak_lower_bound:
+                if spec["budget"] < g.peak_lower_bound and planner in REFUSE_IMPOSSIBLE_BUDGET:
                     row.update(status="INFEASIBLE_BUDGET",
                                error=f"{g.path}: budget {spec['budget']:,} bytes is below the lower bound "
                                      f"{g.peak_lower_bound:,} bytes (working set or resident inputs)")
