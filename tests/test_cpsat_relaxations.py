@@ -20,7 +20,7 @@ from rematopt.planners.cpsat.relaxations import LEVELS, Question, relaxation_bou
 from rematopt.reference import no_remat_peak, peak_lower_bound
 
 from brute_force import min_cost, min_peak
-from test_cpsat import FAST, PARTS, budget_between, cases, every_shape, staged_optimum
+from cpsat_cases import FAST, PARTS, budget_between, cases, every_shape, staged_optimum
 
 
 def bound(g: Graph, budget: int | None, offload: bool = False, per_byte: int = 0, objective: str = "overhead",

@@ -21,7 +21,7 @@ from rematopt.reference import no_remat_plan, resolve_budget
 from rematopt.simulate import simulate
 
 from brute_force import min_cost
-from test_cpsat import FAST, budget_between, cases
+from cpsat_cases import FAST, budget_between, cases
 
 GRAPHS = [synthetic.linear_training(8), synthetic.unet(2, train=True),
           synthetic.random_layered(30, seed=2), synthetic.chain(6, sinks=True)]
