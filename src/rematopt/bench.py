@@ -189,3 +189,96 @@ def _pct(x: float | None) -> str:
 
 def _secs(x: float | None) -> str:
     return "" if x is None else f"{x:.1f}"
+
+
+# The instances of the scale benchmark (issue 15): JAX training steps of a
+# 48-layer decoder (Python loop, fused, and the lax.scan stack unrolled),
+# and Moccasin-style random layered graphs.
+SCALE = {
+    "gpt48": ("jax", "models.gpt:factory", False),
+    "gpt48_fused": ("jax", "models.gpt:factory", True),
+    "gpt_scan48": ("jax", "models.gpt_scan:factory", False),
+    "random_layered_n500": ("random", 500, False),
+    "random_layered_n1000": ("random", 1000, False),
+}
+
+# Reports a child process's peak resident memory when it exits.
+_CHILD = ("import atexit, resource, sys\n"
+          "atexit.register(lambda: sys.stderr.write("
+          "f'\\nMAXRSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}\\n'))\n"
+          "from rematopt.cli import main\n"
+          "sys.argv = ['rematopt', *sys.argv[1:]]\n"
+          "main()\n")
+
+
+def scale_graph(name: str, folder: Path) -> Path:
+    """The instance ``name`` of SCALE in ``folder``, made on first use (the
+    JAX ones need the models/ folder of a checkout on the path)."""
+    path = folder / f"{name}.json"
+    if path.exists():
+        return path
+    kind, what, fused = SCALE[name]
+    if kind == "random":
+        from .importers.synthetic import random_layered
+
+        random_layered(what, seed=1).save(path)
+        return path
+    from .jax import load_factory, trace_grad
+
+    loss, args = load_factory(what, layers=48)
+    trace_grad(loss, *args, name=name, fuse=fused, meta={"model": what, "config": {"layers": 48}}).save(path)
+    return path
+
+
+def scale_rows(names: tuple[str, ...], ratios: tuple[float, ...], time_limit: float, workers: int,
+               folder: Path) -> list[dict]:
+    """cpsat at each budget ratio of each instance, each run in its own
+    process (its wall time, build included, and peak memory), against the
+    best heuristic plan within the budget (dtr, greedy, chen-*, the JAX
+    policies) run here."""
+    import json
+    import subprocess
+    import sys
+
+    from .planners.cpsat.warm_start import fast_plans
+    from .reference import resolve_budget
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for name in names:
+        path = scale_graph(name, folder)
+        graph = Graph.load(path)
+        for ratio in ratios:
+            budget = resolve_budget(graph, ratio=ratio, check=False)
+            fits = [(r.overhead, p.planner) for p, r in fast_plans(graph, budget) if r.peak_bytes <= budget]
+            began = time.perf_counter()
+            out = subprocess.run([sys.executable, "-c", _CHILD, "solve", str(path), "--budget-ratio", str(ratio),
+                                  "--time-limit", str(time_limit), "--workers", str(workers), "--json"],
+                                 capture_output=True, text=True)
+            wall = time.perf_counter() - began
+            rss = next((int(line.split()[1]) for line in out.stderr.splitlines() if line.startswith("MAXRSS")), 0)
+            try:
+                st = json.loads(out.stdout)
+            except ValueError:
+                st = {"status": "ERROR", "reason": out.stderr.strip()[-60:]}
+            rows.append({"graph": name, "nodes": graph.n, "ratio": ratio, "best_heuristic": min(fits, default=None),
+                         "stats": st, "wall_s": wall, "over_limit_s": wall - time_limit, "rss_gib": rss / 2**20})
+    return rows
+
+
+def scale_table(rows: list[dict], time_limit: float, workers: int) -> Table:
+    """The rows of :func:`scale_rows` as a table."""
+    table = Table(title=f"cpsat at scale: {time_limit:g} s limit, {workers} workers")
+    for col in ("graph", "nodes", "ratio", "best heuristic %", "status", "first s", "cpsat %", "vs heuristic",
+                "gap %", "wall s", "over limit s", "RSS GiB", "reason"):
+        table.add_column(col, justify="right")
+    for row in rows:
+        st, best = row["stats"], row["best_heuristic"]
+        ours = st.get("overhead")
+        versus = "" if ours is None or best is None or not best[0] else f"{ours / best[0]:.2f}x"
+        table.add_row(row["graph"], f"{row['nodes']:,}", f"{row['ratio']:g}",
+                      "" if best is None else f"{100 * best[0]:.3f} ({best[1]})", st["status"],
+                      _secs(st.get("time_to_first_s")), "" if ours is None else f"{100 * ours:.3f}", versus,
+                      _pct(st.get("gap")), f"{row['wall_s']:.1f}", f"{row['over_limit_s']:+.1f}",
+                      f"{row['rss_gib']:.2f}", (st.get("reason") or "")[:60])
+    return table

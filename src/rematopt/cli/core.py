@@ -244,12 +244,32 @@ def import_nodelink(file: str, output: str) -> None:
 
 
 @cli.command()
-@click.argument("what", type=click.Choice(["simulator", "greedy", "cpsat"]), default="simulator")
+@click.argument("what", type=click.Choice(["simulator", "greedy", "cpsat", "scale"]), default="simulator")
 @click.option("--sizes", default="10000,100000,2000000", show_default=True, help="Event counts to time.")
-def bench(what: str, sizes: str) -> None:
+@click.option("--graphs", default="gpt48,gpt48_fused,gpt_scan48,random_layered_n500,random_layered_n1000",
+              show_default=True, help="scale: the instances.")
+@click.option("--ratios", default="0.9,0.8,0.7,0.6", show_default=True, help="scale: budget ratios.")
+@click.option("--time-limit", type=float, default=120.0, show_default=True, help="scale: cpsat's limit, seconds.")
+@click.option("--workers", type=int, default=2, show_default=True, help="scale: cpsat's threads.")
+@click.option("--folder", type=click.Path(file_okay=False), default="bench-graphs", show_default=True,
+              help="scale: where the instances are made (on first use) and kept.")
+def bench(what: str, sizes: str, graphs: str, ratios: str, time_limit: float, workers: int, folder: str) -> None:
     """Print timing tables (simulator: replay, save and load at several plan sizes;
     greedy: the d=2000 chain-with-sinks stress case and the clone projection check;
-    cpsat: the exact planner on ../shared/benchmarks/nodelink at ratios 0.9 and 0.8)."""
+    cpsat: the exact planner on ../shared/benchmarks/nodelink at ratios 0.9 and 0.8;
+    scale: cpsat on 10,000-node training steps and 1,000-node random graphs, each
+    run in its own process, against the best heuristic: run it from a checkout,
+    whose models/ the JAX instances are traced from)."""
+    if what == "scale":
+        from ..bench import SCALE, scale_rows, scale_table
+
+        unknown = [n for n in graphs.split(",") if n not in SCALE]
+        if unknown:
+            raise RematoptError(f"bench scale: unknown instance(s) {', '.join(unknown)}; known: {', '.join(SCALE)}")
+        rows = scale_rows(tuple(graphs.split(",")), tuple(float(r) for r in ratios.split(",")), time_limit, workers,
+                          Path(folder))
+        Console(width=max(Console().width, 180)).print(scale_table(rows, time_limit, workers))
+        return
     if what == "cpsat":
         from ..bench import cpsat_table
 

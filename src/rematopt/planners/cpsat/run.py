@@ -91,7 +91,12 @@ def outside_plan(ctx: Context, deadline: float) -> tuple[Outside | None, Lowest 
                                f"{g.name!r}: {replay.error}")
         plans = [(cfg.hint, replay)]
     elif cfg.warm_start == "auto":
-        plans = fast_plans(g, cfg.budget, deadline=deadline)
+        def on_record(plan: Plan, r: Replay) -> None:  # a plan to return from the moment it exists
+            o = admit(ctx, plan, r, plan.planner)
+            if o is not None:
+                ctx.trace.solution("primary", o.objective, None)
+
+        plans = fast_plans(g, cfg.budget, deadline=deadline, on_plan=on_record)
     name = "hint" if cfg.hint is not None else None
     low = lowest_peak(plans)
     lowest = None if low is None else Lowest(low[0], low[1].peak_bytes)
@@ -100,7 +105,8 @@ def outside_plan(ctx: Context, deadline: float) -> tuple[Outside | None, Lowest 
         return None, lowest
     # the run returns nothing worse from here on, even when the plan does not
     # fit the model's space (time_to_first_s counts it)
-    ctx.trace.solution("primary", outside.objective, None)
+    if cfg.hint is not None:
+        ctx.trace.solution("primary", outside.objective, None)
     return outside, lowest
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from typing import TYPE_CHECKING, Any, NamedTuple, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence, TypeVar
 
 from ...graph import Graph
 from ...plan import Plan
@@ -25,17 +25,26 @@ P = TypeVar("P")
 SLOW = frozenset({"cpsat"})
 
 
+# Run first: the fastest planners with good plans (the 9,652-node decoder:
+# dtr 0.75 s and greedy; all of them 27 s), so a first plan is on record early.
+FIRST = ("dtr", "greedy")
+
+
 def fast_planners() -> list[str]:
-    """The registered planners that import here, the exact one aside."""
-    return [name for name in available() if name not in SLOW]
+    """The registered planners that import here, the exact one aside, the
+    quick good ones (FIRST) first."""
+    names = [name for name in available() if name not in SLOW]
+    return sorted(names, key=lambda n: (n not in FIRST, FIRST.index(n) if n in FIRST else 0, n))
 
 
 def fast_plans(graph: Graph, budget: int | None, options: dict[str, Any] | None = None,
-               deadline: float | None = None) -> list[tuple[Plan, Replay]]:
+               deadline: float | None = None,
+               on_plan: Callable[[Plan, Replay], None] | None = None) -> list[tuple[Plan, Replay]]:
     """The fast planners' valid plans for ``budget``, whether or not they
-    meet it, each with its replay (a planner's own claims are never trusted).
-    A planner that fails on this graph is skipped, and none starts after
-    ``deadline`` (a ``time.perf_counter()`` value)."""
+    meet it, each with its replay (a planner's own claims are never trusted),
+    each handed to ``on_plan`` as soon as it is made. A planner that fails on
+    this graph is skipped, and none starts after ``deadline`` (a
+    ``time.perf_counter()`` value)."""
     plans = []
     for name in fast_planners():
         if deadline is not None and time.perf_counter() > deadline:
@@ -50,6 +59,8 @@ def fast_plans(graph: Graph, budget: int | None, options: dict[str, Any] | None 
         if r.valid:
             p.planner = name
             plans.append((p, r))
+            if on_plan is not None:
+                on_plan(p, r)
     return plans
 
 

@@ -1,0 +1,23 @@
+"""The scale benchmark, on a tiny stand-in instance: each row is a cpsat run
+in its own process, measured against the best heuristic."""
+
+from __future__ import annotations
+
+from rich.console import Console
+
+from rematopt import bench
+from rematopt.graph import Graph
+
+
+def test_scale_rows_run_each_solve_in_its_own_process(tmp_path, monkeypatch):
+    monkeypatch.setitem(bench.SCALE, "random_layered_n30", ("random", 30, False))
+    rows = bench.scale_rows(("random_layered_n30",), (1.0, 0.9), time_limit=3, workers=1, folder=tmp_path)
+    g = Graph.load(tmp_path / "random_layered_n30.json")
+    assert [(r["graph"], r["nodes"], r["ratio"]) for r in rows] == [("random_layered_n30", 30, 1.0),
+                                                                    ("random_layered_n30", 30, 0.9)]
+    assert all(r["stats"]["status"] in ("OPTIMAL", "FEASIBLE") and r["rss_gib"] > 0 for r in rows)
+    assert rows[0]["best_heuristic"][0] == 0.0 and rows[0]["stats"]["overhead"] == 0.0  # no-remat fits at 1.0
+    assert rows[1]["stats"]["peak_bytes"] <= int(0.9 * rows[1]["stats"]["no_remat_peak_bytes"]) and g.n == 30
+    console = Console(width=250, record=True)
+    console.print(bench.scale_table(rows, 3, 1))
+    assert console.export_text().count("random_layered_n30") == 2
