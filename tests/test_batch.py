@@ -12,8 +12,9 @@ import textwrap
 
 import pytest
 
-from rematopt import Graph, Plan, batch, no_remat_peak, planners, simulate
+from rematopt import Plan, batch, no_remat_peak, planners, simulate
 from rematopt.errors import BudgetError, GraphError, PlannerError, RematoptError
+from rematopt.importers import load as load_graph
 from rematopt.importers.synthetic import chain, random_layered, unet
 
 FAKES = '''
@@ -115,7 +116,7 @@ def test_rows_hold_the_replay_of_saved_plans_and_resume_skips_them(graph_dir, tm
     assert [p.name for p, _ in skipped] == ["notes.json"]
     assert len(rows) == 6 and len(batch.read_rows(out)) == 6
     for row in rows:
-        g = Graph.load(row["graph_file"])
+        g = load_graph(row["graph_file"])
         assert row["budget"] == int(row["budget_ratio"] * no_remat_peak(g))
         if row["budget_ratio"] == 0.01:
             assert row["status"] == "INFEASIBLE_BUDGET" and "below the lower bound" in row["error"]
@@ -373,6 +374,6 @@ def test_mlir_inputs_run_like_any_graph(tmp_path):
     if not mlir.exists():
         pytest.skip(f"{mlir} not found")
     rows, _ = run([mlir], ["no-remat"], [1.0], tmp_path / "res")
-    g = Graph.load(mlir)
+    g = load_graph(mlir)
     assert rows[0]["status"] == "FEASIBLE" and rows[0]["peak_bytes"] == no_remat_peak(g)
     assert simulate(g, Plan.load(tmp_path / "res" / rows[0]["plan_path"])).valid

@@ -21,6 +21,7 @@ from rematopt.planners.cpsat import plan as cpsat_plan
 from rematopt.reference import no_remat_peak, peak_lower_bound, working_set_bound
 
 from brute_force import exhaustive_dags, min_cost, min_peak
+from rematopt.importers import load as load_graph
 
 FAST = dict(workers=1, time_limit=20, seed=1, lp_bound=False, warm_start="none")
 BENCH = Path(__file__).resolve().parents[2] / "shared" / "benchmarks" / "nodelink"
@@ -287,7 +288,7 @@ def test_benchmark_graph_meets_its_budget():
     path = BENCH / "mobilenet_train.json"
     if not path.exists():
         pytest.skip("../shared/benchmarks is absent")
-    g = Graph.load(path)
+    g = load_graph(path)
     sol = solve(g, "cpsat", budget_ratio=0.9, workers=2, time_limit=30, lp_bound=False)
     assert sol.status in ("OPTIMAL", "FEASIBLE")
     assert sol.replay.peak_bytes <= sol.budget
@@ -380,7 +381,7 @@ def test_an_empty_restricted_space_asks_the_relaxations_whether_the_whole_is():
     """The MLP instance at 0.9 of its no-remat peak: the depth-1 space is
     empty, and so is the chains relaxation of the whole staged space, which
     settles it: INFEASIBLE after one round, as the full model confirms."""
-    g = Graph.load(Path(__file__).resolve().parents[1] / "instances" / "mlp_l4_w256.json")
+    g = load_graph(Path(__file__).resolve().parents[1] / "instances" / "mlp_l4_w256.json")
     sol = solve(g, "cpsat", budget_ratio=0.9, **dict(FAST, workers=2))
     st = sol.plan.stats
     assert sol.status == "INFEASIBLE" and "chains relaxation" in st["reason"]

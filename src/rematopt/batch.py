@@ -50,7 +50,7 @@ from typing import Any, Callable, Iterable
 
 from . import planners
 from .errors import BudgetError, GraphError, RematoptError
-from .graph import Graph
+from .importers import load as load_graph
 from .reference import no_remat_peak, peak_lower_bound
 
 RESULTS = "results.jsonl"
@@ -127,7 +127,7 @@ def load_inputs(paths: Iterable[str | Path]) -> tuple[list[GraphInput], list[tup
         if digest in seen:
             continue
         try:
-            g = Graph.load(path)
+            g = load_graph(path)
         except RematoptError as e:
             if path in explicit:
                 raise
@@ -299,7 +299,7 @@ def base_row(spec: dict[str, Any]) -> dict[str, Any]:
         "overhead": None, "transfer_bytes": None, "gap": None, "bound": None, "wall_s": None,
         "time_to_first_s": None, "time_to_best_s": None, "job_s": None,
         "rematopt_version": _version("rematopt"), "ortools_version": _version("ortools"),
-        "plan_path": None, "log_path": spec.get("log_path"),
+        "has_plan": False, "plan_path": None, "log_path": spec.get("log_path"),
         "hint_from": spec.get("hint_from"), "error": None,
     }
 
@@ -326,7 +326,7 @@ def solution_row(spec: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any
     row = base_row(spec)
     for k in ("status", "peak_bytes", "compute_cost", "base_cost", "overhead", "transfer_bytes",
               "recompute_cost", "compute_events", "events", "no_remat_peak_bytes",
-              "working_set_bound_bytes", "wall_s"):
+              "working_set_bound_bytes", "wall_s", "has_plan"):
         row[k] = summary.get(k)
     row["budget"] = summary.get("budget_bytes")
     used = set(row) | {"planner", "graph", "budget_bytes"}
@@ -353,7 +353,7 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
     out = Path(spec["out"])
     try:
         planners.REGISTRY[spec["planner"]] = spec["planner_ref"]
-        graph = Graph.load(spec["graph_file"])
+        graph = load_graph(spec["graph_file"])
         budget = resolve_budget(graph, ratio=spec["budget_ratio"], check=False)
         row["budget"] = budget
         try:
@@ -369,7 +369,7 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
         _limit_memory(spec.get("memory_limit"))
         sol = solve(graph, spec["planner"], budget=budget, **options)
         row = solution_row(spec, sol.summary())
-        if len(sol.plan):
+        if sol.has_plan:  # no plan file for a job without a plan that meets its budget
             path = out / spec["plan_path"]
             path.parent.mkdir(parents=True, exist_ok=True)
             sol.plan.save(path)

@@ -28,6 +28,10 @@ class PlanMismatch(RuntimeError):
 
 @dataclass
 class Solution:
+    """A planner's answer, replayed. ``plan`` always holds what the planner
+    returned (its stats say why when there is no plan); :attr:`has_plan` says
+    whether that is a plan to use."""
+
     plan: Plan
     replay: Replay | None  # None when the planner found no plan
     budget: int | None
@@ -39,12 +43,20 @@ class Solution:
     def status(self) -> str:
         return str(self.plan.stats.get("status", "UNKNOWN"))
 
+    @property
+    def has_plan(self) -> bool:
+        """A replayed plan within the budget. False for INFEASIBLE, UNKNOWN
+        without a plan, and a plan that misses the budget (OVER_BUDGET): the
+        CLI then writes no plan file and exits with status 3."""
+        return self.replay is not None and (self.budget is None or self.replay.peak_bytes <= self.budget)
+
     def summary(self) -> dict[str, Any]:
         """One flat JSON-ready record: the simulator's figures, then the
         planner's own extra stats (bound, gap, model size...)."""
         r = self.replay
         out: dict[str, Any] = {
             "status": self.status,
+            "has_plan": self.has_plan,
             "planner": self.plan.planner,
             "graph": self.plan.graph,
             "budget_bytes": self.budget,

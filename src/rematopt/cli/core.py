@@ -16,14 +16,16 @@ from rich.console import Console
 from rich.table import Table
 
 from .. import planners
-from ..errors import BudgetError, GraphError, RematoptError
+from ..errors import BudgetError, GraphError, PlanError, RematoptError
 from ..graph import Graph
+from ..importers import load as load_graph
 from ..plan import Plan
 from ..reference import no_remat_peak, working_set_bound
 from ..simulate import base_cost, simulate
 from ..solve import solve
 from . import cli
 
+NO_PLAN_EXIT = 3  # solve found no plan within the budget (1: invalid plan, 2: bad input)
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
 
 
@@ -41,7 +43,7 @@ def default_graph_path() -> Path:
 
 
 def load_graph_arg(path: str | None) -> Graph:
-    return Graph.load(path if path is not None else default_graph_path())
+    return load_graph(path if path is not None else default_graph_path())
 
 
 def check_writable(path: str | None) -> None:
@@ -76,7 +78,7 @@ def figures_table(title: str, rows: dict[str, Any]) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def inspect(graph: str, as_json: bool) -> None:
     """Sizes and reference points of GRAPH (rematopt graph, node-link JSON or MLIR)."""
-    g = Graph.load(graph)
+    g = load_graph(graph)
     info = {
         "graph": g.name,
         "nodes": g.n,
@@ -102,7 +104,7 @@ def inspect(graph: str, as_json: bool) -> None:
 @click.option("--timeline", type=click.Path(dir_okay=False), help="Write memory after each event (CSV).")
 def simulate_cmd(graph: str, plan: str, as_json: bool, timeline: str | None) -> None:
     """Replay PLAN against GRAPH: validity, peak, costs, transfers. Exit 1 if invalid."""
-    g = Graph.load(graph)
+    g = load_graph(graph)
     p = Plan.load(plan)
     r = simulate(g, p)
     info = {"graph": g.name, "planner": p.planner, **r.summary(), "no_remat_peak_bytes": no_remat_peak(g)}
@@ -165,19 +167,34 @@ def solve_cmd(graph: str | None, planner: str, budget: str | None, budget_ratio:
         raise RematoptError(f"planner {planner!r} does not take {flags}")
     options = {k: v for k, v in options.items() if v is not None}
     if hint:
-        options["hint"] = Plan.load(hint)
+        options["hint"] = load_hint(hint, g)
     options.setdefault("progress", sys.stderr.isatty() and not as_json)
     sol = solve(g, planner, budget=parse_bytes(budget) if budget is not None else None,
                 budget_ratio=budget_ratio, **options)
-    if output:
+    if output and sol.has_plan:
         sol.plan.save(output)
     info = sol.summary()
-    info["plan"] = output
+    info["plan"] = output if sol.has_plan else None
     if as_json:
         emit_json(info)
     else:
         figures_table(f"{planner} on {g.name}", {k: v for k, v in info.items()
                                                   if not isinstance(v, (list, dict))})
+    if not sol.has_plan:
+        why = sol.plan.stats.get("reason")
+        click.echo(f"rematopt: {g.source or g.name}: no plan ({sol.status}{f': {why}' if why else ''})"
+                   + (f"; {output} not written" if output else ""), err=True)
+        sys.exit(NO_PLAN_EXIT)
+
+
+def load_hint(path: str, graph: Graph) -> Plan:
+    """The ``--hint`` plan, refused naming its file unless it replays on GRAPH."""
+    hint = Plan.load(path)
+    replay = simulate(graph, hint)
+    if not replay.valid:
+        where = f"event {replay.error_event}: " if replay.error_event is not None else ""
+        raise PlanError(f"{path}: the hint does not replay on {graph.source or graph.name}: {where}{replay.error}")
+    return hint
 
 
 @cli.command()
@@ -218,9 +235,7 @@ def import_group() -> None:
 @click.option("--output", "-o", type=click.Path(dir_okay=False), required=True)
 def import_nodelink(file: str, output: str) -> None:
     """Convert Checkmate / Moccasin node-link JSON."""
-    from ..importers import read_graph
-
-    g = read_graph(file)
+    g = load_graph(file)
     if g.meta.get("source") != "nodelink":
         raise RematoptError(f"{file}: not node-link JSON (it is already a rematopt graph)")
     g.save(output)
