@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from rematopt import Plan, batch, no_remat_peak, planners, simulate
+from rematopt import Plan, batch, no_remat_peak, no_remat_plan, planners, simulate
 from rematopt.errors import BudgetError, GraphError, PlannerError, RematoptError
 from rematopt.importers import load as load_graph
 from rematopt.importers.synthetic import chain, random_layered, unet
@@ -120,13 +120,16 @@ def test_rows_hold_the_replay_of_saved_plans_and_resume_skips_them(graph_dir, tm
         assert row["budget"] == int(row["budget_ratio"] * no_remat_peak(g))
         if row["budget_ratio"] == 0.01:
             assert row["status"] == "INFEASIBLE_BUDGET" and "below the lower bound" in row["error"]
-            assert row["plan_path"] is None
+            assert row["plan_path"] is None and row["has_plan"] is False
             continue
-        replay = simulate(g, Plan.load(out / row["plan_path"]))
+        fits = row["budget_ratio"] == 1.0
+        assert row["status"] == ("FEASIBLE" if fits else "OVER_BUDGET") and row["has_plan"] is fits
+        # A plan that misses its budget is no plan: the row has its figures, but no plan file.
+        assert (row["plan_path"] is not None) is fits
+        replay = simulate(g, Plan.load(out / row["plan_path"]) if fits else no_remat_plan(g))
         assert replay.valid
         assert (row["peak_bytes"], row["compute_cost"], row["transfer_bytes"]) == (
             replay.peak_bytes, replay.compute_cost, replay.transfer_bytes)
-        assert row["status"] == ("FEASIBLE" if row["budget_ratio"] == 1.0 else "OVER_BUDGET")
         assert row["rematopt_version"] and row["ortools_version"] and row["error"] is None
     csv = (out / "results.csv").read_text().splitlines()
     assert len(csv) == 7 and "budget_ratio" in csv[0]
