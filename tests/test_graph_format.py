@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from rematopt import Graph, GraphError, Node, simulate
+from rematopt import Graph, GraphError, Node, RematoptError, simulate
 from rematopt.reference import no_remat_plan
 from rematopt.importers.synthetic import chain, linear_training, random_layered, unet
 from rematopt.importers import load as load_graph
@@ -148,3 +148,25 @@ def test_malformed_and_missing_files(tmp_path):
 def test_edges_in_reverse_order_are_fine_when_order_is_given():
     g = Graph("g", [Node(0, "b"), Node(1, "a")], [(1, 0)], order=[1, 0])
     assert g.position == [1, 0] and g.last_use == [1, 1]
+
+
+NODELINK = {"directed": True, "graph": {"name": "cm"},
+            "nodes": [{"id": i, "cost_ram": 8, "cost_cpu": 1} for i in range(3)],
+            "links": [{"source": 0, "target": 1}, {"source": 1, "target": 2}]}
+
+
+@pytest.mark.parametrize("mutate, problem", [
+    (lambda d: d.update(links=5), "'nodes' and 'links' must be non-empty lists"),
+    (lambda d: d.update(links=[5, 6]), "links[0] does not join two known nodes"),
+    (lambda d: d.update(graph=[1, 2]), "'graph' must be an object"),
+    (lambda d: d["nodes"][1].update(cost_ram=2**64 + 55), "total bytes exceed the limit 2^53"),
+    (lambda d: d["nodes"][1].update(cost_cpu=1e308), "total cost exceed the limit 2^53"),
+])
+def test_invalid_nodelink_is_refused_with_file_and_reason(tmp_path, mutate, problem):
+    d = json.loads(json.dumps(NODELINK))
+    assert load_graph(write(tmp_path, d)).n == 3
+    mutate(d)
+    path = write(tmp_path, d)
+    with pytest.raises(RematoptError) as err:
+        load_graph(path)
+    assert str(err.value).startswith(str(path)) and problem in str(err.value)
