@@ -33,8 +33,8 @@ REL_TOL = 1e-12  # float sums of different multisets: an exactly rounded sum eac
 # (with the reproductions in /work/briefs/fuzz_findings.md), so the entry
 # goes once the planner keeps it.
 KNOWN: dict[str, str] = {
-    "settings[offload]": "cpsat without offload returns jax-offload-dots' plan (host transfers) when its own "
-                         "search ends first with a costlier one",
+    "settings[offload]": "cpsat without offload returns an outside plan that offloads (a hint, or "
+                         "jax-offload-dots' warm start when its own search stops first)",
     "optimal beaten[peak]": "cpsat's peak-mode OPTIMAL holds in the staged space only; greedy's plans lie "
                             "outside it and peak lower",
     "optimal beaten[overhead, real costs]": "costs are rounded to model integers, so cpsat proves OPTIMAL "

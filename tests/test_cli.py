@@ -79,6 +79,8 @@ def test_generate_and_import_nodelink(tmp_path, benchmarks_dir):
     (lambda t, g: ["inspect", t / "plan_as_graph.json"], "format must be 'rematopt.graph/1'"),
     (lambda t, g: ["solve", g, "--planner", "no-remat", "--budget", "10"], "below the lower bound"),
     (lambda t, g: ["solve", g, "--planner", "no-remat", "--budget", "ten"], "cannot read 'ten' as a size"),
+    (lambda t, g: ["solve", g, "--planner", "no-remat", "--budget", "1e400"], "cannot read '1e400' as a size"),
+    (lambda t, g: ["solve", g, "--planner", "no-remat", "--budget", "1e30"], "exceeds the limit 2^53"),
     (lambda t, g: ["solve", g, "--planner", "magic"], "unknown planner 'magic'"),
     (lambda t, g: ["simulate", g, t / "broken.json"], "broken.json: malformed JSON"),
     (lambda t, g: ["solve", g, "--workers", "-2"], "workers must be an integer >= 0"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import sys
@@ -32,9 +33,10 @@ _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "m
 def parse_bytes(text: str) -> int:
     """``"1048576"``, ``"512MiB"``, ``"1.5GB"`` -> bytes (floored)."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
-    if not m or m.group(2).lower() not in _UNITS:
+    value = float(m.group(1)) * _UNITS[m.group(2).lower()] if m and m.group(2).lower() in _UNITS else math.nan
+    if not math.isfinite(value):
         raise BudgetError(f"cannot read {text!r} as a size in bytes (e.g. 1048576, 512MiB, 1.5GB)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    return int(value)
 
 
 def default_graph_path() -> Path:
