@@ -9,6 +9,7 @@ x budget runs, counted, with its figures written to ``REMATOPT_FUZZ_REPORT``
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import sys
@@ -137,7 +138,7 @@ def json_mutations(draw, doc):
         for k in path[:-1]:
             parent = parent[k]
         how = draw(st.sampled_from(["replace", "delete", "add"]))
-        value = draw(st.sampled_from(NASTY))
+        value = copy.deepcopy(draw(st.sampled_from(NASTY)))  # a later "add" may grow it
         if how == "replace":
             parent[path[-1]] = value
         elif how == "delete":
