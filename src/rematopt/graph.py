@@ -185,8 +185,8 @@ class Graph:
                 value = getattr(node, field_)
                 total += int(value) if isinstance(value, int) else math.ceil(value)
                 if total > LIMIT:
-                    self._fail(f"node {node.id} ({node.name}): total {field_} exceed the limit "
-                               f"2^53 = {LIMIT:,} {unit} (got {value!r} {unit} for this node)")
+                    self._fail(f"node {node.id} ({node.name}): the {field_} total exceeds the limit "
+                               f"2^53 = {LIMIT:,} {unit} (this node: {value!r} {unit})")
 
     def _check_order(self) -> None:
         n = len(self.nodes)
@@ -302,8 +302,8 @@ class Graph:
                 raise GraphError(located(source, f"nodes[{k}] must be an object with an 'id'"))
             missing = [key for key in _REQUIRED_NODE_FIELDS if key not in raw]
             if missing:
-                raise GraphError(located(source, f"nodes[{k}] (id {raw['id']!r}) has no {' or '.join(map(repr, missing))}; "
-                                                 "the format gives it no default"))
+                raise GraphError(located(source, f"nodes[{k}] (id {raw['id']!r}) has no "
+                                                 f"{' or '.join(map(repr, missing))}; the format gives it no default"))
             known = {key: raw[key] for key in _NODE_DEFAULTS if key in raw}
             extra = {key: val for key, val in raw.items()
                      if key not in _NODE_DEFAULTS and key not in ("id", "name")}
