@@ -172,6 +172,43 @@ GRAPH_COMMANDS = [
 ]
 
 
+def _graph_with(edit):
+    d = copy.deepcopy(GRAPH)
+    edit(d)
+    return json.dumps(d)
+
+
+# Issue 20, section 7: each ended in a traceback; each is one line and exit 2.
+ISSUE_CASES = {
+    "order float": _graph_with(lambda d: d.update(order=[0, 1, 2.0, 3, 4, 5])),
+    "order null": _graph_with(lambda d: d.update(order=[0, 1, None, 3, 4, 5])),
+    "order list": _graph_with(lambda d: d.update(order=[0, 1, [2], 3, 4, 5])),
+    **{f"budget_bytes {v!r}": _graph_with(lambda d, v=v: d["meta"].update(budget_bytes=v))
+       for v in ("abc", "1e3", float("nan"), [1], {"a": 1}, -1)},
+    "links a number": json.dumps({**CHECKMATE, "links": 5}),
+    "graph a list": json.dumps({**CHECKMATE, "graph": [1, 2]}),
+    **{f"bytes {v!r}": _graph_with(lambda d, v=v: d["nodes"][2].update(bytes=v)) for v in (2**63, 2**64 + 55, 1e30)},
+    "bytes of 5000 digits": _graph_with(lambda d: d["nodes"][2].update(bytes=BIG)).replace(json.dumps(BIG), "9" * 5000),
+    "cost 1e308": _graph_with(lambda d: d["nodes"][2].update(cost=1e308)),
+    "costs summing to infinity": _graph_with(lambda d: [d["nodes"][k].update(cost=1e308) for k in (2, 4, 5)]),
+    "nested 100,000 deep": '{"format": "rematopt.graph/1", "nodes": ' + "[" * 100_000 + "]" * 100_000 + "}",
+    "no bytes": _graph_with(lambda d: d["nodes"][2].pop("bytes")),
+    "no cost": _graph_with(lambda d: d["nodes"][2].pop("cost")),
+    "no edges": _graph_with(lambda d: d.pop("edges")),
+    "REMAT_EFFECTFUL": _graph_with(lambda d: d["nodes"][3].update(recompute=True)),
+}
+
+
+@pytest.mark.parametrize("case", ISSUE_CASES)
+@pytest.mark.parametrize("command", GRAPH_COMMANDS[:3], ids=["inspect", "greedy", "no-remat"])
+def test_issue_inputs_are_one_line_and_exit_2(tmp_path, case, command):
+    f = tmp_path / "g.json"
+    f.write_text(ISSUE_CASES[case])
+    code, _, err = rematopt(*[a.format(f=f, out=tmp_path / "p.json") for a in command])
+    one_line_or_success(code, err, f, allowed=())
+    assert not (tmp_path / "p.json").exists()
+
+
 @settings(max_examples=120, **QUIET)
 @given(data=st.data(), base=st.sampled_from([GRAPH, CHECKMATE, MOCCASIN]), command=st.sampled_from(GRAPH_COMMANDS))
 def test_mutated_graph_files_are_one_line_and_exit_2(tmp_path_factory, data, base, command):
