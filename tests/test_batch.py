@@ -6,6 +6,7 @@ the workers can import it), so nothing depends on which planners exist."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -85,7 +86,8 @@ def fakes(tmp_path, monkeypatch):
     """Register the fake planners here and make them importable in workers."""
     (tmp_path / "fakeplanners.py").write_text(textwrap.dedent(FAKES))
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    # Workers import rematopt as this process does (PYTHONPATH may point at a worktree's src).
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
     for name in ("crash", "hang", "hog", "broken", "liar", "patient", "quitter", "stubborn", "fragile",
                  "echo_hint"):
         monkeypatch.setitem(planners.REGISTRY, f"fake-{name}", f"fakeplanners:{name}")
