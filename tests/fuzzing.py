@@ -40,6 +40,8 @@ KNOWN: dict[str, str] = {
     "optimal beaten[overhead, real costs]": "costs are rounded to model integers, so cpsat proves OPTIMAL "
                                             "a plan that is dearer than another by the costs rounded away",
     "monotone[real costs]": "the same rounding: an OPTIMAL cost rises with the budget",
+    "settings[overhead cap, real costs]": "the same rounding: costs below the model's unit count 0, so "
+                                          "--max-overhead lets through plans above the cap",
 }
 
 
@@ -260,7 +262,8 @@ def check_settings(graph: Graph, run: Run, replay) -> list[Violation]:
                                                            f"{bound:g} x {len(graph.compute_ids)} compute nodes"))
     cap = o.get("max_overhead")
     if cap is not None and replay.compute_cost > (1 + cap) * replay.base_cost + _resolution(run):
-        out.append(Violation("settings[overhead cap]", who, f"compute cost {replay.compute_cost!r} > "
+        out.append(Violation(f"settings[overhead cap, {_cost_class(graph)}]", who,
+                             f"compute cost {replay.compute_cost!r} > "
                                                             f"(1 + {cap:g}) x base {replay.base_cost!r}"))
     return out
 

@@ -22,6 +22,7 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
+import fuzzing
 from fuzzing import KNOWN, Tally, fuzz_graph, graphs
 from rematopt.cli import main
 
@@ -352,7 +353,6 @@ PROOF_S = 10.0  # cpsat proves these tiny cases at once; the margin is for a loa
 
 def _runs(name, budget_list, labels, limit=PROOF_S):
     """The fuzz's runs on a minimal graph it found."""
-    import fuzzing
     from rematopt import load
 
     g = load(FUZZ_DATA / name)
@@ -363,7 +363,6 @@ def _runs(name, budget_list, labels, limit=PROOF_S):
 def _tie_broken_both_ways():
     """Two OPTIMAL runs whose plans tie in model units, each hinted with the
     other budget's plan: the looser budget's OPTIMAL costs more."""
-    import fuzzing
     from rematopt import load, solve
 
     g = load(FUZZ_DATA / "real_cost_optimal_beaten.json")
@@ -385,6 +384,8 @@ KNOWN_CASES = {
     "optimal beaten[overhead, real costs]": lambda: _runs("real_cost_optimal_beaten.json", [114688, 131210],
                                                           ["cpsat offload"]),
     "monotone[real costs]": _tie_broken_both_ways,
+    "settings[overhead cap, real costs]": lambda: _runs("overhead_cap_rounded_away.json", [75497472],
+                                                        [f"cpsat peak overhead<={fuzzing.MAX_OVERHEAD:g}"]),
 }
 
 
