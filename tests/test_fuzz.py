@@ -53,14 +53,14 @@ def no_new_violations(violations) -> None:
 # -- planners on random graphs ------------------------------------------------------
 
 
-@settings(max_examples=60, **QUIET)
+@settings(max_examples=150, **QUIET)
 @given(g=graphs(), fractions=st.lists(st.floats(0, 1), min_size=1, max_size=3))
 def test_fast_planners_keep_every_invariant(g, fractions):
     no_new_violations(fuzz_graph(g, fractions, cpsat=False, tally=Tally()))
 
 
-@settings(max_examples=6, **QUIET)
-@given(g=graphs(max_nodes=10), fractions=st.lists(st.floats(0, 1), max_size=1))
+@settings(max_examples=12, **QUIET)
+@given(g=graphs(max_nodes=12), fractions=st.lists(st.floats(0, 1), max_size=1))
 def test_cpsat_keeps_every_invariant(g, fractions):
     no_new_violations(fuzz_graph(g, fractions, cpsat=True, tally=Tally()))
 
@@ -210,7 +210,7 @@ def test_issue_inputs_are_one_line_and_exit_2(tmp_path, case, command):
     assert not (tmp_path / "p.json").exists()
 
 
-@settings(max_examples=120, **QUIET)
+@settings(max_examples=250, **QUIET)
 @given(data=st.data(), base=st.sampled_from([GRAPH, CHECKMATE, MOCCASIN]), command=st.sampled_from(GRAPH_COMMANDS))
 def test_mutated_graph_files_are_one_line_and_exit_2(tmp_path_factory, data, base, command):
     d = tmp_path_factory.mktemp("m")
@@ -222,7 +222,7 @@ def test_mutated_graph_files_are_one_line_and_exit_2(tmp_path_factory, data, bas
         assert not (d / "p.json").exists()
 
 
-@settings(max_examples=60, **QUIET)
+@settings(max_examples=100, **QUIET)
 @given(data=st.data(), cpsat=st.booleans())
 def test_mutated_plan_files_are_one_line_and_exit_2(tmp_path_factory, data, cpsat):
     from rematopt import Graph
@@ -282,7 +282,7 @@ HUGE_MLIR = """func.func @main(%x: tensor<100000000000x100000000000xf32>) -> ten
 """
 
 
-@settings(max_examples=40, **QUIET)
+@settings(max_examples=80, **QUIET)
 @given(text=mlir_mutations(), command=st.sampled_from(GRAPH_COMMANDS[:3]))
 @example(text=HUGE_MLIR, command=GRAPH_COMMANDS[1])  # 1e22 elements: a traceback in solve (issue 20)
 def test_mutated_mlir_files_are_one_line_and_exit_2(tmp_path_factory, text, command):
@@ -297,7 +297,7 @@ def test_mutated_mlir_files_are_one_line_and_exit_2(tmp_path_factory, text, comm
 # -- exit statuses ------------------------------------------------------------------
 
 
-@settings(max_examples=15, **QUIET)
+@settings(max_examples=25, **QUIET)
 @given(g=graphs(max_nodes=12), fraction=st.floats(0, 1), planner=st.sampled_from(["greedy", "chen-greedy", "dtr",
                                                                                 "no-remat", "cpsat"]))
 def test_exit_status_says_whether_there_is_a_plan(tmp_path_factory, g, fraction, planner):
