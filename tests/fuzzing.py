@@ -53,7 +53,7 @@ def graphs(draw, max_nodes: int = 30) -> Graph:
     """A random rematopt graph using every feature of the format: inputs (some
     persistent), outputs, unrecomputable and unoffloadable nodes, recompute
     marks, phases (absent, in two blocks, or interleaved), ids that differ
-    from program positions, and sizes from bytes to GiB. Costs are integers or
+    from program positions, and sizes from bytes to 64 TiB. Costs are integers or
     roofline-like seconds: most within up to six orders of magnitude above a
     floor from 1e-12 to 1e-6 s, a few from 1e-3 to 10 s."""
     n = draw(st.integers(2, max_nodes))
@@ -66,7 +66,8 @@ def graphs(draw, max_nodes: int = 30) -> Graph:
     real_costs = draw(st.booleans())
     lo = draw(st.integers(-12, -6))  # roofline-like: most costs within 0..6 orders above 10^lo, a few large
     span = draw(st.integers(0, 6))
-    scale = draw(st.sampled_from([1, 1 << 10, 1 << 20, 1 << 30]))
+    scale = draw(st.sampled_from([1, 1 << 10, 1 << 20, 1 << 30, 1 << 40]))  # up to 2^46 B a node
+    ragged = scale > 1 and draw(st.booleans())  # sizes without a large common factor
     nodes, edges = [], []
     for t in range(n):
         kind = "input" if t in inputs else "compute"
@@ -78,7 +79,7 @@ def graphs(draw, max_nodes: int = 30) -> Graph:
         recomputable = draw(st.integers(0, 5)) > 0
         nodes.append(Node(
             perm[t], f"v{t}", op="dot" if draw(st.integers(0, 3)) == 0 else "add", kind=kind,
-            bytes=draw(st.integers(0, 64)) * scale, cost=cost,
+            bytes=draw(st.integers(0, 64)) * scale + (draw(st.integers(0, scale - 1)) if ragged else 0), cost=cost,
             recomputable=recomputable, offloadable=draw(st.integers(0, 5)) > 0,
             persistent=kind == "input" and draw(st.booleans()),
             output=kind == "compute" and draw(st.integers(0, 4)) == 0,
