@@ -352,6 +352,7 @@ class Tally:
     runs: int = 0
     plans: int = 0
     statuses: Counter = field(default_factory=Counter)
+    settings: Counter = field(default_factory=Counter)  # runs by planner setting
     violations: Counter = field(default_factory=Counter)
     examples: dict[str, str] = field(default_factory=dict)  # first violation of each check
     graphs_of: dict[str, dict] = field(default_factory=dict)  # and its graph, to reproduce it
@@ -361,6 +362,7 @@ class Tally:
         self.runs += len(runs)
         self.plans += sum(1 for r in runs if r.sol is not None and r.sol.replay is not None)
         self.statuses.update(r.sol.status if r.sol else "ERROR" for r in runs)
+        self.settings.update(r.label for r in runs)
         for v in violations:
             self.violations[v.check] += 1
             if v.check not in self.examples:
@@ -369,7 +371,8 @@ class Tally:
 
     def summary(self) -> dict[str, Any]:
         return {"graph_count": self.graphs, "runs": self.runs, "plans": self.plans,
-                "statuses": dict(self.statuses), "violations": dict(self.violations),
+                "statuses": dict(self.statuses), "settings": dict(self.settings),
+                "violations": dict(self.violations),
                 "examples": self.examples, "graphs": self.graphs_of}
 
 
