@@ -13,8 +13,9 @@ import textwrap
 
 import pytest
 
-from rematopt import Graph, Plan, batch, no_remat_peak, planners, simulate
+from rematopt import Plan, batch, no_remat_peak, planners, simulate
 from rematopt.errors import BudgetError, GraphError, PlannerError, RematoptError
+from rematopt.importers import load as load_graph
 from rematopt.importers.synthetic import chain, random_layered, unet
 
 FAKES = '''
@@ -85,6 +86,7 @@ def fakes(tmp_path, monkeypatch):
     """Register the fake planners here and make them importable in workers."""
     (tmp_path / "fakeplanners.py").write_text(textwrap.dedent(FAKES))
     monkeypatch.syspath_prepend(str(tmp_path))
+    # Workers import rematopt as this process does (PYTHONPATH may point at a worktree's src).
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
     for name in ("crash", "hang", "hog", "broken", "liar", "patient", "quitter", "stubborn", "fragile",
                  "echo_hint"):
@@ -116,13 +118,13 @@ def test_rows_hold_the_replay_of_saved_plans_and_resume_skips_them(graph_dir, tm
     assert [p.name for p, _ in skipped] == ["notes.json"]
     assert len(rows) == 6 and len(batch.read_rows(out)) == 6
     for row in rows:  # a heuristic takes any budget: below the lower bound too (OVER_BUDGET)
-        g = Graph.load(row["graph_file"])
+        g = load_graph(row["graph_file"])
         assert row["budget"] == int(row["budget_ratio"] * no_remat_peak(g))
         replay = simulate(g, Plan.load(out / row["plan_path"]))
-        assert replay.valid
+        assert replay.valid and row["has_plan"] is True
+        assert row["status"] == ("FEASIBLE" if row["budget_ratio"] == 1.0 else "OVER_BUDGET")
         assert (row["peak_bytes"], row["compute_cost"], row["transfer_bytes"]) == (
             replay.peak_bytes, replay.compute_cost, replay.transfer_bytes)
-        assert row["status"] == ("FEASIBLE" if row["budget_ratio"] == 1.0 else "OVER_BUDGET")
         assert row["rematopt_version"] and row["ortools_version"] and row["error"] is None
     csv = (out / "results.csv").read_text().splitlines()
     assert len(csv) == 7 and "budget_ratio" in csv[0]
@@ -375,6 +377,6 @@ def test_mlir_inputs_run_like_any_graph(tmp_path):
     if not mlir.exists():
         pytest.skip(f"{mlir} not found")
     rows, _ = run([mlir], ["no-remat"], [1.0], tmp_path / "res")
-    g = Graph.load(mlir)
+    g = load_graph(mlir)
     assert rows[0]["status"] == "FEASIBLE" and rows[0]["peak_bytes"] == no_remat_peak(g)
     assert simulate(g, Plan.load(tmp_path / "res" / rows[0]["plan_path"])).valid

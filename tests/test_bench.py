@@ -6,13 +6,13 @@ from __future__ import annotations
 from rich.console import Console
 
 from rematopt import bench
-from rematopt.graph import Graph
+from rematopt.importers import load as load_graph
 
 
 def test_scale_rows_run_each_solve_in_its_own_process(tmp_path, monkeypatch):
     monkeypatch.setitem(bench.SCALE, "random_layered_n30", ("random", 30, False))
     rows = bench.scale_rows(("random_layered_n30",), (1.0, 0.9), time_limit=3, workers=1, folder=tmp_path)
-    g = Graph.load(tmp_path / "random_layered_n30.json")
+    g = load_graph(tmp_path / "random_layered_n30.json")
     assert [(r["graph"], r["nodes"], r["ratio"]) for r in rows] == [("random_layered_n30", 30, 1.0),
                                                                     ("random_layered_n30", 30, 0.9)]
     assert all(r["stats"]["status"] in ("OPTIMAL", "FEASIBLE") and r["rss_gib"] > 0 for r in rows)

@@ -23,6 +23,7 @@ from rematopt.reference import no_remat_peak, peak_lower_bound, working_set_boun
 from brute_force import min_cost, min_peak
 from cpsat_cases import (FAST, PARTS, beaten_from_outside, budget_between, cases, every_shape, tiny,
                          with_costs)
+from rematopt.importers import load as load_graph
 
 BENCH = Path(__file__).resolve().parents[2] / "shared" / "benchmarks" / "nodelink"
 
@@ -247,7 +248,7 @@ def test_benchmark_graph_meets_its_budget():
     path = BENCH / "mobilenet_train.json"
     if not path.exists():
         pytest.skip("../shared/benchmarks is absent")
-    g = Graph.load(path)
+    g = load_graph(path)
     sol = solve(g, "cpsat", budget_ratio=0.9, workers=2, time_limit=30, lp_bound=False)
     assert sol.status in ("OPTIMAL", "FEASIBLE")
     assert sol.replay.peak_bytes <= sol.budget
@@ -345,7 +346,7 @@ def test_an_empty_restricted_space_asks_the_relaxations_whether_the_whole_is():
     """The MLP instance at 0.9 of its no-remat peak: the depth-1 space is
     empty, and so is the chains relaxation of the whole staged space, which
     settles it: INFEASIBLE after one round, as the full model confirms."""
-    g = Graph.load(Path(__file__).resolve().parents[1] / "instances" / "mlp_l4_w256.json")
+    g = load_graph(Path(__file__).resolve().parents[1] / "instances" / "mlp_l4_w256.json")
     sol = solve(g, "cpsat", budget_ratio=0.9, **dict(FAST, workers=2))
     st = sol.plan.stats
     assert sol.status == "INFEASIBLE" and "chains relaxation" in st["reason"]
@@ -471,17 +472,18 @@ def test_costs_spanning_fifteen_orders_hold_optimal_up_to_the_stated_resolution(
 
 
 def test_cluster_sized_bytes_and_costs_plan_correctly():
-    """Nodes of about 2^50 bytes (1e15: what a cluster holds) with sizes
-    sharing no divisor, and costs up to 1e6 s: memory is counted in units
+    """Nodes of about 2^48 bytes (3e14; 3.6e15 in all, under the loader's
+    limit of 2^53) with sizes sharing no divisor, and costs up to 1e6 s
+    (1.7e7 in all): memory is counted in units
     rounded up (the model refused them before: "the sum of all variable
     domains do not fit on an int64_t"), so every plan that fits the model
     fits the budget, and no model optimum is claimed for the whole space."""
     rng = random.Random(3)
     base = synthetic.linear_training(6)
-    nodes = [Node(v.id, v.name, bytes=v.bytes * 2**30 + rng.randrange(1, 2**20), cost=v.cost * 1e6,
+    nodes = [Node(v.id, v.name, bytes=v.bytes * 2**28 + rng.randrange(1, 2**20), cost=v.cost * 1e6,
                   kind=v.kind, output=v.output, persistent=v.persistent) for v in base.nodes]
     g = Graph("huge", nodes, base.edges, base.order)
-    assert max(g.bytes) > 10**15 and max(g.cost) >= 1e6
+    assert max(g.bytes) > 2**48 and sum(g.bytes) > 2**51 and max(g.cost) >= 1e6
     for ratio in (0.9, 0.7):
         sol = solve(g, "cpsat", budget_ratio=ratio, **FAST)
         st = sol.plan.stats
@@ -495,7 +497,7 @@ def test_costs_beyond_the_objective_range_are_one_clear_error():
     from rematopt.errors import PlannerError
 
     chain = synthetic.chain(4)
-    g = with_costs(chain, [1e16] * chain.n)
+    g = with_costs(chain, [1e15] * chain.n)  # within the loader's limit (2^53 in all), not the model's
     with pytest.raises(PlannerError, match="at most .* are supported"):
         solve(g, "cpsat", objective="peak", **FAST)
 

@@ -21,6 +21,7 @@ from rematopt.reference import no_remat_peak, peak_lower_bound
 
 from brute_force import min_cost, min_peak
 from cpsat_cases import FAST, PARTS, budget_between, cases, every_shape, staged_optimum
+from rematopt.importers import load as load_graph
 
 
 def bound(g: Graph, budget: int | None, offload: bool = False, per_byte: int = 0, objective: str = "overhead",
@@ -216,7 +217,7 @@ def test_published_checkmate_graphs_are_proven_over_the_whole_space(benchmarks_d
     """On vgg16_train and mobilenet_train at 0.9 the relaxation reaches the
     optimum of a restricted (or the full) solve: whole-space OPTIMAL."""
     for name in ("vgg16_train", "mobilenet_train"):
-        g = Graph.load(benchmarks_dir / f"{name}.json")
+        g = load_graph(benchmarks_dir / f"{name}.json")
         sol = solve(g, "cpsat", budget_ratio=0.9, time_limit=30, workers=2, lp_bound=False)
         st = sol.plan.stats
         assert sol.status == "OPTIMAL" and st["best_bound"] == st["objective"] > 0
@@ -227,7 +228,7 @@ def test_slots_prove_random_layered_n100_optimal_over_the_whole_space(benchmarks
     """random_layered_n100 at 0.8: the slot relaxation's optimum is the
     optimum itself (the gaps give 573, the chains 741), so a restricted round's
     plan is proven optimal without the full model."""
-    g = Graph.load(benchmarks_dir / "random_layered_n100.json")
+    g = load_graph(benchmarks_dir / "random_layered_n100.json")
     sol = solve(g, "cpsat", budget_ratio=0.8, time_limit=60, workers=2, lp_bound=False)
     st = sol.plan.stats
     assert sol.status == "OPTIMAL" and st["space"].startswith("depth ")
@@ -242,7 +243,7 @@ def test_a_search_without_an_answer_still_lends_its_bound(benchmarks_dir):
     target gap's bound), chains finds none and proves nothing in 15 s, yet its
     bound so far (2,596 measured) beats the gaps' 1,828 and stays below the
     best plan known (5,734)."""
-    g = Graph.load(benchmarks_dir / "random_layered_n250.json")
+    g = load_graph(benchmarks_dir / "random_layered_n250.json")
     q = Question("overhead", 1, int(0.8 * no_remat_peak(g)), tuple(int(c) for c in g.cost), (0,) * g.n, False)
     gaps = relaxation_bound(g, q, level="gaps", time_limit=15, workers=2)
     got = relaxation_bound(g, q, level="chains", below=5_483, time_limit=15, workers=2)

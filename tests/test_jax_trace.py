@@ -19,6 +19,7 @@ from rematopt.jax import trace, trace_grad  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from models import gpt, mlp, resnet, unet  # noqa: E402
+from rematopt.importers import load as load_graph  # noqa: E402
 
 SMALL = {
     "mlp": (mlp, {"layers": 2, "width": 32, "in_dim": 16, "batch": 8}),
@@ -79,7 +80,7 @@ def test_step_graph_is_a_valid_phased_training_step(model, tmp_path):
     assert simulate(g, no_remat_plan(g)).valid
     path = tmp_path / "g.json"
     g.save(path)
-    again = Graph.load(path)
+    again = load_graph(path)
     assert again.to_dict() == g.to_dict()
 
 
@@ -207,7 +208,7 @@ INSTANCES = Path(__file__).resolve().parents[1] / "instances"
 
 @pytest.mark.parametrize("path", sorted(INSTANCES.glob("*.json")), ids=lambda p: p.name)
 def test_committed_instances_carry_provenance_and_validate(path):
-    g = Graph.load(path)
+    g = load_graph(path)
     for key in ("model", "config", "args", "jax_version", "device", "device_source", "nodes_unfused"):
         assert key in g.meta, key
     assert g.has_phases and simulate(g, no_remat_plan(g)).valid
@@ -215,9 +216,9 @@ def test_committed_instances_carry_provenance_and_validate(path):
 
 
 def test_a_committed_decoder_has_2000_nodes_unfused_and_matches_a_fresh_trace():
-    big = [Graph.load(p) for p in INSTANCES.glob("gpt_*.json")]
+    big = [load_graph(p) for p in INSTANCES.glob("gpt_*.json")]
     assert any(not g.meta["fuse"] and g.n >= 2000 for g in big)
-    small = Graph.load(INSTANCES / "gpt_l2_w64.json")
+    small = load_graph(INSTANCES / "gpt_l2_w64.json")
     module, _, attr = small.meta["model"].partition(":")
     assert module == "models.gpt"
     fn, args = gpt.factory(**small.meta["config"])

@@ -14,7 +14,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax import lax  # noqa: E402
 
-from rematopt import Graph, no_remat_plan, simulate, solve  # noqa: E402
+from rematopt import Graph, load, no_remat_plan, simulate, solve  # noqa: E402
 from rematopt.importers.jaxpr.unroll import MAX_TRIP  # noqa: E402
 from rematopt.jax import apply_plan, residual_fates, trace, trace_grad  # noqa: E402
 
@@ -93,7 +93,7 @@ def test_nodes_record_name_stack_and_iteration_and_keep_them_on_a_round_trip(tmp
     assert_same_gradients(loss, apply_plan(loss, g, no_remat_plan(g)), (ws, x))
     path = tmp_path / "g.json"
     g.save(path)
-    again = Graph.load(path)
+    again = load(path)
     assert again.to_dict() == g.to_dict()
     assert [v.extra.get("iteration") for v in again.nodes] == [v.extra.get("iteration") for v in g.nodes]
     assert [v.extra.get("name_stack") for v in again.nodes] == [v.extra.get("name_stack") for v in g.nodes]
@@ -199,7 +199,7 @@ def test_import_jax_unrolls_unless_told_not_to(tmp_path):
         out = tmp_path / f"g{len(flag)}.json"
         run = rematopt("import", "jax", "models.gpt_scan:factory", *settings, *flag, "-o", out)
         assert run.returncode == 0, run.stderr
-        graphs[bool(flag)] = Graph.load(out)
+        graphs[bool(flag)] = load(out)
     fn, args = gpt.factory(**GPT)
     assert graphs[False].n == trace_grad(fn, *args).n and graphs[False].meta["unroll"] is True
     assert graphs[True].meta["unroll"] is False and sum(v.op == "scan" for v in graphs[True].nodes) == 2

@@ -50,10 +50,10 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from . import planners
 from .errors import BudgetError, GraphError, RematoptError
-from .graph import Graph
-from .solve import REFUSE_IMPOSSIBLE_BUDGET
+from .importers import load as load_graph
 from .planners.options import parse
 from .reference import no_remat_peak, peak_lower_bound, ratio_budget
+from .solve import REFUSE_IMPOSSIBLE_BUDGET
 
 if TYPE_CHECKING:
     from .solve import Solution
@@ -132,7 +132,7 @@ def load_inputs(paths: Iterable[str | Path]) -> tuple[list[GraphInput], list[tup
         if digest in seen:
             continue
         try:
-            g = Graph.load(path)
+            g = load_graph(path)
         except RematoptError as e:
             if path in explicit:
                 raise
@@ -304,7 +304,7 @@ def base_row(spec: dict[str, Any]) -> dict[str, Any]:
         "overhead": None, "transfer_bytes": None, "gap": None, "bound": None, "wall_s": None,
         "time_to_first_s": None, "time_to_best_s": None, "job_s": None,
         "rematopt_version": _version("rematopt"), "ortools_version": _version("ortools"),
-        "plan_path": None, "log_path": spec.get("log_path"),
+        "has_plan": False, "plan_path": None, "log_path": spec.get("log_path"),
         "hint_from": spec.get("hint_from"), "error": None,
     }
 
@@ -330,7 +330,7 @@ def solution_row(spec: dict[str, Any], sol: "Solution") -> dict[str, Any]:
     summary = sol.summary()
     for k in ("status", "peak_bytes", "compute_cost", "base_cost", "overhead", "transfer_bytes",
               "recompute_cost", "compute_events", "events", "no_remat_peak_bytes",
-              "working_set_bound_bytes", "wall_s"):
+              "working_set_bound_bytes", "wall_s", "has_plan"):
         row[k] = summary.get(k)
     row["budget"] = sol.budget
     for col, name in STAT_COLUMNS.items():
@@ -353,7 +353,7 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
     out = Path(spec["out"])
     try:
         planners.REGISTRY[spec["planner"]] = spec["planner_ref"]
-        graph = Graph.load(spec["graph_file"])
+        graph = load_graph(spec["graph_file"])
         budget = resolve_budget(graph, ratio=spec["budget_ratio"], check=False)
         row["budget"] = budget
         try:
@@ -369,7 +369,7 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
         _limit_memory(spec.get("memory_limit"))
         sol = solve(graph, spec["planner"], budget=budget, **options)
         row = solution_row(spec, sol)
-        if len(sol.plan):
+        if sol.has_plan:  # no plan file for a job without a plan
             path = out / spec["plan_path"]
             path.parent.mkdir(parents=True, exist_ok=True)
             sol.plan.save(path)

@@ -11,6 +11,7 @@ from pathlib import Path
 from rich.table import Table
 
 from .graph import Graph
+from .importers import load as load_graph
 from .importers.synthetic import chain
 from .plan import Plan, PlanBuilder
 from .simulate import simulate
@@ -146,7 +147,7 @@ def cpsat_table(ratios: tuple[float, ...] = (0.9, 0.8), time_limit: float = 60.0
                 "first s", "best s", "wall s", "space proven", "whole space proven by", "warm start"):
         table.add_column(col, justify="right")
     for path in files:
-        graph = Graph.load(path)
+        graph = load_graph(path)
         for ratio in ratios:
             sol = solve(graph, "cpsat", budget_ratio=ratio, check_budget=False, time_limit=time_limit,
                         workers=workers, lp_bound=False)
@@ -247,7 +248,7 @@ def scale_rows(names: tuple[str, ...], ratios: tuple[float, ...], time_limit: fl
     rows = []
     for name in names:
         path = scale_graph(name, folder)
-        graph = Graph.load(path)
+        graph = load_graph(path)
         for ratio in ratios:
             budget = resolve_budget(graph, ratio=ratio, check=False)
             fits = [(r.overhead, p.planner) for p, r in fast_plans(graph, budget) if r.peak_bytes <= budget]

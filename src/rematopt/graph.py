@@ -20,6 +20,12 @@ from .errors import GraphError, located
 FORMAT = "rematopt.graph/1"
 KINDS = ("compute", "input")
 PHASES = ("forward", "backward")
+# A graph's total bytes and total cost are at most 2^53 (about 9.0e15): a
+# petabyte, or 1e6 s in ns, fits, and every sum of them stays exact in a
+# float and far from int64 overflow in planners and the simulator.
+LIMIT = 2**53
+# Fields the format gives no default: a file must state them.
+_REQUIRED_NODE_FIELDS = ("bytes", "cost")
 
 # Node fields with their defaults, in the order they are written.
 _NODE_DEFAULTS: dict[str, Any] = {
@@ -86,7 +92,9 @@ class Graph:
     ------
     GraphError: ids not dense, dangling or self edges, a cycle, an ``order``
         that is not a topological permutation, negative or non-integer bytes,
-        negative or non-finite costs, unknown kinds or phases.
+        negative or non-finite costs, totals beyond :data:`LIMIT`, unknown
+        kinds or phases, a recompute mark on a non-recomputable node, a
+        ``meta.budget_bytes`` that is not an integer >= 0.
     """
 
     def __init__(
@@ -119,6 +127,11 @@ class Graph:
         self.nodes: list[Node] = [by_id[i] for i in range(n)]
         for node in self.nodes:
             self._check_node(node)
+        self._check_totals()
+        budget = self.meta.get("budget_bytes")
+        if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool)
+                                   or not 0 <= budget <= LIMIT):
+            self._fail(f"meta.budget_bytes must be an integer from 0 to 2^53 = {LIMIT:,}, got {budget!r}")
         self.edges: list[tuple[int, int]] = []
         for e in edges:
             if len(e) != 2:
@@ -159,9 +172,27 @@ class Graph:
         if node.persistent and not node.is_input:
             self._fail(f"{where}: a persistent node must be an input "
                        "(persistent values are resident from the start, so they cannot be computed)")
+        if node.recompute and not node.recomputable and not node.is_input:
+            self._fail(f"REMAT_EFFECTFUL: {where} is marked recompute but is not recomputable "
+                       "(re-running it would change the program)")
+
+    def _check_totals(self) -> None:
+        """Totals beyond :data:`LIMIT`, named at the node that crosses it
+        (compared as exact integers, so 1e308 or a 5000-digit size cannot overflow)."""
+        for field_, unit in (("bytes", "bytes"), ("cost", self.cost_unit)):
+            total = 0
+            for node in self.nodes:
+                value = getattr(node, field_)
+                total += int(value) if isinstance(value, int) else math.ceil(value)
+                if total > LIMIT:
+                    self._fail(f"node {node.id} ({node.name}): the {field_} total exceeds the limit "
+                               f"2^53 = {LIMIT:,} {unit} (this node: {value!r} {unit})")
 
     def _check_order(self) -> None:
         n = len(self.nodes)
+        for i in self.order:
+            if not isinstance(i, int) or isinstance(i, bool):
+                self._fail(f"order entries must be integer node ids, got {i!r}")
         if sorted(self.order) != list(range(n)):
             self._fail(f"order must list every node id 0..{n - 1} exactly once")
         pos = self.position
@@ -274,11 +305,17 @@ class Graph:
         for k, raw in enumerate(raw_nodes):
             if not isinstance(raw, dict) or "id" not in raw:
                 raise GraphError(located(source, f"nodes[{k}] must be an object with an 'id'"))
+            missing = [key for key in _REQUIRED_NODE_FIELDS if key not in raw]
+            if missing:
+                raise GraphError(located(source, f"nodes[{k}] (id {raw['id']!r}) has no "
+                                                 f"{' or '.join(map(repr, missing))}; the format gives it no default"))
             known = {key: raw[key] for key in _NODE_DEFAULTS if key in raw}
             extra = {key: val for key, val in raw.items()
                      if key not in _NODE_DEFAULTS and key not in ("id", "name")}
             nodes.append(Node(id=raw["id"], name=str(raw.get("name", raw["id"])), extra=extra, **known))
-        edges = d.get("edges", [])
+        if "edges" not in d:
+            raise GraphError(located(source, "'edges' is missing (write [] for a graph without edges)"))
+        edges = d["edges"]
         if not isinstance(edges, list) or not all(isinstance(e, list) for e in edges):
             raise GraphError(located(source, "'edges' must be a list of [producer, consumer] pairs"))
         order = d.get("order")
@@ -300,14 +337,6 @@ class Graph:
             "meta": self.meta,
             **self.extra,
         }
-
-    @classmethod
-    def load(cls, path: str | Path) -> "Graph":
-        """Read a graph file: ``rematopt.graph/1`` JSON, node-link JSON or MLIR
-        (detected by content and extension; see :mod:`rematopt.importers`)."""
-        from .importers import read_graph
-
-        return read_graph(path)
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")

@@ -14,6 +14,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from .errors import PlanError, located
+from .jsonfile import read_json
 from .stats import Stats
 
 FORMAT = "rematopt.plan/1"
@@ -91,7 +92,7 @@ class Plan:
                     raise PlanError(located(source, f"events[{k}]: unknown op {ev['op']!r}; "
                                                     f"expected one of {', '.join(OPS)}")) from None
                 raise PlanError(located(source, f"events[{k}] must be an object with 'op' and 'node'")) from None
-            if not isinstance(node, int) or isinstance(node, bool):
+            if not isinstance(node, int) or isinstance(node, bool) or not -2**63 <= node < 2**63:
                 raise PlanError(located(source, f"events[{k}]: node must be an integer id, got {node!r}"))
             nodes[k] = node
         stats = d.get("stats", {})
@@ -103,13 +104,7 @@ class Plan:
     @classmethod
     def load(cls, path: str | Path) -> "Plan":
         path = Path(path)
-        try:
-            d = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise PlanError(f"{path}: no such file") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise PlanError(f"{path}: malformed JSON ({e})") from None
-        return cls.from_dict(d, source=str(path))
+        return cls.from_dict(read_json(path, PlanError), source=str(path))
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from .errors import BudgetError, located
-from .graph import Graph
+from .graph import LIMIT, Graph
 from .plan import Plan, PlanBuilder
 from .simulate import peak_of
 
@@ -71,7 +71,8 @@ def resolve_budget(graph: Graph, budget: int | None = None, ratio: float | None 
     """Budget in bytes from ``budget`` or ``ratio`` x no-remat peak (floored),
     else the graph's own default (``meta.budget_bytes``), else None.
 
-    Raises BudgetError when both are given, when either is negative, or (with
+    Raises BudgetError when both are given, when either is negative, for a
+    budget beyond :data:`~rematopt.graph.LIMIT`, or (with
     ``check``) when the budget is below :func:`peak_lower_bound`.
     """
     if budget is not None and ratio is not None:
@@ -86,6 +87,8 @@ def resolve_budget(graph: Graph, budget: int | None = None, ratio: float | None 
         return None
     if budget < 0:
         raise BudgetError(f"budget must be >= 0 bytes, got {budget}")
+    if budget > LIMIT:
+        raise BudgetError(f"budget {budget:,} bytes exceeds the limit 2^53 = {LIMIT:,} bytes")
     if check:
         bound = peak_lower_bound(graph)
         if budget < bound:

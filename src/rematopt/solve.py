@@ -31,6 +31,10 @@ class PlanMismatch(RuntimeError):
 
 @dataclass
 class Solution:
+    """A planner's answer, replayed. ``plan`` always holds what the planner
+    returned (its stats say why when there is no plan); :attr:`has_plan` says
+    whether that is a plan to use."""
+
     plan: Plan
     replay: Replay | None  # None when the planner found no plan
     budget: int | None
@@ -42,12 +46,21 @@ class Solution:
     def status(self) -> str:
         return self.plan.stats.status
 
+    @property
+    def has_plan(self) -> bool:
+        """Whether there is a replayed plan. False for INFEASIBLE and UNKNOWN
+        without a plan: the CLI then writes no plan file and exits with status
+        3. A heuristic's valid plan that misses the budget is a plan (status
+        OVER_BUDGET, exit 0: the remat pass's contract, run at any budget)."""
+        return self.replay is not None
+
     def summary(self) -> dict[str, Any]:
         """One flat JSON-ready record: the simulator's figures, then the
         planner's own extra stats (bound, gap, model size...)."""
         r = self.replay
         out: dict[str, Any] = {
             "status": self.status,
+            "has_plan": self.has_plan,
             "planner": self.plan.planner,
             "graph": self.plan.graph,
             "budget_bytes": self.budget,

@@ -15,8 +15,9 @@ from rich.console import Console
 from rich.table import Table
 
 from .. import planners
-from ..errors import GraphError, RematoptError
+from ..errors import GraphError, PlanError, RematoptError
 from ..graph import Graph
+from ..importers import load as load_graph
 from ..plan import Plan
 from ..planners.options import command_line
 from ..reference import no_remat_peak, working_set_bound
@@ -30,10 +31,11 @@ def default_graph_path() -> Path:
     return Path(str(resources.files("rematopt") / "data" / "default.json"))
 
 
-def load_graph_arg(path: str | None, drop_unsafe_marks: bool = False) -> Graph:
-    from ..importers import read_graph
+NO_PLAN_EXIT = 3  # solve found no plan within the budget (1: invalid plan, 2: bad input)
 
-    return read_graph(path if path is not None else default_graph_path(), drop_unsafe_marks=drop_unsafe_marks)
+
+def load_graph_arg(path: str | None, drop_unsafe_marks: bool = False) -> Graph:
+    return load_graph(path if path is not None else default_graph_path(), drop_unsafe_marks=drop_unsafe_marks)
 
 
 # For MLIR input: a tessera.recompute mark on an effectful op is an error unless this is given.
@@ -182,18 +184,35 @@ def solve_cmd(graph: str | None, planner: str, budget: str | None, budget_ratio:
         flags = {p.name: p.opts[0] for p in ctx.command.params}
         raise RematoptError(f"planner {planner!r} does not take {', '.join(sorted(flags[k] for k in ignored))}")
     options = {k: v for k, v in options.items() if v is not None}
+    if "hint" in options:
+        options["hint"] = load_hint(options["hint"], g)
     options.setdefault("progress", sys.stderr.isatty() and not as_json)
     sol = solve(g, planner, budget=parse_bytes(budget) if budget is not None else None,
                 budget_ratio=budget_ratio, **options)
-    if output:
+    if output and sol.has_plan:
         sol.plan.save(output)
     info = sol.summary()
-    info["plan"] = output
+    info["plan"] = output if sol.has_plan else None
     if as_json:
         emit_json(info)
     else:
         figures_table(f"{planner} on {g.name}", {k: v for k, v in info.items()
                                                   if not isinstance(v, (list, dict))})
+    if not sol.has_plan:
+        why = sol.plan.stats.get("reason")
+        click.echo(f"rematopt: {g.source or g.name}: no plan ({sol.status}{f': {why}' if why else ''})"
+                   + (f"; {output} not written" if output else ""), err=True)
+        sys.exit(NO_PLAN_EXIT)
+
+
+def load_hint(path: str, graph: Graph) -> Plan:
+    """The ``--hint`` plan, refused naming its file unless it replays on GRAPH."""
+    hint = Plan.load(path)
+    replay = simulate(graph, hint)
+    if not replay.valid:
+        where = f"event {replay.error_event}: " if replay.error_event is not None else ""
+        raise PlanError(f"{path}: the hint does not replay on {graph.source or graph.name}: {where}{replay.error}")
+    return hint
 
 
 @cli.command()
@@ -234,9 +253,7 @@ def import_group() -> None:
 @click.option("--output", "-o", type=click.Path(dir_okay=False), required=True)
 def import_nodelink(file: str, output: str) -> None:
     """Convert Checkmate / Moccasin node-link JSON."""
-    from ..importers import read_graph
-
-    g = read_graph(file)
+    g = load_graph(file)
     if g.meta.get("source") != "nodelink":
         raise RematoptError(f"{file}: not node-link JSON (it is already a rematopt graph)")
     g.save(output)

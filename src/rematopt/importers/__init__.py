@@ -1,21 +1,23 @@
 """Front ends: every way a graph gets into rematopt.
 
-:func:`read_graph` is the one entry point for files; it picks the front end by
+:func:`load` is the one entry point for files; it picks the front end by
 content (JSON with ``"format": "rematopt.graph/1"`` or node-link JSON) or by
-extension (``.mlir``).
+extension (``.mlir``). :class:`~rematopt.graph.Graph` knows only its own
+format (``from_dict``), so the graph module imports no front end.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from ..errors import GraphError
 from ..graph import Graph
+from ..jsonfile import read_json
 
 
-def read_graph(path: str | Path, function: str | None = None, drop_unsafe_marks: bool = False) -> Graph:
-    """Load a graph file of any supported kind (``drop_unsafe_marks``: see
+def load(path: str | Path, function: str | None = None, drop_unsafe_marks: bool = False) -> Graph:
+    """Load a graph file of any supported kind (``function``: the MLIR
+    function to import; ``drop_unsafe_marks``: see
     :func:`rematopt.importers.mlir.import_mlir`).
 
     Raises GraphError (or ImportFailure from a front end) with the file named.
@@ -29,12 +31,7 @@ def read_graph(path: str | Path, function: str | None = None, drop_unsafe_marks:
         from .mlir import import_mlir
 
         return import_mlir(path, function=function, drop_unsafe_marks=drop_unsafe_marks)
-    try:
-        doc = json.loads(path.read_text())
-    except UnicodeDecodeError:
-        raise GraphError(f"{path}: not a text file") from None
-    except json.JSONDecodeError as e:
-        raise GraphError(f"{path}: malformed JSON at line {e.lineno} column {e.colno} ({e.msg})") from None
+    doc = read_json(path, GraphError)
     from .nodelink import from_nodelink, is_nodelink
 
     if is_nodelink(doc):

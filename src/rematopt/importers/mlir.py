@@ -553,8 +553,8 @@ def _build_graph(ir, path: Path, func, names: _Names, device: str, drop_unsafe_m
         size = 0 if alias or on_host else sum(value_bytes(ir, r.type) for r in op.results)
         if ATTR_BYTES in attrs:
             override = _number(attrs[ATTR_BYTES])
-            if override is None or override < 0:
-                _fail_at(path, op, f"{ATTR_BYTES} must be a number >= 0")
+            if override is None or not 0 <= override < math.inf:
+                _fail_at(path, op, f"{ATTR_BYTES} must be a finite number >= 0")
             size = int(override)
         for key in ATTR_COST:
             if key in attrs:

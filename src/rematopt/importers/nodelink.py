@@ -51,7 +51,8 @@ def from_nodelink(doc: dict[str, Any], source: str | None = None, name: str | No
         ((b, c) for b, c in _ATTRS if all(b in v for v in raw_nodes)), (None, None))
     if bytes_field is None:
         fail("no known memory attribute on every node (cost_ram, out_cost or bytes)")
-    src_field, dst_field = ("source", "target") if links and "source" in links[0] else ("0", "1")
+    first = links[0] if links and isinstance(links[0], dict) else {}
+    src_field, dst_field = ("source", "target") if "source" in first else ("0", "1")
     keys = [v[key_field] for v in raw_nodes]
     try:
         keys_sorted = sorted(keys)
@@ -76,6 +77,8 @@ def from_nodelink(doc: dict[str, Any], source: str | None = None, name: str | No
         except (KeyError, TypeError):
             fail(f"links[{k}] does not join two known nodes")
     graph_attrs = doc.get("graph") or {}
+    if not isinstance(graph_attrs, dict):
+        fail("'graph' must be an object of graph attributes")
     order = None
     if "order" in graph_attrs:
         try:

@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import PlannerError, located
+from ..errors import PlannerError
 from ..graph import Graph
 from ..plan import COMPUTE, FREE, Plan
 from ..reference import no_remat_peak
@@ -721,10 +721,6 @@ def plan(graph: Graph, budget: int | None, options: dict[str, Any]) -> Plan:
     eligible = [i for i in graph.order if program.eligible[i]]
     candidates = [i for i in eligible if graph.bytes[i] > 0]
     marks = {i for i in eligible if graph.nodes[i].recompute}
-    bad = next((v for v in graph.nodes if v.recompute and not v.is_input and not v.recomputable), None)
-    if bad is not None:
-        raise PlannerError(located(graph.source or graph.name,
-                                   f"node {bad.id} ({bad.name}) is marked recompute but is not recomputable"))
     model = PeakModel(program, candidates, kind)
     model_before = model.peak()
     sel, marks_peak, taken = select(program, model, candidates, sorted(marks, key=graph.position.__getitem__), budget)

@@ -40,7 +40,8 @@ class Options:
     time_limit: float = option(60.0, "solver time limit, seconds.", minimum=0, finite=True)
     workers: int = option(0, "solver threads (default: all cores).", minimum=0)
     seed: int = option(0, "solver random seed.")
-    hint: Plan | None = option(None, "a plan to start the solver from.", from_text=Plan.load)
+    hint: Plan | None = option(None, "a plan to start the solver from (a plan file; it must replay on GRAPH).",
+                               from_text=str)  # the CLI loads and checks it against the graph (cli.core.load_hint)
     warm_start: str = option("auto", "run fast planners first.", choices=("auto", "none"))
     log_path: str | None = option(None, "write incumbent/bound over time (CSV).", cli="--log")
     progress: bool = option(False, "show the incumbent and bound while solving.", cli=False)
