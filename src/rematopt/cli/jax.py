@@ -11,7 +11,8 @@ import click
 from ..errors import ImportFailure
 from ..importers.costmodel import DEVICES
 from . import cli
-from .core import import_group
+from .core import import_group, load_graph_arg
+from .mlir import _export_group
 
 _DEVICES = sorted(DEVICES)
 
@@ -101,6 +102,26 @@ def jax_measure(spec: str, budget_ratio: float, device: str, fuse: bool, planner
     m = measure(fn, *args, budget_ratio=budget_ratio, argnums=_argnums(argnums), planners=planners,
                 time_limit=time_limit, fuse=fuse, device=device)
     text = m.markdown(f"{spec} {json.dumps(config) if config else ''}".strip())
+    if output:
+        Path(output).write_text(text)
+        click.echo(f"wrote {output}")
+    else:
+        click.echo(text, nl=False)
+
+
+@_export_group().command(name="jax-policy")
+@click.argument("graph", type=click.Path(dir_okay=False))
+@click.argument("plan", type=click.Path(dir_okay=False))
+@click.option("--format", "fmt", type=click.Choice(["python", "json"]), default="python", show_default=True,
+              help="The jax.checkpoint_policies call, or {name: device|offload|remat} (MaxText's custom policy).")
+@click.option("--output", "-o", type=click.Path(dir_okay=False), help="Write here instead of printing.")
+def export_jax_policy(graph: str, plan: str, fmt: str, output: str | None) -> None:
+    """PLAN as the checkpoint_name policy that saves what it saves (plans of --planner jax-names)."""
+    from ..exporters.checkpoint_names import policy_json, policy_source, policy_table
+    from ..plan import Plan
+
+    table = policy_table(load_graph_arg(graph), Plan.load(plan))
+    text = policy_json(table) if fmt == "json" else policy_source(table)
     if output:
         Path(output).write_text(text)
         click.echo(f"wrote {output}")

@@ -241,6 +241,8 @@ def to_graph(step: Step, name: str, device: str = costmodel.DEFAULT_DEVICE,
             node.extra["body_bytes"] = _body_bytes(head)
         if head.source:
             node.extra["source"] = head.source
+        if op == "name":  # jax.ad_checkpoint.checkpoint_name: what name policies select by
+            node.extra["checkpoint_name"] = str(head.params["name"])
         nodes.append(node)
     for r in step.out_refs:
         if not isinstance(r, Const) and r in prod:
