@@ -40,6 +40,9 @@ def plan(graph: Graph, budget: int | None, options: dict[str, Any]) -> Plan:
     offload = bool(options.get("offload", False))
     time_limit = float(options.get("time_limit") or 60.0)
     space = Space(graph, bool(options.get("per_layer", False)))
+    if not space.keys:
+        raise PlannerError(f"{graph.name}: graph has no checkpoint_name on a forward value, so no name policy "
+                           "to choose (tag values with jax.ad_checkpoint.checkpoint_name)")
     fates = ("device", "offload") if offload else ("device",)
     start = time.perf_counter()
     if len(space.keys) <= ENUMERATE_MAX:
