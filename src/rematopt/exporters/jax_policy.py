@@ -90,10 +90,12 @@ def apply_plan(loss_fn: Callable, graph: Graph, plan: Plan) -> Callable:
     keeps, offloads what it offloads and recomputes the rest.
 
     ``graph`` must come from :func:`rematopt.jax.trace_grad` of this function
-    at arguments of the same shapes (the function is traced again at call
-    time and checked node by node; ImportFailure if it differs). ``loss_fn'``
-    supports reverse-mode differentiation (``jax.grad``, ``jax.vjp``); its
-    cotangents for arguments outside ``argnums`` are zero.
+    at arguments of the same shapes and pytree structure, keyword arguments
+    included (the function is traced again at call time and checked node by
+    node; ImportFailure if it differs). ``loss_fn'`` supports reverse-mode
+    differentiation (``jax.grad``, ``jax.vjp``) with respect to the graph's
+    ``argnums``; differentiating any other argument raises PlanError (the plan
+    holds no backward pass for it, so its gradient would be a silent zero).
     """
     replay = simulate(graph, plan)
     if not replay.valid:
@@ -105,11 +107,11 @@ def apply_plan(loss_fn: Callable, graph: Graph, plan: Plan) -> Callable:
     built: dict[Any, Callable] = {}
 
     @functools.wraps(loss_fn)
-    def planned(*args):
-        leaves, tree = jax.tree_util.tree_flatten(args)
+    def planned(*args, **kwargs):
+        leaves, tree = jax.tree_util.tree_flatten((*args, kwargs))
         key = (tree, tuple((np.shape(x), str(jax.numpy.result_type(x))) for x in leaves))
         if key not in built:
-            step = trace_step(loss_fn, args, argnums, fuse)
+            step = trace_step(loss_fn, args, argnums, fuse, kwargs)
             check_matches(step, graph)
             built[key] = _planned_step(step, fates)
         return built[key](*leaves)
@@ -182,7 +184,12 @@ def _planned_step(step: Step, fates: Fates) -> Callable:
     def f(*leaves):
         return read(forward_env(leaves), loss_ref)
 
-    def f_fwd(*leaves):
+    def f_fwd(*primals):
+        leaves = [p.value for p in primals]
+        stray = [name for name, p, d in zip(step.arg_names, primals, step.diff_leaves) if p.perturbed and not d]
+        if stray:
+            raise PlanError(f"apply_plan: {stray[0]} is differentiated, but the plan's graph differentiates "
+                            f"argnums {step.argnums} only; trace the graph with argnums covering it")
         env = forward_env(leaves)
         saved = tuple(jax.device_put(env[v], jax.memory.Space.Host) if v in host_vals else env[v]
                       for v in saved_vals)
@@ -204,12 +211,12 @@ def _planned_step(step: Step, fates: Fates) -> Callable:
             else:
                 evaluate(members, env)
                 last = env[members[-1].outs[0]]
-        cts = [_zero_like(flat.avals[v]) for v in step.arg_ids]
+        cts: list = [None] * step.n_inputs  # no cotangent: f_fwd refused perturbed ones
         for leaf, r in zip(grad_leaves, grad_refs):
             cts[leaf] = read(env, r)
         return tuple(cts)
 
-    f.defvjp(f_fwd, f_bwd)
+    f.defvjp(f_fwd, f_bwd, symbolic_zeros=True)
     return f
 
 
@@ -217,10 +224,3 @@ def _grad_leaf_order(step: Step) -> list[int]:
     """Flat leaf index of each gradient output (argnums order, then leaves)."""
     arg_tree_children = jax.tree_util.tree_unflatten(step.arg_tree, list(range(step.n_inputs)))
     return [leaf for i in step.argnums for leaf in jax.tree_util.tree_leaves(arg_tree_children[i])]
-
-
-def _zero_like(aval: Any) -> Any:
-    """The cotangent of an argument the graph does not differentiate."""
-    if jax.numpy.issubdtype(aval.dtype, jax.numpy.inexact):
-        return jax.numpy.zeros(aval.shape, aval.dtype)
-    return np.zeros(aval.shape, dtype=jax.dtypes.float0)
