@@ -12,12 +12,13 @@ import pytest
 
 jax = pytest.importorskip("jax")
 import numpy as np  # noqa: E402
-from jax._src.ad_checkpoint import saved_residuals  # noqa: E402
 
 from rematopt import ImportFailure, PlanBuilder, no_remat_plan, simulate  # noqa: E402
 from rematopt.jax import apply_plan, residual_fates, trace_grad  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from jax_residuals import saved_residuals  # noqa: E402
 from models import gpt, mlp  # noqa: E402
 
 MLP = {"layers": 3, "width": 32, "in_dim": 16, "batch": 8}
@@ -72,11 +73,10 @@ def residual_nodes(g):
 def saved(fn, args):
     """(device bytes, host bytes) of values the gradient saves, arguments and literals excluded."""
     dev, host = [], []
-    for aval, src in saved_residuals(lambda p: fn(p, *args[1:]), args[0]):
-        if src.startswith(("from the argument", "from a literal", "from a constant")):
+    for r in saved_residuals(lambda p: fn(p, *args[1:]), args[0]):
+        if r.source.startswith(("from the argument", "from a literal", "from a constant")):
             continue
-        size = int(np.prod(aval.shape)) * aval.dtype.itemsize
-        (host if "host" in str(getattr(aval, "memory_space", "")).lower() else dev).append(size)
+        (host if r.host else dev).append(r.bytes)
     return sorted(dev), sorted(host)
 
 

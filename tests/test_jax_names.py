@@ -26,6 +26,8 @@ from rematopt.reference import no_remat_peak  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+from jax_residuals import saved_residuals  # noqa: E402
 from models import gpt  # noqa: E402
 
 GPT = {"layers": 2, "width": 16, "heads": 2, "seq": 8, "vocab": 32}
@@ -143,17 +145,14 @@ def test_the_planner_reports_the_unconstrained_cpsat_plan_beside_the_policy(bloc
 def jax_saved(fn, args, pol):
     """(named device residuals as sorted (name, bytes), host residual sizes, other residuals)
     of ``jax.checkpoint(fn, policy=pol)``; arguments excluded."""
-    from jax._src.ad_checkpoint import saved_residuals
-
     named, host, other = [], [], []
-    for aval, src in saved_residuals(jax.checkpoint(fn, policy=pol), *args):
-        size = int(np.prod(aval.shape)) * aval.dtype.itemsize
-        if "host" in str(getattr(aval, "memory_space", "")).lower():
-            host.append(size)
-        elif " named '" in src:
-            named.append((src.split(" named '")[1].split("'")[0], size))
-        elif not src.startswith("from the argument"):
-            other.append(src)
+    for r in saved_residuals(jax.checkpoint(fn, policy=pol), *args):
+        if r.host:
+            host.append(r.bytes)
+        elif r.name is not None:
+            named.append((r.name, r.bytes))
+        elif not r.source.startswith("from the argument"):
+            other.append(r.source)
     return sorted(named), sorted(host), other
 
 
