@@ -22,7 +22,7 @@ class Residual:
 
     @property
     def name(self) -> str | None:
-        return self.source.split(" named '")[1].split("'")[0] if " named '" in self.source else None
+        return self.source.split("'")[1] if self.source.startswith("named '") else None
 
 
 def saved_residuals(fn, *args) -> list[Residual]:

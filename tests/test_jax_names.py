@@ -231,7 +231,7 @@ def rematopt(*args):
 def test_cli_plans_a_policy_and_exports_it_as_python_and_json(block_graph, tmp_path):
     block_graph.save(tmp_path / "g.json")
     run = rematopt("solve", tmp_path / "g.json", "--planner", "jax-names", "--per-layer", "--offload",
-                   "--budget-ratio", "0.7", "--time-limit", "5", "--workers", "1", "-o", tmp_path / "p.json")
+                   "--budget-ratio", "0.9", "--no-price", "--time-limit", "5", "--workers", "1", "-o", tmp_path / "p.json")
     assert run.returncode == 0, run.stderr
     plan = Plan.load(tmp_path / "p.json")
     table = policy_table(block_graph, plan)

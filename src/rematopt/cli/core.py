@@ -151,6 +151,7 @@ def _depth_arg(value: str | None) -> str | int | None:
 @click.option("--peak-model", type=click.Choice(["memory", "residual"]), help="greedy: peak estimate.")
 @click.option("--trim", type=click.Choice(["midpoint", "max-clone"]), help="greedy: clone-bound trimming rule.")
 @click.option("--per-layer", is_flag=True, help="jax-names: one decision per (checkpoint_name, layer).")
+@click.option("--price/--no-price", default=True, help="jax-names: also run cpsat for the price of the policy.")
 def solve_cmd(graph: str | None, planner: str, budget: str | None, budget_ratio: float | None,
               output: str | None, as_json: bool, hint: str | None, **options: Any) -> None:
     """Plan GRAPH (default: a small instance shipped with rematopt) under a budget."""
