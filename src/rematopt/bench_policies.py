@@ -67,7 +67,8 @@ def rows(graph: Graph, ratios: list[float], time_limit: float, cpsat_time_limit:
         row["dots_saveable"] = _figures(graph, saved_plan(graph, dots, [], budget, "dots_saveable"), budget)
         row["nothing_saveable"] = _figures(graph, saved_plan(graph, [], [], budget, "nothing_saveable"), budget)
         if cpsat_time_limit > 0:
-            p = get("cpsat")(graph, budget, {"offload": True, "time_limit": cpsat_time_limit, "workers": workers})
+            p = get("cpsat")(graph, budget, {"offload": True, "time_limit": cpsat_time_limit, "workers": workers,
+                                          "lp_bound": False})
             row["cpsat"] = _figures(graph, p, budget) if len(p) else None
             row["cpsat_status"] = p.stats.get("status")
             base = simulate(graph, p).base_cost if len(p) else None

@@ -174,7 +174,7 @@ def _price(graph: Graph, budget: int | None, offload: bool, time_limit: float, o
     """The unconstrained cpsat plan's overhead and bound at the same budget."""
     from . import get
 
-    p = get("cpsat")(graph, budget, {"offload": offload, "time_limit": time_limit,
+    p = get("cpsat")(graph, budget, {"offload": offload, "time_limit": time_limit, "lp_bound": False,
                                      "workers": options.get("workers"), "seed": options.get("seed")})
     out: dict[str, Any] = {"cpsat_status": p.stats.get("status")}
     if base and len(p):
