@@ -107,9 +107,10 @@ def test_enumeration_finds_the_exhaustive_optimum(block_graph, per_layer, offloa
 
 
 @pytest.mark.parametrize("offload", [False, True])
-@pytest.mark.parametrize("ratio", [0.9, 0.75, 0.6])
-def test_cpsat_over_names_finds_the_exhaustive_optimum(block_graph, monkeypatch, offload, ratio):
-    monkeypatch.setattr(jax_names, "ENUMERATE_MAX", 0)
+@pytest.mark.parametrize("ratio", [0.9, 0.8, 0.6])
+@pytest.mark.parametrize("enumerate_max", [0, 4])  # 4: the global optimum (enumerated) is the incumbent
+def test_cpsat_over_names_finds_the_exhaustive_optimum(block_graph, monkeypatch, offload, ratio, enumerate_max):
+    monkeypatch.setattr(jax_names, "ENUMERATE_MAX", enumerate_max)
     budget = int(ratio * no_remat_peak(block_graph))
     best = brute_force(Space(block_graph, True), budget, offload)
     sol = solve(block_graph, "jax-names", budget=budget, per_layer=True, offload=offload, price=False,

@@ -146,7 +146,7 @@ def _search(space: Space, budget: int | None, offload: bool, objective: str, tim
 
     workers, seed = int(options.get("workers") or 8), int(options.get("seed") or 0)
     deadline = time.perf_counter() + time_limit
-    found = best_under(space, budget, offload, time_limit, workers, seed)
+    found = best_under(space, budget, offload, time_limit, workers, seed, _global_start(space, budget, offload))
     evaluated = found.policies_evaluated
     if objective == "peak" and found.policy is not None:
         # Tighten the budget below each policy found until none fits: the last is the least peak.
@@ -168,6 +168,16 @@ def _search(space: Space, budget: int | None, offload: bool, objective: str, tim
     if found.policy is None:
         return None, None, "INFEASIBLE" if found.proven else "UNKNOWN", found.bound, evaluated
     return found.policy, found.plan, "OPTIMAL" if found.proven else "FEASIBLE", found.bound, evaluated
+
+
+def _global_start(space: Space, budget: int | None, offload: bool) -> dict | None:
+    """The best global policy, per layer: a per-layer search's first incumbent
+    (the per-layer space holds every global policy)."""
+    glob = Space(space.graph, False)
+    if not space.per_layer or len(glob.keys) > ENUMERATE_MAX:
+        return None
+    policy = _enumerate(glob, budget, ("device", "offload") if offload else ("device",), "overhead")[0]
+    return None if policy is None else {(name, layer): policy.get(name, "remat") for name, layer in space.keys}
 
 
 def _price(graph: Graph, budget: int | None, offload: bool, time_limit: float, options: dict[str, Any],

@@ -71,8 +71,16 @@ class NameModel:
         unit = reduce(math.gcd, (g.bytes[i] for i in self.group_of), 0) or 1
         self.units = {k: sum(g.bytes[i] for i in space.groups[k]) // unit for k in self.keys}
         self.weight = sum(self.units.values()) + 1  # offloaded bytes break ties in cost
-        m.Minimize(self.weight * sum(self.int_cost[u] * r for u, r in self.reach.items())
-                   + sum(self.units[k] * self.off[k] for k in self.keys))
+        self.objective = (self.weight * sum(self.int_cost[u] * r for u, r in self.reach.items())
+                          + sum(self.units[k] * self.off[k] for k in self.keys))
+        m.Minimize(self.objective)
+
+    def objective_of(self, policy: Mapping) -> int:
+        """The model's objective at ``policy``."""
+        saved = {i for k, f in policy.items() if f != "remat" for i in self.space.groups[k]}
+        reach = self.space.recompute_set(saved)
+        return (self.weight * sum(self.int_cost[u] for u in reach)
+                + sum(self.units[k] for k, f in policy.items() if f == "offload"))
 
     def saved(self, x: int):
         k = self.group_of.get(x)
@@ -186,17 +194,26 @@ class NameModel:
 
 
 def best_under(space: Space, budget: int | None, offload: bool, time_limit: float, workers: int,
-               seed: int) -> Found:
-    """The policy of least recompute cost whose plan fits ``budget``."""
+               seed: int, incumbent: dict | None = None) -> Found:
+    """The policy of least recompute cost whose plan fits ``budget``;
+    ``incumbent``, a policy known to fit, is the hint and the fallback."""
     model = NameModel(space, budget, offload)
     deadline = time.perf_counter() + time_limit
     evaluated = solves = 0
     bound = 0.0
-    hint: dict | None = None
+    hint = incumbent
+    fallback = (incumbent, policy_plan(space, incumbent, budget)) if incumbent is not None else (None, None)
+
+    def incumbent_found(proven: bool = False) -> Found:
+        return Found(fallback[0], fallback[1], proven, bound, evaluated, solves)
+
+    if incumbent is not None:  # nothing worse than it is wanted
+        model.m.Add(model.objective <= model.objective_of(incumbent))
+
     while True:
         left = deadline - time.perf_counter()
         if left <= 0:
-            return Found(None, None, False, bound, evaluated, solves)
+            return incumbent_found()
         solver = cp_model.CpSolver()
         solver.parameters.max_time_in_seconds = left
         solver.parameters.num_workers = workers
@@ -205,17 +222,24 @@ def best_under(space: Space, budget: int | None, offload: bool, time_limit: floa
             model.m.ClearHints()
             for k, fate in hint.items():
                 model.m.AddHint(model.dev[k], fate == "device")
+                if offload:
+                    model.m.AddHint(model.off[k], fate == "offload")
         status = solver.Solve(model.m)
         solves += 1
         if status == cp_model.INFEASIBLE:
-            return Found(None, None, True, bound, evaluated, solves)
+            return incumbent_found(proven=True)  # cuts left no policy but the incumbent (or none)
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            return Found(None, None, False, bound, evaluated, solves)
+            return incumbent_found()
         bound = max(bound, model.bound(solver))
+        if incumbent is not None and solver.BestObjectiveBound() >= model.objective_of(incumbent):
+            return incumbent_found(proven=True)  # nothing left beats the incumbent
         policy = model.read(solver)
         plan = policy_plan(space, policy, budget)
         evaluated += 1
         if budget is None or plan.stats["peak_bytes"] <= budget:
+            if status != cp_model.OPTIMAL and fallback[1] is not None and \
+                    fallback[1].stats["compute_cost"] < plan.stats["compute_cost"]:
+                return incumbent_found()
             return Found(policy, plan, status == cp_model.OPTIMAL, bound, evaluated, solves)
         offloaded_fails = True
         if offload and any(f == "device" for f in policy.values()):
