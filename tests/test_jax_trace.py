@@ -10,7 +10,6 @@ import pytest
 
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
 
 from rematopt import Graph, ImportFailure, no_remat_plan, simulate  # noqa: E402
 from rematopt.importers import costmodel  # noqa: E402

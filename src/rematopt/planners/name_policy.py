@@ -32,7 +32,6 @@ from ..plan import OFFLOAD, PREFETCH, Plan
 from .emit import always_kept, finish, keep_schedule
 
 FATES = ("device", "offload", "remat")
-Key = "str | tuple[str, int]"
 
 
 def layers(graph: Graph) -> dict[int, int]:
