@@ -120,7 +120,11 @@ def export_jax_policy(graph: str, plan: str, fmt: str, output: str | None) -> No
     from ..exporters.checkpoint_names import policy_json, policy_source, policy_table
     from ..plan import Plan
 
-    table = policy_table(load_graph_arg(graph), Plan.load(plan))
+    g, p = load_graph_arg(graph), Plan.load(plan)
+    try:
+        table = policy_table(g, p)
+    except ModuleNotFoundError as e:  # reading a plan's fates uses the JAX exporter
+        raise ImportFailure(f"export jax-policy needs jax ({e}); pip install 'rematopt[jax]'") from None
     text = policy_json(table) if fmt == "json" else policy_source(table)
     if output:
         Path(output).write_text(text)
