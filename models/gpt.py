@@ -1,12 +1,18 @@
 """A GPT-style decoder: token and position embeddings, ``layers`` pre-norm blocks
 of causal multi-head attention and a GELU MLP, tied output projection,
-next-token cross-entropy."""
+next-token cross-entropy.
+
+Values carry the ``checkpoint_name`` MaxText gives them (``decoder_layer_input``,
+``query_proj``, ``key_proj``, ``value_proj``, ``out_proj``, ``mlpwi``, ``mlpwo``),
+so name policies (``jax.checkpoint_policies.save_only_these_names``, the
+``jax-names`` planner) act on the same values as in MaxText."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 
 from .common import configure, cross_entropy, dense_init, layer_norm, normal, rng
 
@@ -17,7 +23,8 @@ def init(c: dict) -> dict:
     d = c["width"]
     gen = rng(c["seed"])
     blocks = [{
-        "ln1": jnp.ones((d,), jnp.float32), "qkv": dense_init(gen, d, 3 * d),
+        "ln1": jnp.ones((d,), jnp.float32),
+        "wq": dense_init(gen, d, d), "wk": dense_init(gen, d, d), "wv": dense_init(gen, d, d),
         "proj": dense_init(gen, d, d) / c["layers"] ** 0.5,
         "ln2": jnp.ones((d,), jnp.float32), "up": dense_init(gen, d, 4 * d),
         "down": dense_init(gen, 4 * d, d) / c["layers"] ** 0.5,
@@ -28,20 +35,26 @@ def init(c: dict) -> dict:
 
 def attention(x: jax.Array, p: dict, heads: int) -> jax.Array:
     b, t, d = x.shape
-    qkv = (x @ p["qkv"]).reshape(b, t, 3, heads, d // heads)
-    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    q, k, v = (checkpoint_name(x @ p[w], name).reshape(b, t, heads, d // heads)
+               for w, name in (("wq", "query_proj"), ("wk", "key_proj"), ("wv", "value_proj")))
     scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / (d // heads) ** 0.5
     mask = jnp.tril(jnp.ones((t, t), bool))
     weights = jax.nn.softmax(jnp.where(mask, scores, -1e9), axis=-1)
     out = jnp.einsum("bhqk,bkhd->bqhd", weights, v).reshape(b, t, d)
-    return out @ p["proj"]
+    return checkpoint_name(out @ p["proj"], "out_proj")
+
+
+def mlp(x: jax.Array, p: dict) -> jax.Array:
+    h = jax.nn.gelu(checkpoint_name(x @ p["up"], "mlpwi"))
+    return checkpoint_name(h @ p["down"], "mlpwo")
 
 
 def forward(params: dict, tokens: jax.Array, heads: int) -> jax.Array:
     x = params["embed"][tokens] + params["pos"][: tokens.shape[1]]
     for p in params["blocks"]:
+        x = checkpoint_name(x, "decoder_layer_input")
         x = x + attention(layer_norm(x, p["ln1"]), p, heads)
-        x = x + jax.nn.gelu(layer_norm(x, p["ln2"]) @ p["up"]) @ p["down"]
+        x = x + mlp(layer_norm(x, p["ln2"]), p)
     return layer_norm(x, params["ln_f"]) @ params["embed"].T
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 
 from . import gpt
 from .common import configure, cross_entropy, layer_norm, rng
@@ -24,9 +25,10 @@ def init(c: dict) -> dict:
 def forward(params: dict, tokens: jax.Array, heads: int) -> jax.Array:
     x = params["embed"][tokens] + params["pos"][: tokens.shape[1]]
 
-    def block(x, p):
+    def block(x, p):  # gpt's block, names included
+        x = checkpoint_name(x, "decoder_layer_input")
         x = x + gpt.attention(layer_norm(x, p["ln1"]), p, heads)
-        return x + jax.nn.gelu(layer_norm(x, p["ln2"]) @ p["up"]) @ p["down"], None
+        return x + gpt.mlp(layer_norm(x, p["ln2"]), p), None
 
     x, _ = jax.lax.scan(block, x, params["blocks"])
     return layer_norm(x, params["ln_f"]) @ params["embed"].T

@@ -119,8 +119,11 @@ class Run:
 
 
 def fast_settings() -> list[tuple[str, str, dict[str, Any]]]:
-    """Every registered planner but cpsat, plus greedy under a tight clone bound."""
-    out = [(name, name, {}) for name in planners.available() if name != "cpsat"]
+    """Every fast planner (cpsat and jax-names, which needs a traced step with
+    checkpoint names, aside), plus greedy under a tight clone bound."""
+    from rematopt.planners.cpsat.warm_start import fast_planners
+
+    out = [(name, name, {}) for name in fast_planners()]
     if "greedy" in planners.available():
         out.append(("greedy", f"greedy clone<={CLONE_BOUND:g}", {"max_clone_expansion": CLONE_BOUND}))
     return out

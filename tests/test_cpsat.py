@@ -65,12 +65,21 @@ def test_offload_optimum_equals_exhaustive_on_every_4_node_shape():
         check_overhead(g, budget_between(g, rng), offload=True, per_byte=rng.choice([0, 1]))
 
 
+def check_peak(sol, expect: tuple, offload: bool = False) -> None:
+    """The exhaustive staged optimum (peak, then overhead), or a fast plan
+    outside the staged space with a lower peak, returned instead of it
+    (never OPTIMAL over a plan rematopt makes)."""
+    if beaten_from_outside(sol):
+        assert sol.replay.peak_bytes < expect[0]
+        return
+    assert sol.status == "OPTIMAL" and sol.replay.peak_bytes == expect[0]
+    if not offload:
+        assert sol.replay.compute_cost - sol.replay.base_cost == pytest.approx(expect[1])
+
+
 def test_peak_optimum_equals_exhaustive_on_every_4_node_shape():
     for g, rng in cases(4, every=True, count=0, seed=45):
-        sol = solve(g, "cpsat", objective="peak", **FAST)
-        assert sol.status == "OPTIMAL"
-        assert (sol.replay.peak_bytes, sol.replay.compute_cost - sol.replay.base_cost) == \
-            pytest.approx(min_peak(g))
+        check_peak(solve(g, "cpsat", objective="peak", **FAST), min_peak(g))
 
 
 @pytest.mark.parametrize("n,count", [(3, 10), (4, 25), (5, 15)])
@@ -91,9 +100,7 @@ def test_peak_optimum_equals_exhaustive(n, count):
                 continue
             opts["max_overhead"] = cap / base
         sol = solve(g, "cpsat", **opts)
-        assert sol.status == "OPTIMAL"
-        assert sol.replay.peak_bytes == expect[0]
-        assert sol.replay.compute_cost - sol.replay.base_cost == pytest.approx(expect[1])
+        check_peak(sol, expect)
 
 
 def test_peak_optimum_with_offload_equals_exhaustive():
@@ -103,7 +110,7 @@ def test_peak_optimum_with_offload_equals_exhaustive():
                     max_overhead=4 / max(1e-9, sum(g.cost[i] for i in g.compute_ids)), **FAST)
         if sum(g.cost[i] for i in g.compute_ids) == 0:
             continue
-        assert sol.replay.peak_bytes == expect[0]
+        check_peak(sol, expect, offload=True)
 
 
 def offload_graph() -> Graph:
@@ -452,21 +459,21 @@ def test_costs_spanning_fifteen_orders_hold_optimal_up_to_the_stated_resolution(
         budget = budget_between(g, random.Random(g.n + checked))
         real = [10 ** rng.uniform(-12, 3) * (1 + rng.random()) for _ in range(g.n)]
         gr = with_costs(g, [r / max(c, 1) for r, c in zip(real, g.cost)])
-        # the exhaustive optimum on integer costs of unit 1e-15 (exact for these sums)
-        gi = Graph(g.name, [Node(v.id, v.name, bytes=v.bytes, cost=round(v.cost * 1e15), kind=v.kind,
+        # the exhaustive optimum on integer costs of unit 1e-12 (each rounded by at most 0.5e-12)
+        gi = Graph(g.name, [Node(v.id, v.name, bytes=v.bytes, cost=round(v.cost * 1e12), kind=v.kind,
                                  output=v.output, recomputable=v.recomputable, persistent=v.persistent)
                             for v in gr.nodes], g.edges, g.order)
         expect = min_cost(gi, budget)
         sol = solve(gr, "cpsat", budget=budget, **FAST)
         assert (sol.status == "INFEASIBLE") == (expect is None)
         if expect is not None and beaten_from_outside(sol):
-            assert sol.plan.stats["objective"] < expect[0] / 1e15
+            assert sol.plan.stats["objective"] < expect[0] / 1e12 + 1e-12 * g.n
             checked += 1
         elif expect is not None:
             st = sol.plan.stats
             assert sol.status == "OPTIMAL" and st["cost_resolution"] >= 0
-            assert st["objective"] <= expect[0] / 1e15 + st["cost_resolution"] + 1e-15 * g.n
-            assert st["best_bound"] <= expect[0] / 1e15 + 1e-15 * g.n
+            assert st["objective"] <= expect[0] / 1e12 + st["cost_resolution"] + 1e-12 * g.n
+            assert st["best_bound"] <= expect[0] / 1e12 + 1e-12 * g.n
             checked += 1
     assert checked >= 4
 

@@ -12,12 +12,13 @@ import pytest
 
 jax = pytest.importorskip("jax")
 import numpy as np  # noqa: E402
-from jax._src.ad_checkpoint import saved_residuals  # noqa: E402
 
 from rematopt import ImportFailure, PlanBuilder, no_remat_plan, simulate  # noqa: E402
 from rematopt.jax import apply_plan, residual_fates, trace_grad  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from jax_residuals import saved_residuals  # noqa: E402
 from models import gpt, mlp  # noqa: E402
 
 MLP = {"layers": 3, "width": 32, "in_dim": 16, "batch": 8}
@@ -72,11 +73,10 @@ def residual_nodes(g):
 def saved(fn, args):
     """(device bytes, host bytes) of values the gradient saves, arguments and literals excluded."""
     dev, host = [], []
-    for aval, src in saved_residuals(lambda p: fn(p, *args[1:]), args[0]):
-        if src.startswith(("from the argument", "from a literal", "from a constant")):
+    for r in saved_residuals(lambda p: fn(p, *args[1:]), args[0]):
+        if r.source.startswith(("from the argument", "from a literal", "from a constant")):
             continue
-        size = int(np.prod(aval.shape)) * aval.dtype.itemsize
-        (host if "host" in str(getattr(aval, "memory_space", "")).lower() else dev).append(size)
+        (host if r.host else dev).append(r.bytes)
     return sorted(dev), sorted(host)
 
 
@@ -211,3 +211,45 @@ def test_a_scan_not_unrolled_is_one_node_whose_stacked_residuals_cross_together(
     # carry (read by the recomputation of h ** 2's derivative): all four outputs
     assert saved(planned, args) == (sorted(scan.extra["out_bytes"]), [])
     assert len(scan.extra["out_bytes"]) == 4
+
+
+def scaled_loss(params, batch, *, scale, shift=0.0):
+    """A loss with a pytree batch and keyword arguments, as users write them."""
+    h = jax.numpy.tanh(batch["x"] @ params["w"] + params["b"]) * scale["s"]
+    return jax.numpy.mean((h - batch["y"]) ** 2) + shift
+
+
+def scaled_args():
+    rng = np.random.default_rng(0)
+    params = {"w": rng.standard_normal((6, 5)).astype(np.float32), "b": np.zeros(5, np.float32)}
+    batch = {"x": rng.standard_normal((4, 6)).astype(np.float32), "y": rng.standard_normal((4, 5)).astype(np.float32)}
+    return params, batch, {"scale": {"s": np.float32(0.5)}, "shift": np.float32(1.0)}
+
+
+@pytest.mark.parametrize("argnums", [0, (0, 1)])
+def test_keyword_arguments_pytrees_and_argnums_differentiate_as_jax_grad_does(argnums):
+    params, batch, kw = scaled_args()
+    g = trace_grad(scaled_loss, params, batch, argnums=argnums, kwargs=kw)
+    assert [v.name for v in g.nodes if v.is_input][-2:] == ["kwargs['scale']['s']", "kwargs['shift']"]
+    tanhs = {v.id for v in g.nodes if v.op == "tanh" and v.phase == "forward"}
+    planned = apply_plan(scaled_loss, g, recompute_plan(g, recompute=tanhs))
+    want = jax.grad(scaled_loss, argnums=argnums)(params, batch, **kw)
+    got = jax.jit(jax.grad(planned, argnums=argnums))(params, batch, **kw)
+    assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
+    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert float(planned(params, batch, **kw)) == pytest.approx(float(scaled_loss(params, batch, **kw)), rel=1e-6)
+
+
+def test_differentiating_an_argument_outside_argnums_is_refused_not_zero():
+    from rematopt import PlanError
+
+    params, batch, kw = scaled_args()
+    g = trace_grad(scaled_loss, params, batch, kwargs=kw)
+    planned = apply_plan(scaled_loss, g, no_remat_plan(g))
+    with pytest.raises(PlanError, match=r"args\[1\]\['x'\] is differentiated.*argnums \(0,\)"):
+        jax.grad(planned, argnums=1)(params, batch, **kw)
+    with pytest.raises(PlanError, match=r"kwargs\['shift'\] is differentiated"):
+        jax.grad(lambda shift: planned(params, batch, scale=kw["scale"], shift=shift))(kw["shift"])
+    with pytest.raises(ImportFailure, match="nodes"):  # the graph was traced with both keyword arguments
+        planned(params, batch, scale=kw["scale"])

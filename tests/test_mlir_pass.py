@@ -111,7 +111,7 @@ def test_a_mark_on_an_effectful_op_is_remat_effectful(tmp_path):
     assert rematopt(*args, "--drop-unsafe-marks").returncode == 0 and (tmp_path / "g.json").exists()
 
 
-HEURISTICS = [p for p in planners.names() if p != "cpsat"]
+HEURISTICS = [p for p in planners.names() if p not in ("cpsat", "jax-names")]  # jax-names: exact, over names
 
 
 @pytest.mark.parametrize("planner", HEURISTICS)

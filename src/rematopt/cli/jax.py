@@ -11,7 +11,8 @@ import click
 from ..errors import ImportFailure
 from ..importers.costmodel import DEVICES
 from . import cli
-from .core import import_group
+from .core import check_writable, import_group, load_graph_arg
+from .mlir import _export_group
 
 _DEVICES = sorted(DEVICES)
 
@@ -103,6 +104,59 @@ def jax_measure(spec: str, budget_ratio: float, device: str, fuse: bool, planner
     m = measure(fn, *args, budget_ratio=budget_ratio, argnums=_argnums(argnums), planners=planners,
                 time_limit=time_limit, fuse=fuse, device=device)
     text = m.markdown(f"{spec} {json.dumps(config) if config else ''}".strip())
+    if output:
+        Path(output).write_text(text)
+        click.echo(f"wrote {output}")
+    else:
+        click.echo(text, nl=False)
+
+
+@_export_group().command(name="jax-policy")
+@click.argument("graph", type=click.Path(dir_okay=False))
+@click.argument("plan", type=click.Path(dir_okay=False))
+@click.option("--format", "fmt", type=click.Choice(["python", "json"]), default="python", show_default=True,
+              help="The jax.checkpoint_policies call, or {name: device|offload|remat} (MaxText's custom policy).")
+@click.option("--output", "-o", type=click.Path(dir_okay=False), help="Write here instead of printing.")
+def export_jax_policy(graph: str, plan: str, fmt: str, output: str | None) -> None:
+    """PLAN as the checkpoint_name policy that saves what it saves (plans of --planner jax-names)."""
+    from ..exporters.checkpoint_names import policy_json, policy_source, policy_table
+    from ..plan import Plan
+
+    g, p = load_graph_arg(graph), Plan.load(plan)
+    try:
+        table = policy_table(g, p)
+    except ModuleNotFoundError as e:  # reading a plan's fates uses the JAX exporter
+        raise ImportFailure(f"export jax-policy needs jax ({e}); pip install 'rematopt[jax]'") from None
+    text = policy_json(table) if fmt == "json" else policy_source(table)
+    if output:
+        Path(output).write_text(text)
+        click.echo(f"wrote {output}")
+    else:
+        click.echo(text, nl=False)
+
+
+@cli.command(name="jax-policies")
+@click.argument("graphs", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--ratios", default="0.9,0.8,0.7,0.6", show_default=True, help="Budget ratios.")
+@click.option("--time-limit", type=float, default=60.0, show_default=True, help="jax-names search limit, seconds.")
+@click.option("--cpsat-time-limit", type=float, default=0.0, show_default=True,
+              help="Also run the unconstrained cpsat planner with this limit (0: skip).")
+@click.option("--workers", type=int, default=2, show_default=True)
+@click.option("--output", "-o", type=click.Path(dir_okay=False), help="Write the Markdown table here.")
+def jax_policies(graphs: tuple[str, ...], ratios: str, time_limit: float, cpsat_time_limit: float, workers: int,
+                 output: str | None) -> None:
+    """The best checkpoint_name policy (global and per layer) against MaxText's
+    presets, JAX's dots_saveable / nothing_saveable and cpsat, per budget ratio."""
+    from ..bench_policies import markdown, rows
+
+    try:
+        values = [float(r) for r in ratios.split(",")]
+    except ValueError:
+        raise ImportFailure(f"--ratios {ratios!r}: expected numbers separated by commas") from None
+    check_writable(output)
+    records = [r for path in graphs
+               for r in rows(load_graph_arg(path), values, time_limit, cpsat_time_limit, workers)]
+    text = markdown(records)
     if output:
         Path(output).write_text(text)
         click.echo(f"wrote {output}")

@@ -90,13 +90,15 @@ def apply_plan(loss_fn: Callable, graph: Graph, plan: Plan) -> Callable:
     keeps, offloads what it offloads and recomputes the rest.
 
     ``graph`` must come from :func:`rematopt.jax.trace_grad` of this function
-    at arguments of the same shapes (the function is traced again at call
-    time, with its loops unrolled if the graph's were, and checked node by
-    node; ImportFailure if it differs). A graph with unrolled loops applies to
-    the program with its loops and stacked parameters: the planned gradient
-    runs the loops unrolled. ``loss_fn'`` supports reverse-mode
-    differentiation (``jax.grad``, ``jax.vjp``); its cotangents for arguments
-    outside ``argnums`` are zero.
+    at arguments of the same shapes and pytree structure, keyword arguments
+    included (the function is traced again at call time, with its loops
+    unrolled if the graph's were, and checked node by node; ImportFailure if
+    it differs). A graph with unrolled loops applies to the program with its
+    loops and stacked parameters: the planned gradient runs the loops
+    unrolled. ``loss_fn'`` supports reverse-mode differentiation
+    (``jax.grad``, ``jax.vjp``) with respect to the graph's ``argnums``;
+    differentiating any other argument raises PlanError (the plan holds no
+    backward pass for it, so its gradient would be a silent zero).
     """
     replay = simulate(graph, plan)
     if not replay.valid:
@@ -109,11 +111,11 @@ def apply_plan(loss_fn: Callable, graph: Graph, plan: Plan) -> Callable:
     built: dict[Any, Callable] = {}
 
     @functools.wraps(loss_fn)
-    def planned(*args):
-        leaves, tree = jax.tree_util.tree_flatten(args)
+    def planned(*args, **kwargs):
+        leaves, tree = jax.tree_util.tree_flatten((*args, kwargs))
         key = (tree, tuple((np.shape(x), str(jax.numpy.result_type(x))) for x in leaves))
         if key not in built:
-            step = trace_step(loss_fn, args, argnums, fuse, unroll)
+            step = trace_step(loss_fn, args, argnums, fuse, unroll, kwargs)
             check_matches(step, graph)
             built[key] = _planned_step(step, fates)
         return built[key](*leaves)
@@ -198,7 +200,12 @@ def _planned_step(step: Step, fates: Fates) -> Callable:
     def f(*leaves):
         return read(forward_env(leaves), loss_ref)
 
-    def f_fwd(*leaves):
+    def f_fwd(*primals):
+        leaves = [p.value for p in primals]
+        stray = [name for name, p, d in zip(step.arg_names, primals, step.diff_leaves) if p.perturbed and not d]
+        if stray:
+            raise PlanError(f"apply_plan: {stray[0]} is differentiated, but the plan's graph differentiates "
+                            f"argnums {step.argnums} only; trace the graph with argnums covering it")
         env = forward_env(leaves)
         saved = tuple(jax.device_put(env[v], jax.memory.Space.Host) if v in host_vals else env[v]
                       for v in saved_vals)
@@ -221,14 +228,14 @@ def _planned_step(step: Step, fates: Fates) -> Callable:
             else:
                 evaluate(members, env)
                 last = env[members[-1].outs[0]]
-        cts: list[Any] = [None] * n_in
+        cts: list[Any] = [None] * n_in  # no cotangent: f_fwd refused perturbed ones
         for leaf, r in zip(grad_leaves, grad_refs):
             cts[leaf] = read(env, r)
         return tuple(_leaf_cotangent([cts[k] for k in ks], [flat.avals[step.arg_ids[k]] for k in ks],
                                      _stacked_dims([sources[k][1] for k in ks]))
                      for _, ks in sorted(pieces.items()))
 
-    f.defvjp(f_fwd, f_bwd)
+    f.defvjp(f_fwd, f_bwd, symbolic_zeros=True)
     return f
 
 

@@ -66,7 +66,7 @@ def export_mlir(path: str | Path, plan: Plan, function: str | None = None,
     computes an op that is not recomputable out of program order (its effects
     would move).
     """
-    from jax._src.lib.mlir import ir
+    from jax.interpreters.mlir import ir
 
     fn = load_function(path, function, drop_unsafe_marks=drop_unsafe_marks)
     graph = fn.graph

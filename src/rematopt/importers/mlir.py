@@ -157,7 +157,7 @@ def load_function(path: str | Path, function: str | None = None, device: str | N
 
 def _ir():
     try:
-        from jax._src.lib.mlir import ir
+        from jax.interpreters.mlir import ir
     except ImportError:
         raise ImportFailure("reading MLIR needs jaxlib's MLIR bindings: pip install 'rematopt[mlir]'") from None
     return ir
@@ -165,7 +165,7 @@ def _ir():
 
 def _context():
     """jaxlib's context with its dialects registered, unregistered ops allowed."""
-    from jax._src.interpreters.mlir import make_ir_context
+    from jax.interpreters.mlir import make_ir_context
 
     ctx = make_ir_context()
     ctx.allow_unregistered_dialects = True
@@ -419,14 +419,14 @@ def contraction_flops(ir, op) -> float | None:
     out_elems = sum(_elements(ir, r.type) or 0 for r in op.results)
     lhs = _shape(ir, in_types[0]) if in_types else []
     if name == "stablehlo.dot_general" and lhs:
-        from jax._src.lib.mlir.dialects import hlo
+        from jaxlib.mlir.dialects import stablehlo as hlo
 
         dims = hlo.DotDimensionNumbers(op.attributes["dot_dimension_numbers"]).lhs_contracting_dimensions
         return costmodel.matmul_flops(out_elems, math.prod(lhs[d] for d in dims))
     if name in MATMUL_OPS and lhs:
         return costmodel.matmul_flops(out_elems, lhs[-1])
     if name == "stablehlo.convolution" and len(in_types) > 1 and _shape(ir, in_types[1]):
-        from jax._src.lib.mlir.dialects import hlo
+        from jaxlib.mlir.dialects import stablehlo as hlo
 
         kernel = _shape(ir, in_types[1])
         out_dim = hlo.ConvDimensionNumbers(op.attributes["dimension_numbers"]).kernel_output_feature_dimension

@@ -32,6 +32,7 @@ REGISTRY: dict[str, str] = {
     "jax-nothing-saveable": "rematopt.planners.jax_policies:plan_nothing_saveable",
     "jax-dots-saveable": "rematopt.planners.jax_policies:plan_dots_saveable",
     "jax-offload-dots": "rematopt.planners.jax_policies:plan_offload_dots",
+    "jax-names": "rematopt.planners.jax_names:plan",
     "cpsat": "rematopt.planners.cpsat:plan",
 }
 # Where a planner's options class is, when not in its module as ``Options``.

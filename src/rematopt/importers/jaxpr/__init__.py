@@ -16,8 +16,9 @@ from .step import Step, to_graph, trace_program, trace_step
 
 def trace_grad(loss_fn: Callable, *example_args: Any, argnums: int | Sequence[int] = 0,
                name: str | None = None, fuse: bool = False, device: str = DEFAULT_DEVICE,
-               persistent_params: bool = True, meta: dict | None = None, unroll: bool = True) -> Graph:
-    """The graph of one training step, ``jax.value_and_grad(loss_fn, argnums)(*example_args)``.
+               persistent_params: bool = True, meta: dict | None = None, unroll: bool = True,
+               kwargs: dict | None = None) -> Graph:
+    """The graph of one training step, ``jax.value_and_grad(loss_fn, argnums)(*example_args, **kwargs)``.
 
     Forward equations get ``phase: "forward"``, backward ones ``"backward"``;
     argument leaves are input nodes, and the differentiated ones (the
@@ -32,7 +33,7 @@ def trace_grad(loss_fn: Callable, *example_args: Any, argnums: int | Sequence[in
     Raises ImportFailure if the function cannot be traced or its loss is not a
     float scalar.
     """
-    step = trace_step(loss_fn, example_args, argnums, fuse, unroll)
+    step = trace_step(loss_fn, example_args, argnums, fuse, unroll, kwargs)
     return to_graph(step, name or getattr(loss_fn, "__name__", "step"), device,
                     [d and persistent_params for d in step.diff_leaves], meta)
 

@@ -38,6 +38,8 @@ REDUCTIONS = frozenset({
     "cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp", "reduce_precision",
 })
 CONTROL_FLOW = frozenset({"scan", "while", "cond"})
+# Identities that only tag a value (``checkpoint_name``); XLA emits nothing for them.
+TAGS = frozenset({"name"})
 
 
 def fusible(op: str) -> bool:
@@ -93,6 +95,8 @@ def eqn_flops(flat: Flat, eqn: Eqn) -> float:
 def eqn_seconds(flat: Flat, eqn: Eqn, dev: costmodel.Device) -> float:
     """Roofline seconds of one equation; control flow from its body."""
     op = eqn.prim.name
+    if op in TAGS:
+        return 0.0
     if op == "scan":
         return eqn.params["length"] * jaxpr_seconds(eqn.params["jaxpr"], dev)
     if op == "while":

@@ -75,15 +75,19 @@ class Step:
         return self.flat.eqns[self.groups[g][-1]]
 
 
-def _arg_structs(args: Sequence) -> tuple[list, list[str], Any]:
-    leaves_with_path, tree = jax.tree_util.tree_flatten_with_path(tuple(args))
+def _arg_structs(args: Sequence, kwargs: dict | None = None) -> tuple[list, list[str], Any]:
+    """Leaf structs and names of ``args`` (and of ``kwargs``, flattened after them)."""
+    whole = tuple(args) if kwargs is None else (*args, kwargs)
+    leaves_with_path, tree = jax.tree_util.tree_flatten_with_path(whole)
     structs, names = [], []
     for path, x in leaves_with_path:
+        where = ("kwargs" + jax.tree_util.keystr(path[1:]) if kwargs is not None and path[0].idx == len(args)
+                 else "args" + jax.tree_util.keystr(path))
         if not hasattr(x, "shape") and not isinstance(x, (int, float, bool, complex)):
-            raise ImportFailure(f"argument {jax.tree_util.keystr(path)}: not an array ({type(x).__name__})")
+            raise ImportFailure(f"argument {where}: not an array ({type(x).__name__})")
         x = jax.numpy.asarray(x) if not hasattr(x, "dtype") else x
         structs.append(jax.ShapeDtypeStruct(x.shape, x.dtype))
-        names.append("args" + jax.tree_util.keystr(path))
+        names.append(where)
     return structs, names, tree
 
 
@@ -97,27 +101,32 @@ def _unrolled(fn: Callable, args: Sequence, what: str):
 
 
 def trace_step(loss_fn: Callable, args: Sequence, argnums: int | Sequence[int] = 0,
-               fuse: bool = False, unroll_loops: bool = True) -> Step:
-    """Trace ``jax.value_and_grad(loss_fn, argnums)(*args)`` as forward + backward,
-    with static loops unrolled unless ``unroll_loops`` is false."""
+               fuse: bool = False, unroll_loops: bool = True, kwargs: dict | None = None) -> Step:
+    """Trace ``jax.value_and_grad(loss_fn, argnums)(*args, **kwargs)`` as
+    forward + backward (keyword arguments are inputs, never differentiated),
+    with static loops unrolled unless ``unroll_loops`` is false. A step with
+    keyword arguments keeps its loops (unrolling splits arguments, which it
+    does for positional ones only): pass them positionally to unroll."""
     argnums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
     if not argnums or any(not 0 <= i < len(args) for i in argnums):
         raise ImportFailure(f"argnums {argnums} out of range for {len(args)} arguments")
-    unrolled = _unrolled(loss_fn, args, "the loss function") if unroll_loops else None
+    kwargs = dict(kwargs or {})
+    unrolled = _unrolled(loss_fn, args, "the loss function") if unroll_loops and not kwargs else None
     if unrolled is not None:
         loss_fn, args = unrolled.fn, unrolled.args
-    structs, names, tree = _arg_structs(args)
-    sizes = [len(jax.tree_util.tree_leaves(a)) for a in args]
+    structs, names, tree = _arg_structs(args, kwargs)
+    sizes = [len(jax.tree_util.tree_leaves(a)) for a in (*args, kwargs)]
     diff_leaves = [i in argnums for i, s in enumerate(sizes) for _ in range(s)]
     held: dict[str, Any] = {}
 
     def forward(*leaves):
         full = list(jax.tree_util.tree_unflatten(tree, leaves))
+        kw = full.pop()
 
         def f(*diff):
             for i, x in zip(argnums, diff):
                 full[i] = x
-            return loss_fn(*full)
+            return loss_fn(*full, **kw)
 
         loss, vjp = jax.vjp(f, *[full[i] for i in argnums])
         res, held["res_tree"] = jax.tree_util.tree_flatten(vjp)
@@ -143,7 +152,7 @@ def trace_step(loss_fn: Callable, args: Sequence, argnums: int | Sequence[int] =
     step.dead = _drop_dead(flat, step.out_refs + res_refs)
     step.groups = _groups(step, fuse)
     step.fused = fuse
-    step.unrolled, step.sources = unroll_loops, unrolled.sources if unrolled else None
+    step.unrolled, step.sources = unrolled is not None, unrolled.sources if unrolled else None
     return step
 
 
@@ -273,6 +282,8 @@ def to_graph(step: Step, name: str, device: str = costmodel.DEFAULT_DEVICE,
             node.extra["name_stack"] = scope
         if loops:
             node.extra["iteration"] = list(loops)
+        if op == "name":  # jax.ad_checkpoint.checkpoint_name: what name policies select by
+            node.extra["checkpoint_name"] = str(head.params["name"])
         nodes.append(node)
     for r in step.out_refs:
         if not isinstance(r, Const) and r in prod:

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 P = TypeVar("P")
 # Planners that are not fast, or that would recurse.
-SLOW = frozenset({"cpsat"})
+SLOW = frozenset({"cpsat", "jax-names"})  # exact searches themselves (jax-names runs cpsat)
 
 
 # Run first: the fastest planners with good plans (the 9,652-node decoder:
