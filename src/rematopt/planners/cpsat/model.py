@@ -197,6 +197,17 @@ class Stages:
                 and self.is_near(s, i))
 
 
+def memory_unit(graph: Graph) -> int:
+    """The model's memory unit: the gcd of the non-persistent byte sizes
+    (exact, and it keeps the memory coefficients small)."""
+    return reduce(math.gcd, [v.bytes for v in graph.nodes if v.bytes and not v.persistent], 0) or 1
+
+
+def overhead_cap_units(int_cost: list[int] | tuple[int, ...], graph: Graph, max_overhead: float) -> int:
+    """``--max-overhead`` x base cost in model integers."""
+    return math.floor(max_overhead * sum(int_cost[i] for i in graph.compute_ids) + 1e-9)
+
+
 # -- the formulation -----------------------------------------------------------
 
 
@@ -217,8 +228,7 @@ class Formulation:
         self.graph = graph
         self.b = backend
         self.ix = Stages(graph, offload, depth, also)
-        sizes = [v.bytes for v in graph.nodes if v.bytes and not v.persistent]
-        self.unit = reduce(math.gcd, sizes, 0) or 1
+        self.unit = memory_unit(graph)
         self.size = [x // self.unit for x in graph.bytes]
         self.cost_scale = cost_scale
         self.int_cost = [round(c * cost_scale) for c in graph.cost]
@@ -553,7 +563,7 @@ def build(graph: Graph, backend: Backend, *, objective: str, mem_cap_bytes: int 
         add_overhead_objective(form)
     else:
         if max_overhead is not None:
-            cap = math.floor(max_overhead * sum(form.int_cost[i] for i in graph.compute_ids) + 1e-9)
+            cap = overhead_cap_units(form.int_cost, graph, max_overhead)
             add_overhead_cap(form, cap)
         peak = add_peak_objective(form, floor)
     n_vars, n_cons = backend.size if hasattr(backend, "size") else (0, 0)

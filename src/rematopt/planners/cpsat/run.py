@@ -16,6 +16,7 @@ from ...graph import Graph
 from ...plan import Plan
 from ...simulate import Replay, simulate
 from .backends import LpBackend
+from . import peak
 from .model import Model, Stages, cost_resolution, integer_scale
 from .relaxations import Question, WholeBound, relaxation_bound
 from .report import Outcome, Outside, report
@@ -73,6 +74,8 @@ def run(graph: Graph, cfg: Settings) -> Plan:
     resolution = 0.0 if exact else cost_resolution(costs, scale, repeats)
     ctx = Context(graph, cfg, scale, exact, resolution, full, start, Trace(start), stop)
     with deferred_sigint(stop):
+        if cfg.objective == "peak":  # the rounds, then the bisection that proves the peak
+            return peak.run(ctx, _run)
         return _run(ctx)
 
 

@@ -1,0 +1,83 @@
+"""Peak mode's bisection (``cpsat.peak``) against exhaustive search: from
+the no-remat plan and the working-set bound alone (the usual rounds are
+replaced by that), the probes must reach the staged optimum on tiny graphs,
+with and without the overhead cap and offload, and no bound they prove may
+pass it. Every plan is replayed by :func:`rematopt.solve`."""
+
+from __future__ import annotations
+
+import pytest
+
+from rematopt import simulate, solve
+from rematopt.planners.cpsat import run
+from rematopt.reference import no_remat_plan
+
+from brute_force import min_peak
+from test_cpsat import FAST, cases
+
+
+@pytest.fixture
+def weak_rounds(monkeypatch):
+    """Rounds that find only the no-remat plan and prove nothing: the bisection does all the work."""
+
+    def rounds(ctx):
+        p = no_remat_plan(ctx.graph)
+        r = simulate(ctx.graph, p)
+        p.stats.update(status="FEASIBLE", objective=r.peak_bytes, peak_bytes=r.peak_bytes,
+                       compute_cost=r.compute_cost, transfer_bytes=r.transfer_bytes, best_bound=None)
+        return p
+
+    monkeypatch.setattr(run, "_run", rounds)
+
+
+def check(g, expect, sol, proven: bool = True) -> None:
+    """The bisection's claims against the exhaustive optimum ``expect`` (peak bytes)."""
+    st = sol.plan.stats
+    assert st["best_bound"] <= expect
+    assert sol.replay.peak_bytes >= expect
+    for p in st["peak_probes"]:
+        assert p["bound_bytes"] is None or p["bound_bytes"] <= expect, p
+        assert p["verdict"] != "no" or p["cap_bytes"] < expect, p
+        assert p["verdict"] != "yes" or expect <= p["peak_bytes"] <= p["cap_bytes"], p
+    if proven:
+        assert sol.status == "OPTIMAL" and sol.replay.peak_bytes == expect, st["peak_probes"]
+        assert st["bound_by"] in ("working set", "gaps", "chains", "slots", "model")
+
+
+@pytest.mark.parametrize("n,count", [(4, 12), (5, 12), (6, 5)])
+def test_bisection_reaches_the_exhaustive_peak(weak_rounds, n, count):
+    seen = 0
+    for g, rng in cases(n, every=False, count=count, seed=90 + n):
+        cap = rng.choice([None, 0, 3])
+        base = sum(g.cost[i] for i in g.compute_ids)
+        opts = dict(FAST, objective="peak", time_limit=10)
+        if cap is not None:
+            if base == 0:
+                continue
+            opts["max_overhead"] = cap / base
+        expect = min_peak(g, cost_cap=cap)
+        sol = solve(g, "cpsat", **opts)
+        check(g, expect[0], sol)
+        seen += bool(sol.plan.stats["peak_probes"])
+    assert seen >= count // 2  # the no-remat plan is rarely optimal here
+
+
+def test_bisection_with_offload_reaches_the_exhaustive_peak(weak_rounds):
+    for g, rng in cases(4, every=False, count=8, seed=77):
+        base = sum(g.cost[i] for i in g.compute_ids)
+        if base == 0:
+            continue
+        expect = min_peak(g, offload=True, transfer_per_byte=1, cost_cap=4)
+        sol = solve(g, "cpsat", objective="peak", offload=True, transfer_cost_per_byte=1, max_overhead=4 / base,
+                    **dict(FAST, time_limit=10))
+        check(g, expect[0], sol)
+
+
+def test_bisection_out_of_time_never_bounds_above_the_optimum(weak_rounds):
+    """With almost no time, probes end undecided or decided by the
+    relaxations alone: whatever they prove stays at or below the optimum."""
+    for g, rng in cases(6, every=False, count=6, seed=123):
+        expect = min_peak(g)
+        sol = solve(g, "cpsat", objective="peak", **dict(FAST, time_limit=0.3))
+        check(g, expect[0], sol, proven=False)
+
