@@ -230,12 +230,18 @@ def import_nodelink(file: str, output: str) -> None:
 
 
 @cli.command()
-@click.argument("what", type=click.Choice(["simulator", "greedy", "cpsat"]), default="simulator")
+@click.argument("what", type=click.Choice(["simulator", "greedy", "cpsat", "peak"]), default="simulator")
 @click.option("--sizes", default="10000,100000,2000000", show_default=True, help="Event counts to time.")
 def bench(what: str, sizes: str) -> None:
     """Print timing tables (simulator: replay, save and load at several plan sizes;
     greedy: the d=2000 chain-with-sinks stress case and the clone projection check;
-    cpsat: the exact planner on ../shared/benchmarks/nodelink at ratios 0.9 and 0.8)."""
+    cpsat: the exact planner on ../shared/benchmarks/nodelink at ratios 0.9 and 0.8;
+    peak: --objective peak there and on instances/, overhead unlimited and capped at 10%)."""
+    if what == "peak":
+        from ..bench import peak_table
+
+        Console(width=max(Console().width, 150)).print(peak_table())
+        return
     if what == "cpsat":
         from ..bench import cpsat_table
 
