@@ -18,9 +18,13 @@ from test_cpsat import FAST, cases
 
 @pytest.fixture
 def weak_rounds(monkeypatch):
-    """Rounds that find only the no-remat plan and prove nothing: the bisection does all the work."""
+    """Peak rounds that find only the no-remat plan and prove nothing: the
+    bisection does all the work (its overhead searches run as they are)."""
+    overhead_rounds = run._run
 
     def rounds(ctx):
+        if ctx.cfg.objective == "overhead":
+            return overhead_rounds(ctx)
         p = no_remat_plan(ctx.graph)
         r = simulate(ctx.graph, p)
         p.stats.update(status="FEASIBLE", objective=r.peak_bytes, peak_bytes=r.peak_bytes,
@@ -31,16 +35,21 @@ def weak_rounds(monkeypatch):
 
 
 def check(g, expect, sol, proven: bool = True) -> None:
-    """The bisection's claims against the exhaustive optimum ``expect`` (peak bytes)."""
+    """The bisection's claims against the exhaustive optimum ``expect`` (peak
+    bytes) of the staged space. Only a fast planner's plan (``plan_from``;
+    greedy may compute out of program order) may peak lower."""
     st = sol.plan.stats
     assert st["best_bound"] <= expect
-    assert sol.replay.peak_bytes >= expect
+    assert sol.replay.peak_bytes >= expect or st.get("plan_from")
     for p in st["peak_probes"]:
         assert p["bound_bytes"] is None or p["bound_bytes"] <= expect, p
         assert p["verdict"] != "no" or p["cap_bytes"] < expect, p
-        assert p["verdict"] != "yes" or expect <= p["peak_bytes"] <= p["cap_bytes"], p
+        if p["verdict"] == "yes":
+            assert p["peak_bytes"] <= p["cap_bytes"], p
+            assert p["peak_bytes"] >= expect or p["by"].endswith("'s plan"), p
     if proven:
-        assert sol.status == "OPTIMAL" and sol.replay.peak_bytes == expect, st["peak_probes"]
+        assert sol.status == "OPTIMAL", st["peak_probes"]
+        assert sol.replay.peak_bytes == expect or (st.get("plan_from") and sol.replay.peak_bytes < expect)
         assert st["bound_by"] in ("working set", "gaps", "chains", "slots", "model")
 
 

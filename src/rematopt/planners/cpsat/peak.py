@@ -17,18 +17,15 @@ import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable
 
-from ortools.sat.python import cp_model
-
 from ...plan import Plan
 from ...reference import peak_lower_bound
-from ...simulate import cost_of_counts
-from .model import Model, Stages, memory_unit, overhead_cap_units
+from ...simulate import simulate
+from .model import memory_unit, overhead_cap_units
 from .relaxations import LEVELS, Question, relaxation_bound
 from .report import gap
-from .search import Context, make_model, solve_model
+from .search import Context
 from .settings import max_recomputes
-from .solution import Assignment, events, from_plan
-from .strategy import FULL_MODEL_PAIRS
+from .signals import Trace
 
 # The usual rounds get this share of the limit, the bisection the rest
 # (random_layered_n100: the rounds' best peak comes within the first 15 s of 60).
@@ -40,10 +37,6 @@ MIN_PROBE_S = 2.0
 # Shares of a probe's time the relaxations may take (each stops at its first
 # solution, so a feasible one returns at once); the model gets the rest.
 LEVEL_SHARE = {"gaps": 0.1, "chains": 0.2, "slots": 0.2}
-# The full staged model is a probe's model up to this many (stage, value)
-# pairs (mobilenet_train's 17,000 build in about 3 s); beyond, depth 1,
-# which finds plans but proves nothing about the whole space.
-PROBE_FULL_PAIRS = 20_000
 # "Any plan at all" to a relaxation (as run.ANY_PLAN).
 ANY_PLAN = 2**60
 
@@ -61,18 +54,6 @@ class Probe:
     bound_bytes: int | None
     seconds: float
     elapsed_s: float
-
-
-@dataclass(frozen=True)
-class Space:
-    """Where the probes search: the staged model minimising the peak, built
-    once (each probe caps the peak variable's domain). ``proves``: its "no"
-    holds for the space the run speaks of (the full staged space, or the
-    ``--recompute-depth`` one)."""
-
-    model: Model
-    proves: bool
-    name: str
 
 
 @dataclass(frozen=True)
@@ -94,44 +75,39 @@ class Units:
         return u * self.unit + self.persistent
 
 
-def run(ctx: Context, rounds: Callable[[Context], Plan]) -> Plan:
+def run(ctx: Context, rounds: Callable[[Context], Plan], admit: Callable[..., Any]) -> Plan:
     """The peak run: ``rounds`` (run._run) for ROUNDS_SHARE of the limit,
-    then the bisection for the rest, from the rounds' plan and bound."""
+    then the bisection for the rest, from the rounds' plan and bound.
+    ``admit`` (run.admit) says whether a plan honours every setting."""
     cfg, g = ctx.cfg, ctx.graph
     first = rounds(replace(ctx, cfg=replace(cfg, time_limit=ROUNDS_SHARE * cfg.time_limit)))
-    st = first.stats
     if first.stats.get("peak_bytes") is None:
         return first
     u = Units(memory_unit(g), sum(v.bytes for v in g.nodes if v.persistent))
-    lo_bytes, by = initial_bound(g, st)
-    best: tuple[Space, Assignment] | None = None
-    hi_bytes = st["peak_bytes"]
+    lo_bytes, by = initial_bound(g, first.stats)
+    best, hi_bytes = first, first.stats["peak_bytes"]
     probes: list[Probe] = []
-    space: Space | None = None
     q0 = question(ctx, u)
     lo, top = u.of_bound(lo_bytes), u.of_cap(hi_bytes - 1)
     while lo <= top and ctx.left() > 0.5 and not ctx.stop.requested and u.bytes(lo) < hi_bytes:
-        if space is None:
-            space = probe_space(ctx)
         cap = (lo + top) // 2
-        hint = (best[1] if best is not None and best[0] is space else
-                from_plan(space.model.form, first) if len(first.ops) else None)
-        probe, found = decide(ctx, space, q0, u, cap, min(ctx.left(), max(MIN_PROBE_S, PROBE_SHARE * ctx.left())),
-                              hint)
+        limit = min(ctx.left(), max(MIN_PROBE_S, PROBE_SHARE * ctx.left()))
+        probe, found = decide(ctx, q0, u, cap, limit, rounds, admit)
         probes.append(probe)
         if probe.bound_bytes is not None and u.of_bound(probe.bound_bytes) > lo:
             lo = u.of_bound(probe.bound_bytes)
             lo_bytes, by = u.bytes(lo), probe.by
         if found is not None and probe.peak_bytes < hi_bytes:
-            best, hi_bytes = (space, found), probe.peak_bytes
+            best, hi_bytes = found, probe.peak_bytes
         if probe.verdict == "yes":
             top = min(top, u.of_cap(hi_bytes - 1))
         elif probe.verdict == "unknown":
             top = cap - 1
-    out = first if best is None else plan_of(ctx, best[0], best[1], first)
+    if best is not first:
+        restate(best, first)
     if cfg.log_path:
         ctx.trace.write(cfg.log_path)
-    return finish(out, lo_bytes, by, probes)
+    return finish(best, lo_bytes, by, probes)
 
 
 def initial_bound(g, st: dict[str, Any]) -> tuple[int, str]:
@@ -162,36 +138,24 @@ def question(ctx: Context, u: Units) -> Question:
                     max_recomputes(cfg, len(g.compute_ids)), 0)
 
 
-def probe_space(ctx: Context) -> Space:
-    """The full staged model when it is small enough to build and prove in a
-    probe's time, else depth 1 (plans only); ``--recompute-depth`` N: depth N."""
-    cfg, full = ctx.cfg, ctx.full
-    if cfg.depth is not None:
-        depth = None if cfg.depth == "full" else cfg.depth
-        return Space(make_model(ctx, depth, None), True, "staged" if depth is None else f"depth {depth}")
-    pairs = sum(len(full.stages(i)) for i in full.values)
-    if pairs <= max(PROBE_FULL_PAIRS, FULL_MODEL_PAIRS):
-        return Space(make_model(ctx, None, None), True, "staged")
-    return Space(make_model(ctx, 1, None), False, "depth 1")
-
-
-def decide(ctx: Context, space: Space, q0: Question, u: Units, cap: int, limit: float,
-           hint: Assignment | None) -> tuple[Probe, Assignment | None]:
+def decide(ctx: Context, q0: Question, u: Units, cap: int, limit: float, rounds: Callable[[Context], Plan],
+           admit: Callable[..., Any]) -> tuple[Probe, Plan | None]:
     """Is there a plan at peak <= ``cap`` units? The relaxations first (an
-    infeasible one, or one whose cost bound passes the overhead cap, says
-    no for the whole staged space), then the space's model with the peak
-    variable's domain capped: a plan says yes; infeasibility says no where
-    the space ``proves``, and the search's bound b proves min(b, cap + 1)."""
+    infeasible one, or one whose cost bound passes the overhead cap, says no
+    for the whole staged space), then the overhead search at that budget
+    (``rounds`` with the budget ``cap``, its own warm start, depths and
+    proofs): a plan within the caps says yes; its INFEASIBLE, or a
+    whole-space cost bound above the overhead cap, says no."""
     began = time.perf_counter()
     deadline = began + limit
-    cfg, q = ctx.cfg, replace(q0, cap_units=cap)
+    cfg, g, q = ctx.cfg, ctx.graph, replace(q0, cap_units=cap)
     below = q0.overhead_cap if q0.overhead_cap is not None else ANY_PLAN
 
     def probe(verdict: str, by: str | None, peak: int | None = None, bound: int | None = None) -> Probe:
         return Probe(u.bytes(cap), verdict, by, peak, bound, time.perf_counter() - began, ctx.elapsed())
 
     for level in LEVELS:
-        r = relaxation_bound(ctx.graph, q, level=level, below=below, workers=cfg.workers, seed=cfg.seed,
+        r = relaxation_bound(g, q, level=level, below=below, workers=cfg.workers, seed=cfg.seed,
                              time_limit=min(deadline - time.perf_counter(), LEVEL_SHARE[level] * limit),
                              interruptible=True)
         if r.interrupted:
@@ -201,40 +165,42 @@ def decide(ctx: Context, space: Space, q0: Question, u: Units, cap: int, limit: 
             return probe("no", level, bound=u.bytes(cap + 1)), None
         if r.status == "SKIPPED":
             break
-    m = space.model
     left = deadline - time.perf_counter()
-    if left < 0.05:
+    if left < 0.5:
         return probe("unknown", None), None
-    proto = m.backend.model.proto
-    domain = proto.variables[m.peak.index].domain  # one interval [floor, top], as built
-    domain[0], domain[1] = m.peak_floor, max(cap, m.peak_floor)
-    m.backend.model.clear_hints()
-    if hint is not None:
-        m.hint(hint)
-    r = solve_model(ctx, m, "fit", left, stop_at=cap)
-    if r.values is not None:
-        a = Assignment.from_values(m.form, lambda v: r.values[v.index])
-        return probe("yes", space.name, peak=a.peak_bytes(m.form)), a
-    if not space.proves:
-        return probe("unknown", None), None
-    if r.status == cp_model.INFEASIBLE:
+    now = time.perf_counter()
+    sub = replace(ctx, start=now, trace=Trace(now),
+                  cfg=replace(cfg, objective="overhead", budget=u.bytes(cap), max_overhead=None, time_limit=left,
+                              lp_bound=False, log_path=None, progress=False, export_model=None))
+    found = rounds(sub)
+    st = found.stats
+    if st.get("peak_bytes") is not None:
+        r = simulate(g, found)
+        if admit(ctx, found, r, "peak bisection") is not None:
+            found.stats.update(objective=r.peak_bytes, objective_kind="peak")
+            where = f"{st['plan_from']}'s plan" if st.get("plan_from") else st.get("space")
+            return probe("yes", where, peak=r.peak_bytes), found
+    if st["status"] == "INFEASIBLE":
+        reason = st.get("reason", "")
+        level = next((lv for word, lv in (("gap", "gaps"), ("chains", "chains"), ("slots", "slots"))
+                      if f"the {word} relaxation" in reason), "model")
+        return probe("no", level, bound=u.bytes(cap + 1)), None
+    cap_cost = None if cfg.max_overhead is None else cfg.max_overhead * sum(g.cost[i] for i in g.compute_ids)
+    if cap_cost is not None and st.get("best_bound") is not None and st["best_bound"] > cap_cost * (1 + 1e-9):
         return probe("no", "model", bound=u.bytes(cap + 1)), None
-    if not math.isfinite(r.bound) or r.bound <= m.peak_floor:
-        return probe("unknown", None), None
-    return probe("unknown", "model", bound=u.bytes(min(math.ceil(r.bound - 1e-6), cap + 1))), None
+    return probe("unknown", None), None
 
 
-def plan_of(ctx: Context, space: Space, a: Assignment, first: Plan) -> Plan:
-    """The plan of a probe's assignment, with the rounds' stats brought up to date."""
-    g, form = ctx.graph, space.model.form
-    p = events(form, a)
-    p.stats.update({k: v for k, v in first.stats.items() if k not in ("plan_from", "reason")})
-    peak = a.peak_bytes(form)
-    p.stats.update(objective=peak, peak_bytes=peak, compute_cost=cost_of_counts(g, a.counts(form)),
-                   transfer_bytes=a.transfer_bytes(form), compute_events=len(a.R),
-                   recompute_events=len(a.R) - len(g.compute_ids), space=space.name, space_status="FEASIBLE",
-                   warm_start="peak bisection", lexicographic=False, secondary_status=None)
-    return p
+def restate(p: Plan, first: Plan) -> None:
+    """A probe's plan (from an overhead search under a budget) with the
+    peak run's stats: the rounds' record, and the plan's own figures."""
+    own = {k: p.stats[k] for k in ("peak_bytes", "compute_cost", "transfer_bytes", "compute_events",
+                                   "recompute_events", "space", "plan_from") if p.stats.get(k) is not None}
+    p.stats.clear()
+    p.stats.update({k: v for k, v in first.stats.items()
+                    if k not in ("plan_from", "reason", "space_bound", "space_gap", "space_status")})
+    p.stats.update(own, objective=own["peak_bytes"], warm_start="peak bisection", lexicographic=False,
+                   secondary_status=None)
 
 
 def finish(p: Plan, lo_bytes: int, by: str, probes: list[Probe]) -> Plan:

@@ -75,7 +75,7 @@ def run(graph: Graph, cfg: Settings) -> Plan:
     ctx = Context(graph, cfg, scale, exact, resolution, full, start, Trace(start), stop)
     with deferred_sigint(stop):
         if cfg.objective == "peak":  # the rounds, then the bisection that proves the peak
-            return peak.run(ctx, _run)
+            return peak.run(ctx, _run, admit)
         return _run(ctx)
 
 
