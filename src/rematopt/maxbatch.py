@@ -151,8 +151,11 @@ def decide(g: Graph, found: dict[int, list[Plan]], memory: int, max_overhead: fl
     known = _replayed(g, found, memory, max_overhead)
     if known is not None:
         return "yes", known[0], known[1]
-    plans = [p for plans in found.values() for p in plans]
-    hint = min(plans, key=lambda p: simulate(g, p).peak_bytes, default=None)
+    # a traced model's graph may differ between sizes (batch 1 drops a
+    # broadcast, say): only plans that replay on ``g`` can be its hint
+    replays = [(r.peak_bytes, k, p) for k, p in enumerate(p for plans in found.values() for p in plans)
+               if (r := simulate(g, p)).valid]
+    hint = min(replays, key=lambda x: x[:2], default=(None, None, None))[2]
     sol = solve(g, "cpsat", budget=memory, check_budget=False, time_limit=time_limit, workers=workers,
                 lp_bound=False, hint=hint)
     st = sol.plan.stats
