@@ -8,9 +8,10 @@ replays within the memory and the overhead cap (sizes searched by doubling
 then bisection: memory grows with the size). cpsat's answer asks, at each
 size, whether any plan fits: first every plan already found (at any size:
 a plan only names nodes, so it replays at every size), then the exact
-planner under the memory as its budget, hinted with the known plan that
-peaks lowest there. A size is *proven* not to fit when its working set
-exceeds the memory or cpsat proves that no staged plan within the cap fits."""
+planner (under the memory as its budget with an overhead cap, else peak
+mode), hinted with the known plan that peaks lowest there. A size is
+*proven* not to fit when its working set exceeds the memory or cpsat
+proves that no staged plan within the cap fits."""
 
 from __future__ import annotations
 
@@ -85,8 +86,8 @@ def working_set_limit(graph_at: Callable[[int], Graph], memory: int, max_size: i
 
 
 def heuristic_answer(planner: str, graph_at: Callable[[int], Graph], memory: int, max_overhead: float | None,
-                     top: int, found: dict[int, list[Plan]]) -> Answer:
-    """A heuristic's largest size; its fitting plans are added to ``found``."""
+                     top: int, pool: list[Plan]) -> Answer:
+    """A heuristic's largest size; its plan there joins ``pool``."""
     seen: dict[int, tuple[Plan, Replay] | None] = {}
 
     def ok(size: int) -> bool:
@@ -95,32 +96,29 @@ def heuristic_answer(planner: str, graph_at: Callable[[int], Graph], memory: int
             sol = solve(g, planner, budget=memory, check_budget=False)
             r = fits(g, sol.plan, memory, max_overhead) if len(sol.plan) else None
             seen[size] = (sol.plan, r) if r is not None else None
-            if r is not None:
-                found.setdefault(size, []).append(sol.plan)
         return seen[size] is not None
 
     size = largest(ok, top)
     if not size:
         return Answer(planner, 0, None, None, note="no plan fits at size 1")
-    _, r = seen[size]
+    plan, r = seen[size]
+    pool.append(plan)
     return Answer(planner, size, r.peak_bytes, r.overhead)
 
 
-def cpsat_answer(graph_at: Callable[[int], Graph], memory: int, max_overhead: float | None, top: int,
-                 found: dict[int, list[Plan]], time_limit: float, workers: int,
+def cpsat_answer(graph_at: Callable[[int], Graph], memory: int, max_overhead: float | None, top: int, start: int,
+                 pool: list[Plan], time_limit: float, workers: int,
                  log: Callable[[str], None] = lambda s: None) -> Answer:
-    """The exact planner's largest size: bisection between the largest size
-    any known plan fits and the working-set limit ``top``, each size decided
-    by :func:`decide`; proven when the next size up is proven not to fit."""
-    lo = max((s for s in found), default=0)
-    hi, no = top, top + 1
-    best = _replayed(graph_at(lo), found, memory, max_overhead) if lo else None
+    """The exact planner's largest size: bisection between ``start`` (a size
+    some plan of ``pool`` fits) and the working-set limit ``top``, each size
+    decided by :func:`decide`; proven when the next size up is proven not to fit."""
+    lo, hi, no = start, top, top + 1
+    best = _replayed(graph_at(lo), pool, memory, max_overhead) if lo else None
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        verdict, plan, r = decide(graph_at(mid), found, memory, max_overhead, time_limit, workers)
+        verdict, plan, r = decide(graph_at(mid), pool, memory, max_overhead, time_limit, workers)
         log(f"cpsat at size {mid}: {verdict}")
         if verdict == "yes":
-            found.setdefault(mid, []).append(plan)
             lo, best = mid, (plan, r)
         else:
             hi = mid - 1
@@ -132,42 +130,51 @@ def cpsat_answer(graph_at: Callable[[int], Graph], memory: int, max_overhead: fl
     return Answer("cpsat", lo, best[1].peak_bytes, best[1].overhead, upper=no - 1, note=proof)
 
 
-def _replayed(g: Graph, found: dict[int, list[Plan]], memory: int, max_overhead: float | None
-              ) -> tuple[Plan, Replay] | None:
-    """The known plan that fits ``g`` with the lowest overhead there (then peak), if any."""
-    fitting = [(p, r) for plans in found.values() for p in plans
-               if (r := fits(g, p, memory, max_overhead)) is not None]
+def _replayed(g: Graph, pool: list[Plan], memory: int, max_overhead: float | None) -> tuple[Plan, Replay] | None:
+    """The plan of ``pool`` that fits ``g`` with the lowest overhead there (then peak), if any."""
+    fitting = [(p, r) for p in pool if (r := fits(g, p, memory, max_overhead)) is not None]
     return min(fitting, key=lambda x: (x[1].overhead, x[1].peak_bytes), default=None)
 
 
-def decide(g: Graph, found: dict[int, list[Plan]], memory: int, max_overhead: float | None, time_limit: float,
+def decide(g: Graph, pool: list[Plan], memory: int, max_overhead: float | None, time_limit: float,
            workers: int) -> tuple[str, Plan | None, Replay | None]:
     """Whether some plan of ``g`` fits: "yes" (with it), "no" (proven for the
-    staged space: the working set, or cpsat's INFEASIBLE or cost bound above
-    the cap) or "unknown". Known plans are replayed first; cpsat starts
-    from the one that peaks lowest on ``g`` (a plan only names nodes)."""
+    staged space) or "unknown". The plans of ``pool`` are replayed first (a
+    plan only names nodes, so one found at another size replays here); then
+    cpsat starts from the one that peaks lowest on ``g``. With an overhead
+    cap it is the overhead search under the memory as budget (no: its
+    INFEASIBLE, or a cost bound above the cap); without one, peak mode
+    (no: its bound above the memory), which improves on its start where the
+    overhead search needs a plan within the budget first (the GPT decoder at
+    batch 40: none in 60 s from jax-nothing-saveable's plan, 21% over).
+    cpsat's plan joins ``pool`` whether it fits or not: it may fit a smaller size."""
     if peak_lower_bound(g) > memory:
         return "no", None, None
-    known = _replayed(g, found, memory, max_overhead)
+    known = _replayed(g, pool, memory, max_overhead)
     if known is not None:
         return "yes", known[0], known[1]
     # a traced model's graph may differ between sizes (batch 1 drops a
     # broadcast, say): only plans that replay on ``g`` can be its hint
-    replays = [(r.peak_bytes, k, p) for k, p in enumerate(p for plans in found.values() for p in plans)
-               if (r := simulate(g, p)).valid]
+    replays = [(r.peak_bytes, k, p) for k, p in enumerate(pool) if (r := simulate(g, p)).valid]
     hint = min(replays, key=lambda x: x[:2], default=(None, None, None))[2]
-    sol = solve(g, "cpsat", budget=memory, check_budget=False, time_limit=time_limit, workers=workers,
-                lp_bound=False, hint=hint)
+    if max_overhead is None:
+        sol = solve(g, "cpsat", objective="peak", time_limit=time_limit, workers=workers, lp_bound=False, hint=hint)
+    else:
+        sol = solve(g, "cpsat", budget=memory, check_budget=False, time_limit=time_limit, workers=workers,
+                    lp_bound=False, hint=hint)
     st = sol.plan.stats
     if len(sol.plan):
+        pool.append(sol.plan)
         r = fits(g, sol.plan, memory, max_overhead)
         if r is not None:
             return "yes", sol.plan, r
+    bound = st.get("best_bound")
+    if max_overhead is None:
+        return ("no" if bound is not None and bound > memory else "unknown"), None, None
     if st.get("status") == "INFEASIBLE":
         return "no", None, None
     base = sum(g.cost[i] for i in g.compute_ids)
-    bound = st.get("best_bound")
-    if max_overhead is not None and bound is not None and bound > max_overhead * base * (1 + 1e-9) + 1e-12:
+    if bound is not None and bound > max_overhead * base * (1 + 1e-9) + 1e-12:
         return "no", None, None
     return "unknown", None, None
 
@@ -179,11 +186,12 @@ def max_batch(graph_at: Callable[[int], Graph], memory: int, *, max_overhead: fl
     cpsat's search), cpsat last."""
     top = working_set_limit(graph_at, memory, max_size)
     log(f"working set fits up to size {top}")
-    found: dict[int, list[Plan]] = {}
-    out = [heuristic_answer(p, graph_at, memory, max_overhead, top, found) for p in planners]
+    pool: list[Plan] = []
+    out = [heuristic_answer(p, graph_at, memory, max_overhead, top, pool) for p in planners]
     for a in out:
         log(f"{a.planner}: size {a.size}")
-    out.append(cpsat_answer(graph_at, memory, max_overhead, top, found, time_limit, workers, log))
+    start = max((a.size for a in out), default=0)
+    out.append(cpsat_answer(graph_at, memory, max_overhead, top, start, pool, time_limit, workers, log))
     return out
 
 
