@@ -123,7 +123,7 @@ def proven_curve(results_dir: Path, out: Path) -> dict[str, str] | None:
     for k, planner in enumerate(sorted(heur["planner"].unique())):
         h = heur[heur["planner"] == planner]
         ax.scatter(100 * h["overhead"], h["peak_bytes"] * mb, marker=MARKERS[k % len(MARKERS)],
-                   color=f"C{k % 10}", s=30, alpha=0.8, label=planner)
+                   color=f"C{k % 10}", s=30, alpha=0.8, label=planner, zorder=4)
     ax.set_xscale("symlog", linthresh=1)
     ax.set_xlabel("overhead % (symlog)")
     ax.set_ylabel("peak (MiB)")
