@@ -127,3 +127,18 @@ def _saved(g, folder):
     path = folder / "g.json"
     g.save(path)
     return path
+
+
+def test_bench_peak_table_reports_status_bound_and_what_proved_it(tmp_path):
+    from rich.console import Console
+
+    from rematopt.bench import peak_table
+    from rematopt.importers import synthetic
+
+    synthetic.linear_training(4).save(tmp_path / "lt4.json")
+    console = Console(width=200, record=True)
+    console.print(peak_table(caps=(None, 0.0), time_limit=5, workers=1, folders=[tmp_path]))
+    text = console.export_text()
+    rows = [line for line in text.splitlines() if "linear_train" in line]
+    assert len(rows) == 2 and all("OPTIMAL" in r for r in rows)
+    assert "none" in rows[0] and "0%" in rows[1]
