@@ -17,6 +17,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable
 
+from ...graph import Graph
 from ...plan import Plan
 from ...reference import peak_lower_bound
 from ...simulate import simulate
@@ -110,7 +111,7 @@ def run(ctx: Context, rounds: Callable[[Context], Plan], admit: Callable[..., An
     return finish(best, lo_bytes, by, probes)
 
 
-def initial_bound(g, st: dict[str, Any]) -> tuple[int, str]:
+def initial_bound(g: Graph, st: dict[str, Any]) -> tuple[int, str]:
     """The rounds' lower bound (bytes) and what proved it: the working set,
     the gaps relaxation, a chains or slots proof, or the full model."""
     found = [(peak_lower_bound(g), "working set")]
