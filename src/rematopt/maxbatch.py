@@ -131,6 +131,8 @@ def cpsat_answer(graph_at: Callable[[int], Graph], memory: int, max_overhead: fl
     if not lo:
         return Answer("cpsat", 0, None, None, upper=no - 1, note="no plan fits at size 1")
     proof = "size + 1 proven not to fit" if no == lo + 1 else f"sizes above {no - 1} proven not to fit"
+    if best[0].planner != "cpsat":  # the size's best known plan is a heuristic's
+        proof += f"; {best[0].planner}'s plan"
     return Answer("cpsat", lo, best[1].peak_bytes, best[1].overhead, upper=no - 1, note=proof)
 
 

@@ -100,7 +100,8 @@ def max_batch_cmd(spec: str, memory: str, max_overhead: float | None, knob: str,
         table.add_row(a.planner, str(a.size), "" if a.peak_bytes is None else f"{a.peak_bytes:,}",
                       "" if a.overhead is None else f"{100 * a.overhead:.2f}",
                       "" if a.planner == "cpsat" or g is None else f"{100 * g:.1f}%",
-                      ("proven" if a.proven else f"<= {a.upper}: {a.note}") if a.planner == "cpsat" else a.note)
+                      (f"proven{a.note[a.note.find(';'):] if ';' in a.note else ''}" if a.proven
+                       else f"<= {a.upper}: {a.note}") if a.planner == "cpsat" else a.note)
     Console(width=max(Console().width, 120)).print(table)
 
 
