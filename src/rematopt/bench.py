@@ -165,6 +165,35 @@ def cpsat_table(ratios: tuple[float, ...] = (0.9, 0.8), time_limit: float = 60.0
     return table
 
 
+def peak_table(caps: tuple[float | None, ...] = (None, 0.1), time_limit: float = 60.0, workers: int = 2,
+               folders: list[Path] | None = None, max_nodes: int = 2100) -> Table:
+    """``cpsat --objective peak`` (issue 19's target: proven, or a gap of at
+    most 5%) on the node-link graphs and ``instances/`` up to ``max_nodes``,
+    with the overhead unlimited and capped: the peak, the bound, what proved
+    it (``bound_by``) and the bisection's probes (yes / no / undecided)."""
+    from .solve import solve
+
+    root = Path(__file__).resolve().parents[2]
+    folders = folders or [root.parent / "shared" / "benchmarks" / "nodelink", root / "instances"]
+    graphs = [g for g in (load_graph(p) for f in folders for p in sorted(f.glob("*.json"))) if g.n <= max_nodes]
+    table = Table(title=f"cpsat --objective peak: {time_limit:g} s limit, {workers} workers")
+    for col in ("graph", "nodes", "max overhead", "status", "peak B", "bound B", "gap %", "bound by",
+                "probes y/n/?", "overhead %", "wall s"):
+        table.add_column(col, justify="right")
+    for g in graphs:
+        for cap in caps:
+            opts = {} if cap is None else {"max_overhead": cap}
+            sol = solve(g, "cpsat", objective="peak", time_limit=time_limit, workers=workers, lp_bound=False,
+                        **opts)
+            st = sol.plan.stats
+            probes = st.get("peak_probes", [])
+            tally = "/".join(str(sum(p["verdict"] == v for p in probes)) for v in ("yes", "no", "unknown"))
+            table.add_row(g.name, str(g.n), "none" if cap is None else f"{100 * cap:g}%", st["status"],
+                          f"{sol.replay.peak_bytes:,}", f"{math.ceil(st['best_bound']):,}", _pct(st.get("gap")),
+                          str(st.get("bound_by", "")), tally, f"{100 * sol.replay.overhead:.2f}", f"{sol.wall_s:.1f}")
+    return table
+
+
 def _proven(rounds: list[dict]) -> str:
     """The deepest model solved to optimality, and when: "depth 1 at 11.0 s"."""
     done = [r for r in rounds if r["status"] == "OPTIMAL"]

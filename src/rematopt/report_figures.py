@@ -29,7 +29,8 @@ def _plt():
 
 
 def draw_figures(df: pd.DataFrame, results_dir: Path, out: Path) -> list[dict[str, str]]:
-    figs = [pareto(df, out), gaps(df, out), exact_time(df, out), solver_progress(df, results_dir, out)]
+    figs = [pareto(df, out), proven_curve(results_dir, out), gaps(df, out), exact_time(df, out),
+            solver_progress(df, results_dir, out)]
     return [f for f in figs if f]
 
 
@@ -94,6 +95,47 @@ def pareto(df: pd.DataFrame, out: Path) -> dict[str, str] | None:
                        f"against recompute overhead; the dotted line is the working-set bound, the black step "
                        f"the frontier); {best} contributes the most frontier points ({on_front[best]} over "
                        f"{len(graphs)} graphs)."}
+
+
+CURVE = "pareto_curve.csv"  # written by ``rematopt pareto --out DIR``
+
+
+def proven_curve(results_dir: Path, out: Path) -> dict[str, str] | None:
+    """cpsat's peak at each overhead cap (``rematopt pareto``), each point
+    with a bar down to its proven lower bound (filled: proven optimal), and
+    the heuristics' plans beside it."""
+    path = results_dir / CURVE
+    if not path.exists():
+        return None
+    df = pd.read_csv(path)
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    ex = df[df["planner"] == "cpsat"].sort_values("overhead")
+    mb = 1 / 2**20
+    proven = (ex["status"] == "OPTIMAL").to_numpy()
+    ax.step(100 * ex["overhead"], ex["peak_bytes"] * mb, where="post", color="black", lw=0.8)
+    ax.vlines(100 * ex["overhead"], ex["bound_bytes"] * mb, ex["peak_bytes"] * mb, color="black", lw=2, alpha=0.4)
+    ax.scatter(100 * ex["overhead"][proven], ex["peak_bytes"][proven] * mb, color="black", s=40,
+               label="cpsat, proven", zorder=3)
+    ax.scatter(100 * ex["overhead"][~proven], ex["peak_bytes"][~proven] * mb, facecolors="white",
+               edgecolors="black", s=40, label="cpsat, bar to its bound", zorder=3)
+    heur = df[df["planner"] != "cpsat"]
+    for k, planner in enumerate(sorted(heur["planner"].unique())):
+        h = heur[heur["planner"] == planner]
+        ax.scatter(100 * h["overhead"], h["peak_bytes"] * mb, marker=MARKERS[k % len(MARKERS)],
+                   color=f"C{k % 10}", s=30, alpha=0.8, label=planner, zorder=4)
+    ax.set_xscale("symlog", linthresh=1)
+    ax.set_xlabel("overhead % (symlog)")
+    ax.set_ylabel("peak (MiB)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "pareto_curve.png", dpi=110)
+    plt.close(fig)
+    graph = str(df["graph"].iloc[0]) if "graph" in df else ""
+    worst = ex["gap"].fillna(0).max()
+    return {"file": "pareto_curve.png", "title": f"Lowest peak at each overhead cap, {graph}",
+            "reading": f"{int(proven.sum())} of {len(ex)} cpsat points are proven optimal in the staged space "
+                       f"(largest gap {100 * worst:.1f}%); {len(heur)} heuristic plans beside them."}
 
 
 def gaps(df: pd.DataFrame, out: Path) -> dict[str, str] | None:

@@ -261,7 +261,7 @@ def import_nodelink(file: str, output: str) -> None:
 
 
 @cli.command()
-@click.argument("what", type=click.Choice(["simulator", "greedy", "cpsat", "scale"]), default="simulator")
+@click.argument("what", type=click.Choice(["simulator", "greedy", "cpsat", "peak", "scale"]), default="simulator")
 @click.option("--sizes", default="10000,100000,2000000", show_default=True, help="Event counts to time.")
 @click.option("--graphs", default="gpt48,gpt48_fused,gpt_scan48,random_layered_n500,random_layered_n1000",
               show_default=True, help="scale: the instances.")
@@ -274,6 +274,7 @@ def bench(what: str, sizes: str, graphs: str, ratios: str, time_limit: float, wo
     """Print timing tables (simulator: replay, save and load at several plan sizes;
     greedy: the d=2000 chain-with-sinks stress case and the clone projection check;
     cpsat: the exact planner on ../shared/benchmarks/nodelink at ratios 0.9 and 0.8;
+    peak: --objective peak there and on instances/, overhead unlimited and capped at 10%;
     scale: cpsat on 10,000-node training steps and 1,000-node random graphs, each
     run in its own process, against the best heuristic: run it from a checkout,
     whose models/ the JAX instances are traced from)."""
@@ -286,6 +287,11 @@ def bench(what: str, sizes: str, graphs: str, ratios: str, time_limit: float, wo
         rows = scale_rows(tuple(graphs.split(",")), tuple(float(r) for r in ratios.split(",")), time_limit, workers,
                           Path(folder))
         Console(width=max(Console().width, 180)).print(scale_table(rows, time_limit, workers))
+    if what == "peak":
+        from ..bench import peak_table
+
+        Console(width=max(Console().width, 150)).print(peak_table())
+        return
         return
     if what == "cpsat":
         from ..bench import cpsat_table

@@ -230,6 +230,11 @@ class Stages:
                 and self.is_near(s, i))
 
 
+def overhead_cap_units(int_cost: list[int] | tuple[int, ...], graph: Graph, max_overhead: float) -> int:
+    """``--max-overhead`` x base cost in model integers."""
+    return math.floor(max_overhead * sum(int_cost[i] for i in graph.compute_ids) + 1e-9)
+
+
 # -- the formulation -----------------------------------------------------------
 
 
@@ -601,7 +606,7 @@ def build(graph: Graph, backend: Backend, *, objective: str, mem_cap_bytes: int 
         add_overhead_objective(form)
     else:
         if max_overhead is not None:
-            cap = math.floor(max_overhead * sum(form.int_cost[i] for i in graph.compute_ids) + 1e-9)
+            cap = overhead_cap_units(form.int_cost, graph, max_overhead)
             add_overhead_cap(form, cap)
         peak = add_peak_objective(form, floor)
     n_vars, n_cons = backend.size if hasattr(backend, "size") else (0, 0)

@@ -18,6 +18,7 @@ from ...plan import Plan
 from ...reference import peak_lower_bound
 from ...simulate import Replay, simulate
 from .backends import LpBackend
+from . import peak
 from .model import Model, OutOfTime, Stages, cost_resolution, integer_scale
 from .relaxations import Question, WholeBound, relaxation_bound
 from .report import Outcome, Outside, report, report_unbuilt
@@ -75,6 +76,8 @@ def run(graph: Graph, cfg: Settings) -> Plan:
     resolution = 0.0 if exact else cost_resolution(costs, scale, repeats)
     ctx = Context(graph, cfg, scale, exact, resolution, full, start, Trace(start), stop)
     with deferred_sigint(stop):
+        if cfg.objective == "peak":  # the rounds, then the bisection that proves the peak
+            return peak.run(ctx, _run, admit)
         return _run(ctx)
 
 

@@ -1,0 +1,220 @@
+"""Peak mode that proves its answers: after the usual rounds (which minimise
+the peak directly and leave the bound at the working set or the gaps
+relaxation's), the decision version "is there a staged plan at peak <= P
+(within the overhead and clone caps)?" is searched by bisection between the
+best lower bound and the incumbent. A probe asks the relaxations at cap P
+(gaps, chains, slots: an infeasible one shows that no staged plan fits) and
+then the staged model with its peak variable capped at P (a plan lowers the
+incumbent; infeasibility, or the search's bound, raises the lower bound).
+Every "no" raises the bound, every "yes" lowers the incumbent; an undecided
+probe moves the next one down, where "no" is easier to show.
+``bound_by`` says which mechanism proved the final bound."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Callable
+
+from ...graph import Graph
+from ...plan import Plan
+from ...reference import peak_lower_bound
+from ...simulate import simulate
+from ...stats import Stats
+from .model import memory_unit, overhead_cap_units
+from .relaxations import LEVELS, Question, relaxation_bound
+from .report import gap
+from .search import Context
+from .settings import max_recomputes
+from .signals import Trace
+
+# The usual rounds get this share of the limit, the bisection the rest. The
+# probes' overhead searches find lower peaks where an overhead cap binds
+# (mobilenet_train within 10%: the rounds reach 11.3 GB in 24 s, two probes
+# 7.7 GB in 18 s); the rounds where they must find the plan first
+# (random_layered_n100 within 10%: 34,320 B with 30% of 60 s, 30,640 B
+# with 50%, the bound the same 26,2xx B).
+ROUNDS_SHARE = 0.5
+# A probe gets this share of the time left, at least MIN_PROBE_S.
+PROBE_SHARE = 0.35
+MIN_PROBE_S = 2.0
+# Shares of a probe's time the relaxations may take (each stops at its first
+# solution, so a feasible one returns at once); the overhead search the rest.
+LEVEL_SHARE = {"gaps": 0.1, "chains": 0.2, "slots": 0.2}
+# "Any plan at all" to a relaxation (as run.ANY_PLAN).
+ANY_PLAN = 2**60
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One decision: is there a staged plan whose peak is at most ``cap_bytes``?
+    ``verdict`` "yes" (a plan of ``peak_bytes``), "no" (proved by ``by``) or
+    "unknown"; ``bound_bytes`` is the lower bound the probe proved either way."""
+
+    cap_bytes: int
+    verdict: str
+    by: str | None
+    peak_bytes: int | None
+    bound_bytes: int | None
+    seconds: float
+    elapsed_s: float
+
+
+@dataclass(frozen=True)
+class Units:
+    """Memory in model units (persistent bytes aside) and back."""
+
+    unit: int
+    persistent: int
+
+    def of_cap(self, b: int) -> int:
+        """The largest unit count whose bytes are at most ``b``."""
+        return (b - self.persistent) // self.unit
+
+    def of_bound(self, b: float) -> int:
+        """The smallest unit count whose bytes are at least ``b``."""
+        return max(0, math.ceil((b - self.persistent) / self.unit - 1e-9))
+
+    def bytes(self, u: int) -> int:
+        return u * self.unit + self.persistent
+
+
+def run(ctx: Context, rounds: Callable[[Context], Plan], admit: Callable[..., Any]) -> Plan:
+    """The peak run: ``rounds`` (run._run) for ROUNDS_SHARE of the limit,
+    then the bisection for the rest, from the rounds' plan and bound.
+    ``admit`` (run.admit) says whether a plan honours every setting."""
+    cfg, g = ctx.cfg, ctx.graph
+    first = rounds(replace(ctx, cfg=replace(cfg, time_limit=ROUNDS_SHARE * cfg.time_limit)))
+    if first.stats.get("peak_bytes") is None:
+        return first
+    u = Units(memory_unit(g)[0], sum(v.bytes for v in g.nodes if v.persistent))
+    lo_bytes, by = initial_bound(g, first.stats)
+    best, hi_bytes = first, first.stats["peak_bytes"]
+    probes: list[Probe] = []
+    q0 = question(ctx, u)
+    lo, top = u.of_bound(lo_bytes), u.of_cap(hi_bytes - 1)
+    while lo <= top and ctx.left() > 0.5 and not ctx.stop.requested and u.bytes(lo) < hi_bytes:
+        cap = (lo + top) // 2
+        limit = min(ctx.left(), max(MIN_PROBE_S, PROBE_SHARE * ctx.left()))
+        probe, found = decide(ctx, q0, u, cap, limit, rounds, admit)
+        probes.append(probe)
+        if probe.bound_bytes is not None and u.of_bound(probe.bound_bytes) > lo:
+            lo = u.of_bound(probe.bound_bytes)
+            lo_bytes, by = u.bytes(lo), probe.by
+        if found is not None and probe.peak_bytes < hi_bytes:
+            best, hi_bytes = found, probe.peak_bytes
+        if probe.verdict == "yes":
+            top = min(top, u.of_cap(hi_bytes - 1))
+        elif probe.verdict == "unknown":
+            top = cap - 1
+    if best is not first:
+        restate(best, first)
+    if cfg.log_path:
+        ctx.trace.write(cfg.log_path)
+    return finish(best, lo_bytes, by, probes)
+
+
+def initial_bound(g: Graph, st: dict[str, Any]) -> tuple[int, str]:
+    """The rounds' lower bound (bytes) and what proved it: the working set,
+    the gaps relaxation, a chains or slots proof, or the full model."""
+    found = [(peak_lower_bound(g), "working set")]
+    relax = st.get("gap_relaxation") or {}
+    if relax.get("bound") is not None:
+        found.append((relax["bound"], "gaps"))
+    found += [(p["bound"], p["level"]) for p in st.get("relaxation_proofs", []) if p.get("bound") is not None]
+    b, name = max(found, key=lambda x: x[0])
+    if st.get("best_bound") is not None and st["best_bound"] > b:
+        return math.ceil(st["best_bound"]), "model"
+    return math.ceil(b), name
+
+
+def question(ctx: Context, u: Units) -> Question:
+    """What the relaxations are asked at a cap (``cap_units`` set per probe):
+    any plan within the overhead and clone caps, in the model's integers
+    (costs floored when the scale is inexact, so the relaxation stays one)."""
+    g, cfg = ctx.graph, ctx.cfg
+    exact = [round(c * ctx.scale) for c in g.cost]
+    cost = exact if ctx.exact else [int(c * ctx.scale // 1) for c in g.cost]
+    per_byte = cfg.transfer_cost_per_byte * ctx.scale
+    transfer = [round(b * per_byte) if ctx.exact else int(b * per_byte // 1) for b in g.bytes]
+    cap = None if cfg.max_overhead is None else overhead_cap_units(exact, g, cfg.max_overhead)
+    return Question("overhead", u.unit, 0, tuple(cost), tuple(transfer), cfg.offload, cap,
+                    max_recomputes(cfg, len(g.compute_ids)), 0)
+
+
+def decide(ctx: Context, q0: Question, u: Units, cap: int, limit: float, rounds: Callable[[Context], Plan],
+           admit: Callable[..., Any]) -> tuple[Probe, Plan | None]:
+    """Is there a plan at peak <= ``cap`` units? The relaxations first (an
+    infeasible one, or one whose cost bound passes the overhead cap, says no
+    for the whole staged space), then the overhead search at that budget
+    (``rounds`` with the budget ``cap``, its own warm start, depths and
+    proofs): a plan within the caps says yes; its INFEASIBLE, or a
+    whole-space cost bound above the overhead cap, says no."""
+    began = time.perf_counter()
+    deadline = began + limit
+    cfg, g, q = ctx.cfg, ctx.graph, replace(q0, cap_units=cap)
+    below = q0.overhead_cap if q0.overhead_cap is not None else ANY_PLAN
+
+    def probe(verdict: str, by: str | None, peak: int | None = None, bound: int | None = None) -> Probe:
+        return Probe(u.bytes(cap), verdict, by, peak, bound, time.perf_counter() - began, ctx.elapsed())
+
+    for level in LEVELS:
+        r = relaxation_bound(g, q, level=level, below=below, workers=cfg.workers, seed=cfg.seed,
+                             time_limit=min(deadline - time.perf_counter(), LEVEL_SHARE[level] * limit),
+                             interruptible=True)
+        if r.interrupted:
+            ctx.stop.requested = True
+            return probe("unknown", None), None
+        if r.status == "INFEASIBLE" or (r.bound is not None and r.bound > below):
+            return probe("no", level, bound=u.bytes(cap + 1)), None
+        if r.status == "SKIPPED":
+            break
+    left = deadline - time.perf_counter()
+    if left < 0.5:
+        return probe("unknown", None), None
+    now = time.perf_counter()
+    sub = replace(ctx, start=now, trace=Trace(now),
+                  cfg=replace(cfg, objective="overhead", budget=u.bytes(cap), max_overhead=None, time_limit=left,
+                              lp_bound=False, log_path=None, progress=False, export_model=None))
+    found = rounds(sub)
+    st = found.stats
+    if st.get("peak_bytes") is not None:
+        r = simulate(g, found)
+        if admit(ctx, found, r, "peak bisection") is not None:
+            found.stats = Stats.from_dict({**found.stats, "objective": r.peak_bytes, "objective_kind": "peak"})
+            where = f"{st['plan_from']}'s plan" if st.get("plan_from") else st.get("space")
+            return probe("yes", where, peak=r.peak_bytes), found
+    if st["status"] == "INFEASIBLE":
+        reason = st.get("reason", "")
+        level = next((lv for word, lv in (("gap", "gaps"), ("chains", "chains"), ("slots", "slots"))
+                      if f"the {word} relaxation" in reason), "model")
+        return probe("no", level, bound=u.bytes(cap + 1)), None
+    cap_cost = None if cfg.max_overhead is None else cfg.max_overhead * sum(g.cost[i] for i in g.compute_ids)
+    if cap_cost is not None and st.get("best_bound") is not None and st["best_bound"] > cap_cost * (1 + 1e-9):
+        return probe("no", "model", bound=u.bytes(cap + 1)), None
+    return probe("unknown", None), None
+
+
+def restate(p: Plan, first: Plan) -> None:
+    """A probe's plan (from an overhead search under a budget) with the
+    peak run's stats: the rounds' record, and the plan's own figures."""
+    own = {k: p.stats[k] for k in ("peak_bytes", "compute_cost", "transfer_bytes", "compute_events",
+                                   "recompute_events", "space", "plan_from") if p.stats.get(k) is not None}
+    d = {k: v for k, v in first.stats.items()
+         if k not in ("plan_from", "reason", "space_bound", "space_gap", "space_status")}
+    d.update(own, objective=own["peak_bytes"], warm_start="peak bisection", lexicographic=False,
+             secondary_status=None)
+    p.stats = Stats.from_dict(d)
+
+
+def finish(p: Plan, lo_bytes: int, by: str, probes: list[Probe]) -> Plan:
+    """Status, bound and gap from the bisection's bound (``bound_by`` names
+    what proved it: the working set, a relaxation, or the model), and the probes."""
+    st = dict(p.stats)
+    peak = st["peak_bytes"]
+    bound = min(lo_bytes, peak)
+    st.update(best_bound=bound, gap=gap(peak, bound), bound_by=by, peak_probes=[asdict(x) for x in probes],
+              status="OPTIMAL" if bound >= peak else "FEASIBLE")
+    p.stats = Stats.from_dict(st)
+    return p
