@@ -58,14 +58,19 @@ def forward(params: dict, tokens: jax.Array, heads: int) -> jax.Array:
     return layer_norm(x, params["ln_f"]) @ params["embed"].T
 
 
-def factory(**overrides):
-    """``(loss_fn, (params, tokens))`` at ``CONFIG`` updated with ``overrides``."""
-    c = configure(CONFIG, overrides)
-    params = init(c)
+def training_step(c: dict, params: dict, forward_fn) -> tuple:
+    """``(loss_fn, (params, tokens))``: next-token cross-entropy of
+    ``forward_fn`` at config ``c`` (shared with models/gpt_scan.py)."""
     tokens = jnp.asarray(rng(c["seed"] + 1).integers(0, c["vocab"], (c["batch"], c["seq"] + 1), dtype=np.int32))
 
     def loss_fn(params, tokens):
-        logits = forward(params, tokens[:, :-1], c["heads"])
+        logits = forward_fn(params, tokens[:, :-1], c["heads"])
         return cross_entropy(logits, tokens[:, 1:])
 
     return loss_fn, (params, tokens)
+
+
+def factory(**overrides):
+    """``(loss_fn, (params, tokens))`` at ``CONFIG`` updated with ``overrides``."""
+    c = configure(CONFIG, overrides)
+    return training_step(c, init(c), forward)

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from . import gpt
-from .common import configure, cross_entropy, layer_norm, rng
+from .common import configure, layer_norm
 
 CONFIG = dict(gpt.CONFIG)
 
@@ -37,11 +36,4 @@ def forward(params: dict, tokens: jax.Array, heads: int) -> jax.Array:
 def factory(**overrides):
     """``(loss_fn, (params, tokens))`` at ``CONFIG`` updated with ``overrides``."""
     c = configure(CONFIG, overrides)
-    params = init(c)
-    tokens = jnp.asarray(rng(c["seed"] + 1).integers(0, c["vocab"], (c["batch"], c["seq"] + 1), dtype=np.int32))
-
-    def loss_fn(params, tokens):
-        logits = forward(params, tokens[:, :-1], c["heads"])
-        return cross_entropy(logits, tokens[:, 1:])
-
-    return loss_fn, (params, tokens)
+    return gpt.training_step(c, init(c), forward)
