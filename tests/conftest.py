@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,3 +23,9 @@ def benchmarks_dir() -> Path:
 def nodelink_files() -> list[Path]:
     """The published graphs, for parametrisation (empty where ../shared is absent)."""
     return sorted(NODELINK_DIR.glob("*.json")) if NODELINK_DIR.is_dir() else []
+
+
+def rematopt(*args):
+    """The CLI through its real entry point, run from the checkout (where models/ is)."""
+    return subprocess.run([sys.executable, "-m", "rematopt", *map(str, args)], capture_output=True,
+                          text=True, cwd=Path(__file__).resolve().parents[1], timeout=300)

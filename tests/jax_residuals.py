@@ -1,5 +1,7 @@
 """What JAX saves for the backward pass, read through its public report
-(``jax.ad_checkpoint.print_saved_residuals``)."""
+(``jax.ad_checkpoint.print_saved_residuals``), what a traced graph marks as
+residuals, and planned gradients against the plain ones: helpers the JAX
+tests share."""
 
 from __future__ import annotations
 
@@ -9,7 +11,12 @@ import math
 import re
 from dataclasses import dataclass
 
+import jax
+import numpy as np
+import pytest
 from jax.ad_checkpoint import print_saved_residuals
+
+from rematopt.graph import Graph
 
 _LINE = re.compile(r"^(?P<dtype>[a-z]+)(?P<bits>\d*)(?P<host><host>)?\[(?P<shape>[\d,]*)\] (?P<source>.*)$")
 
@@ -38,3 +45,41 @@ def saved_residuals(fn, *args) -> list[Residual]:
         elements = math.prod(int(d) for d in m["shape"].split(",") if d)
         found.append(Residual(elements * itemsize, m["host"] is not None, m["source"]))
     return found
+
+
+def saved(fn, args):
+    """(device bytes, host bytes) of values the gradient saves, arguments and literals excluded."""
+    dev, host = [], []
+    for r in saved_residuals(lambda p: fn(p, *args[1:]), args[0]):
+        if r.source.startswith(("from the argument", "from a literal", "from a constant")):
+            continue
+        (host if r.host else dev).append(r.bytes)
+    return sorted(dev), sorted(host)
+
+
+def assert_same_gradients(fn, planned, args):
+    want, got = jax.jit(jax.grad(fn))(*args), jax.jit(jax.grad(planned))(*args)
+    for a, b in zip(jax.tree_util.tree_leaves(want), jax.tree_util.tree_leaves(got)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert float(jax.jit(planned)(*args)) == pytest.approx(float(jax.jit(fn)(*args)), rel=1e-6)
+
+
+def residual_values(g: Graph) -> list[int]:
+    """Bytes of each residual value the graph marks; every forward node with a
+    backward consumer must be marked (jax.vjp may also save a value the backward
+    pass never reads, e.g. the zeros of ``jnp.where``'s tangent rule)."""
+    out = []
+    for v in g.nodes:
+        crosses = v.phase == "forward" and any(g.nodes[s].phase == "backward" for s in g.succs[v.id])
+        assert v.extra.get("residual", False) or not crosses, f"{v.name} crosses but is not marked"
+        if v.extra.get("residual"):
+            sizes = v.extra.get("out_bytes", [v.bytes])
+            out.extend(sizes[i] for i in v.extra.get("residual_outputs", range(len(sizes))))
+    return sorted(out)
+
+
+def jax_residuals(fn, args) -> list[int]:
+    """Bytes of JAX's saved residuals w.r.t. the parameters, arguments and literals excluded."""
+    res = saved_residuals(lambda p: fn(p, *args[1:]), args[0])
+    return sorted(r.bytes for r in res
+                  if not r.source.startswith(("from the argument", "from a literal", "from a constant")))

@@ -18,7 +18,7 @@ from rematopt.jax import apply_plan, residual_fates, trace_grad  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from jax_residuals import saved_residuals  # noqa: E402
+from jax_residuals import assert_same_gradients, saved  # noqa: E402
 from models import gpt, mlp  # noqa: E402
 
 MLP = {"layers": 3, "width": 32, "in_dim": 16, "batch": 8}
@@ -68,23 +68,6 @@ def recompute_plan(g, recompute=(), offload=()):
 def residual_nodes(g):
     return {v.id for v in g.nodes if v.phase == "forward"
             and any(g.nodes[s].phase == "backward" for s in g.succs[v.id])}
-
-
-def saved(fn, args):
-    """(device bytes, host bytes) of values the gradient saves, arguments and literals excluded."""
-    dev, host = [], []
-    for r in saved_residuals(lambda p: fn(p, *args[1:]), args[0]):
-        if r.source.startswith(("from the argument", "from a literal", "from a constant")):
-            continue
-        (host if r.host else dev).append(r.bytes)
-    return sorted(dev), sorted(host)
-
-
-def assert_same_gradients(fn, planned, args):
-    want, got = jax.jit(jax.grad(fn))(*args), jax.jit(jax.grad(planned))(*args)
-    for a, b in zip(jax.tree_util.tree_leaves(want), jax.tree_util.tree_leaves(got)):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-    assert float(jax.jit(planned)(*args)) == pytest.approx(float(jax.jit(fn)(*args)), rel=1e-6)
 
 
 @pytest.fixture(scope="module")

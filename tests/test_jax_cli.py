@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -13,13 +10,9 @@ pytest.importorskip("jax")
 from rematopt import no_remat_plan, simulate  # noqa: E402
 from rematopt.importers import load as load_graph  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import rematopt  # noqa: E402
+
 TINY = ["--set", "layers=2", "--set", "width=16", "--set", "in_dim=8", "--set", "batch=4"]
-
-
-def rematopt(*args):
-    return subprocess.run([sys.executable, "-m", "rematopt", *map(str, args)], capture_output=True,
-                          text=True, cwd=ROOT, timeout=300)
 
 
 def test_import_jax_writes_a_phased_graph_with_provenance(tmp_path):

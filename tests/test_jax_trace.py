@@ -11,13 +11,13 @@ import pytest
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
-from rematopt import Graph, ImportFailure, no_remat_plan, simulate  # noqa: E402
+from rematopt import ImportFailure, no_remat_plan, simulate  # noqa: E402
 from rematopt.importers import costmodel  # noqa: E402
 from rematopt.jax import trace, trace_grad  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from jax_residuals import saved_residuals  # noqa: E402
+from jax_residuals import jax_residuals, residual_values  # noqa: E402
 from models import gpt, mlp, resnet, unet  # noqa: E402
 from rematopt.importers import load as load_graph  # noqa: E402
 
@@ -27,27 +27,6 @@ SMALL = {
     "resnet": (resnet, {"stages": 2, "blocks": 1, "channels": 4, "image": 8, "batch": 2}),
     "unet": (unet, {"depth": 2, "channels": 4, "image": 8}),
 }
-
-
-def residual_values(g: Graph) -> list[int]:
-    """Bytes of each residual value the graph marks; every forward node with a
-    backward consumer must be marked (jax.vjp may also save a value the backward
-    pass never reads, e.g. the zeros of ``jnp.where``'s tangent rule)."""
-    out = []
-    for v in g.nodes:
-        crosses = v.phase == "forward" and any(g.nodes[s].phase == "backward" for s in g.succs[v.id])
-        assert v.extra.get("residual", False) or not crosses, f"{v.name} crosses but is not marked"
-        if v.extra.get("residual"):
-            sizes = v.extra.get("out_bytes", [v.bytes])
-            out.extend(sizes[i] for i in v.extra.get("residual_outputs", range(len(sizes))))
-    return sorted(out)
-
-
-def jax_residuals(fn, args) -> list[int]:
-    """Bytes of JAX's saved residuals w.r.t. the parameters, arguments and literals excluded."""
-    res = saved_residuals(lambda p: fn(p, *args[1:]), args[0])
-    return sorted(r.bytes for r in res
-                  if not r.source.startswith(("from the argument", "from a literal", "from a constant")))
 
 
 @pytest.mark.parametrize("model,fuse", [(m, False) for m in sorted(SMALL)] + [("gpt", True), ("mlp", True)])

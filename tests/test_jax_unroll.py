@@ -20,8 +20,7 @@ from rematopt.jax import apply_plan, residual_fates, trace, trace_grad  # noqa: 
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from models import gpt, gpt_scan  # noqa: E402
-from test_jax_apply import assert_same_gradients, saved  # noqa: E402
-from test_jax_trace import jax_residuals, residual_values  # noqa: E402
+from jax_residuals import assert_same_gradients, jax_residuals, residual_values, saved  # noqa: E402
 
 GPT = {"layers": 3, "width": 16, "heads": 2, "seq": 4, "vocab": 16}
 
@@ -191,7 +190,7 @@ def test_the_unrolled_graph_differs_from_jaxs_scan_report_only_by_the_hoisted_ma
 
 
 def test_import_jax_unrolls_unless_told_not_to(tmp_path):
-    from test_jax_cli import rematopt
+    from conftest import rematopt
 
     settings = [x for k, v in GPT.items() for x in ("--set", f"{k}={v}")]
     graphs = {}

@@ -18,62 +18,16 @@ from rematopt.importers.mlir import import_mlir  # noqa: E402
 from rematopt.plan import Plan, PlanBuilder  # noqa: E402
 from rematopt.reference import no_remat_peak, no_remat_plan  # noqa: E402
 from rematopt.simulate import simulate  # noqa: E402
+from mlir_cases import remat_plan, verify  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "mlir"
 PROGRAMS = ["chain", "chain_marked", "budget_measured", "call", "effectful", "region", "dynamic", "remat"]
-
-
-def remat_plan(g, targets) -> Plan:
-    """Recompute each target right before its last consumer, free every value
-    (every instance) right after its last reader; outputs stay."""
-    pos = g.position
-    last = {p: max(g.succs[p], key=pos.__getitem__) for p in targets}
-    seq = []  # (node, instance id)
-    for i in g.order:
-        if g.nodes[i].is_input:
-            continue
-        seq += [p for p in targets if last[p] == i] + [i]
-    latest = {v.id: ("in", v.id) for v in g.nodes if v.is_input}
-    instances = [latest[v] for v in sorted(latest)]
-    last_read: dict = {inst: -1 for inst in instances}
-    computed = []
-    for t, i in enumerate(seq):
-        for p in g.preds[i]:
-            last_read[latest[p]] = t
-        latest[i] = (t, i)
-        last_read[latest[i]] = t
-        computed.append(latest[i])
-    keep = {latest[v.id] for v in g.nodes if v.output or v.persistent}
-    b = PlanBuilder()
-    for inst in instances:
-        if last_read[inst] == -1 and inst not in keep:
-            b.free(inst[1])
-    for t, i in enumerate(seq):
-        b.compute(i)
-        for inst, when in last_read.items():
-            if when == t and inst not in keep:
-                b.free(inst[1])
-    return b.build(g.name, "hand")
 
 
 def round_trip(tmp_path, name, plan, **kw):
     out = tmp_path / f"{name}.out.mlir"
     out.write_text(export_mlir(DATA / f"{name}.mlir", plan, **kw))
     return out, import_mlir(out, function=kw.get("function"))
-
-
-def verify(path: Path, function: str = "main") -> dict:
-    """Parse and verify ``path``; the ``tessera.remat_*`` attributes of ``function``."""
-    from jax._src.interpreters.mlir import make_ir_context
-    from jax._src.lib.mlir import ir
-
-    ctx = make_ir_context()
-    ctx.allow_unregistered_dialects = True
-    with ctx:
-        module = ir.Module.parse(path.read_text())
-        assert module.operation.verify()
-        func = next(op for op in module.body.operations if op.attributes["sym_name"].value == function)
-        return {k: func.attributes[k].value for k in func.attributes if k.startswith("tessera.remat")}
 
 
 def shape(g):

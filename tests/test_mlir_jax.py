@@ -15,7 +15,7 @@ from rematopt.exporters.mlir import export_mlir  # noqa: E402
 from rematopt.importers.mlir import import_mlir  # noqa: E402
 from rematopt.reference import no_remat_peak  # noqa: E402
 from rematopt.simulate import simulate  # noqa: E402
-from test_mlir_export import remat_plan, verify  # noqa: E402
+from mlir_cases import remat_plan, verify  # noqa: E402
 
 # x: 4x16, layers 16 -> 32 -> 8, all f32.
 PARAMS = [(jnp.zeros((16, 32)), jnp.zeros((32,))), (jnp.zeros((32, 8)), jnp.zeros((8,)))]

@@ -16,26 +16,11 @@ jnp = jax.numpy
 
 from rematopt import no_remat_peak, solve  # noqa: E402
 from rematopt.importers.mlir import import_mlir  # noqa: E402
+from mlir_cases import STEPS, lower, model_step  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 DATA = Path(__file__).parent / "data" / "mlir"
 REGION_KINDS = ("reduce", "reduce_window", "sort", "scatter", "select_and_scatter", "while", "case")
-
-
-def lower(tmp_path: Path, fn, *args, name: str = "step", debug_info: bool = True) -> Path:
-    path = tmp_path / f"{name}.mlir"
-    path.write_text(jax.jit(fn).lower(*args).as_text(debug_info=debug_info))
-    return path
-
-
-def model_step(name: str, **config):
-    module = pytest.importorskip(f"models.{name}")
-    loss_fn, args = module.factory(**config)
-    return loss_fn, args
-
-
-STEPS = {"mlp": {"layers": 2, "width": 32, "in_dim": 16, "batch": 8},
-         "gpt": {"layers": 1, "width": 32, "seq": 16, "vocab": 64, "heads": 2, "batch": 2}}
 
 
 @pytest.fixture(scope="module", params=sorted(STEPS))

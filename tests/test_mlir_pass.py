@@ -23,7 +23,7 @@ from rematopt.importers.mlir import import_mlir  # noqa: E402
 from rematopt.importers.synthetic import unet  # noqa: E402
 from rematopt.plan import Plan  # noqa: E402
 from rematopt.reference import no_remat_peak, peak_lower_bound  # noqa: E402
-from test_mlir_export import verify  # noqa: E402
+from mlir_cases import verify  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "mlir"
 STEP = DATA / "pass_step.mlir"

@@ -19,7 +19,7 @@ from rematopt import solve, simulate  # noqa: E402
 from rematopt.exporters.mlir import export_mlir  # noqa: E402
 from rematopt.exporters.xla_check import FLOPS_TOLERANCE, check_export  # noqa: E402
 from rematopt.importers.mlir import import_mlir  # noqa: E402
-from test_mlir_lowered import STEPS, lower, model_step  # noqa: E402
+from mlir_cases import STEPS, lower, model_step  # noqa: E402
 
 CPU = jax.default_backend() == "cpu"
 
