@@ -326,7 +326,7 @@ def fake_round(status: int, found: bool, depth: int | None = 1, objective: int =
     model = FakeModel()
     model.depth = depth
     best = object() if found else None
-    return search.Round(model, status, status, best, None, None, None, None, 0.0, 0.0)
+    return search.Round(model, status, status, best, None, None, None, 0.0, 0.0)
 
 
 def test_the_depth_schedule_from_a_history():

@@ -134,12 +134,10 @@ def question(ctx: Context, u: Units) -> Question:
     any plan within the overhead and clone caps, in the model's integers
     (costs floored when the scale is inexact, so the relaxation stays one)."""
     g, cfg = ctx.graph, ctx.cfg
-    exact = [round(c * ctx.scale) for c in g.cost]
-    cost = exact if ctx.exact else [int(c * ctx.scale // 1) for c in g.cost]
-    per_byte = cfg.transfer_cost_per_byte * ctx.scale
-    transfer = [round(b * per_byte) if ctx.exact else int(b * per_byte // 1) for b in g.bytes]
-    cap = None if cfg.max_overhead is None else overhead_cap_units(exact, g, cfg.max_overhead)
-    return Question("overhead", u.unit, 0, tuple(cost), tuple(transfer), cfg.offload, cap,
+    cost, transfer = ctx.relaxation_costs()
+    model_cost = [round(c * ctx.scale) for c in g.cost]  # the cap is the model's (Formulation.int_cost)
+    cap = None if cfg.max_overhead is None else overhead_cap_units(model_cost, g, cfg.max_overhead)
+    return Question("overhead", u.unit, 0, cost, transfer, cfg.offload, cap,
                     max_recomputes(cfg, len(g.compute_ids)), 0)
 
 

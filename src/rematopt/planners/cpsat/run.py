@@ -17,8 +17,8 @@ from ...graph import Graph
 from ...plan import Plan
 from ...reference import peak_lower_bound
 from ...simulate import Replay, simulate
-from .backends import LpBackend
 from . import peak
+from .backends import LpBackend
 from .model import Model, OutOfTime, Stages, cost_resolution, integer_scale
 from .relaxations import Question, WholeBound, relaxation_bound
 from .report import Outcome, Outside, report, report_unbuilt
@@ -188,11 +188,9 @@ def question(ctx: Context, model: Model) -> Question:
     """What the relaxations are asked, in the model's integers (costs
     floored when the scale is inexact, so the optimum stays a bound on the
     costs the model optimises)."""
-    g, f = ctx.graph, model.form
-    int_cost = f.int_cost if ctx.exact else [int(c * ctx.scale // 1) for c in g.cost]
-    int_transfer = (f.int_transfer if ctx.exact else
-                    [int(b * ctx.cfg.transfer_cost_per_byte * ctx.scale // 1) for b in g.bytes])
-    return Question(ctx.cfg.objective, f.unit, f.mem_cap, tuple(int_cost), tuple(int_transfer), ctx.cfg.offload,
+    f = model.form
+    int_cost, int_transfer = ctx.relaxation_costs()
+    return Question(ctx.cfg.objective, f.unit, f.mem_cap, int_cost, int_transfer, ctx.cfg.offload,
                     model.overhead_cap, model.max_recomputes, model.peak_floor)
 
 
@@ -336,7 +334,7 @@ def _run(ctx: Context) -> Plan:
             if ctx.stop.requested:  # Ctrl-C while building or warm-starting: keep the best so far
                 if returned_round(history) is None and hint is not None:
                     stopped_round = Round(model, cp_model.FEASIBLE, cp_model.UNKNOWN, hint,
-                                          history[-1].bound if history else None, hint, None, None,
+                                          history[-1].bound if history else None, None, None,
                                           model.build_s, ctx.elapsed())
                 break
             r = solve_round(ctx, model, hint, lowest)

@@ -67,6 +67,15 @@ class Context:
     def left(self) -> float:
         return self.cfg.time_limit - self.elapsed()
 
+    def relaxation_costs(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Node and transfer costs in model integers for the relaxations: the
+        model's own (rounded) when the scale is exact, else floored, so a
+        relaxation's optimum stays a bound on the true costs."""
+        g, per_byte = self.graph, self.cfg.transfer_cost_per_byte
+        to_int = round if self.exact else math.floor
+        return (tuple(to_int(c * self.scale) for c in g.cost),
+                tuple(to_int(b * per_byte * self.scale) for b in g.bytes))
+
 
 @dataclass(frozen=True)
 class Lowest:
@@ -98,7 +107,6 @@ class Round:
     searched: int  # the search's own status (``status`` counts the hint as a plan)
     best: Assignment | None
     bound: float | None
-    hint: Assignment | None
     fitted: Assignment | None
     lowest: Lowest | None
     build_s: float  # the round's models, the peak search's included
@@ -192,7 +200,7 @@ def solve_round(ctx: Context, model: Model, hint: Assignment | None, lowest: Low
         best = hint  # never worse than the hint
         status = cp_model.FEASIBLE if status != cp_model.OPTIMAL else status
         ctx.trace.solution("primary", model.to_units(model.objective_of(best)), model.to_units(bound))
-    return Round(model, status, searched, best, bound, hint, fitted, found_lower, build_s, ctx.elapsed())
+    return Round(model, status, searched, best, bound, fitted, found_lower, build_s, ctx.elapsed())
 
 
 def fit(ctx: Context, model: Model, start: Assignment, limit: float
@@ -246,7 +254,7 @@ def whole_bound_of(round_: Round) -> int | None:
     """The full model's bound, which holds for the whole staged space (when
     memory is counted exactly: with sizes rounded up, the model holds only
     some of the plans)."""
-    if (round_.depth is None and round_.model.form.memory_exact and round_.searched != cp_model.INFEASIBLE and round_.bound is not None
-            and math.isfinite(round_.bound)):
+    if (round_.depth is None and round_.model.form.memory_exact and round_.searched != cp_model.INFEASIBLE
+            and round_.bound is not None and math.isfinite(round_.bound)):
         return math.ceil(round_.bound - 1e-6)
     return None
