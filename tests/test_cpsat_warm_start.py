@@ -15,7 +15,7 @@ from rematopt.planners.cpsat import run, search, signals
 from rematopt.planners.cpsat.backends import CpSatBackend
 from rematopt.planners.cpsat.model import Formulation
 from rematopt.planners.cpsat.solution import events, from_plan
-from rematopt.planners.cpsat.warm_start import (best_fast_plan, best_within, fast_planners, fast_plans, lowest_peak,
+from rematopt.planners.cpsat.warm_start import (best_within, fast_planners, fast_plans, lowest_peak,
                                                 staged_eviction)
 from rematopt.reference import no_remat_plan, resolve_budget
 from rematopt.simulate import simulate
@@ -30,7 +30,7 @@ GRAPHS = [synthetic.linear_training(8), synthetic.unet(2, train=True),
 @pytest.mark.parametrize("g", GRAPHS, ids=lambda g: g.name[:20])
 def test_best_fast_plan_is_valid_and_under_budget(g):
     budget = resolve_budget(g, ratio=0.9)
-    p = best_fast_plan(g, budget)
+    p, _ = best_within(fast_plans(g, budget), budget)
     assert "cpsat" not in fast_planners()
     r = simulate(g, p)
     assert r.valid and r.peak_bytes <= budget

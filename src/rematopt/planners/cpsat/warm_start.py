@@ -94,14 +94,6 @@ def lowest_peak(plans: list[tuple[Plan, Replay]]) -> tuple[Plan, Replay] | None:
                default=None)
 
 
-def best_fast_plan(graph: Graph, budget: int | None, options: dict[str, Any] | None = None,
-                   deadline: float | None = None) -> Plan | None:
-    """The best valid fast plan that meets ``budget`` (:func:`best_within`),
-    None if no plan does."""
-    best = best_within(fast_plans(graph, budget, options, deadline), budget)
-    return None if best is None else best[0]
-
-
 def staged_eviction(form: "Formulation", max_rounds: int = 10_000,
                     deadline: float | None = None) -> "Assignment | None":
     """A first solution inside the staged model's own plan space, where the
