@@ -94,7 +94,6 @@ def test_bisection_out_of_time_never_bounds_above_the_optimum(weak_rounds):
         check(g, expect[0], sol, proven=False)
 
 
-
 def test_pareto_curve_points_are_the_exhaustive_peaks_at_their_caps(tmp_path):
     """Each cpsat point of ``rematopt pareto`` is the staged optimum under its
     cap (or a fast planner's plan below it), the curve falls as the cap
