@@ -17,7 +17,7 @@ from ...graph import Graph
 from ...plan import Plan
 from ...reference import peak_lower_bound
 from ...simulate import Replay, simulate
-from . import peak
+from . import lns, peak
 from .backends import LpBackend
 from .model import Model, OutOfTime, Stages, cost_resolution, integer_scale
 from .relaxations import Question, WholeBound, relaxation_bound
@@ -337,7 +337,7 @@ def _run(ctx: Context) -> Plan:
                                           history[-1].bound if history else None, None, None,
                                           model.build_s, ctx.elapsed())
                 break
-            r = solve_round(ctx, model, hint, lowest)
+            r = solve_round(lns.round_context(ctx, model), model, hint, lowest)
             if hint is None and r.fitted is not None:
                 hint_source, hint_obj = "peak search", model.objective_of(r.fitted)
             lowest = r.lowest or lowest
@@ -352,6 +352,9 @@ def _run(ctx: Context) -> Plan:
     if model is None:  # not even the first model was built in time
         return report_unbuilt(ctx, outside)
     done = returned_round(history) or stopped_round
+    lns_stats = None
+    if done is not None and not ctx.stop.requested:  # LNS from the round's best, in the time left
+        done, lns_stats = lns.after_rounds(ctx, done, lower)
     chosen = done or (history[-1] if history else None)
     if chosen is not None:
         model = chosen.model
@@ -384,4 +387,7 @@ def _run(ctx: Context) -> Plan:
                       secondary=secondary is not None, secondary_status=secondary_status, whole=whole, proofs=tuple(proofs), lower=lower,
                       empty=empty, outside=outside, hint_source=hint_source, hint_objective=hint_obj,
                       lp_bound=lp, lp_skipped=lp_skipped, built_in_time=built_in_time, primary_s=primary_s, build_s=sum(r.build_s for r in history) if history else model.build_s)
-    return report(outcome)
+    plan = report(outcome)
+    if lns_stats is not None:
+        plan.stats = plan.stats.with_details(lns=lns_stats)
+    return plan

@@ -51,6 +51,8 @@ class Options:
     recompute_depth: int | str = option("auto", "auto, full, or recompute only within N producer hops of "
                                         "each stage's node.", choices=("auto", "full"), minimum=0,
                                         from_text=recompute_depth)
+    lns: str = option("auto", "large-neighbourhood search: re-solve windows of stages around the round's best "
+                      "(auto: when the model is large).", choices=("auto", "on", "off"))
 
     def __post_init__(self) -> None:
         if self.host_bandwidth is not None and self.transfer_cost_per_byte is not None:
@@ -83,6 +85,7 @@ class Settings:
     lp_bound: bool
     depth: int | str | None  # None: automatic; "full"; or a number of producer hops
     export_model: str | None  # write the first round's model here (proto text) and its LP (.mps)
+    lns: str = "auto"  # large-neighbourhood search after the rounds: auto, on, off
 
     @classmethod
     def parse(cls, budget: int | None, options: dict) -> "Settings":
@@ -94,7 +97,7 @@ class Settings:
         return cls(objective, budget, o.offload, per_byte, o.max_overhead, o.max_clone_expansion or None,
                    float(o.time_limit), o.workers or os.cpu_count() or 1, o.seed, o.hint, o.warm_start, o.log_path,
                    o.progress, o.lp_bound, None if o.recompute_depth == "auto" else o.recompute_depth,
-                   o.export_model)
+                   o.export_model, o.lns)
 
 
 def max_recomputes(cfg: Settings, compute_nodes: int) -> int | None:

@@ -1,0 +1,383 @@
+"""Large-neighbourhood search over a built model: re-optimise a window of
+consecutive stages exactly while the rest of the incumbent stays fixed,
+window after window; the incumbent only ever improves.
+
+A window's subproblem is cut from the model's CP-SAT proto, not rebuilt:
+the variables keyed by a stage inside the window (``R``, ``P``, ``S``,
+``F``, ``U``, and ``O[i]`` where ``P[s,i]`` is in the window) stay free;
+every other variable takes its incumbent value, folded into the bounds of
+the constraints that touch a free one; constraints with no free variable
+hold already (the incumbent satisfies them) and are left out. So a window
+costs in proportion to its own size, whatever the model's. The peak
+variable of ``--objective peak`` stays free, bounded below by the
+incumbent's memory outside the window.
+
+A window's result is taken only if its objective is strictly lower, it
+meets the budget and caps (:meth:`Model.admissible`), and its plan replays
+in the simulator within the budget.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable
+
+from ortools.sat import cp_model_pb2
+from ortools.sat.python import cp_model
+
+from ...simulate import simulate
+from .backends import stopped_early, tune
+from .model import Model
+from .search import Context, Round
+from .signals import Interrupt, solver_takes_ctrl_c
+from .solution import Assignment, events
+
+# With ``--lns auto``, LNS follows the rounds when the returned round's model
+# has at least this many variables, and a round that LNS will follow
+# searches for SHARE of the time left, LNS the rest.
+AUTO_VARIABLES = 20_000
+SHARE = 0.5
+# LNS stops this long before the time limit: the plan is still to be replayed.
+MARGIN_S = 0.5
+# The first window holds about this many free variables (random_layered_n500's
+# depth-1 windows of about 2,000 variables are solved to optimality in
+# well under a second).
+START_FREE_VARIABLES = 2000
+# A window solved to optimality within this share of its limit makes the next
+# one GROWTH times wider; one that is not shrinks by the same factor.
+FAST_SHARE = 0.25
+GROWTH = 1.5
+# A window's search gets at most this many seconds (at least MIN_WINDOW_S).
+WINDOW_S = 5.0
+MIN_WINDOW_S = 0.2
+# Consecutive windows overlap by this share of their width.
+OVERLAP = 0.5
+
+
+@dataclass(frozen=True)
+class Window:
+    """One window tried: stages ``first .. last - 1``, its free variables,
+    the search's status, seconds, and the objective (units) before and after."""
+
+    first: int
+    last: int
+    free: int
+    status: str
+    seconds: float
+    before: float
+    after: float
+
+
+@dataclass(frozen=True)
+class Result:
+    """What a search did: its best assignment (never worse than the start),
+    the windows tried, and whether a window covering every stage was solved
+    to optimality (then ``best`` is the model's optimum)."""
+
+    best: Assignment
+    before: int  # model integers
+    after: int
+    windows: tuple[Window, ...]
+    exhausted: bool
+    seconds: float
+
+    def stats(self, model: Model) -> dict[str, Any]:
+        """The ``lns`` entry of a plan's stats."""
+        return {"windows": len(self.windows), "improved": sum(w.after < w.before for w in self.windows),
+                "objective_before": model.to_units(self.before), "objective_after": model.to_units(self.after),
+                "seconds": self.seconds, "exhausted": self.exhausted,
+                "largest_window": max((w.last - w.first for w in self.windows), default=0)}
+
+
+class Neighbourhoods:
+    """The model's proto read once into plain lists: each linear constraint
+    (variables, coefficients, domain), the constraints of each variable,
+    and the variables keyed by each stage."""
+
+    def __init__(self, model: Model):
+        form = model.form
+        proto = plain_proto(model.backend.model)
+        self.model = model
+        self.T = form.ix.T
+        self.domains = [list(v.domain) for v in proto.variables]
+        self.cons: list[tuple[list[int], list[int], list[int]]] = []
+        self.var_cons: list[list[int]] = [[] for _ in self.domains]
+        var_cons, cons = self.var_cons, self.cons
+        for k, c in enumerate(proto.constraints):
+            if c.WhichOneof("constraint") != "linear" or c.enforcement_literal:
+                raise ValueError("lns: the model has a constraint that is not a plain linear one")
+            lin = c.linear
+            vs = list(lin.vars)
+            for v in vs:  # a variable listed twice lists the constraint twice: submodel skips repeats
+                var_cons[v].append(k)
+            cons.append((vs, list(lin.coeffs), list(lin.domain)))
+        self.objective = list(zip(proto.objective.vars, proto.objective.coeffs))
+        self.peak = None if model.peak is None else model.peak.index
+        stage_vars: list[set[int]] = [set() for _ in range(self.T)]
+        for table in (form.R, form.P, form.S, form.F, form.U):
+            for k, v in table.items():
+                if not isinstance(v, int) and k[0] < self.T:
+                    stage_vars[k[0]].add(v.index)
+        for (s, i) in form.P:
+            if not isinstance(form.O.get(i, 0), int):
+                stage_vars[s].add(form.O[i].index)
+        self.stage_vars = [sorted(x) for x in stage_vars]
+        # the slots' U by stage, for the peak variable's bound outside a window
+        self.stage_u: list[list[tuple[int, int]]] = [[] for _ in range(self.T)]
+        for (s, q), u in form.U.items():
+            self.stage_u[s].append((q, u.index))
+
+    def free_in(self, a: int, b: int) -> list[int]:
+        """The variables a window of stages ``a .. b-1`` leaves free."""
+        free = set()
+        for s in range(a, b):
+            free.update(self.stage_vars[s])
+        if self.peak is not None:
+            free.add(self.peak)
+        return sorted(free)
+
+    def submodel(self, free: list[int], values: list[int], peak_floor: int) -> cp_model.CpModel:
+        """The window's model: ``free`` variables (renumbered in that order),
+        every other variable at ``values``, hinted with ``values``."""
+        new = {old: k for k, old in enumerate(free)}
+        m = cp_model.CpModel()
+        p = m.proto
+        for old in free:
+            dom = self.domains[old]
+            if old == self.peak:
+                dom = [max(dom[0], peak_floor), max(dom[-1], peak_floor)]
+            p.variables.add().domain.extend(dom)
+        seen: set[int] = set()
+        for old in free:
+            if old == self.peak:
+                continue  # its constraints with a window's U come with the U
+            for c in self.var_cons[old]:
+                if c in seen:
+                    continue
+                seen.add(c)
+                vs, cs, dom = self.cons[c]
+                keep_v, keep_c, const = [], [], 0
+                for v, coef in zip(vs, cs):
+                    k = new.get(v)
+                    if k is None:
+                        const += coef * values[v]
+                    else:
+                        keep_v.append(k)
+                        keep_c.append(coef)
+                lin = p.constraints.add().linear
+                lin.vars.extend(keep_v)
+                lin.coeffs.extend(keep_c)
+                lin.domain.extend(_shift(dom, const))
+        obj = [(new[v], c) for v, c in self.objective if v in new]
+        p.objective.vars.extend(k for k, _ in obj)
+        p.objective.coeffs.extend(c for _, c in obj)
+        p.solution_hint.vars.extend(range(len(free)))
+        p.solution_hint.values.extend(values[v] for v in free)
+        return m
+
+    def values(self, a: Assignment) -> list[int]:
+        """Every variable's value under ``a`` (the peak variable: its peak)."""
+        out = [0] * len(self.domains)
+        for var, val in a.values(self.model.form):
+            out[var.index] = val
+        if self.peak is not None:
+            out[self.peak] = self.model.peak_of(a)
+        return out
+
+
+def plain_proto(model: cp_model.CpModel) -> cp_model_pb2.CpModelProto:
+    """The model as a plain protobuf message: read element by element, the
+    solver's own proto wrapper took 1.5 s on a 35,000-constraint model,
+    its serialised copy 0.3 s."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "model.pb"
+        model.export_to_file(str(path))
+        return cp_model_pb2.CpModelProto.FromString(path.read_bytes())
+
+
+_LIMIT = 2**62  # the backends' infinity
+
+
+def _shift(dom: list[int], const: int) -> list[int]:
+    """The domain of ``expr`` given that of ``expr + const``."""
+    return [d if abs(d) >= _LIMIT else d - const for d in dom]
+
+
+def improve(model: Model, start: Assignment, *, deadline: float, workers: int, seed: int = 0,
+            budget: int | None = None, stop: Interrupt | None = None, width: int | None = None,
+            on_improve: Callable[[Assignment], None] | None = None) -> Result:
+    """LNS from ``start`` (admissible in ``model``) until ``deadline`` (a
+    ``time.perf_counter()`` value), a window covering every stage is solved
+    to optimality, or a Ctrl-C (``stop``). Windows slide by half their
+    width, skipping those that cannot improve (overhead: no recompute or
+    transfer cost inside; peak: a slot at the peak outside) and those
+    already proven at the current incumbent; their width (``width`` stages
+    at first, else about START_FREE_VARIABLES free variables) grows when a
+    window is proven fast, or when no window of that width is left to try,
+    and shrinks when a window is not proven. A result is kept only if it is
+    strictly better, admissible, and its plan replays valid within
+    ``budget``; ``on_improve`` hears of each one."""
+    began = time.perf_counter()
+    hood = Neighbourhoods(model)
+    T = hood.T
+    best, best_obj = start, model.objective_of(start)
+    before = best_obj
+    if T == 0:
+        return Result(best, before, before, (), True, 0.0)
+    values = hood.values(best)
+    profile = Profile.of(model, hood, best, values)
+    per_stage = max(1.0, sum(len(v) for v in hood.stage_vars) / T)
+    w = max(1, min(T, width or round(START_FREE_VARIABLES / per_stage)))
+    windows: list[Window] = []
+    proven: set[tuple[int, int]] = set()  # windows optimal at the current incumbent
+    exhausted = False
+    cursor, idle = 0, 0  # idle: windows skipped in a row
+    while not (stop is not None and stop.requested):
+        left = deadline - time.perf_counter()
+        if left < MIN_WINDOW_S:
+            break
+        a = min(cursor, T - w)
+        b = a + w
+        step = max(1, round(w * (1 - OVERLAP)))
+        cursor = a + step if b < T else 0
+        if (a, b) in proven or not profile.may_improve(model, a, b):
+            idle += 1
+            if idle > T // step + 1:  # a whole sweep with nothing to try at this width
+                if w >= T:  # nor over every stage: no cost to save, or the peak at its floor
+                    exhausted = True
+                    break
+                w, idle = min(T, max(w + 1, round(w * GROWTH))), 0
+            continue
+        idle = 0
+        free = hood.free_in(a, b)
+        floor = max(profile.high_outside(a, b), model.peak_floor) if hood.peak is not None else 0
+        sub = hood.submodel(free, values, floor)
+        limit = min(left, WINDOW_S)
+        status, sol, took = _solve(sub, limit, workers, seed, stop)
+        prev = best_obj
+        if sol is not None:
+            trial = list(values)
+            for k, old in enumerate(free):
+                trial[old] = sol[k]
+            cand = Assignment.from_values(model.form, lambda v: trial[v.index])
+            obj = model.objective_of(cand)
+            if obj < best_obj and model.admissible(cand) and replays(model, cand, budget):
+                best, best_obj, values = cand, obj, trial
+                profile = Profile.of(model, hood, best, values)
+                proven.clear()
+                if on_improve is not None:
+                    on_improve(best)
+        windows.append(Window(a, b, len(free), status, took, model.to_units(prev), model.to_units(best_obj)))
+        if status == "OPTIMAL":
+            proven.add((a, b))
+            if w >= T:
+                exhausted = True
+                break
+            if took < FAST_SHARE * limit:
+                w = min(T, max(w + 1, round(w * GROWTH)))
+        else:
+            w = max(1, round(w / GROWTH))
+    return Result(best, before, best_obj, tuple(windows), exhausted, time.perf_counter() - began)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Where the incumbent pays, per stage, as prefix sums: ``pays[b] -
+    pays[a]`` is its recompute and transfer cost in stages ``a .. b-1``
+    (overhead), or how many of those stages reach the peak (peak); and the
+    highest memory before each stage and from each stage on."""
+
+    pays: list[int]
+    high_before: list[int]
+    high_from: list[int]
+
+    @classmethod
+    def of(cls, model: Model, hood: Neighbourhoods, best: Assignment, values: list[int]) -> "Profile":
+        form, T = model.form, hood.T
+        high = [max((values[u] for _, u in hood.stage_u[s]), default=0) for s in range(T)]
+        per = [0] * T
+        if model.peak is None:
+            for (s, i) in best.R:
+                if s != form.ix.first[i] and s < T:
+                    per[s] += form.int_cost[i]
+            for (s, i) in best.P:
+                per[s] += form.int_transfer[i]
+        elif values[hood.peak] > model.peak_floor:
+            per = [int(h >= values[hood.peak]) for h in high]
+        pays, before, after = [0], [0], [0] * (T + 1)
+        for s in range(T):
+            pays.append(pays[-1] + per[s])
+            before.append(max(before[-1], high[s]))
+        for s in reversed(range(T)):
+            after[s] = max(after[s + 1], high[s])
+        return cls(pays, before, after)
+
+    def may_improve(self, model: Model, a: int, b: int) -> bool:
+        """Whether stages ``a .. b-1`` can lower the objective with the rest
+        fixed: overhead, if the incumbent pays inside them; peak, if every
+        stage at the peak lies inside them (and the peak is above its floor)."""
+        inside = self.pays[b] - self.pays[a]
+        return inside > 0 if model.peak is None else inside > 0 and inside == self.pays[-1]
+
+    def high_outside(self, a: int, b: int) -> int:
+        """The highest memory at a slot outside stages ``a .. b-1``."""
+        return max(self.high_before[a], self.high_from[b])
+
+
+def replays(model: Model, a: Assignment, budget: int | None) -> bool:
+    """Whether ``a``'s plan replays valid in the simulator, within ``budget``."""
+    r = simulate(model.form.graph, events(model.form, a))
+    return r.valid and (budget is None or r.peak_bytes <= budget)
+
+
+STATUS = {cp_model.OPTIMAL: "OPTIMAL", cp_model.FEASIBLE: "FEASIBLE", cp_model.INFEASIBLE: "INFEASIBLE",
+          cp_model.UNKNOWN: "UNKNOWN", cp_model.MODEL_INVALID: "MODEL_INVALID"}
+
+
+def _solve(sub: cp_model.CpModel, limit: float, workers: int, seed: int, stop: Interrupt | None
+           ) -> tuple[str, list[int] | None, float]:
+    """One window's search: its status, the free variables' values, seconds."""
+    solver = cp_model.CpSolver()
+    tune(solver.parameters, max(limit, 0.01), workers, seed, lp_heavy=True)
+    began = time.perf_counter()
+    with solver_takes_ctrl_c(solver.parameters, stop is not None):
+        status = solver.solve(sub)
+    if stop is not None and stopped_early(solver, status, limit):
+        stop.requested = True
+    sol = list(solver.response_proto.solution) if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) else None
+    return STATUS.get(status, "UNKNOWN"), sol, time.perf_counter() - began
+
+
+def wanted(setting: str, model: Model) -> bool:
+    """Whether LNS follows a round of ``model`` (``--lns``: auto, on, off)."""
+    return setting == "on" or (setting == "auto" and model.variables >= AUTO_VARIABLES)
+
+
+def round_context(ctx: Context, model: Model) -> Context:
+    """The context a round of ``model`` searches in: ``ctx``, with the time
+    limit moved in by SHARE of the time left when LNS will follow."""
+    if not wanted(ctx.cfg.lns, model):
+        return ctx
+    end = ctx.elapsed() + (1 - SHARE) * ctx.left()
+    return replace(ctx, cfg=replace(ctx.cfg, time_limit=end))
+
+
+def after_rounds(ctx: Context, done: Round, lower: int | None) -> tuple[Round, dict[str, Any] | None]:
+    """LNS from the returned round's best, if it is wanted there and the
+    round is neither proven nor at the whole-space bound: the round with
+    the better assignment (OPTIMAL, bound and all, when a window covering
+    every stage was proven), and the ``lns`` stats (None: not run)."""
+    model, best = done.model, done.best
+    proven = done.status == cp_model.OPTIMAL or (lower is not None and done.objective <= lower)
+    deadline = ctx.start + ctx.cfg.time_limit - MARGIN_S
+    if best is None or proven or not wanted(ctx.cfg.lns, model) or time.perf_counter() + MIN_WINDOW_S > deadline:
+        return done, None
+    res = improve(model, best, deadline=deadline, workers=ctx.cfg.workers, seed=ctx.cfg.seed, budget=ctx.cfg.budget,
+                  stop=ctx.stop, on_improve=lambda a: ctx.trace.solution(
+                      "primary", model.to_units(model.objective_of(a)), None))
+    if res.exhausted:
+        done = replace(done, status=cp_model.OPTIMAL, searched=cp_model.OPTIMAL, bound=float(res.after))
+    return replace(done, best=res.best), res.stats(model)

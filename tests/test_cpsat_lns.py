@@ -1,0 +1,176 @@
+"""Large-neighbourhood search (planners/cpsat/lns.py): it never worsens the
+incumbent, every plan it keeps replays within the budget, a window over
+every stage reaches the exhaustive optimum, it stops at its deadline, and
+``--lns`` is read and run by cpsat."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+from ortools.sat.python import cp_model
+
+from rematopt import solve
+from rematopt.errors import PlannerError
+from rematopt.importers import synthetic
+from rematopt.planners.cpsat import lns
+from rematopt.planners.cpsat.backends import CpSatBackend
+from rematopt.planners.cpsat.model import Model, build
+from rematopt.planners.cpsat.settings import Settings
+from rematopt.planners.cpsat.solution import Assignment, events, from_plan
+from rematopt.planners.cpsat.warm_start import staged_eviction
+from rematopt.reference import no_remat_plan, resolve_budget
+from rematopt.simulate import simulate
+
+from brute_force import min_cost, min_peak
+from cpsat_cases import budget_between, cases
+
+
+def model_of(g, budget, depth=None, objective="overhead") -> Model:
+    return build(g, CpSatBackend(), objective=objective, mem_cap_bytes=budget, offload=False,
+                 transfer_cost_per_byte=0.0, cost_scale=1, depth=depth)
+
+
+def first_solution(model: Model) -> Assignment | None:
+    """Any solution of ``model``: the first one CP-SAT finds."""
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = 1
+    solver.parameters.stop_after_first_solution = True
+    solver.parameters.max_time_in_seconds = 10
+    if solver.solve(model.backend.model) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None
+    return Assignment.from_values(model.form, solver.value)
+
+
+def replay(model: Model, a: Assignment):
+    return simulate(model.form.graph, events(model.form, a))
+
+
+CASES = [(synthetic.random_layered(n, seed=seed), ratio, depth)
+         for n, seed, ratio, depth in [(40, 1, 0.8, None), (60, 2, 0.7, 1), (80, 4, 0.9, 2), (100, 6, 0.8, 2),
+                                       (150, 8, 0.8, 1)]]
+
+
+@pytest.mark.parametrize("g, ratio, depth", CASES, ids=[f"{g.name}-{r}-{d}" for g, r, d in CASES])
+def test_lns_never_worsens_and_every_kept_plan_replays_within_budget(g, ratio, depth):
+    budget = resolve_budget(g, ratio=ratio)
+    model = model_of(g, budget, depth)
+    start = staged_eviction(model.form)
+    assert start is not None and model.admissible(start)
+    before = model.objective_of(start)
+    kept = []
+    res = lns.improve(model, start, deadline=time.perf_counter() + 3, workers=1, budget=budget, width=3,
+                      on_improve=kept.append)
+    assert res.before == before and res.after == model.objective_of(res.best) <= before
+    assert res.windows and all(w.after <= w.before for w in res.windows)
+    objectives = [model.objective_of(a) for a in kept]
+    assert objectives == sorted(objectives, reverse=True) and len(set(objectives)) == len(objectives)
+    assert (res.after < before) == bool(kept) == any(w.after < w.before for w in res.windows)
+    for a in kept + [res.best]:
+        assert model.admissible(a)
+        r = replay(model, a)
+        assert r.valid and r.peak_bytes <= budget, r.error
+        assert r.recompute_cost == model.overhead_of(a)  # integer costs, scale 1
+
+
+def test_lns_improves_a_poor_start_on_some_graph():
+    """The property above is not vacuous: from staged eviction, windows of a
+    few stages lower the cost on these graphs."""
+    gains = []
+    for g, ratio, depth in CASES[1:4]:
+        budget = resolve_budget(g, ratio=ratio)
+        model = model_of(g, budget, depth)
+        start = staged_eviction(model.form)
+        res = lns.improve(model, start, deadline=time.perf_counter() + 2, workers=1, budget=budget, width=4)
+        gains.append(res.before - res.after)
+    assert any(x > 0 for x in gains), gains
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_one_window_over_every_stage_reaches_the_exhaustive_optimum(seed):
+    solved = 0
+    for g, rng in cases(5, every=False, count=12, seed=seed):
+        budget = budget_between(g, rng)
+        exact = min_cost(g, budget)
+        model = model_of(g, budget)
+        start = first_solution(model)
+        assert (start is None) == (exact is None)
+        if start is None:
+            continue
+        res = lns.improve(model, start, deadline=time.perf_counter() + 10, workers=1, budget=budget,
+                          width=model.form.ix.T)
+        assert res.exhausted and res.after == exact[0], (g.to_dict(), budget)
+        solved += 1
+    assert solved >= 6
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_peak_lns_over_every_stage_reaches_the_lowest_peak(seed):
+    for g, _ in cases(5, every=False, count=8, seed=10 + seed):
+        model = model_of(g, None, objective="peak")
+        start = from_plan(model.form, no_remat_plan(g))
+        res = lns.improve(model, start, deadline=time.perf_counter() + 10, workers=1, width=model.form.ix.T)
+        assert res.after <= res.before
+        assert model.to_bytes(res.after) == min_peak(g)[0] == replay(model, res.best).peak_bytes
+
+
+def test_peak_lns_with_narrow_windows_keeps_the_peak_it_claims():
+    g = synthetic.random_layered(80, seed=7)
+    model = model_of(g, None, objective="peak")
+    start = from_plan(model.form, no_remat_plan(g))
+    res = lns.improve(model, start, deadline=time.perf_counter() + 3, workers=1, width=5)
+    assert res.after <= res.before and res.windows
+    assert replay(model, res.best).peak_bytes == model.to_bytes(res.after)
+
+
+def test_lns_stops_at_its_deadline():
+    g = synthetic.random_layered(250, seed=1)
+    budget = resolve_budget(g, ratio=0.8)
+    model = model_of(g, budget, depth=1)
+    start = staged_eviction(model.form)
+    for left in (0.0, 1.5):
+        began = time.perf_counter()
+        res = lns.improve(model, start, deadline=began + left, workers=1, budget=budget, width=200)
+        assert time.perf_counter() - began < left + 1.5  # the last window's limit is the time left
+        assert all(w.seconds <= left + 0.5 for w in res.windows)
+    assert not lns.improve(model, start, deadline=time.perf_counter(), workers=1).windows
+
+
+def test_the_lns_option_is_read_and_refused_in_one_line():
+    assert Settings.parse(100, {}).lns == "auto"
+    assert Settings.parse(100, {"lns": "off"}).lns == "off"
+    with pytest.raises(PlannerError, match="^cpsat: lns must be one of auto, on, off, got 'yes'$"):
+        Settings.parse(100, {"lns": "yes"})
+    out = subprocess.run([sys.executable, "-m", "rematopt", "solve", "--lns", "maybe", "--budget-ratio", "0.9"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "maybe" in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_auto_turns_lns_on_for_large_models_only():
+    small = model_of(synthetic.random_layered(40, seed=1), None, objective="peak")
+    assert small.variables < lns.AUTO_VARIABLES
+    assert not lns.wanted("auto", small) and lns.wanted("on", small) and not lns.wanted("off", small)
+
+
+def test_cpsat_with_lns_on_returns_a_plan_at_least_as_good_within_the_limit():
+    g = synthetic.random_layered(500, seed=1)
+    budget = resolve_budget(g, ratio=0.8)
+    form = model_of(g, budget, depth=1).form
+    hint = events(form, staged_eviction(form))  # the warm start's, were it not cut short on a loaded machine
+    sol = solve(g, "cpsat", budget=budget, time_limit=10, workers=1, seed=1, lp_bound=False,
+                recompute_depth=1, lns="on", hint=hint)
+    st = sol.plan.stats
+    assert sol.replay.valid and sol.replay.peak_bytes <= sol.budget
+    assert sol.wall_s < 10 + 5
+    rounds = st["rounds"]
+    assert rounds[-1]["elapsed_s"] < 10 - 1  # the round left LNS its share of the time
+    assert rounds[-1]["status"] == "FEASIBLE"  # the depth-1 optimum takes longer (58 s on 2 workers)
+    info = st["lns"]
+    assert info["windows"] >= 1 and info["objective_after"] <= info["objective_before"]
+    assert info["objective_before"] == rounds[-1]["objective"]
+    assert st["objective"] == info["objective_after"] == sol.replay.recompute_cost
+    off = solve(g, "cpsat", budget_ratio=0.8, time_limit=2, workers=1, lp_bound=False, recompute_depth=1,
+                lns="off")
+    assert "lns" not in off.plan.stats
