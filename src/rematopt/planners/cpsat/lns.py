@@ -116,28 +116,70 @@ class Neighbourhoods:
             cons.append((vs, list(lin.coeffs), list(lin.domain)))
         self.objective = list(zip(proto.objective.vars, proto.objective.coeffs))
         self.peak = None if model.peak is None else model.peak.index
-        stage_vars: list[set[int]] = [set() for _ in range(self.T)]
-        for table in (form.R, form.P, form.S, form.F, form.U):
-            for k, v in table.items():
-                if not isinstance(v, int) and k[0] < self.T:
-                    stage_vars[k[0]].add(v.index)
+        # each variable's entries (table, key) and the stages they span
+        self.keys: dict[int, list[tuple[str, Any]]] = {}
+        lo: dict[int, int] = {}
+        hi: dict[int, int] = {}
+        prefetched: dict[int, list[int]] = {}  # O[i] lives where i may be prefetched
         for (s, i) in form.P:
-            if not isinstance(form.O.get(i, 0), int):
-                stage_vars[s].add(form.O[i].index)
-        self.stage_vars = [sorted(x) for x in stage_vars]
+            prefetched.setdefault(i, []).append(s)
+        for name in ("S", "R", "P", "F", "U", "O"):
+            table = getattr(form, name)
+            for k, v in table.items():
+                if isinstance(v, int):
+                    continue
+                x = v.index
+                stages = prefetched[k] if name == "O" else (k[0],)
+                entry = self.keys.get(x)
+                if entry is None:
+                    self.keys[x] = [(name, k)]
+                    lo[x], hi[x] = min(stages), max(stages)
+                else:  # a kept value's one variable over the stages that only carry it
+                    entry.append((name, k))
+                    lo[x], hi[x] = min(lo[x], *stages), max(hi[x], *stages)
+        self.starting: list[list[int]] = [[] for _ in range(self.T + 1)]  # variables by first stage
+        for v, s in lo.items():
+            self.starting[min(s, self.T)].append(v)
+        self.hi = hi
         # the slots' U by stage, for the peak variable's bound outside a window
-        self.stage_u: list[list[tuple[int, int]]] = [[] for _ in range(self.T)]
+        self.stage_u: list[list[int]] = [[] for _ in range(self.T)]
         for (s, q), u in form.U.items():
-            self.stage_u[s].append((q, u.index))
+            self.stage_u[s].append(u.index)
 
     def free_in(self, a: int, b: int) -> list[int]:
-        """The variables a window of stages ``a .. b-1`` leaves free."""
-        free = set()
-        for s in range(a, b):
-            free.update(self.stage_vars[s])
+        """The variables a window of stages ``a .. b-1`` leaves free: those
+        whose every entry lies in it (a kept value's one variable across the
+        stages that only carry it is free only if they all do)."""
+        free = [v for s in range(a, b) for v in self.starting[s] if self.hi[v] < b]
         if self.peak is not None:
-            free.add(self.peak)
+            free.append(self.peak)
         return sorted(free)
+
+    def values(self, a: Assignment) -> list[int]:
+        """Every variable's value under ``a`` (the peak variable: its peak)."""
+        out = [0] * len(self.domains)
+        ones = {"S": a.S, "R": a.R, "P": a.P, "F": a.F, "O": a.O}
+        for v, keys in self.keys.items():
+            name, k = keys[0]
+            if name != "U":
+                out[v] = int(k in ones[name])
+        for k, m in a.memory(self.model.form).items():
+            out[self.model.form.U[k].index] = m
+        if self.peak is not None:
+            out[self.peak] = self.model.peak_of(a)
+        return out
+
+    def changed(self, a: Assignment, values: list[int], free: list[int], sol: list[int]) -> Assignment:
+        """``a`` (whose variables are at ``values``) with the free variables
+        at ``sol``: only the window's entries are touched."""
+        out = Assignment(set(a.S), set(a.R), set(a.P), set(a.O), set(a.F))
+        ones = {"S": out.S, "R": out.R, "P": out.P, "F": out.F, "O": out.O}
+        for v, x in zip(free, sol):
+            if x != values[v] and v != self.peak:
+                for name, k in self.keys[v]:
+                    if name != "U":
+                        (ones[name].add if x else ones[name].discard)(k)
+        return out
 
     def submodel(self, free: list[int], values: list[int], peak_floor: int) -> cp_model.CpModel:
         """The window's model: ``free`` variables (renumbered in that order),
@@ -177,15 +219,6 @@ class Neighbourhoods:
         p.solution_hint.vars.extend(range(len(free)))
         p.solution_hint.values.extend(values[v] for v in free)
         return m
-
-    def values(self, a: Assignment) -> list[int]:
-        """Every variable's value under ``a`` (the peak variable: its peak)."""
-        out = [0] * len(self.domains)
-        for var, val in a.values(self.model.form):
-            out[var.index] = val
-        if self.peak is not None:
-            out[self.peak] = self.model.peak_of(a)
-        return out
 
 
 def plain_proto(model: cp_model.CpModel) -> cp_model_pb2.CpModelProto:
@@ -229,7 +262,7 @@ def improve(model: Model, start: Assignment, *, deadline: float, workers: int, s
         return Result(best, before, before, (), True, 0.0)
     values = hood.values(best)
     profile = Profile.of(model, hood, best, values)
-    per_stage = max(1.0, sum(len(v) for v in hood.stage_vars) / T)
+    per_stage = max(1.0, sum(len(v) for v in hood.starting) / T)
     w = max(1, min(T, width or round(START_FREE_VARIABLES / per_stage)))
     windows: list[Window] = []
     proven: set[tuple[int, int]] = set()  # windows optimal at the current incumbent
@@ -258,16 +291,16 @@ def improve(model: Model, start: Assignment, *, deadline: float, workers: int, s
         limit = min(left, WINDOW_S)
         status, sol, took = _solve(sub, limit, workers, seed, stop)
         prev = best_obj
-        if sol is not None:
-            trial = list(values)
-            for k, old in enumerate(free):
-                trial[old] = sol[k]
-            cand = Assignment.from_values(model.form, lambda v: trial[v.index])
+        if sol is not None and _objective(sub, sol) < _objective(sub, sub.proto.solution_hint.values):
+            cand = hood.changed(best, values, free, sol)
             obj = model.objective_of(cand)
             if obj < best_obj and model.admissible(cand) and replays(model, cand, budget):
-                best, best_obj, values = cand, obj, trial
+                best, best_obj = cand, obj
+                for v, x in zip(free, sol):
+                    values[v] = x
                 profile = Profile.of(model, hood, best, values)
-                proven.clear()
+                # a window's subproblem reads the stages next to it, and the peak all of them
+                proven = {(c, d) for c, d in proven if hood.peak is None and (d < a - 1 or c > b + 1)}
                 if on_improve is not None:
                     on_improve(best)
         windows.append(Window(a, b, len(free), status, took, model.to_units(prev), model.to_units(best_obj)))
@@ -297,7 +330,7 @@ class Profile:
     @classmethod
     def of(cls, model: Model, hood: Neighbourhoods, best: Assignment, values: list[int]) -> "Profile":
         form, T = model.form, hood.T
-        high = [max((values[u] for _, u in hood.stage_u[s]), default=0) for s in range(T)]
+        high = [max((values[u] for u in hood.stage_u[s]), default=0) for s in range(T)]
         per = [0] * T
         if model.peak is None:
             for (s, i) in best.R:
@@ -335,6 +368,12 @@ def replays(model: Model, a: Assignment, budget: int | None) -> bool:
 
 STATUS = {cp_model.OPTIMAL: "OPTIMAL", cp_model.FEASIBLE: "FEASIBLE", cp_model.INFEASIBLE: "INFEASIBLE",
           cp_model.UNKNOWN: "UNKNOWN", cp_model.MODEL_INVALID: "MODEL_INVALID"}
+
+
+def _objective(sub: cp_model.CpModel, values: Any) -> int:
+    """A window model's objective at ``values`` (its free variables')."""
+    obj = sub.proto.objective
+    return sum(c * values[v] for v, c in zip(obj.vars, obj.coeffs))
 
 
 def _solve(sub: cp_model.CpModel, limit: float, workers: int, seed: int, stop: Interrupt | None
