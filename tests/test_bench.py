@@ -21,3 +21,15 @@ def test_scale_rows_run_each_solve_in_its_own_process(tmp_path, monkeypatch):
     console = Console(width=250, record=True)
     console.print(bench.scale_table(rows, 3, 1))
     assert console.export_text().count("random_layered_n30") == 2
+
+
+def test_scale_rows_run_once_per_lns_setting(tmp_path, monkeypatch):
+    monkeypatch.setitem(bench.SCALE, "random_layered_n30", ("random", 30, False))
+    rows = bench.scale_rows(("random_layered_n30",), (0.9,), time_limit=3, workers=1, folder=tmp_path,
+                            lns=("on", "off"))
+    assert [r["lns"] for r in rows] == ["on", "off"]
+    assert all(r["stats"]["status"] in ("OPTIMAL", "FEASIBLE") for r in rows)
+    console = Console(width=250, record=True)
+    console.print(bench.scale_table(rows, 3, 1))
+    text = console.export_text()
+    assert " on " in text and " off " in text

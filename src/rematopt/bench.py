@@ -261,11 +261,11 @@ def scale_graph(name: str, folder: Path) -> Path:
 
 
 def scale_rows(names: tuple[str, ...], ratios: tuple[float, ...], time_limit: float, workers: int,
-               folder: Path) -> list[dict]:
+               folder: Path, lns: tuple[str, ...] = ("auto",)) -> list[dict]:
     """cpsat at each budget ratio of each instance, each run in its own
     process (its wall time, build included, and peak memory), against the
     best heuristic plan within the budget (dtr, greedy, chen-*, the JAX
-    policies) run here."""
+    policies) run here; once per ``--lns`` setting in ``lns``."""
     import json
     import subprocess
     import sys
@@ -281,34 +281,38 @@ def scale_rows(names: tuple[str, ...], ratios: tuple[float, ...], time_limit: fl
         for ratio in ratios:
             budget = resolve_budget(graph, ratio=ratio, check=False)
             fits = [(r.overhead, p.planner) for p, r in fast_plans(graph, budget) if r.peak_bytes <= budget]
-            began = time.perf_counter()
-            out = subprocess.run([sys.executable, "-c", _CHILD, "solve", str(path), "--budget-ratio", str(ratio),
-                                  "--time-limit", str(time_limit), "--workers", str(workers), "--json"],
-                                 capture_output=True, text=True)
-            wall = time.perf_counter() - began
-            rss = next((int(line.split()[1]) for line in out.stderr.splitlines() if line.startswith("MAXRSS")), 0)
-            try:
-                st = json.loads(out.stdout)
-            except ValueError:
-                st = {"status": "ERROR", "reason": out.stderr.strip()[-60:]}
-            rows.append({"graph": name, "nodes": graph.n, "ratio": ratio, "best_heuristic": min(fits, default=None),
-                         "stats": st, "wall_s": wall, "over_limit_s": wall - time_limit, "rss_gib": rss / 2**20})
+            for setting in lns:
+                began = time.perf_counter()
+                out = subprocess.run([sys.executable, "-c", _CHILD, "solve", str(path), "--budget-ratio", str(ratio),
+                                      "--time-limit", str(time_limit), "--workers", str(workers), "--lns", setting,
+                                      "--json"], capture_output=True, text=True)
+                wall = time.perf_counter() - began
+                rss = next((int(line.split()[1]) for line in out.stderr.splitlines() if line.startswith("MAXRSS")), 0)
+                try:
+                    st = json.loads(out.stdout)
+                except ValueError:
+                    st = {"status": "ERROR", "reason": out.stderr.strip()[-60:]}
+                rows.append({"graph": name, "nodes": graph.n, "ratio": ratio, "lns": setting,
+                             "best_heuristic": min(fits, default=None), "stats": st, "wall_s": wall,
+                             "over_limit_s": wall - time_limit, "rss_gib": rss / 2**20})
     return rows
 
 
 def scale_table(rows: list[dict], time_limit: float, workers: int) -> Table:
     """The rows of :func:`scale_rows` as a table."""
     table = Table(title=f"cpsat at scale: {time_limit:g} s limit, {workers} workers")
-    for col in ("graph", "nodes", "ratio", "best heuristic %", "status", "first s", "cpsat %", "vs heuristic",
-                "gap %", "wall s", "over limit s", "RSS GiB", "reason"):
+    for col in ("graph", "nodes", "ratio", "lns", "best heuristic %", "status", "first s", "cpsat %", "vs heuristic",
+                "gap %", "lns windows (improved)", "wall s", "over limit s", "RSS GiB", "reason"):
         table.add_column(col, justify="right")
     for row in rows:
         st, best = row["stats"], row["best_heuristic"]
         ours = st.get("overhead")
         versus = "" if ours is None or best is None or not best[0] else f"{ours / best[0]:.2f}x"
-        table.add_row(row["graph"], f"{row['nodes']:,}", f"{row['ratio']:g}",
+        ran = st.get("lns")  # LNS's windows, when it ran
+        table.add_row(row["graph"], f"{row['nodes']:,}", f"{row['ratio']:g}", row.get("lns", "auto"),
                       "" if best is None else f"{100 * best[0]:.3f} ({best[1]})", st["status"],
                       _secs(st.get("time_to_first_s")), "" if ours is None else f"{100 * ours:.3f}", versus,
-                      _pct(st.get("gap")), f"{row['wall_s']:.1f}", f"{row['over_limit_s']:+.1f}",
+                      _pct(st.get("gap")), "" if not ran else f"{ran['windows']} ({ran['improved']})",
+                      f"{row['wall_s']:.1f}", f"{row['over_limit_s']:+.1f}",
                       f"{row['rss_gib']:.2f}", (st.get("reason") or "")[:60])
     return table

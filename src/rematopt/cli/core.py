@@ -268,9 +268,12 @@ def import_nodelink(file: str, output: str) -> None:
 @click.option("--ratios", default="0.9,0.8,0.7,0.6", show_default=True, help="scale: budget ratios.")
 @click.option("--time-limit", type=float, default=120.0, show_default=True, help="scale: cpsat's limit, seconds.")
 @click.option("--workers", type=int, default=2, show_default=True, help="scale: cpsat's threads.")
+@click.option("--lns", "lns", default="auto", show_default=True,
+              help="scale: cpsat's --lns, or several (e.g. on,off: a row for each).")
 @click.option("--folder", type=click.Path(file_okay=False), default="bench-graphs", show_default=True,
               help="scale: where the instances are made (on first use) and kept.")
-def bench(what: str, sizes: str, graphs: str, ratios: str, time_limit: float, workers: int, folder: str) -> None:
+def bench(what: str, sizes: str, graphs: str, ratios: str, time_limit: float, workers: int, lns: str,
+          folder: str) -> None:
     """Print timing tables (simulator: replay, save and load at several plan sizes;
     greedy: the d=2000 chain-with-sinks stress case and the clone projection check;
     cpsat: the exact planner on ../shared/benchmarks/nodelink at ratios 0.9 and 0.8;
@@ -284,8 +287,11 @@ def bench(what: str, sizes: str, graphs: str, ratios: str, time_limit: float, wo
         unknown = [n for n in graphs.split(",") if n not in SCALE]
         if unknown:
             raise RematoptError(f"bench scale: unknown instance(s) {', '.join(unknown)}; known: {', '.join(SCALE)}")
+        settings = tuple(lns.split(","))
+        if not set(settings) <= {"auto", "on", "off"}:
+            raise RematoptError(f"bench scale: --lns takes auto, on, off or a list of them, got {lns!r}")
         rows = scale_rows(tuple(graphs.split(",")), tuple(float(r) for r in ratios.split(",")), time_limit, workers,
-                          Path(folder))
+                          Path(folder), settings)
         Console(width=max(Console().width, 180)).print(scale_table(rows, time_limit, workers))
     if what == "peak":
         from ..bench import peak_table
