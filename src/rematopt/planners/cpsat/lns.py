@@ -3,9 +3,9 @@ consecutive stages exactly while the rest of the incumbent stays fixed,
 window after window; the incumbent only ever improves.
 
 A window's subproblem is cut from the model's CP-SAT proto, not rebuilt:
-the variables keyed by a stage inside the window (``R``, ``P``, ``S``,
-``F``, ``U``, and ``O[i]`` where ``P[s,i]`` is in the window) stay free;
-every other variable takes its incumbent value, folded into the bounds of
+a variable stays free when every entry it stands for lies in the window
+(``R``, ``P``, ``S``, ``F``, ``U`` by their stage; ``O[i]`` by the stages
+where i may be prefetched); every other variable takes its incumbent value, folded into the bounds of
 the constraints that touch a free one; constraints with no free variable
 hold already (the incumbent satisfies them) and are left out. So a window
 costs in proportion to its own size, whatever the model's. The peak
@@ -79,7 +79,8 @@ class Window:
 class Result:
     """What a search did: its best assignment (never worse than the start),
     the windows tried, and whether a window covering every stage was solved
-    to optimality (then ``best`` is the model's optimum)."""
+    to optimality, or none could improve (then ``best`` is the model's
+    optimum)."""
 
     best: Assignment
     before: int  # model integers
@@ -99,7 +100,7 @@ class Result:
 class Neighbourhoods:
     """The model's proto read once into plain lists: each linear constraint
     (variables, coefficients, domain), the constraints of each variable,
-    and the variables keyed by each stage."""
+    and each variable's entries in the formulation and the stages they span."""
 
     def __init__(self, model: Model):
         form = model.form
