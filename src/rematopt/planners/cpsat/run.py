@@ -265,8 +265,7 @@ def _run(ctx: Context) -> Plan:
         """The (stage, value) pairs where the depth-``depth`` space may re-materialise a value."""
         if depth not in remat_cache:
             ix = full if depth is None else Stages(g, cfg.offload, depth)
-            remat_cache[depth] = sum(1 for i in ix.values for s in ix.stages(i) if s != ix.first[i]
-                                     and (ix.may_compute(s, i) or ix.may_prefetch(s, i)))
+            remat_cache[depth] = ix.count_remat_pairs()
         return remat_cache[depth]
 
     built_in_time = True

@@ -126,22 +126,22 @@ def staged_eviction(form: "Formulation", max_rounds: int = 10_000,
         s, q = over
         freed = {i: f for (t, i, f) in a.F if t == s}
         resident = {i for i in ix.values
-                    if ((s, i) in a.S or ((s, i) in a.R and pos[i] <= q)) and freed.get(i, q) >= q}
+                    if (a.kept(form, s, i) or ((s, i) in a.R and pos[i] <= q)) and freed.get(i, q) >= q}
         read_late = {p for (t, j) in a.R if t == s and pos[j] >= q for p in g.preds[j]}
         candidates = []
         for i in resident:
-            if ((s + 1, i) not in a.S or i in read_late or not ix.recomputable[i] or not size[i]):
+            if (not a.kept(form, s + 1, i) or i in read_late or not ix.recomputable[i] or not size[i]):
                 continue
             t = s + 1
-            while (t, i) in a.S and not any((t, j) in a.R for j in g.succs[i]):
+            while a.kept(form, t, i) and not any((t, j) in a.R for j in g.succs[i]):
                 t += 1
-            if (t, i) not in a.S or (t, i) not in form.R:
+            if not a.kept(form, t, i) or (t, i) not in form.R:
                 continue
             cost, saved, redo = g.cost[i], size[i], [(t, i)]
             for p in g.preds[i]:
-                if g.nodes[p].persistent or (t, p) in a.S or (t, p) in a.R:
+                if g.nodes[p].persistent or a.kept(form, t, p) or (t, p) in a.R:
                     continue
-                if (t, p) in form.R and all(g.nodes[u].persistent or (t, u) in a.S for u in g.preds[p]):
+                if (t, p) in form.R and all(g.nodes[u].persistent or a.kept(form, t, u) for u in g.preds[p]):
                     cost += g.cost[p]
                     redo.append((t, p))
                 elif p not in resident:
