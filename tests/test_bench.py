@@ -21,3 +21,16 @@ def test_scale_rows_run_each_solve_in_its_own_process(tmp_path, monkeypatch):
     console = Console(width=250, record=True)
     console.print(bench.scale_table(rows, 3, 1))
     assert console.export_text().count("random_layered_n30") == 2
+
+
+def test_bench_scale_prints_its_table_only(tmp_path, monkeypatch):
+    """The command prints the scale table and nothing else (it once fell
+    through to the simulator table)."""
+    from click.testing import CliRunner
+
+    from rematopt.cli import cli
+
+    monkeypatch.setitem(bench.SCALE, "random_layered_n30", ("random", 30, False))
+    out = CliRunner().invoke(cli, ["bench", "scale", "--graphs", "random_layered_n30", "--ratios", "0.9",
+                                    "--time-limit", "3", "--workers", "1", "--folder", str(tmp_path)])
+    assert out.exit_code == 0 and "random_layered_n30" in out.output and "replay" not in out.output

@@ -287,11 +287,11 @@ def bench(what: str, sizes: str, graphs: str, ratios: str, time_limit: float, wo
         rows = scale_rows(tuple(graphs.split(",")), tuple(float(r) for r in ratios.split(",")), time_limit, workers,
                           Path(folder))
         Console(width=max(Console().width, 180)).print(scale_table(rows, time_limit, workers))
+        return
     if what == "peak":
         from ..bench import peak_table
 
         Console(width=max(Console().width, 150)).print(peak_table())
-        return
         return
     if what == "cpsat":
         from ..bench import cpsat_table
