@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence, TypeVar
 from ...graph import Graph
 from ...plan import Plan
 from ...simulate import Replay, simulate
-from .. import available, get
+from .. import available, get, options_class
+from ..options import names
 
 if TYPE_CHECKING:
     from .solution import Assignment
@@ -49,10 +50,13 @@ def fast_plans(graph: Graph, budget: int | None, options: dict[str, Any] | None 
     for name in fast_planners():
         if deadline is not None and time.perf_counter() > deadline:
             break
+        run_options = dict(options or {})
+        if deadline is not None and "time_limit" in names(options_class(name)):  # dtr: a time limit of its own
+            run_options["time_limit"] = max(0.0, deadline - time.perf_counter())
         try:
             with warnings.catch_warnings():  # a baseline's own warnings are not the user's concern here
                 warnings.simplefilter("ignore")
-                p = get(name)(graph, budget, dict(options or {}))
+                p = get(name)(graph, budget, run_options)
         except Exception:  # a baseline that fails here is simply not a candidate
             continue
         r = simulate(graph, p)
