@@ -39,15 +39,17 @@ def fast_planners() -> list[str]:
 
 
 def fast_plans(graph: Graph, budget: int | None, options: dict[str, Any] | None = None,
-               deadline: float | None = None,
-               on_plan: Callable[[Plan, Replay], None] | None = None) -> list[tuple[Plan, Replay]]:
-    """The fast planners' valid plans for ``budget``, whether or not they
-    meet it, each with its replay (a planner's own claims are never trusted),
-    each handed to ``on_plan`` as soon as it is made. A planner that fails on
-    this graph is skipped, and none starts after ``deadline`` (a
-    ``time.perf_counter()`` value)."""
+               deadline: float | None = None, on_plan: Callable[[Plan, Replay], None] | None = None,
+               planners: Sequence[str] | None = None) -> list[tuple[Plan, Replay]]:
+    """The fast planners' (or those of ``planners`` among them) valid plans
+    for ``budget``, whether or not they meet it, each with its replay (a
+    planner's own claims are never trusted), each handed to ``on_plan`` as
+    soon as it is made. A planner that fails on this graph is skipped, and
+    none starts after ``deadline`` (a ``time.perf_counter()`` value)."""
     plans = []
     for name in fast_planners():
+        if planners is not None and name not in planners:
+            continue
         if deadline is not None and time.perf_counter() > deadline:
             break
         run_options = dict(options or {})
