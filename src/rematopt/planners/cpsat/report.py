@@ -123,9 +123,11 @@ def report(o: Outcome) -> Plan:
     if best is not None and o.lower is not None and (restricted or solved_depth is None):
         # a whole-space bound (the relaxation's, or the trivial one) under
         # the full model's own, whichever is higher
-        own = stats["best_bound"] if stats["best_bound"] is not None else trivial
-        stats["best_bound"] = max(own, trivial, model.to_units(o.lower))
-        stats["bound_by"] = lower_source(o) if model.to_units(o.lower) >= max(own, trivial) else "model"
+        found = [(model.to_units(o.lower), lower_source(o)),
+                 (trivial, "working set" if cfg.objective == "peak" else "trivial")]
+        if stats["best_bound"] is not None:
+            found.append((stats["best_bound"], "model"))
+        stats["best_bound"], stats["bound_by"] = max(found, key=lambda x: x[0])  # ties: the relaxation
         if proven_whole:
             stats["status"] = "OPTIMAL"
     elif restricted and best is not None:
@@ -152,8 +154,8 @@ def report(o: Outcome) -> Plan:
             where = f" (none recomputes within {max(empty)} producer hops of each stage's node)" if empty else ""
             stats["reason"] = f"{why} before any plan within the budget was found{where}"
         if o.outside is not None:  # the model's space is empty, the budget is not
-            return fallback(g.name, o.outside, stats, lower=whole_units(ctx, model.form.unit, o.lower),
-                            lower_by=lower_source(o))
+            lower = None if gap_infeasible or o.empty else whole_units(ctx, model.form.unit, o.lower)
+            return fallback(g.name, o.outside, stats, lower=lower, lower_by=lower_source(o))
         return no_plan(g.name, stats["status"], **{k: v for k, v in stats.items() if k != "status"})
     form = model.form
     p = events(form, best)
