@@ -63,19 +63,6 @@ class Runs:
     can_rc: np.ndarray
     can_pf: np.ndarray
 
-    @property
-    def pairs(self) -> int:
-        """(run, row) pairs: the terms of the memory rows written out."""
-        return int((self.b - self.a + 1).sum())
-
-    def loads(self, dropped: np.ndarray) -> np.ndarray:
-        """The units resident at each row when the runs with ``dropped`` 1 are dropped."""
-        diff = np.zeros(len(self.crit) + 1, dtype=np.int64)
-        w = self.size * dropped
-        np.add.at(diff, self.a, w)
-        np.add.at(diff, self.b + 1, -w)
-        return self.alive - np.cumsum(diff)[:-1]
-
 
 def gap_runs(graph: Graph, ix: Stages, unit: int, floor: int) -> Runs:
     """The runs of ``graph`` (its values as ``ix`` says; sizes in ``unit``
