@@ -5,6 +5,7 @@ the tie-break, and the report (:mod:`report`)."""
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,11 +20,11 @@ from ...reference import no_remat_peak, peak_lower_bound
 from ...simulate import Replay, simulate
 from . import peak
 from .backends import LpBackend
-from .model import Model, OutOfTime, Stages, cost_resolution, integer_scale
+from .model import Model, OutOfTime, Stages, cost_resolution, integer_scale, memory_unit, overhead_cap_units
 from .relaxations import Question, WholeBound, relaxation_bound
 from .report import Outcome, Outside, report, report_unbuilt
 from .search import Context, Lowest, Round, make_model, solve_round, tie_break, whole_bound_of
-from .settings import Settings
+from .settings import Settings, max_recomputes
 from .signals import Interrupt, Trace, deferred_sigint
 from .solution import Assignment, events, from_plan, staged_events
 from .strategy import (DONE, may_start, next_depth, proof_time, returned_round, should_widen,
@@ -219,20 +220,29 @@ def plan_pairs(ix: Stages, plan: Plan) -> dict[int, set[int]]:
     return pairs
 
 
-def question(ctx: Context, model: Model) -> Question:
-    """What the relaxations are asked, in the model's integers (costs
-    floored when the scale is inexact, so the optimum stays a bound on the
-    costs the model optimises)."""
-    f = model.form
+def question(ctx: Context) -> Question:
+    """What the relaxations are asked, in the integers of the model
+    :func:`make_model` builds (costs floored when the scale is inexact, so the
+    optimum stays a bound on the costs the model optimises): known before
+    any model is built, so the gaps bound is there even when none is built
+    in time (the 10,084-node GPT decoder's first model takes over 120 s)."""
+    g, cfg = ctx.graph, ctx.cfg
+    unit = memory_unit(g)[0]
+    persistent = sum(v.bytes for v in g.nodes if v.persistent)
+    top = cfg.budget if cfg.budget is not None else no_remat_peak(g)
     int_cost, int_transfer = ctx.relaxation_costs()
-    return Question(ctx.cfg.objective, f.unit, f.mem_cap, int_cost, int_transfer, ctx.cfg.offload,
-                    model.overhead_cap, model.max_recomputes, model.peak_floor)
+    cap = None
+    if cfg.objective == "peak" and cfg.max_overhead is not None:
+        cap = overhead_cap_units([round(c * ctx.scale) for c in g.cost], g, cfg.max_overhead)
+    floor = max(0, math.ceil((peak_lower_bound(g) - persistent) / unit))
+    return Question(cfg.objective, unit, max(0, (top - persistent) // unit), int_cost, int_transfer, cfg.offload,
+                    cap, max_recomputes(cfg, len(g.compute_ids)), floor)
 
 
 def relaxation(ctx: Context, q: Question, level: str, limit: float, below: int | None = None) -> WholeBound:
     cfg = ctx.cfg
     r = relaxation_bound(ctx.graph, q, level=level, below=below, time_limit=limit, workers=cfg.workers,
-                         seed=cfg.seed, interruptible=level != "gaps")
+                         seed=cfg.seed, interruptible=level != "gaps", ix=ctx.full)
     if r.interrupted:
         ctx.stop.requested = True
     return r
@@ -304,12 +314,14 @@ def _run(ctx: Context) -> Plan:
         return remat_cache[depth]
 
     built_in_time = True
+    # the gaps bound first: it needs no model, and a big graph's first model
+    # may not be built in time
+    q = question(ctx)
+    whole = relaxation(ctx, q, "gaps", min(GAP_BOUND_SHARE * cfg.time_limit, ctx.left()))
+    lower = whole.bound
     history: list[Round] = []
     stopped_round: Round | None = None  # Ctrl-C before a round's search: its hint
     proofs: list[Proof] = []
-    whole: WholeBound | None = None  # the gap relaxation's verdict
-    q: Question | None = None
-    lower: int | None = None  # the whole space's best lower bound, model integers
     proof_s, proof_at, asked_empty, empty = 0.0, None, False, False
     also: dict[int, set[int]] = {}
     hint_source = hint_obj = None
@@ -343,15 +355,12 @@ def _run(ctx: Context) -> Plan:
                 break
         try:
             prev = events(history[-1].model.form, history[-1].best) if history and history[-1].best else None
+            first = model is None
             model = make_model(ctx, depth, also)
-            if whole is None:
-                if cfg.export_model:
-                    export(ctx, model, cfg.export_model)
-                q = question(ctx, model)
-                whole = relaxation(ctx, q, "gaps", GAP_BOUND_SHARE * cfg.time_limit)
-                lower = whole.bound
-                if whole.status == "INFEASIBLE":  # no staged plan at all: nothing to search
-                    break
+            if first and cfg.export_model:
+                export(ctx, model, cfg.export_model)
+            if whole.status == "INFEASIBLE":  # no staged plan at all: nothing to search
+                break
             if prev is None:
                 hint, hint_source = warm_start(ctx, model, outside, outside_s)
                 hint_units = model.to_units(model.objective_of(hint)) if hint is not None else None
@@ -384,7 +393,7 @@ def _run(ctx: Context) -> Plan:
             break
 
     if model is None:  # not even the first model was built in time
-        return report_unbuilt(ctx, outside)
+        return report_unbuilt(ctx, outside, whole, q)
     done = returned_round(history) or stopped_round
     chosen = done or (history[-1] if history else None)
     if chosen is not None:
