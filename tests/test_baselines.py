@@ -287,3 +287,15 @@ def test_offload_moves_each_dot_out_and_back_once(shape):
 ])
 def test_is_dot(op, dot):
     assert is_dot(op) == dot
+
+
+def test_dtr_out_of_time_stops_evicting_and_finishes_over_budget():
+    """With no time left dtr evicts nothing: a valid plan (no recompute) over
+    the budget, saying so; with time it meets the same budget."""
+    g = SHAPES[TRAINING_SHAPES[0]]()
+    budget = int(0.6 * no_remat_peak(g))
+    late = solve(g, "dtr", budget=budget, time_limit=0)
+    assert late.replay.valid and late.plan.stats["out_of_time"]
+    assert late.status == "OVER_BUDGET" and late.replay.compute_cost == base_cost(g)
+    timely = solve(g, "dtr", budget=budget)
+    assert timely.status == "FEASIBLE" and not timely.plan.stats["out_of_time"]

@@ -380,3 +380,14 @@ def test_mlir_inputs_run_like_any_graph(tmp_path):
     g = load_graph(mlir)
     assert rows[0]["status"] == "FEASIBLE" and rows[0]["peak_bytes"] == no_remat_peak(g)
     assert simulate(g, Plan.load(tmp_path / "res" / rows[0]["plan_path"])).valid
+
+
+def test_a_planner_that_does_not_apply_is_skipped_not_an_error(tmp_path):
+    """jax-names needs checkpoint names; a chain has none: the job is
+    SKIPPED with the planner's reason, the batch's other rows unaffected."""
+    path = tmp_path / "chain.json"
+    chain(5).save(path)
+    rows, _ = run([path], ["jax-names", "dtr"], [1.0], tmp_path / "res")
+    status = {r["planner"]: r for r in rows}
+    assert status["jax-names"]["status"] == "SKIPPED" and "jax-names needs" in status["jax-names"]["error"]
+    assert status["dtr"]["status"] in ("OPTIMAL", "FEASIBLE")

@@ -20,7 +20,23 @@ def test_scale_rows_run_each_solve_in_its_own_process(tmp_path, monkeypatch):
     assert rows[1]["stats"]["peak_bytes"] <= int(0.9 * rows[1]["stats"]["no_remat_peak_bytes"]) and g.n == 30
     console = Console(width=250, record=True)
     console.print(bench.scale_table(rows, 3, 1))
-    assert console.export_text().count("random_layered_n30") == 2
+    text = console.export_text()
+    assert text.count("random_layered_n30") == 2 and "bound by" in text
+    st = rows[1]["stats"]  # the whole-space bound, and what gave it
+    assert st["bound_by"] in ("gaps", "chains", "slots", "model") and 0 <= st["best_bound"] <= st["objective"]
+
+
+def test_bench_scale_prints_its_table_only(tmp_path, monkeypatch):
+    """The command prints the scale table and nothing else (it once fell
+    through to the simulator table)."""
+    from click.testing import CliRunner
+
+    from rematopt.cli import cli
+
+    monkeypatch.setitem(bench.SCALE, "random_layered_n30", ("random", 30, False))
+    out = CliRunner().invoke(cli, ["bench", "scale", "--graphs", "random_layered_n30", "--ratios", "0.9",
+                                    "--time-limit", "3", "--workers", "1", "--folder", str(tmp_path)])
+    assert out.exit_code == 0 and "cpsat at scale" in out.output and "replay" not in out.output
 
 
 def test_scale_rows_run_once_per_lns_setting(tmp_path, monkeypatch):

@@ -185,3 +185,25 @@ def test_tables_show_bytes_in_human_units_next_to_the_count(graph_file):
     assert rows["budget_bytes"] == "1,000"  # under 1 KiB: the count alone
     assert rows["status"] == "OVER_BUDGET"  # greedy takes any budget >= 0
     assert human_bytes(1536) == "1.5 KiB" and human_bytes(3 * 2**30) == "3 GiB" and human_bytes(512) == "512 B"
+
+
+def test_a_solve_time_limit_counts_the_command_from_its_start(monkeypatch):
+    """--time-limit is the whole command's: the planner is given what is left
+    after the process's start and the graph's loading, less the finishing
+    reserve, never below zero."""
+    from click.testing import CliRunner
+
+    from rematopt.cli import cli, core
+
+    got = []
+
+    def fake_solve(graph, planner, **options):
+        got.append(options["time_limit"])
+        raise core.RematoptError("stop here")
+
+    monkeypatch.setattr(core, "solve", fake_solve)
+    monkeypatch.setattr(core, "since_start", lambda: 2.0)
+    for limit, left in (("10", 10 - 2.0 - core.FINISH_S), ("1", 0.0)):
+        CliRunner().invoke(cli, ["solve", "--planner", "dtr", "--budget-ratio", "0.9", "--time-limit", limit])
+        assert got.pop() == pytest.approx(left)
+    assert 0 < core.since_start() < 3600  # this process's age, read from /proc

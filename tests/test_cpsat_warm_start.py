@@ -169,3 +169,25 @@ def test_the_progress_line_shows_the_peak_search_until_a_plan_fits():
     trace.solution("primary", 200.0, None)
     trace.new_bound("primary", 150.0)
     assert signals.progress_line(trace).endswith("incumbent 200  bound 150  gap 25.00%")
+
+
+@pytest.mark.parametrize("cap", [0.0, 0.1, 0.5])
+def test_budget_sweep_finds_low_peaks_within_the_overhead_cap(cap):
+    """Peak objective with an overhead cap: the quick planners' sweep over
+    budgets returns valid plans, the best admitted one within the cap and,
+    when the cap allows any recompute that helps, below the no-remat peak."""
+    from types import SimpleNamespace
+
+    from rematopt.planners.cpsat.run import admit, budget_sweep
+    from rematopt.planners.cpsat.settings import Settings
+    from rematopt.reference import no_remat_peak
+
+    g = synthetic.linear_training(16)
+    ctx = SimpleNamespace(graph=g, cfg=Settings.parse(None, {"objective": "peak", "max_overhead": cap}))
+    start = fast_plans(g, None, planners=("dtr", "greedy"))
+    found = budget_sweep(ctx, start)
+    assert found and all(r.valid for _, r in found)
+    admitted = [r for p, r in found if admit(ctx, p, r, p.planner) is not None]
+    assert all(r.recompute_cost <= cap * r.base_cost + 1e-12 for r in admitted)
+    best = min((r.peak_bytes for r in admitted), default=no_remat_peak(g))
+    assert (best < no_remat_peak(g)) == (cap > 0)

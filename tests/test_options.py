@@ -58,7 +58,7 @@ def test_every_registered_planner_has_an_options_class():
         assert dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen, name
         assert planners.options(name) == names(cls)
     assert names(CLASSES["greedy"]) == {"peak_model", "trim", "max_clone_expansion"}
-    assert names(CLASSES["dtr"]) == {"dtr_heuristic", "dtr_thrash_limit"}
+    assert names(CLASSES["dtr"]) == {"dtr_heuristic", "dtr_thrash_limit", "time_limit"}
     for name in ("chen-sqrt", "chen-greedy", "no-remat", "jax-dots-saveable", "jax-nothing-saveable",
                  "jax-offload-dots"):
         assert CLASSES[name] is NoOptions

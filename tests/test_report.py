@@ -106,8 +106,11 @@ def test_priced_transfers_count_in_the_gap(tmp_path):
 
 def test_tables_figures_and_a_self_contained_index(results, tmp_path):
     out = tmp_path / "rep"
-    index = report.write_report(results, out, title="t", command="rematopt report res -o rep")
+    setup = "rematopt import jax models.gpt:factory --set layers=48 -o g/gpt48.json"
+    index = report.write_report(results, out, title="t", command="rematopt report res -o rep", setup=[setup])
     md = index.read_text()
+    made = md.split("## How it was made")[1].split("```")[1].splitlines()
+    assert made[1] == setup and made[-1] == "rematopt report res -o rep"  # inputs first, the report last
     for name in ("status_counts", "gaps", "exact", "budgets"):
         assert (out / f"{name}.csv").exists() and f"({name}.md)" in md
     for png in ("pareto.png", "gaps.png", "exact_time.png", "solver_progress.png"):

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from . import planners
-from .errors import BudgetError, GraphError, RematoptError
+from .errors import BudgetError, GraphError, NotApplicable, RematoptError
 from .importers import load as load_graph
 from .planners.options import parse
 from .reference import no_remat_peak, peak_lower_bound, ratio_budget
@@ -380,6 +380,8 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
         row.update(status="OOM", error=f"out of memory (limit {spec.get('memory_limit')} bytes)")
     except PlanMismatch as e:
         row.update(status="ERROR", error=f"plan failed its replay: {e}")
+    except NotApplicable as e:
+        row.update(status="SKIPPED", error=str(e))
     except Exception as e:  # noqa: BLE001  (any planner failure is a row, not a stopped batch)
         row.update(status="ERROR", error=f"{type(e).__name__}: {e}")
     if row.get("log_path") and not (out / row["log_path"]).exists():

@@ -302,16 +302,19 @@ def scale_table(rows: list[dict], time_limit: float, workers: int) -> Table:
     """The rows of :func:`scale_rows` as a table."""
     table = Table(title=f"cpsat at scale: {time_limit:g} s limit, {workers} workers")
     for col in ("graph", "nodes", "ratio", "lns", "best heuristic %", "status", "first s", "cpsat %", "vs heuristic",
-                "gap %", "lns windows (improved)", "wall s", "over limit s", "RSS GiB", "reason"):
+                "bound %", "bound by", "gap %", "lns windows (improved)", "wall s", "over limit s", "RSS GiB", "reason"):
         table.add_column(col, justify="right")
     for row in rows:
         st, best = row["stats"], row["best_heuristic"]
         ours = st.get("overhead")
         versus = "" if ours is None or best is None or not best[0] else f"{ours / best[0]:.2f}x"
         ran = st.get("lns")  # LNS's windows, when it ran
+        # the whole-space bound as an overhead (its cost over the base cost, as cpsat % is)
+        bound = None if st.get("best_bound") is None or not st.get("base_cost") else st["best_bound"] / st["base_cost"]
         table.add_row(row["graph"], f"{row['nodes']:,}", f"{row['ratio']:g}", row.get("lns", "auto"),
                       "" if best is None else f"{100 * best[0]:.3f} ({best[1]})", st["status"],
                       _secs(st.get("time_to_first_s")), "" if ours is None else f"{100 * ours:.3f}", versus,
+                      "" if bound is None else f"{100 * bound:.3f}", str(st.get("bound_by") or ""),
                       _pct(st.get("gap")), "" if not ran else f"{ran['windows']} ({ran['improved']})",
                       f"{row['wall_s']:.1f}", f"{row['over_limit_s']:+.1f}",
                       f"{row['rss_gib']:.2f}", (st.get("reason") or "")[:60])

@@ -22,6 +22,11 @@ class PlannerError(RematoptError):
     """Unknown planner, bad planner option, or a planner that cannot run here."""
 
 
+class NotApplicable(PlannerError):
+    """A planner that needs what this graph lacks (jax-names: checkpoint
+    names): a batch skips the job instead of counting an error."""
+
+
 class ImportFailure(RematoptError):
     """A front end (node-link, JAX, MLIR) could not turn its input into a graph."""
 

@@ -195,7 +195,7 @@ def to_markdown(df: pd.DataFrame) -> str:
 
 
 def write_report(results_dir: str | Path, out: str | Path, title: str | None = None,
-                 command: str | None = None) -> Path:
+                 command: str | None = None, setup: list[str] | None = None) -> Path:
     """Write tables (CSV + Markdown), figures (PNG), ``index.md`` and a
     self-contained ``index.html`` into ``out``; returns the index.md path."""
     from .report_figures import draw_figures
@@ -218,16 +218,18 @@ def write_report(results_dir: str | Path, out: str | Path, title: str | None = N
     df.drop(columns=[c for c in ("stats",) if c in df]).to_csv(out / "results.csv", index=False)
     figures = draw_figures(df, results_dir, out)
     index = out / "index.md"
-    index.write_text(_index_md(df, title or out.name, tables, figures, _commands(results_dir, command)))
+    index.write_text(_index_md(df, title or out.name, tables, figures, _commands(results_dir, command, setup)))
     (out / "index.html").write_text(_index_html(df, title or out.name, tables, figures,
-                                                _commands(results_dir, command), out))
+                                                _commands(results_dir, command, setup), out))
     return index
 
 
-def _commands(results_dir: Path, command: str | None) -> list[str]:
+def _commands(results_dir: Path, command: str | None, setup: list[str] | None) -> list[str]:
+    """What made the report, in order: the commands that made input graphs
+    (``setup``: the batch does not see them), the batch runs, the report's."""
     made = results_dir / "batch.json"
     cmds = [entry["command"] for entry in json.loads(made.read_text())] if made.exists() else []
-    return cmds + ([command] if command else [])
+    return list(setup or []) + cmds + ([command] if command else [])
 
 
 def model_infeasible(df: pd.DataFrame) -> pd.DataFrame:

@@ -108,11 +108,14 @@ def _record_command(out: Path, names: list[str], inputs: list) -> None:
 @click.argument("results_dir", type=click.Path(file_okay=False))
 @click.option("--output", "-o", required=True, type=click.Path(file_okay=False), help="Report directory.")
 @click.option("--title", default=None, help="Report title (default: the report directory's name).")
-def report_cmd(results_dir: str, output: str, title: str | None) -> None:
+@click.option("--setup", multiple=True, metavar="COMMAND",
+              help="A command that made some of the batch's input graphs, listed first under 'How it was made' "
+                   "(repeatable), e.g. \"rematopt import jax models.gpt:factory --set layers=48 -o g/gpt48.json\".")
+def report_cmd(results_dir: str, output: str, title: str | None, setup: tuple[str, ...]) -> None:
     """Tables (Markdown and CSV), figures (PNG), index.md and a self-contained
     index.html from a batch's RESULTS_DIR."""
     from ..report import write_report
 
-    index = write_report(results_dir, output, title=title,
+    index = write_report(results_dir, output, title=title, setup=list(setup),
                          command=shlex.join(["rematopt", *sys.argv[1:]]))
     click.echo(f"wrote {index} and {index.with_suffix('.html')}")

@@ -36,6 +36,8 @@ an unguarded run made about 300,000 evictions for a 930x overhead.
 
 from __future__ import annotations
 
+import math
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,9 +66,10 @@ def needed_until(graph: Graph) -> list[int]:
 class _Runtime:
     """The simulated DTR runtime: residency, pins, staleness clock, schedule."""
 
-    def __init__(self, graph: Graph, budget: int | None, local: bool, max_recomputes: float):
+    def __init__(self, graph: Graph, budget: int | None, local: bool, max_recomputes: float, deadline: float):
         self.g, self.budget, self.local = graph, budget, local
         self.max_recomputes = max_recomputes
+        self.deadline = deadline  # time.perf_counter() past which eviction stops
         n = graph.n
         self.fixed = always_kept(graph)
         self.resident = [False] * n
@@ -127,8 +130,8 @@ class _Runtime:
         return best
 
     def _make_room(self, need: int) -> None:
-        if self.recomputes > self.max_recomputes:
-            return  # thrashing: stop evicting, finish over budget
+        if self.recomputes > self.max_recomputes or time.perf_counter() > self.deadline:
+            return  # thrashing or out of time: stop evicting, finish over budget
         while self.budget is not None and self.mem + need > self.budget:
             u = self._victim()
             if u is None:
@@ -187,12 +190,17 @@ class Options:
     dtr_heuristic: str = option("h_dtr", "eviction heuristic.", choices=HEURISTICS)
     dtr_thrash_limit: float = option(THRASH_LIMIT, "stop evicting after this many recomputes per compute node.",
                                      minimum=0)
+    # h_dtr's victim search is O(n) per eviction: on the 9,652-node decoder
+    # at its working-set bound it ran for minutes inside cpsat's warm start
+    time_limit: float = option(math.inf, "stop evicting after this many seconds (the plan then finishes over "
+                               "budget).", minimum=0)
 
 
 def plan(graph: Graph, budget: int | None, options: dict[str, Any]) -> Plan:
     opts = parse(Options, options, "dtr")
     heuristic, limit = opts.dtr_heuristic, opts.dtr_thrash_limit
-    rt = _Runtime(graph, budget, heuristic == "local", limit * len(graph.compute_ids))
+    rt = _Runtime(graph, budget, heuristic == "local", limit * len(graph.compute_ids),
+                  time.perf_counter() + opts.time_limit)
     # Free after the last read: by a consumer for a recomputable value (it can
     # come back), by anything that might need it recomputed otherwise.
     hold = [rt.needed[u] if rt.fixed[u] else graph.last_use[u] for u in range(graph.n)]
@@ -206,4 +214,5 @@ def plan(graph: Graph, budget: int | None, options: dict[str, Any]) -> Plan:
             rt.free(u)
     return place_frees(graph, rt.schedule, "dtr", budget,
                        {"heuristic": heuristic, "evictions": rt.evictions,
-                        "thrashed": rt.recomputes > rt.max_recomputes})
+                        "thrashed": rt.recomputes > rt.max_recomputes,
+                        "out_of_time": time.perf_counter() > rt.deadline})

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..errors import PlannerError
+from ..errors import NotApplicable, PlannerError
 from ..graph import Graph
 from ..plan import Plan
 from ..simulate import simulate
@@ -52,12 +52,12 @@ ENUMERATE_MAX = 10
 
 def plan(graph: Graph, budget: int | None, options: dict[str, Any]) -> Plan:
     if not graph.has_phases:
-        raise PlannerError(f"{graph.name}: jax-names needs a traced training step (forward and backward phases)")
+        raise NotApplicable(f"{graph.name}: jax-names needs a traced training step (forward and backward phases)")
     o = parse(Options, options, "jax-names")
     objective, offload, time_limit = o.objective or "overhead", o.offload, o.time_limit
     space = Space(graph, o.per_layer)
     if not space.keys:
-        raise PlannerError(f"{graph.name}: graph has no checkpoint_name on a forward value, so no name policy "
+        raise NotApplicable(f"{graph.name}: graph has no checkpoint_name on a forward value, so no name policy "
                            "to choose (tag values with jax.ad_checkpoint.checkpoint_name)")
     fates = ("device", "offload") if offload else ("device",)
     start = time.perf_counter()

@@ -29,9 +29,10 @@ or not in each interval), so the optimum is a lower bound on the whole staged
 space, and an infeasible relaxation proves it empty. The levels:
 
 - "gaps": no producer constraints, one variable per gap between two uses (a
-  value dropped anywhere in it pays one re-materialisation). Solved in well
-  under a second on the benchmark graphs; the optimum itself on the
-  Checkmate graphs.
+  value dropped anywhere in it pays one re-materialisation). The optimum
+  itself on the Checkmate graphs. Built by :mod:`gaps` with numpy, its
+  memory rows chained: a few seconds on the 10,084-node GPT decoder, where
+  the model above, one term per (value, critical stage), did not build in 60 s.
 - "chains": a recompute needs its producers, which on the random layered
   graphs are often long freed. Proves random_layered_n250 at 0.9 optimal
   (1,135; the gap bound is 740) in about 3 s.
@@ -53,6 +54,7 @@ from ortools.sat.python import cp_model
 
 from ...graph import Graph
 from .backends import stopped_early, tune
+from .gaps import gaps_model
 from .model import OutOfTime, Stages, check_time
 from .signals import solver_takes_ctrl_c
 
@@ -97,24 +99,61 @@ class Question:
 
 def relaxation_bound(graph: Graph, q: Question, *, level: str, below: int | None = None,
                      time_limit: float = 5.0, workers: int = 1, seed: int = 0,
-                     interruptible: bool = False) -> WholeBound:
+                     interruptible: bool = False, ix: Stages | None = None) -> WholeBound:
     """Solve the relaxation at ``level`` (one of LEVELS) of question ``q``.
     ``below`` asks only whether a solution of objective at most ``below``
     exists (the search stops at the first one): INFEASIBLE then says that no
     staged plan does as well. ``interruptible`` lets Ctrl-C stop the search
-    (main thread only, see :func:`solver_takes_ctrl_c`)."""
+    (main thread only, see :func:`solver_takes_ctrl_c`). ``ix``: the full
+    staged space's :class:`Stages` when at hand (the gaps level uses it)."""
     began = time.perf_counter()
     if level not in LEVELS:
         raise ValueError(f"relaxation level must be one of {LEVELS}, got {level!r}")
-    deadline = began + time_limit
-    try:
-        shape = _Lifetimes(graph, level=level, offload=q.offload, unit=q.unit,
-                           cap=q.cap_units if q.objective == "overhead" else q.peak_floor, deadline=deadline)
-        if shape.pairs > MAX_PAIRS:  # too big to build in the time a proof gets
+    if level == "gaps":  # numpy and a chain of segments: seconds even on 10,000 nodes
+        m, goal = gaps_model(graph, q, ix)
+    else:
+        try:
+            m, goal = _chains_model(graph, q, level, began + time_limit)
+        except OutOfTime:  # not even built in the time it was given
+            return WholeBound("UNKNOWN", None, time.perf_counter() - began)
+        if m is None:  # too big to build in the time a proof gets
             return WholeBound("SKIPPED", None, time.perf_counter() - began)
-        r = _Model(graph, shape, deadline)
-    except OutOfTime:  # not even built in the time it was given
+    left = time_limit - (time.perf_counter() - began)
+    if left <= 0:
         return WholeBound("UNKNOWN", None, time.perf_counter() - began)
+    if below is not None:
+        m.add(goal <= below)
+    m.minimize(goal)
+    solver = cp_model.CpSolver()
+    tune(solver.parameters, max(left, 0.01), workers, seed)
+    solver.parameters.stop_after_first_solution = below is not None
+    with solver_takes_ctrl_c(solver.parameters, interruptible):
+        status = solver.solve(m)
+    seconds = time.perf_counter() - began
+    # an early stop without a proof is Ctrl-C's doing, unless the solution
+    # found under ``below`` stopped it by design
+    unproven = (cp_model.UNKNOWN,) if below is not None else (cp_model.FEASIBLE, cp_model.UNKNOWN)
+    stopped = stopped_early(solver, status, left, unproven)
+    if status == cp_model.INFEASIBLE:
+        return WholeBound("INFEASIBLE", None, seconds)
+    # The search's bound holds even when it ends with no solution: asked for
+    # one below ``below``, every plan either costs more than that or at
+    # least the bound (n250 at 0.8: chains reaches 2,596 where gaps has 1,828).
+    lower = math.ceil(solver.best_objective_bound - 1e-6) if math.isfinite(solver.best_objective_bound) else None
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return WholeBound("UNKNOWN", lower, seconds, stopped)
+    return WholeBound("OPTIMAL" if status == cp_model.OPTIMAL else "FEASIBLE", lower, seconds, stopped)
+
+
+def _chains_model(graph: Graph, q: Question, level: str, deadline: float
+                  ) -> tuple[cp_model.CpModel | None, cp_model.LinearExpr | None]:
+    """The chains or slots relaxation of ``q`` and its objective (None, None
+    above MAX_PAIRS). Raises OutOfTime past ``deadline``."""
+    shape = _Lifetimes(graph, level=level, offload=q.offload, unit=q.unit,
+                       cap=q.cap_units if q.objective == "overhead" else q.peak_floor, deadline=deadline)
+    if shape.pairs > MAX_PAIRS:
+        return None, None
+    r = _Model(graph, shape, deadline)
     m = r.model
     cost = r.cost(q.int_cost, q.int_transfer)
     if q.max_recomputes is not None:
@@ -129,28 +168,7 @@ def relaxation_bound(graph: Graph, q: Question, *, level: str, below: int | None
         m.add(load <= cap)
     for load, x in r.slot_loads:
         m.add(load <= cap).only_enforce_if(x)
-    if below is not None:
-        m.add(goal <= below)
-    m.minimize(goal)
-    solver = cp_model.CpSolver()
-    tune(solver.parameters, max(time_limit, 0.01), workers, seed)
-    solver.parameters.stop_after_first_solution = below is not None
-    with solver_takes_ctrl_c(solver.parameters, interruptible):
-        status = solver.solve(m)
-    seconds = time.perf_counter() - began
-    # an early stop without a proof is Ctrl-C's doing, unless the solution
-    # found under ``below`` stopped it by design
-    unproven = (cp_model.UNKNOWN,) if below is not None else (cp_model.FEASIBLE, cp_model.UNKNOWN)
-    stopped = stopped_early(solver, status, time_limit, unproven)
-    if status == cp_model.INFEASIBLE:
-        return WholeBound("INFEASIBLE", None, seconds)
-    # The search's bound holds even when it ends with no solution: asked for
-    # one below ``below``, every plan either costs more than that or at
-    # least the bound (n250 at 0.8: chains reaches 2,596 where gaps has 1,828).
-    lower = math.ceil(solver.best_objective_bound - 1e-6) if math.isfinite(solver.best_objective_bound) else None
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return WholeBound("UNKNOWN", lower, seconds, stopped)
-    return WholeBound("OPTIMAL" if status == cp_model.OPTIMAL else "FEASIBLE", lower, seconds, stopped)
+    return m, goal
 
 
 class _Lifetimes:
@@ -161,7 +179,7 @@ class _Lifetimes:
     def __init__(self, graph: Graph, *, level: str, offload: bool, unit: int, cap: int,
                  deadline: float | None = None):
         g = graph
-        self.level, self.chains = level, level != "gaps"
+        self.level = level
         self.ix = ix = Stages(g, offload)
         T = ix.T
         self.size = size = [b // unit for b in g.bytes]
@@ -179,7 +197,7 @@ class _Lifetimes:
         floor = cap - (max((size[i] for i in ix.values), default=0) if level == "slots" else 0)
         self.crit = crit = [s for s in range(T) if alive[s] > floor]
         self.pairs = sum(bisect.bisect_left(crit, ix.horizon[i]) - bisect.bisect_left(crit, self.life[i][0])
-                         for i in ix.values) if self.chains else 0
+                         for i in ix.values)
 
 
 class _Model:
@@ -187,7 +205,7 @@ class _Model:
     memory caps and the objective), as in the module docstring."""
 
     def __init__(self, graph: Graph, shape: _Lifetimes, deadline: float | None = None):
-        g, ix, crit, chains = graph, shape.ix, shape.crit, shape.chains
+        g, ix, crit = graph, shape.ix, shape.crit
         points, life, T = shape.points, shape.life, ix.T
         self.size = size = shape.size
         self.model = m = cp_model.CpModel()
@@ -198,11 +216,11 @@ class _Model:
 
         def back_y(i: int, k: int) -> list:
             """rc[i,k] and pf[i,k], made on first use: re-materialising i in
-            I_k serves a later point of i or (chains) a consumer's recompute."""
-            lo, last = life[i]
+            I_k serves a later point of i or a consumer's recompute."""
+            lo = life[i][0]
             if (i, k) not in made:
                 made.add((i, k))
-                if lo <= crit[k] < (ix.horizon[i] if chains else last) and ix.first[i] <= crit[k]:
+                if lo <= crit[k] < ix.horizon[i] and ix.first[i] <= crit[k]:
                     if ix.recomputable[i]:
                         self.rc[i, k] = m.new_bool_var(f"rc[{i},{k}]")
                         todo.append((i, k))
@@ -226,15 +244,9 @@ class _Model:
             for k, c in enumerate(crit):
                 if c in points[i] or (lo <= c <= last and not droppable):
                     pres[i, k] = 1
-                elif (not chains and k and lo <= crit[k - 1] and c <= last and not _fixed(pres.get((i, k - 1), 0), 1)
-                      and not any(crit[k - 1] < u <= c for u in points[i])):
-                    # without chains only whether i is dropped somewhere in a gap
-                    # matters: one variable per gap, as small as the model gets
-                    pres[i, k] = pres[i, k - 1]
-                elif lo <= c <= last or (chains and last < c < ix.horizon[i]):
+                elif lo <= c < ix.horizon[i]:
                     pres[i, k] = m.new_bool_var(f"pres[{i},{k}]")
-                if chains:  # all of them, in this order: made lazily, n250 at 0.9 takes 14 s to prove, not 2 s
-                    back_y(i, k)
+                back_y(i, k)  # all of them, in this order: made lazily, n250 at 0.9 takes 14 s to prove, not 2 s
 
         for i in ix.values:
             check_time(deadline)
@@ -246,7 +258,7 @@ class _Model:
                 nxt = crit[k + 1] if k + 1 < len(crit) else T
                 if exists and not _fixed(pres.get((i, k), 0), 1) and any(crit[k] < u < nxt for u in points[i]):
                     self.at_least(back(i, k), 1)
-        while chains and todo:
+        while todo:
             i, k = todo.popleft()
             for p in g.preds[i]:
                 if not g.nodes[p].persistent and ix.first[p] <= crit[k] and not _fixed(pres.get((p, k), 0), 1):

@@ -15,7 +15,7 @@ from ...reference import peak_lower_bound
 from ...simulate import Replay, cost_of_counts, simulate
 from ...stats import Stats
 from .model import Model
-from .relaxations import WholeBound
+from .relaxations import Question, WholeBound
 from .search import Context, Round
 from .solution import Assignment, events
 
@@ -123,8 +123,11 @@ def report(o: Outcome) -> Plan:
     if best is not None and o.lower is not None and (restricted or solved_depth is None):
         # a whole-space bound (the relaxation's, or the trivial one) under
         # the full model's own, whichever is higher
-        own = stats["best_bound"] if stats["best_bound"] is not None else trivial
-        stats["best_bound"] = max(own, trivial, model.to_units(o.lower))
+        found = [(model.to_units(o.lower), lower_source(o)),
+                 (trivial, "working set" if cfg.objective == "peak" else "trivial")]
+        if stats["best_bound"] is not None:
+            found.append((stats["best_bound"], "model"))
+        stats["best_bound"], stats["bound_by"] = max(found, key=lambda x: x[0])  # ties: the relaxation
         if proven_whole:
             stats["status"] = "OPTIMAL"
     elif restricted and best is not None:
@@ -151,7 +154,8 @@ def report(o: Outcome) -> Plan:
             where = f" (none recomputes within {max(empty)} producer hops of each stage's node)" if empty else ""
             stats["reason"] = f"{why} before any plan within the budget was found{where}"
         if o.outside is not None:  # the model's space is empty, the budget is not
-            return fallback(g.name, o.outside, stats)
+            lower = None if gap_infeasible or o.empty else whole_units(ctx, model.form.unit, o.lower)
+            return fallback(g.name, o.outside, stats, lower=lower, lower_by=lower_source(o))
         return no_plan(g.name, stats["status"], **{k: v for k, v in stats.items() if k != "status"})
     form = model.form
     p = events(form, best)
@@ -161,7 +165,8 @@ def report(o: Outcome) -> Plan:
     objective = recompute + moved * cfg.transfer_cost_per_byte if cfg.objective == "overhead" else peak
     if o.outside is not None and o.outside.objective < objective:
         return fallback(g.name, o.outside, stats, f"{o.outside.plan.planner}'s plan, outside the model's space, "
-                                                  f"beats the model's best ({objective:.6g})")
+                                                  f"beats the model's best ({objective:.6g})",
+                        whole_units(ctx, model.form.unit, o.lower), lower_source(o))
     stats.update(objective=objective, peak_bytes=peak, compute_cost=cost_of_counts(g, counts),
                  transfer_bytes=moved, compute_events=len(best.R), recompute_events=len(best.R) - len(g.compute_ids))
     if restricted and stats["space_bound"] is not None:
@@ -177,18 +182,43 @@ def report(o: Outcome) -> Plan:
     return Plan(g.name, "cpsat", p.ops, p.nodes, Stats.from_dict(stats))
 
 
-def report_unbuilt(ctx: Context, outside: Outside | None) -> Plan:
+def report_unbuilt(ctx: Context, outside: Outside | None, whole: WholeBound, q: Question) -> Plan:
     """The time limit ran out before the first model was built: the plan from
-    outside the model if there is one, else no plan; nothing is proven."""
+    outside the model if there is one, else no plan; only the gaps
+    relaxation (``whole``, of question ``q``) bounds the staged space."""
     stats: dict[str, Any] = {
         "status": "UNKNOWN", "reason": f"the time limit ({ctx.cfg.time_limit:g} s) ran out while building the "
                                        "first model", "objective_kind": ctx.cfg.objective,
         "time_to_first_s": ctx.trace.first, "time_to_best_s": ctx.trace.best, "interrupted": ctx.stop.requested,
         "cost_scale": ctx.scale, "cost_scale_exact": ctx.exact, "cost_resolution": ctx.resolution, "rounds": [],
-        "warm_start": None if outside is None else outside.name}
+        "warm_start": None if outside is None else outside.name,
+        "gap_relaxation": {"status": whole.status, "seconds": whole.seconds,
+                           "bound": None if whole.bound is None else whole_units(ctx, q.unit, whole.bound)}}
+    if whole.status == "INFEASIBLE":
+        stats.update(status="INFEASIBLE", reason="the gap relaxation of the staged space is infeasible: "
+                                                 "no staged plan meets the budget")
     if outside is not None:
-        return fallback(ctx.graph.name, outside, stats, stats["reason"])
+        return fallback(ctx.graph.name, outside, stats, stats["reason"], whole_units(ctx, q.unit, whole.bound), "gaps")
     return no_plan(ctx.graph.name, "UNKNOWN", **{k: v for k, v in stats.items() if k != "status"})
+
+
+def whole_units(ctx: Context, unit: int, value: int | None) -> float | None:
+    """A whole-space bound (model integers) in the objective's units: cost
+    units less half the rounding resolution, or bytes."""
+    if value is None:
+        return None
+    if ctx.cfg.objective == "overhead":
+        return max(0.0, value / ctx.scale - ctx.resolution / 2)
+    return float(value * unit + sum(v.bytes for v in ctx.graph.nodes if v.persistent))
+
+
+def lower_source(o: Outcome) -> str:
+    """Which mechanism gave the whole-space lower bound ``o.lower``: the
+    gaps relaxation, a chains or slots proof, or the full model."""
+    if o.lower is None or (o.whole is not None and o.whole.bound == o.lower):
+        return "gaps"
+    bound = o.model.to_units(o.lower)
+    return next((p.level for p in o.proofs if p.bound == bound), "model")
 
 
 def round_row(r: Round) -> dict[str, Any]:
@@ -208,14 +238,20 @@ def space_name(model: Model, outside: Outside | None) -> str:
 
 
 def fallback(graph_name: str, outside: Outside, stats: dict[str, Any],
-             reason: str = "no plan found in the model's space") -> Plan:
+             reason: str = "no plan found in the model's space", lower: float | None = None,
+             lower_by: str | None = None) -> Plan:
     """Hand back the plan from outside the model: never less than the hint.
-    Marked as such; no bound holds for it."""
+    Marked as such. ``lower`` (objective units, by ``lower_by``) bounds every
+    staged plan, so the gap says how much better one could be; the plan
+    itself may lie outside that space (greedy's may beat every staged plan)."""
     r = outside.replay
+    bound = None if lower is None else min(lower, outside.objective)
     stats.update(peak_bytes=r.peak_bytes, compute_cost=r.compute_cost, transfer_bytes=r.transfer_bytes,
                  space_status=stats.get("space_status", stats["status"]), status="FEASIBLE",
-                 plan_from=outside.plan.planner, objective=outside.objective, best_bound=None, gap=None,
-                 reason=reason)
+                 plan_from=outside.plan.planner, objective=outside.objective, best_bound=bound,
+                 gap=None if bound is None else gap(outside.objective, bound), reason=reason)
+    if bound is not None:
+        stats["bound_by"] = lower_by
     return Plan(graph_name, "cpsat", outside.plan.ops, outside.plan.nodes, Stats.from_dict(stats))
 
 

@@ -9,6 +9,7 @@ moved to its stage's slot, and frees are placed at each value's last use.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -36,28 +37,28 @@ class Assignment:
         return cls(ones(form.S), ones(form.R), ones(form.P), ones(form.O), ones(form.F))
 
     def memory(self, form: Formulation) -> dict[tuple[int, int], int]:
-        """U[s,q] (units) by the memory-accounting recursion of the model."""
+        """U[s,q] (units) by the memory-accounting chain of the model."""
         ix, size = form.ix, form.size
         node_at = {ix.pos[i]: i for i in range(form.graph.n)}
         frees: dict[tuple[int, int], int] = {}
         for (s, i, q) in self.F:
             frees[s, q] = frees.get((s, q), 0) + size[i]
-        base = [0] * ix.T
-        for (s, i) in self.S:
-            if s < ix.T:
-                base[s] += size[i]
-        out = {}
+        mem = sum(size[i] for (s, i) in self.S if s == 0 and ix.first[i] < 0)
+        out, prev = {}, None
         for s in range(ix.T):
-            mem, prev = base[s], None
             for q in form.slots(s):
                 x = node_at[q]
                 if prev is not None:
-                    mem -= frees.get((s, prev), 0)
+                    mem -= frees.get(prev, 0)
                 if (s, x) in self.R or (s, x) in self.P:
                     mem += size[x]
                 out[s, q] = mem
-                prev = q
+                prev = (s, q)
         return out
+
+    def kept(self, form: Formulation, s: int, i: int) -> bool:
+        """Whether i is resident when stage s starts."""
+        return form.kept_key(s, i) in self.S
 
     def counts(self, form: Formulation) -> list[int]:
         c = [0] * form.graph.n
@@ -167,14 +168,18 @@ def canonical(form: Formulation, R: set, P: set, O: set) -> Assignment | None:
     g, ix, pos = form.graph, form.ix, form.ix.pos
     R, P = set(R), set(P)
     reads: dict[int, set[int]] = {}
+    next_read: dict[int, int] = {}  # walking backwards: the earliest read so far, and materialisation
+    next_mat: dict[int, int] = {}
     for (s, i) in sorted(R | P, key=lambda k: (k[0], pos[k[1]]), reverse=True):
-        if s != ix.first[i] and not _read_later(form, reads, R, P, s, i):
+        if s != ix.first[i] and not _read_later(form, next_read.get(i), next_mat.get(i), s, i):
             R.discard((s, i))
             P.discard((s, i))
             continue
+        next_mat[i] = s
         if (s, i) in R:
             for p in g.preds[i]:
                 reads.setdefault(p, set()).add(s)
+                next_read[p] = s
     a = Assignment(R=R, P=P, O={i for i in O if any((s, i) in P for s in ix.stages(i))})
     mats: dict[int, set[int]] = {}
     for (s, i) in R | P:
@@ -185,17 +190,16 @@ def canonical(form: Formulation, R: set, P: set, O: set) -> Assignment | None:
     return a if _satisfies(form, a) else None
 
 
-def _read_later(form: Formulation, reads: dict, R: set, P: set, s: int, i: int) -> bool:
+def _read_later(form: Formulation, nxt: int | None, next_mat: int | None, s: int, i: int) -> bool:
     """Whether i, materialised in stage s, is read in s or later before it is
-    materialised again (outputs: or at the end). ``reads`` holds the reads
-    from (s, pos(i)) on, as the caller walks backwards."""
+    materialised again (outputs: or at the end). The caller walks backwards:
+    ``nxt`` is i's earliest read from (s, pos(i)) on, ``next_mat`` its
+    earliest materialisation after stage s that is kept."""
     ix = form.ix
-    later = [t for t in reads.get(i, ()) if t >= s]
-    nxt = min(later, default=None)
     if nxt == s:
         return True
     stop = nxt if nxt is not None else ix.horizon[i] + 1
-    if any((t, i) in R or (t, i) in P for t in range(s + 1, min(stop, ix.horizon[i]) + 1)):
+    if next_mat is not None and next_mat <= min(stop, ix.horizon[i]):
         return False
     return nxt is not None or form.graph.nodes[i].output
 
@@ -214,7 +218,9 @@ def _keep_and_free(form: Formulation, a: Assignment, i: int, reads: list[int], m
         nxt_is_read = s is not None and s not in mats
         keep = avail and (nxt_is_read or (s is None and g.nodes[i].output))
         if keep:
-            a.S.update((t, i) for t in range(prev + 1, min(end, ix.horizon[i]) + 1))
+            keyed = form.keyed.get(i, [])
+            a.S.update((t, i) for t in keyed[bisect.bisect_left(keyed, prev + 1):
+                                             bisect.bisect_right(keyed, min(end, ix.horizon[i]))])
             if s is None:
                 a.S.add((ix.T, i))
         elif avail and prev >= 0:

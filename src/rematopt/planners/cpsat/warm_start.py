@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence, TypeVar
 from ...graph import Graph
 from ...plan import Plan
 from ...simulate import Replay, simulate
-from .. import available, get
+from .. import available, get, options_class
+from ..options import names
 
 if TYPE_CHECKING:
     from .solution import Assignment
@@ -38,21 +39,26 @@ def fast_planners() -> list[str]:
 
 
 def fast_plans(graph: Graph, budget: int | None, options: dict[str, Any] | None = None,
-               deadline: float | None = None,
-               on_plan: Callable[[Plan, Replay], None] | None = None) -> list[tuple[Plan, Replay]]:
-    """The fast planners' valid plans for ``budget``, whether or not they
-    meet it, each with its replay (a planner's own claims are never trusted),
-    each handed to ``on_plan`` as soon as it is made. A planner that fails on
-    this graph is skipped, and none starts after ``deadline`` (a
-    ``time.perf_counter()`` value)."""
+               deadline: float | None = None, on_plan: Callable[[Plan, Replay], None] | None = None,
+               planners: Sequence[str] | None = None) -> list[tuple[Plan, Replay]]:
+    """The fast planners' (or those of ``planners`` among them) valid plans
+    for ``budget``, whether or not they meet it, each with its replay (a
+    planner's own claims are never trusted), each handed to ``on_plan`` as
+    soon as it is made. A planner that fails on this graph is skipped, and
+    none starts after ``deadline`` (a ``time.perf_counter()`` value)."""
     plans = []
     for name in fast_planners():
+        if planners is not None and name not in planners:
+            continue
         if deadline is not None and time.perf_counter() > deadline:
             break
+        run_options = dict(options or {})
+        if deadline is not None and "time_limit" in names(options_class(name)):  # dtr: a time limit of its own
+            run_options["time_limit"] = max(0.0, deadline - time.perf_counter())
         try:
             with warnings.catch_warnings():  # a baseline's own warnings are not the user's concern here
                 warnings.simplefilter("ignore")
-                p = get(name)(graph, budget, dict(options or {}))
+                p = get(name)(graph, budget, run_options)
         except Exception:  # a baseline that fails here is simply not a candidate
             continue
         r = simulate(graph, p)
@@ -126,22 +132,22 @@ def staged_eviction(form: "Formulation", max_rounds: int = 10_000,
         s, q = over
         freed = {i: f for (t, i, f) in a.F if t == s}
         resident = {i for i in ix.values
-                    if ((s, i) in a.S or ((s, i) in a.R and pos[i] <= q)) and freed.get(i, q) >= q}
+                    if (a.kept(form, s, i) or ((s, i) in a.R and pos[i] <= q)) and freed.get(i, q) >= q}
         read_late = {p for (t, j) in a.R if t == s and pos[j] >= q for p in g.preds[j]}
         candidates = []
         for i in resident:
-            if ((s + 1, i) not in a.S or i in read_late or not ix.recomputable[i] or not size[i]):
+            if (not a.kept(form, s + 1, i) or i in read_late or not ix.recomputable[i] or not size[i]):
                 continue
             t = s + 1
-            while (t, i) in a.S and not any((t, j) in a.R for j in g.succs[i]):
+            while a.kept(form, t, i) and not any((t, j) in a.R for j in g.succs[i]):
                 t += 1
-            if (t, i) not in a.S or (t, i) not in form.R:
+            if not a.kept(form, t, i) or (t, i) not in form.R:
                 continue
             cost, saved, redo = g.cost[i], size[i], [(t, i)]
             for p in g.preds[i]:
-                if g.nodes[p].persistent or (t, p) in a.S or (t, p) in a.R:
+                if g.nodes[p].persistent or a.kept(form, t, p) or (t, p) in a.R:
                     continue
-                if (t, p) in form.R and all(g.nodes[u].persistent or (t, u) in a.S for u in g.preds[p]):
+                if (t, p) in form.R and all(g.nodes[u].persistent or a.kept(form, t, u) for u in g.preds[p]):
                     cost += g.cost[p]
                     redo.append((t, p))
                 elif p not in resident:
