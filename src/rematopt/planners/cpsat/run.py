@@ -225,7 +225,7 @@ def question(ctx: Context) -> Question:
     :func:`make_model` builds (costs floored when the scale is inexact, so the
     optimum stays a bound on the costs the model optimises): known before
     any model is built, so the gaps bound is there even when none is built
-    in time (the 10,084-node GPT decoder's first model takes over 120 s)."""
+    in time."""
     g, cfg = ctx.graph, ctx.cfg
     unit = memory_unit(g)[0]
     persistent = sum(v.bytes for v in g.nodes if v.persistent)
