@@ -206,4 +206,14 @@ def test_a_solve_time_limit_counts_the_command_from_its_start(monkeypatch):
     for limit, left in (("10", 10 - 2.0 - core.FINISH_S), ("1", 0.0)):
         CliRunner().invoke(cli, ["solve", "--planner", "dtr", "--budget-ratio", "0.9", "--time-limit", limit])
         assert got.pop() == pytest.approx(left)
-    assert 0 < core.since_start() < 3600  # this process's age, read from /proc
+
+    monkeypatch.undo()
+    assert core.since_start() == 0.0  # outside main (this test runner): nothing to count
+    for age, counted in ((100.0, False), (1.5, True)):  # an old process (an in-process call), a fresh one
+        monkeypatch.setattr(core, "_process_age", lambda: age)
+        core.command_started()
+        try:
+            assert (core.since_start() >= 1.5) is counted
+        finally:
+            core.command_started(None)
+    assert core.since_start() == 0.0

@@ -33,6 +33,7 @@ def _warn_one_line(message, category, filename, lineno, file=None, line=None) ->
 def main() -> None:
     """Console entry point: typed errors become one line and exit status 2."""
     warnings.showwarning = _warn_one_line
+    core.command_started()
     try:
         code = cli.main(standalone_mode=False)
     except RematoptError as e:
@@ -52,4 +53,6 @@ def main() -> None:
     except OSError as e:  # an output path that cannot be written, say
         click.echo(f"rematopt: {e.filename}: {e.strerror}" if e.filename else f"rematopt: {e}", err=True)
         sys.exit(2)
+    finally:
+        core.command_started(None)
     sys.exit(code if isinstance(code, int) else 0)
