@@ -346,7 +346,7 @@ def test_infeasible_is_exit_3_without_a_plan_file(tmp_path):
               [(0, 1), (1, 2), (2, 3), (3, 4), (1, 4)])
     f, out = tmp_path / "g.json", tmp_path / "p.json"
     g.save(f)
-    code, stdout, err = rematopt("solve", f, "--budget", 12, "--time-limit", "20", "--workers", "1", "-o", out,
+    code, stdout, err = rematopt("solve", f, "--budget", 12, "--time-limit", "5", "--workers", "1", "-o", out,
                                  "--json")
     assert json.loads(stdout)["status"] == "INFEASIBLE" and code == 3 and not out.exists()
     assert len(err.strip().splitlines()) == 1 and "no plan (INFEASIBLE" in err
