@@ -266,6 +266,11 @@ class Graph:
         """Memory before the first event: the bytes of :attr:`initial_resident`."""
         return sum(self.bytes[i] for i in self.initial_resident)
 
+    @cached_property
+    def persistent_bytes(self) -> int:
+        """Bytes resident throughout every plan (parameters): no schedule moves them."""
+        return sum(v.bytes for v in self.nodes if v.persistent)
+
     @property
     def has_phases(self) -> bool:
         return any(v.phase is not None for v in self.nodes)

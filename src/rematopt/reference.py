@@ -47,12 +47,11 @@ def working_set_bound(graph: Graph) -> int:
     predecessors, plus the bytes of all persistent nodes: computing i needs all
     of that resident at once, so no plan can peak lower."""
     size = graph.bytes
-    pinned = sum(v.bytes for v in graph.nodes if v.persistent)
     best = 0
     for i in graph.compute_ids:
         need = size[i] + sum(size[p] for p in graph.preds[i] if not graph.nodes[p].persistent)
         best = max(best, need)
-    return best + pinned
+    return best + graph.persistent_bytes
 
 
 def peak_lower_bound(graph: Graph) -> int:

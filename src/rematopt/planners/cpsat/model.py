@@ -264,6 +264,17 @@ class Stages:
                 and self.is_near(s, i))
 
 
+def cap_units(graph: Graph, unit: int, cap_bytes: int) -> int:
+    """A memory cap in model units: the most ``unit``s that fit in
+    ``cap_bytes`` beside the persistent bytes."""
+    return max(0, (cap_bytes - graph.persistent_bytes) // unit)
+
+
+def peak_floor_units(graph: Graph, unit: int) -> int:
+    """The peak lower bound in model units (rounded up): no plan's memory is lower."""
+    return max(0, math.ceil((peak_lower_bound(graph) - graph.persistent_bytes) / unit))
+
+
 def overhead_cap_units(int_cost: list[int] | tuple[int, ...], graph: Graph, max_overhead: float) -> int:
     """``--max-overhead`` x base cost in model integers."""
     return math.floor(max_overhead * sum(int_cost[i] for i in graph.compute_ids) + 1e-9)
@@ -296,11 +307,10 @@ class Formulation:
         self.cost_scale = cost_scale
         self.int_cost = [round(c * cost_scale) for c in graph.cost]
         self.int_transfer = [round(b * transfer_cost_per_byte * cost_scale) for b in graph.bytes]
-        self.persistent_bytes = sum(v.bytes for v in graph.nodes if v.persistent)
+        self.persistent_bytes = graph.persistent_bytes
         self.initial_bytes = graph.initial_bytes
         # the largest memory (units, persistent bytes aside) any slot may use
-        self.mem_cap = (sum(self.size) if mem_cap_bytes is None
-                        else max(0, (mem_cap_bytes - self.persistent_bytes) // self.unit))
+        self.mem_cap = sum(self.size) if mem_cap_bytes is None else cap_units(graph, self.unit, mem_cap_bytes)
         self.S: dict[tuple[int, int], Any] = {}
         self.R: dict[tuple[int, int], Any] = {}
         self.P: dict[tuple[int, int], Any] = {}
@@ -688,7 +698,7 @@ def build(graph: Graph, backend: Backend, *, objective: str, mem_cap_bytes: int 
     form.add_all()
     if max_recomputes is not None:
         add_recompute_cap(form, max_recomputes)
-    floor = max(0, math.ceil((peak_lower_bound(graph) - form.persistent_bytes) / form.unit))
+    floor = peak_floor_units(graph, form.unit)
     cap = None
     peak = None
     if objective == "overhead":

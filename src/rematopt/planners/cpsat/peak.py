@@ -88,7 +88,7 @@ def run(ctx: Context, rounds: Callable[[Context], Plan], admit: Callable[..., An
     first = rounds(replace(ctx, cfg=replace(cfg, time_limit=ROUNDS_SHARE * cfg.time_limit)))
     if first.stats.get("peak_bytes") is None:
         return first
-    u = Units(memory_unit(g)[0], sum(v.bytes for v in g.nodes if v.persistent))
+    u = Units(memory_unit(g)[0], g.persistent_bytes)
     lo_bytes, by = initial_bound(g, first.stats)
     best, hi_bytes = first, first.stats["peak_bytes"]
     probes: list[Probe] = []

@@ -209,7 +209,7 @@ def whole_units(ctx: Context, unit: int, value: int | None) -> float | None:
         return None
     if ctx.cfg.objective == "overhead":
         return max(0.0, value / ctx.scale - ctx.resolution / 2)
-    return float(value * unit + sum(v.bytes for v in ctx.graph.nodes if v.persistent))
+    return float(value * unit + ctx.graph.persistent_bytes)
 
 
 def lower_source(o: Outcome) -> str:

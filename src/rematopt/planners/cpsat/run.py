@@ -5,7 +5,6 @@ the tie-break, and the report (:mod:`report`)."""
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +19,8 @@ from ...reference import no_remat_peak, peak_lower_bound
 from ...simulate import Replay, simulate
 from . import lns, peak
 from .backends import LpBackend
-from .model import Model, OutOfTime, Stages, cost_resolution, integer_scale, memory_unit, overhead_cap_units
+from .model import (Model, OutOfTime, Stages, cap_units, cost_resolution, integer_scale, memory_unit,
+                    overhead_cap_units, peak_floor_units)
 from .relaxations import Question, WholeBound, relaxation_bound
 from .report import Outcome, Outside, report, report_unbuilt
 from .search import Context, Lowest, Round, make_model, solve_round, tie_break, whole_bound_of
@@ -228,15 +228,13 @@ def question(ctx: Context) -> Question:
     in time."""
     g, cfg = ctx.graph, ctx.cfg
     unit = memory_unit(g)[0]
-    persistent = sum(v.bytes for v in g.nodes if v.persistent)
     top = cfg.budget if cfg.budget is not None else no_remat_peak(g)
     int_cost, int_transfer = ctx.relaxation_costs()
     cap = None
     if cfg.objective == "peak" and cfg.max_overhead is not None:
         cap = overhead_cap_units([round(c * ctx.scale) for c in g.cost], g, cfg.max_overhead)
-    floor = max(0, math.ceil((peak_lower_bound(g) - persistent) / unit))
-    return Question(cfg.objective, unit, max(0, (top - persistent) // unit), int_cost, int_transfer, cfg.offload,
-                    cap, max_recomputes(cfg, len(g.compute_ids)), floor)
+    return Question(cfg.objective, unit, cap_units(g, unit, top), int_cost, int_transfer, cfg.offload,
+                    cap, max_recomputes(cfg, len(g.compute_ids)), peak_floor_units(g, unit))
 
 
 def relaxation(ctx: Context, q: Question, level: str, limit: float, below: int | None = None) -> WholeBound:
