@@ -23,6 +23,11 @@ def _clip(x: float) -> int:
     return int(x)
 
 
+# CP-SAT's statuses by name, as the stats report them.
+STATUS = {cp_model.OPTIMAL: "OPTIMAL", cp_model.FEASIBLE: "FEASIBLE", cp_model.INFEASIBLE: "INFEASIBLE",
+          cp_model.UNKNOWN: "UNKNOWN", cp_model.MODEL_INVALID: "MODEL_INVALID"}
+
+
 def tune(prm: Any, limit: float, workers: int, seed: int = 0, lp_heavy: bool = True) -> None:
     """CP-SAT parameters for every solve here (the model and its relaxations).
     ``lp_heavy``: whether a lone worker should be the LP-heavy one, i.e. the

@@ -29,7 +29,7 @@ from ortools.sat import cp_model_pb2
 from ortools.sat.python import cp_model
 
 from ...simulate import simulate
-from .backends import stopped_early, tune
+from .backends import STATUS, stopped_early, tune
 from .model import Model
 from .search import Context, Round
 from .signals import Interrupt, solver_takes_ctrl_c
@@ -369,10 +369,6 @@ def replays(model: Model, a: Assignment, budget: int | None) -> bool:
     """Whether ``a``'s plan replays valid in the simulator, within ``budget``."""
     r = simulate(model.form.graph, events(model.form, a))
     return r.valid and (budget is None or r.peak_bytes <= budget)
-
-
-STATUS = {cp_model.OPTIMAL: "OPTIMAL", cp_model.FEASIBLE: "FEASIBLE", cp_model.INFEASIBLE: "INFEASIBLE",
-          cp_model.UNKNOWN: "UNKNOWN", cp_model.MODEL_INVALID: "MODEL_INVALID"}
 
 
 def _objective(sub: cp_model.CpModel, values: Any) -> int:

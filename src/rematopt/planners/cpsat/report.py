@@ -14,14 +14,11 @@ from ...plan import Plan
 from ...reference import peak_lower_bound
 from ...simulate import Replay, cost_of_counts, simulate
 from ...stats import Stats
+from .backends import STATUS
 from .model import Model
 from .relaxations import Question, WholeBound
 from .search import Context, Round
 from .solution import Assignment, events
-
-STATUS = {cp_model.OPTIMAL: "OPTIMAL", cp_model.FEASIBLE: "FEASIBLE",
-          cp_model.INFEASIBLE: "INFEASIBLE", cp_model.UNKNOWN: "UNKNOWN"}
-
 
 @dataclass(frozen=True)
 class Outside:
