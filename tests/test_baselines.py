@@ -18,7 +18,7 @@ from rematopt import Graph, Node, solve
 from rematopt.errors import PlannerError
 from rematopt.importers import synthetic
 from rematopt.plan import COMPUTE, OFFLOAD, PREFETCH
-from rematopt.planners.jax_policies import is_dot
+from rematopt.planners.policies.presets import is_dot
 from rematopt.reference import no_remat_peak, peak_lower_bound
 from rematopt.simulate import base_cost
 from rematopt.importers import load as load_graph

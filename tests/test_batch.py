@@ -13,7 +13,8 @@ import textwrap
 
 import pytest
 
-from rematopt import Plan, batch, no_remat_peak, planners, simulate
+from rematopt import Plan, no_remat_peak, planners, simulate
+from rematopt.studies import batch
 from rematopt.errors import BudgetError, GraphError, PlannerError, RematoptError
 from rematopt.importers import load as load_graph
 from rematopt.importers.synthetic import chain, random_layered, unet
@@ -332,7 +333,8 @@ def test_cli_bad_input_is_one_line_and_exit_2(graph_dir, tmp_path, args, problem
 
 INTERRUPTED = """
 import sys
-from rematopt import batch, planners
+from rematopt import planners
+from rematopt.studies import batch
 planners.REGISTRY["fake-hang"] = "fakeplanners:hang"
 inputs, _ = batch.load_inputs([sys.argv[1]])
 bp = batch.plan_batch(inputs, ["no-remat", "fake-hang"], [1.0], sys.argv[2], resume=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from rematopt import bench
+from rematopt.studies import bench
 from rematopt.importers import load as load_graph
 
 

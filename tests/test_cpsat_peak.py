@@ -102,7 +102,7 @@ def test_pareto_curve_points_are_the_exhaustive_peaks_at_their_caps(tmp_path):
 
     from rematopt.cli import cli
     from rematopt.importers import synthetic
-    from rematopt.pareto import curve
+    from rematopt.studies.pareto import curve
 
     g = synthetic.linear_training(4)
     base = sum(g.cost[i] for i in g.compute_ids)
@@ -132,7 +132,7 @@ def _saved(g, folder):
 def test_bench_peak_table_reports_status_bound_and_what_proved_it(tmp_path):
     from rich.console import Console
 
-    from rematopt.bench import peak_table
+    from rematopt.studies.bench import peak_table
     from rematopt.importers import synthetic
 
     synthetic.linear_training(4).save(tmp_path / "lt4.json")

@@ -20,8 +20,8 @@ from jax.ad_checkpoint import checkpoint_name  # noqa: E402
 from rematopt import Plan, load, simulate, solve  # noqa: E402
 from rematopt.exporters.checkpoint_names import policy_source  # noqa: E402
 from rematopt.jax import policy, policy_table, residual_fates, trace_grad  # noqa: E402
-from rematopt.planners import jax_names  # noqa: E402
-from rematopt.planners.name_policy import FATES, Space, policy_plan  # noqa: E402
+from rematopt.planners.policies import names as jax_names  # noqa: E402
+from rematopt.planners.policies.space import FATES, Space, policy_plan  # noqa: E402
 from rematopt.reference import no_remat_peak  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from rematopt.cli import cli
 from rematopt.graph import Graph, Node
 from rematopt.importers import synthetic
-from rematopt.maxbatch import max_batch, scaled, scaled_sizes
+from rematopt.studies.maxbatch import max_batch, scaled, scaled_sizes
 from rematopt.reference import no_remat_peak, working_set_bound
 
 PARAM = 5

@@ -183,7 +183,7 @@ def test_values_read_from_text_on_the_command_line(tmp_path):
 
 
 def test_a_batch_refuses_a_bad_option_before_any_job_runs(tmp_path):
-    from rematopt import batch
+    from rematopt.studies import batch
 
     path = tmp_path / "chain.json"
     synthetic.chain(4).save(path)

@@ -12,10 +12,10 @@ import sys
 import pandas as pd
 import pytest
 
-from rematopt import report
-from rematopt.batch import RESULTS, ResultsLog
+from rematopt.studies import report
+from rematopt.studies.batch import RESULTS, ResultsLog
 from rematopt.errors import RematoptError
-from rematopt.report_figures import pareto_front, read_solver_log, solver_progress, with_final_point
+from rematopt.studies.figures import pareto_front, read_solver_log, solver_progress, with_final_point
 
 pytest.importorskip("matplotlib")
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from rematopt import Graph, Node, Plan, batch, simulate
+from rematopt import Graph, Node, Plan, simulate
+from rematopt.studies import batch
 from rematopt.importers import synthetic
 from rematopt.planners.cpsat.warm_start import Figures, best_within
 from rematopt.reference import no_remat_plan

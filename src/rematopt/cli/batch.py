@@ -55,7 +55,7 @@ def batch_cmd(graphs: tuple[str, ...], planner_list: str, budget_ratios: str, ti
               resume: bool, executor: str, scheduler: str | None, **options: Any) -> None:
     """Run every (graph, budget, planner) job over GRAPHS (files or directories
     of *.json / *.mlir) and append one row per job to OUT/results.jsonl."""
-    from .. import batch
+    from ..studies import batch
 
     names = planners.available() if planner_list == "all" else [p.strip() for p in planner_list.split(",") if p.strip()]
     if not names:
@@ -114,7 +114,7 @@ def _record_command(out: Path, names: list[str], inputs: list) -> None:
 def report_cmd(results_dir: str, output: str, title: str | None, setup: tuple[str, ...]) -> None:
     """Tables (Markdown and CSV), figures (PNG), index.md and a self-contained
     index.html from a batch's RESULTS_DIR."""
-    from ..report import write_report
+    from ..studies.report import write_report
 
     index = write_report(results_dir, output, title=title, setup=list(setup),
                          command=shlex.join(["rematopt", *sys.argv[1:]]))

@@ -323,7 +323,7 @@ def bench(what: str, sizes: str, graphs: str, ratios: str, time_limit: float, wo
     run in its own process, against the best heuristic: run it from a checkout,
     whose models/ the JAX instances are traced from)."""
     if what == "scale":
-        from ..bench import SCALE, scale_rows, scale_table
+        from ..studies.bench import SCALE, scale_rows, scale_table
 
         unknown = [n for n in graphs.split(",") if n not in SCALE]
         if unknown:
@@ -336,22 +336,22 @@ def bench(what: str, sizes: str, graphs: str, ratios: str, time_limit: float, wo
         Console(width=max(Console().width, 180)).print(scale_table(rows, time_limit, workers))
         return
     if what == "peak":
-        from ..bench import peak_table
+        from ..studies.bench import peak_table
 
         Console(width=max(Console().width, 150)).print(peak_table())
         return
     if what == "cpsat":
-        from ..bench import cpsat_table
+        from ..studies.bench import cpsat_table
 
         Console(width=max(Console().width, 150)).print(cpsat_table())
         return
     if what == "greedy":
-        from ..bench import greedy_exactness_table, greedy_table
+        from ..studies.bench import greedy_exactness_table, greedy_table
 
         console = Console(width=max(Console().width, 150))  # keep the wide table whole in logs
         console.print(greedy_table())
         console.print(greedy_exactness_table())
         return
-    from ..bench import simulator_table
+    from ..studies.bench import simulator_table
 
     Console().print(simulator_table([int(s) for s in sizes.split(",")]))

@@ -147,7 +147,7 @@ def jax_policies(graphs: tuple[str, ...], ratios: str, time_limit: float, cpsat_
                  output: str | None) -> None:
     """The best checkpoint_name policy (global and per layer) against MaxText's
     presets, JAX's dots_saveable / nothing_saveable and cpsat, per budget ratio."""
-    from ..bench_policies import markdown, rows
+    from ..studies.policies import markdown, rows
 
     try:
         values = [float(r) for r in ratios.split(",")]

@@ -26,8 +26,8 @@ from . import cli
 def pareto_cmd(graph: str, points: int, time_limit: float, workers: int, out: str | None, as_json: bool) -> None:
     """The peak / overhead Pareto curve of GRAPH: cpsat's lowest peak at POINTS
     overhead caps (proven, or with its gap), beside the heuristics' plans."""
-    from ..pareto import curve, heuristic_points
-    from ..report_figures import CURVE, proven_curve
+    from ..studies.pareto import curve, heuristic_points
+    from ..studies.figures import CURVE, proven_curve
 
     g = load_graph_arg(graph)
     if out:
@@ -71,7 +71,7 @@ def max_batch_cmd(spec: str, memory: str, max_overhead: float | None, knob: str,
     """The largest size (batch, or the --knob) whose plan fits in --memory within
     --max-overhead, for cpsat and every heuristic, side by side; cpsat's answer
     is proven when the next size up is proven not to fit in the staged space."""
-    from ..maxbatch import gain, max_batch, memoised, scaled_sizes
+    from ..studies.maxbatch import gain, max_batch, memoised, scaled_sizes
 
     mem = parse_bytes(memory)
     if max_overhead is not None and not max_overhead >= 0:

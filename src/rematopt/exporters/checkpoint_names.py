@@ -17,7 +17,7 @@ from typing import Any, Callable
 from ..errors import PlanError
 from ..graph import Graph
 from ..plan import Plan
-from ..planners.name_policy import layers
+from ..planners.policies.space import layers
 
 OFFLOAD_SRC, OFFLOAD_DST = "device", "pinned_host"  # JAX's memory kinds
 

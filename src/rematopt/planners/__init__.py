@@ -29,10 +29,10 @@ REGISTRY: dict[str, str] = {
     "chen-sqrt": "rematopt.planners.chen:plan_sqrt",
     "chen-greedy": "rematopt.planners.chen:plan_greedy",
     "dtr": "rematopt.planners.dtr:plan",
-    "jax-nothing-saveable": "rematopt.planners.jax_policies:plan_nothing_saveable",
-    "jax-dots-saveable": "rematopt.planners.jax_policies:plan_dots_saveable",
-    "jax-offload-dots": "rematopt.planners.jax_policies:plan_offload_dots",
-    "jax-names": "rematopt.planners.jax_names:plan",
+    "jax-nothing-saveable": "rematopt.planners.policies.presets:plan_nothing_saveable",
+    "jax-dots-saveable": "rematopt.planners.policies.presets:plan_dots_saveable",
+    "jax-offload-dots": "rematopt.planners.policies.presets:plan_offload_dots",
+    "jax-names": "rematopt.planners.policies.names:plan",
     "cpsat": "rematopt.planners.cpsat:plan",
 }
 # Where a planner's options class is, when not in its module as ``Options``.

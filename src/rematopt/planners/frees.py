@@ -1,4 +1,4 @@
-"""Placing the frees, for the classic baselines (``chen``, ``dtr``, ``jax_policies``);
+"""Placing the frees, for the classic baselines (``chen``, ``dtr``, ``policies.presets``);
 and what "late" means, for every planner.
 
 A baseline decides *what* to compute, offload and prefetch, in which order; it

@@ -1,5 +1,5 @@
 """The report's figures (matplotlib, Agg, PNG). Each function draws one figure
-from the results frame of :func:`rematopt.report.load_results` and returns
+from the results frame of :func:`rematopt.studies.report.load_results` and returns
 ``{"file", "title", "reading"}``, the reading being one sentence computed from
 the same data, or None when there is nothing to draw."""
 

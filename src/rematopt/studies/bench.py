@@ -10,11 +10,11 @@ from pathlib import Path
 
 from rich.table import Table
 
-from .graph import Graph
-from .importers import load as load_graph
-from .importers.synthetic import chain
-from .plan import Plan, PlanBuilder
-from .simulate import simulate
+from ..graph import Graph
+from ..importers import load as load_graph
+from ..importers.synthetic import chain
+from ..plan import Plan, PlanBuilder
+from ..simulate import simulate
 
 
 def recompute_from_source_plan(graph: Graph, depth: int) -> Plan:
@@ -72,8 +72,8 @@ def greedy_table(depth: int = 2000, repeat: int = 3) -> Table:
     ``timings_s``); the replay is timed once and checks every figure."""
     import warnings
 
-    from .planners import greedy
-    from .reference import no_remat_peak
+    from ..planners import greedy
+    from ..reference import no_remat_peak
 
     graph = chain(depth, sinks=True)
     before = no_remat_peak(graph)
@@ -112,7 +112,7 @@ def greedy_exactness_table(depths: range = range(4, 49)) -> Table:
     """Projected against emitted compute events on ``chain(d, sinks=True)``
     with everything selected and no bound: emitted = compute nodes +
     projected clones - selected originals dropped, counted by the replay."""
-    from .planners import greedy
+    from ..planners import greedy
 
     table = Table(title="greedy clone projection, chain with sinks, unbounded")
     for col in ("depth", "compute nodes", "projected clones", "originals dropped",
@@ -135,8 +135,8 @@ def cpsat_table(ratios: tuple[float, ...] = (0.9, 0.8), time_limit: float = 60.0
                 folder: Path | None = None) -> Table:
     """``cpsat`` on the published node-link graphs at each budget ratio: status,
     overhead, gap, time to first and to best solution (seconds from the call)."""
-    from .errors import RematoptError
-    from .solve import solve
+    from ..errors import RematoptError
+    from ..solve import solve
 
     folder = folder or Path(__file__).resolve().parents[3] / "shared" / "benchmarks" / "nodelink"
     files = sorted(folder.glob("*.json"))
@@ -171,7 +171,7 @@ def peak_table(caps: tuple[float | None, ...] = (None, 0.1), time_limit: float =
     most 5%) on the node-link graphs and ``instances/`` up to ``max_nodes``,
     with the overhead unlimited and capped: the peak, the bound, what proved
     it (``bound_by``) and the bisection's probes (yes / no / undecided)."""
-    from .solve import solve
+    from ..solve import solve
 
     root = Path(__file__).resolve().parents[2]
     folders = folders or [root.parent / "shared" / "benchmarks" / "nodelink", root / "instances"]
@@ -249,11 +249,11 @@ def scale_graph(name: str, folder: Path) -> Path:
         return path
     kind, what, fused = SCALE[name]
     if kind == "random":
-        from .importers.synthetic import random_layered
+        from ..importers.synthetic import random_layered
 
         random_layered(what, seed=1).save(path)
         return path
-    from .jax import load_factory, trace_grad
+    from ..jax import load_factory, trace_grad
 
     loss, args = load_factory(what, layers=48)
     trace_grad(loss, *args, name=name, fuse=fused, meta={"model": what, "config": {"layers": 48}}).save(path)
@@ -270,8 +270,8 @@ def scale_rows(names: tuple[str, ...], ratios: tuple[float, ...], time_limit: fl
     import subprocess
     import sys
 
-    from .planners.cpsat.warm_start import fast_plans
-    from .reference import resolve_budget
+    from ..planners.cpsat.warm_start import fast_plans
+    from ..reference import resolve_budget
 
     folder.mkdir(parents=True, exist_ok=True)
     rows = []

@@ -8,10 +8,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
-from .errors import RematoptError
-from .graph import Graph
-from .reference import no_remat_peak, peak_lower_bound
-from .solve import solve
+from ..errors import RematoptError
+from ..graph import Graph
+from ..reference import no_remat_peak, peak_lower_bound
+from ..solve import solve
 
 # Budget-aware heuristics are asked at these fractions of the no-remat peak;
 # the others make one plan whatever the budget.

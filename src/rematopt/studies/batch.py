@@ -2,7 +2,7 @@
 
 Why it is built this way:
 
-* Each job runs in a fresh interpreter (``python -m rematopt.batch SPEC
+* Each job runs in a fresh interpreter (``python -m rematopt.studies.batch SPEC
   RESULT``) with a memory limit and a hard timeout (time limit + margin), so a
   crash, an out-of-memory abort or a hung solver becomes a row with its error
   and never stops the batch. A fresh process rather than a fork also works
@@ -48,15 +48,15 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from . import planners
-from .errors import BudgetError, GraphError, NotApplicable, RematoptError
-from .importers import load as load_graph
-from .planners.options import parse
-from .reference import no_remat_peak, peak_lower_bound, ratio_budget
-from .solve import REFUSE_IMPOSSIBLE_BUDGET
+from .. import planners
+from ..errors import BudgetError, GraphError, NotApplicable, RematoptError
+from ..importers import load as load_graph
+from ..planners.options import parse
+from ..reference import no_remat_peak, peak_lower_bound, ratio_budget
+from ..solve import REFUSE_IMPOSSIBLE_BUDGET
 
 if TYPE_CHECKING:
-    from .solve import Solution
+    from ..solve import Solution
 
 RESULTS = "results.jsonl"
 EXACT = ("cpsat",)  # take a hint from the fast planners, so they run last
@@ -345,9 +345,9 @@ def solution_row(spec: dict[str, Any], sol: "Solution") -> dict[str, Any]:
 def run_job(spec: dict[str, Any]) -> dict[str, Any]:
     """Run one job in this process (the worker side): load, budget, plan,
     replay, save the plan. Failures become rows; nothing is raised."""
-    from .plan import Plan
-    from .reference import resolve_budget
-    from .solve import PlanMismatch, solve
+    from ..plan import Plan
+    from ..reference import resolve_budget
+    from ..solve import PlanMismatch, solve
 
     row = base_row(spec)
     out = Path(spec["out"])
@@ -415,7 +415,7 @@ def execute(spec: dict[str, Any]) -> dict[str, Any]:
         spec_file, result_file, err_file = (Path(tmp) / n for n in ("spec.json", "row.json", "stderr"))
         spec_file.write_text(json.dumps(spec))
         with open(err_file, "wb") as err:
-            proc = subprocess.Popen([sys.executable, "-m", "rematopt.batch", str(spec_file), str(result_file)],
+            proc = subprocess.Popen([sys.executable, "-m", "rematopt.studies.batch", str(spec_file), str(result_file)],
                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
                                     start_new_session=True)  # Ctrl-C reaches the batch, which ends it
             with _LIVE_LOCK:
@@ -543,7 +543,7 @@ def plan_batch(inputs: list[GraphInput], planner_names: list[str], ratios: list[
 def best_hint(rows: Iterable[dict[str, Any]], spec: dict[str, Any]) -> dict[str, Any] | None:
     """The best fast plan of the spec's (graph, budget), ranked as cpsat's own
     warm start ranks them (:func:`~rematopt.planners.cpsat.warm_start.best_within`)."""
-    from .planners.cpsat.warm_start import Figures, best_within
+    from ..planners.cpsat.warm_start import Figures, best_within
 
     fits = [(row, Figures(row["compute_cost"], row["transfer_bytes"] or 0, row["peak_bytes"])) for row in rows
             if row["graph_sha256"] == spec["graph_sha256"] and row["budget_ratio"] == spec["budget_ratio"]
@@ -649,7 +649,7 @@ def _executor(kind: str, scheduler: str | None, jobs: int):
 
 
 def _child_main(argv: list[str]) -> None:
-    """Worker entry point: ``python -m rematopt.batch SPEC_JSON ROW_JSON``."""
+    """Worker entry point: ``python -m rematopt.studies.batch SPEC_JSON ROW_JSON``."""
     spec_file, row_file = map(Path, argv)
     row = run_job(json.loads(spec_file.read_text()))
     tmp = row_file.with_suffix(".tmp")

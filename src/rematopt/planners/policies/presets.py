@@ -27,10 +27,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ..graph import Graph
-from ..plan import OFFLOAD, Plan
-from .frees import drop_points, has_late_reads, keep_schedule, place_frees
-from .options import NoOptions
+from ...graph import Graph
+from ...plan import OFFLOAD, Plan
+from ..frees import drop_points, has_late_reads, keep_schedule, place_frees
+from ..options import NoOptions
 
 Options = NoOptions  # takes none
 

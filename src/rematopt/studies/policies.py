@@ -2,7 +2,7 @@
 presets, JAX's stock policies and the unconstrained exact plan, per budget.
 
 Every policy is judged the same way: the plan it implies
-(:func:`~rematopt.planners.name_policy.policy_plan`), replayed by the
+(:func:`~rematopt.planners.policies.space.policy_plan`), replayed by the
 simulator. The presets are MaxText's ``remat_policy`` values over the names
 ``models/gpt.py`` carries (``minimal`` saves every named projection, as
 ``checkpoint_dots_with_no_batch_dims`` does there).
@@ -13,13 +13,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .errors import PlanError
-from .graph import Graph
-from .planners import get
-from .planners.jax_policies import is_dot
-from .planners.name_policy import Space, policy_plan, saved_plan
-from .reference import no_remat_peak
-from .simulate import simulate
+from ..errors import PlanError
+from ..graph import Graph
+from ..planners import get
+from ..planners.policies.presets import is_dot
+from ..planners.policies.space import Space, policy_plan, saved_plan
+from ..reference import no_remat_peak
+from ..simulate import simulate
 
 QKV = ("query_proj", "key_proj", "value_proj")
 PROJECTIONS = QKV + ("out_proj", "mlpwi", "mlpwo")

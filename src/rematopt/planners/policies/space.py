@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Mapping
 
-from ..errors import PlannerError
-from ..graph import Graph
-from ..plan import OFFLOAD, PREFETCH, Plan
-from .frees import always_kept, keep_schedule, place_frees
+from ...errors import PlannerError
+from ...graph import Graph
+from ...plan import OFFLOAD, PREFETCH, Plan
+from ..frees import always_kept, keep_schedule, place_frees
 
 FATES = ("device", "offload", "remat")
 

@@ -1,6 +1,6 @@
 """``jax-names``: the best ``checkpoint_name`` policy under a memory budget.
 
-The space is :mod:`~rematopt.planners.name_policy`'s: each name (or each
+The space is :mod:`~rematopt.planners.policies.space`'s: each name (or each
 (name, layer) with ``per_layer``) is ``device``, ``remat`` or, with
 ``offload``, ``offload``. The objective is the least recompute overhead within
 the budget, ties broken by the fewest bytes moved to the host and then the
@@ -10,7 +10,7 @@ With few groups the space is enumerated: saved sets in order of recompute
 cost (which depends on the saved set alone), each checked all offloaded first
 (if that misses the budget, every split of it does), then its device subsets
 grown while they fit. With many, CP-SAT searches the decisions
-(:mod:`~rematopt.planners.name_policy_cpsat`). ``OPTIMAL`` means proven over
+(:mod:`~rematopt.planners.policies.search`). ``OPTIMAL`` means proven over
 the policy space. Beside the policy, the stats give the unconstrained
 ``cpsat`` plan and bound at the same budget (``price_of_policy``: how much
 overhead expressing the plan as a policy costs).
@@ -24,13 +24,13 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..errors import NotApplicable, PlannerError
-from ..graph import Graph
-from ..plan import Plan
-from ..simulate import simulate
-from ..stats import Stats
-from .options import names, option, parse
-from .name_policy import Space, policy_plan
+from ...errors import NotApplicable, PlannerError
+from ...graph import Graph
+from ...plan import Plan
+from ...simulate import simulate
+from ...stats import Stats
+from ..options import names, option, parse
+from .space import Space, policy_plan
 
 @dataclass(frozen=True)
 class Options:
@@ -158,7 +158,7 @@ def _best_split(saved: list, fates: tuple, cap: int | None, evaluate):
 
 
 def _search(space: Space, budget: int | None, offload: bool, objective: str, time_limit: float, o: Options):
-    from .name_policy_cpsat import best_under
+    from .search import best_under
 
     workers, seed = o.workers or os.cpu_count() or 1, o.seed
     deadline = time.perf_counter() + time_limit
@@ -199,7 +199,7 @@ def _global_start(space: Space, budget: int | None, offload: bool) -> dict | Non
 def _price(graph: Graph, budget: int | None, offload: bool, time_limit: float, o: Options,
            base: float) -> dict[str, Any]:
     """The unconstrained cpsat plan's overhead and bound at the same budget."""
-    from . import get
+    from .. import get
 
     p = get("cpsat")(graph, budget, {"offload": offload, "time_limit": time_limit, "lp_bound": False,
                                      "workers": o.workers, "seed": o.seed})

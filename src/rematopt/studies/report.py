@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from .batch import EXACT, RESULTS, read_rows, write_tables
-from .errors import RematoptError
+from ..errors import RematoptError
 
 MEETS = ("OPTIMAL", "FEASIBLE")  # statuses of a plan that meets its budget
 
@@ -198,7 +198,7 @@ def write_report(results_dir: str | Path, out: str | Path, title: str | None = N
                  command: str | None = None, setup: list[str] | None = None) -> Path:
     """Write tables (CSV + Markdown), figures (PNG), ``index.md`` and a
     self-contained ``index.html`` into ``out``; returns the index.md path."""
-    from .report_figures import draw_figures
+    from .figures import draw_figures
 
     results_dir, out = Path(results_dir), Path(out)
     df = load_results(results_dir)

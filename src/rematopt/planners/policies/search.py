@@ -22,10 +22,10 @@ from typing import Mapping
 
 from ortools.sat.python import cp_model
 
-from ..plan import COMPUTE, Plan
-from ..simulate import simulate
-from .frees import always_kept, drop_points
-from .name_policy import Space, policy_plan
+from ...plan import COMPUTE, Plan
+from ...simulate import simulate
+from ..frees import always_kept, drop_points
+from .space import Space, policy_plan
 
 # Costs become integers by this scale on the largest cost (rounded down, so the
 # model's optimum is a lower bound on every policy's recompute cost).

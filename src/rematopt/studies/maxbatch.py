@@ -19,11 +19,11 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
-from .graph import Graph
-from .plan import Plan
-from .reference import peak_lower_bound
-from .simulate import Replay, simulate
-from .solve import solve
+from ..graph import Graph
+from ..plan import Plan
+from ..reference import peak_lower_bound
+from ..simulate import Replay, simulate
+from ..solve import solve
 
 HEURISTICS = ("no-remat", "chen-sqrt", "chen-greedy", "greedy", "dtr", "jax-nothing-saveable", "jax-dots-saveable",
               "jax-offload-dots")
