@@ -92,7 +92,7 @@ def test_ctrl_c_during_a_relaxation_proof_keeps_the_rounds_plan(graph, monkeypat
     """After depth 1, the slots relaxation is asked whether any plan beats
     its optimum; a Ctrl-C at its search's first bound stops that search and
     ends the run with the round's plan."""
-    original = run.relaxation_bound
+    original = run.ask
     solver_class = cp_model.CpSolver
 
     class CtrlCAtTheFirstBound(solver_class):
@@ -107,14 +107,14 @@ def test_ctrl_c_during_a_relaxation_proof_keeps_the_rounds_plan(graph, monkeypat
             self.best_bound_callback = first_bound
             return super().solve(model, callback)
 
-    def slots_then_ctrl_c(*args, **kwargs):
-        if kwargs["level"] != "slots":
-            return original(*args, **kwargs)
+    def slots_then_ctrl_c(graph, q, name, **kwargs):
+        if name != "slots":
+            return original(graph, q, name, **kwargs)
         with monkeypatch.context() as m:
             m.setattr(cp_model, "CpSolver", CtrlCAtTheFirstBound)
-            return original(*args, **kwargs)
+            return original(graph, q, name, **kwargs)
 
-    monkeypatch.setattr(run, "relaxation_bound", slots_then_ctrl_c)
+    monkeypatch.setattr(run, "ask", slots_then_ctrl_c)
     sol = solve(graph, "cpsat", **OPTS)
     check(sol, rounds=1)
     proofs = sol.plan.stats["relaxation_proofs"]
