@@ -47,6 +47,7 @@ space, and an infeasible relaxation proves it empty. The levels:
 from __future__ import annotations
 
 import bisect
+import itertools
 import time
 from collections import deque
 
@@ -76,12 +77,15 @@ def chains_bound(graph: Graph, q: Question, how: How, level: str) -> WholeBound:
     return solve_relaxation(m, goal, began, how)
 
 
-def chains_model(graph: Graph, q: Question, level: str, deadline: float
-                 ) -> tuple[cp_model.CpModel | None, cp_model.LinearExpr | None]:
+def chains_model(graph: Graph, q: Question, level: str, deadline: float, rows: int | None = None,
+                 hops: int | None = None) -> tuple[cp_model.CpModel | None, cp_model.LinearExpr | None]:
     """The chains or slots relaxation of ``q`` and its objective (None, None
-    above MAX_PAIRS). Raises OutOfTime past ``deadline``."""
+    above MAX_PAIRS), at ``rows`` critical stages (default: all) with each
+    value's variables reaching ``hops`` recomputes past its life (default:
+    its horizon; see :class:`_Lifetimes`). Raises OutOfTime past ``deadline``."""
     shape = _Lifetimes(graph, level=level, offload=q.offload, unit=q.unit,
-                       cap=q.cap_units if q.objective == "overhead" else q.peak_floor, deadline=deadline)
+                       cap=q.cap_units if q.objective == "overhead" else q.peak_floor, deadline=deadline,
+                       rows=rows, hops=hops)
     if shape.pairs > MAX_PAIRS:
         return None, None
     r = _Model(graph, shape, deadline)
@@ -104,11 +108,18 @@ def chains_model(graph: Graph, q: Question, level: str, deadline: float
 
 class _Lifetimes:
     """Each value's points (its stage, its consumers' stages, the end for
-    outputs) and life, the critical stages, and how many (value, critical
-    stage) pairs the chains levels would make (``pairs``)."""
+    outputs) and life, the critical stages (all of them, or ``rows`` of
+    them), how far each value's variables reach (``reach``), and how many
+    (value, critical stage) pairs the model makes (``pairs``).
+
+    A value's variables reach past its last point up to its horizon: it may
+    be kept, or recomputed, for a consumer's recompute. ``hops`` limits that
+    to consumers ``hops`` recomputes away (0: the value's own life); a
+    recompute whose producer's variables stop short of its row then needs
+    nothing from that producer, which only relaxes the model further."""
 
     def __init__(self, graph: Graph, *, level: str, offload: bool, unit: int, cap: int,
-                 deadline: float | None = None):
+                 deadline: float | None = None, rows: int | None = None, hops: int | None = None):
         g = graph
         self.level = level
         self.ix = ix = Stages(g, offload)
@@ -116,19 +127,50 @@ class _Lifetimes:
         self.size = size = [b // unit for b in g.bytes]
         self.points: dict[int, set[int]] = {}
         self.life: dict[int, tuple[int, int]] = {}
-        alive = [0] * T
+        alive = [0] * (T + 1)
         for i in ix.values:
             check_time(deadline)
             self.points[i] = ({ix.first[j] for j in g.succs[i] if ix.first[j] >= 0}
                               | ({T - 1} if g.nodes[i].output else set()) | ({ix.first[i]} - {-1}))
             self.life[i] = (max(ix.first[i], 0), max(self.points[i], default=-1))
-            for s in range(self.life[i][0], self.life[i][1] + 1):
-                alive[s] += size[i]
+            if self.life[i][1] >= self.life[i][0]:
+                alive[self.life[i][0]] += size[i]
+                alive[self.life[i][1] + 1] -= size[i]
+        alive = list(itertools.accumulate(alive))[:T]
         # with slot memory, a stage within one value of the cap may overflow at a recompute's slot
         floor = cap - (max((size[i] for i in ix.values), default=0) if level == "slots" else 0)
-        self.crit = crit = [s for s in range(T) if alive[s] > floor]
-        self.pairs = sum(bisect.bisect_left(crit, ix.horizon[i]) - bisect.bisect_left(crit, self.life[i][0])
+        crit = [s for s in range(T) if alive[s] > floor]
+        self.crit = crit = crit if rows is None else spread(crit, alive, rows)
+        self.reach = self.reach_of(g, hops)
+        self.pairs = sum(bisect.bisect_left(crit, self.reach[i]) - bisect.bisect_left(crit, self.life[i][0])
                          for i in ix.values)
+
+    def reach_of(self, g: Graph, hops: int | None) -> dict[int, int]:
+        """The stage before which each value's variables exist: its horizon,
+        or with ``hops`` h, its consumers' reach at h - 1 (0: one past its
+        last point), whichever comes first."""
+        ix = self.ix
+        reach = {i: ix.horizon[i] for i in ix.values}
+        if hops is None:
+            return reach
+        own = {i: self.life[i][1] + 1 for i in ix.values}
+        near = dict(own)
+        for _ in range(hops):
+            near = {i: max([own[i]] + [near[c] for c in g.succs[i] if c in near and ix.recomputable[c]])
+                    for i in ix.values}
+        return {i: min(reach[i], near[i]) for i in ix.values}
+
+
+def spread(crit: list[int], alive: list[int], rows: int) -> list[int]:
+    """``rows`` of the critical stages ``crit``, evenly spaced, with the one
+    where most is alive among them. Checking memory at fewer stages only
+    relaxes the model (and coarsens its intervals): a smaller model whose
+    bound CP-SAT proves sooner."""
+    if len(crit) <= rows:
+        return crit
+    step = len(crit) / rows
+    keep = {crit[int(k * step)] for k in range(rows)} | {max(crit, key=lambda s: alive[s])}
+    return sorted(keep)
 
 
 class _Model:
@@ -145,13 +187,15 @@ class _Model:
         self.pf: dict[tuple[int, int], cp_model.IntVar] = {}
         self.O: dict[int, cp_model.IntVar] = {}
 
+        reach = shape.reach
+
         def back_y(i: int, k: int) -> list:
             """rc[i,k] and pf[i,k], made on first use: re-materialising i in
             I_k serves a later point of i or a consumer's recompute."""
             lo = life[i][0]
             if (i, k) not in made:
                 made.add((i, k))
-                if lo <= crit[k] < ix.horizon[i] and ix.first[i] <= crit[k]:
+                if lo <= crit[k] < reach[i] and ix.first[i] <= crit[k]:
                     if ix.recomputable[i]:
                         self.rc[i, k] = m.new_bool_var(f"rc[{i},{k}]")
                         todo.append((i, k))
@@ -168,33 +212,41 @@ class _Model:
 
         made: set[tuple[int, int]] = set()
         todo: deque[tuple[int, int]] = deque()  # recomputes whose producers are still to be required
+        span: dict[int, range] = {}  # the rows each value has entries at
         for i in ix.values:
             check_time(deadline)
             lo, last = life[i]
             droppable = ix.recomputable[i] or ix.offloadable[i]
-            for k, c in enumerate(crit):
-                if c in points[i] or (lo <= c <= last and not droppable):
+            span[i] = range(bisect.bisect_left(crit, lo), bisect.bisect_left(crit, max(reach[i], last + 1)))
+            for k in span[i]:
+                c = crit[k]
+                if c in points[i] or (c <= last and not droppable):
                     pres[i, k] = 1
-                elif lo <= c < ix.horizon[i]:
+                elif c < reach[i]:
                     pres[i, k] = m.new_bool_var(f"pres[{i},{k}]")
                 back_y(i, k)  # all of them, in this order: made lazily, n250 at 0.9 takes 14 s to prove, not 2 s
 
         for i in ix.values:
             check_time(deadline)
-            for k in range(len(crit)):
-                exists = ix.first[i] <= crit[k]
-                if (k and exists and ix.first[i] <= crit[k - 1] and (i, k) in pres
-                        and pres[i, k] is not pres.get((i, k - 1))):  # the same variable, or both fixed at 1
-                    self.at_least(back(i, k - 1), pres[i, k])
+            first = bisect.bisect_left(crit, ix.first[i]) if ix.first[i] >= 0 else 0
+            for k in range(first, span[i].stop):  # past its entries a value has no constraint
+                if k and k - 1 >= first and (i, k) in pres and pres[i, k] is not pres.get((i, k - 1)):
+                    self.at_least(back(i, k - 1), pres[i, k])  # (the same variable, or both fixed at 1: nothing)
                 nxt = crit[k + 1] if k + 1 < len(crit) else T
-                if exists and not _fixed(pres.get((i, k), 0), 1) and any(crit[k] < u < nxt for u in points[i]):
+                if not _fixed(pres.get((i, k), 0), 1) and any(crit[k] < u < nxt for u in points[i]):
                     self.at_least(back(i, k), 1)
         while todo:
             i, k = todo.popleft()
             for p in g.preds[i]:
-                if not g.nodes[p].persistent and ix.first[p] <= crit[k] and not _fixed(pres.get((p, k), 0), 1):
-                    self.at_least(back(p, k), self.rc[i, k])
-        self.loads = [sum(size[i] * pres[i, k] for i in ix.values if (i, k) in pres) for k in range(len(crit))]
+                if g.nodes[p].persistent or ix.first[p] > crit[k] or _fixed(pres.get((p, k), 0), 1):
+                    continue
+                if max(reach[p], life[p][1] + 1) <= crit[k] < ix.horizon[p]:
+                    continue  # p's entries stop short of row k (hops): the recompute needs nothing of p
+                self.at_least(back(p, k), self.rc[i, k])
+        by_row: list[list[int]] = [[] for _ in crit]
+        for (i, k) in pres:
+            by_row[k].append(i)
+        self.loads = [sum(size[i] * pres[i, k] for i in sorted(by_row[k])) for k in range(len(crit))]
         self.slot_loads = []
         if shape.level == "slots":
             self.add_slot_loads(g, ix, crit, size, pres, back_y)
