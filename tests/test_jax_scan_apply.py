@@ -1,0 +1,137 @@
+"""Plans applied to scanned programs stay scanned: iterations a plan treats
+alike run as one ``lax.scan`` in the planned gradient (forward and backward),
+iterations it treats differently run unrolled and a warning says which and
+why. Gradients equal the plain step's either way."""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+jax = pytest.importorskip("jax")
+import numpy as np  # noqa: E402
+
+from rematopt import no_remat_plan, solve  # noqa: E402
+from rematopt.exporters.jax_policy import UnrolledLoop  # noqa: E402
+from rematopt.jax import apply_plan, residual_fates, trace_grad  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from jax_residuals import assert_same_gradients, saved  # noqa: E402
+from models import gpt_scan  # noqa: E402
+from test_jax_apply import recompute_plan  # noqa: E402
+
+GPT = {"layers": 3, "width": 16, "heads": 2, "seq": 4, "vocab": 16}
+
+
+@pytest.fixture(scope="module")
+def decoder():
+    fn, args = gpt_scan.factory(**GPT)
+    return fn, args, trace_grad(fn, *args)
+
+
+def lowered_loops(planned, args) -> tuple[int, int]:
+    """(while loops, dot_general ops) in the planned gradient's StableHLO."""
+    text = jax.jit(jax.grad(planned)).lower(*args).as_text()
+    return text.count("stablehlo.while"), text.count("stablehlo.dot_general")
+
+
+def quiet(fn, graph, plan, **kw):
+    """``apply_plan`` and one gradient, with the warnings it gave."""
+    planned = apply_plan(fn, graph, plan, **kw)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        jax.grad(planned)(*ARGS[id(fn)])
+    return planned, [w for w in caught if issubclass(w.category, UnrolledLoop)]
+
+
+ARGS: dict = {}
+
+
+def layer_nodes(g, op):
+    return {v.id for v in g.nodes if v.op == op and v.phase == "forward" and "iteration" in v.extra}
+
+
+def test_a_plan_alike_in_every_iteration_stays_scanned(decoder):
+    fn, args, g = decoder
+    ARGS[id(fn)] = args
+    tanhs = layer_nodes(g, "tanh")  # GELU's tanh in each layer
+    assert len(tanhs) == GPT["layers"]
+    plan = recompute_plan(g, recompute=tanhs)
+    assert residual_fates(g, plan).recomputed == tanhs
+    planned, said = quiet(fn, g, plan)
+    assert not said
+    (note,) = planned.loops
+    assert note.rolled and note.iterations == GPT["layers"]
+    assert note.scanned == {"forward": [(0, 2)], "backward": [(2, 0)]}
+    assert_same_gradients(fn, planned, args)
+    # what the scans save is what the plan keeps, stacked by layer
+    kept = sorted(g.nodes[i].bytes for i in residual_fates(g, plan).kept)
+    dev, host = saved(planned, args)
+    assert sum(dev) == sum(kept) and len(dev) < len(kept) and not host
+    # one forward and one backward loop; the layer's matmuls appear once, not once per layer
+    unrolled = apply_plan(fn, g, plan, scan=False)
+    (loops, dots), (_, dots_unrolled) = lowered_loops(planned, args), lowered_loops(unrolled, args)
+    assert loops == 2 and dots < dots_unrolled / 2
+    assert unrolled.loops == [] and lowered_loops(unrolled, args)[0] == 0
+
+
+def test_the_no_remat_plan_stays_scanned(decoder):
+    fn, args, g = decoder
+    ARGS[id(fn)] = args
+    planned, said = quiet(fn, g, no_remat_plan(g))
+    assert not said and planned.loops[0].rolled
+    assert_same_gradients(fn, planned, args)
+
+
+def test_a_plan_that_differs_by_iteration_unrolls_and_says_so(decoder):
+    fn, args, g = decoder
+    ARGS[id(fn)] = args
+    middle = {i for i in layer_nodes(g, "tanh") if g.nodes[i].extra["iteration"] == [1]}
+    planned, said = quiet(fn, g, recompute_plan(g, recompute=middle))
+    (note,) = planned.loops
+    assert not note.rolled and note.unrolled == {"forward": [0, 1, 2], "backward": [0, 1, 2]}
+    assert note.scanned == {}
+    assert "saves or offloads other values in iteration 1 than in 0" in note.why["forward"]
+    assert "recomputes" in note.why["backward"] and "iteration 1" in note.why["backward"]
+    (warning,) = said
+    assert str(warning.message) == f"apply_plan: {g.name}: {note.describe()}"
+    assert note.describe().startswith("loop of 3 iterations at gpt_scan.py:")
+    assert_same_gradients(fn, planned, args)
+    assert lowered_loops(planned, args)[0] == 0
+
+
+def test_a_checkpoint_name_policy_scans_all_but_the_last_layer(decoder):
+    """``jax-names`` without ``--per-layer`` gives every layer the same policy;
+    the last layer's output feeds the head, not a next layer, so the plan
+    treats that iteration differently and it alone runs unrolled."""
+    fn, args, g = decoder
+    ARGS[id(fn)] = args
+    sol = solve(g, "jax-names", budget_ratio=0.8, price=False)
+    assert sol.has_plan and not sol.plan.stats.get("per_layer")
+    planned, said = quiet(fn, g, sol.plan)
+    (note,) = planned.loops
+    assert note.scanned == {"forward": [(0, 1)], "backward": [(1, 0)]}
+    assert note.unrolled == {"forward": [2], "backward": [2]} and len(said) == 1
+    assert_same_gradients(fn, planned, args)
+    assert lowered_loops(planned, args)[0] == 2
+
+
+def test_boundary_iterations_that_differ_run_unrolled_around_the_scan():
+    """``fori_loop``'s counter: the first iteration reads the literal start,
+    the last one's increment is dead; the iterations between are scanned."""
+    def loss(w, x):
+        return jax.numpy.sum(jax.lax.fori_loop(0, 5, lambda i, h: jax.numpy.tanh(h @ w[i]), x) ** 2)
+
+    args = (np.random.default_rng(4).standard_normal((5, 6, 6)).astype(np.float32) * 0.4,
+            np.ones((2, 6), np.float32))
+    g = trace_grad(loss, *args)
+    ARGS[id(loss)] = args
+    planned, said = quiet(loss, g, no_remat_plan(g))
+    (note,) = planned.loops
+    assert note.scanned["forward"] == [(1, 3)] and note.unrolled["forward"] == [0, 4]
+    assert "iteration 1 runs other operations than 0" in note.why["forward"] and len(said) == 1
+    assert_same_gradients(loss, planned, args)
