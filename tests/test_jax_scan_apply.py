@@ -79,14 +79,6 @@ def test_a_plan_alike_in_every_iteration_stays_scanned(decoder):
     assert unrolled.loops == [] and lowered_loops(unrolled, args)[0] == 0
 
 
-def test_the_no_remat_plan_stays_scanned(decoder):
-    fn, args, g = decoder
-    ARGS[id(fn)] = args
-    planned, said = quiet(fn, g, no_remat_plan(g))
-    assert not said and planned.loops[0].rolled
-    assert_same_gradients(fn, planned, args)
-
-
 def test_a_plan_that_differs_by_iteration_unrolls_and_says_so(decoder):
     fn, args, g = decoder
     ARGS[id(fn)] = args

@@ -35,7 +35,7 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
-from ..importers.jaxpr.flatten import Const, Eqn, evaluate
+from ..importers.jaxpr.flatten import Const, Eqn
 
 MIN_RUN = 2  # a run of one iteration is that iteration unrolled
 
@@ -78,10 +78,6 @@ class Run:
     @property
     def reverse(self) -> bool:
         return self.iterations[0] > self.iterations[-1]
-
-    @property
-    def low(self) -> int:
-        return min(self.iterations)
 
 
 @dataclass
@@ -254,6 +250,8 @@ def _roll_block(units: list[Unit], block: list[int], readers: dict, aval: Callab
 
 def _roll_sweep(units: list[Unit], parts: list, readers: dict, aval: Callable, needed: set, marks: Callable,
                 phase: str, note: LoopNote) -> list[Unit | Run]:
+    if len(parts) < MIN_RUN:  # one iteration: nothing to roll
+        return [units[j] for _, js in parts for j in js]
     segs = [_segment([units[j] for j in js], i, aval) for i, js in parts]
     seg_of = {j: s for s, (_, js) in enumerate(parts) for j in js}
 
@@ -287,7 +285,7 @@ def _roll_sweep(units: list[Unit], parts: list, readers: dict, aval: Callable, n
         else:
             out.extend(segs[s].units)
             note.unrolled[phase] = sorted(note.unrolled.get(phase, []) + [segs[s].iteration])
-            note.why.setdefault(phase, why or "a loop of one iteration")
+            note.why.setdefault(phase, why or "")
             s += 1
     return out
 
@@ -441,7 +439,7 @@ def _scan(run: Run, env: dict, do: Do, last: Any) -> Any:
         local = dict(closed)
         local.update(zip((r for r, _ in run.carries), carry[:n_carry]))
         local.update(zip((r for r, _ in run.scanned), x))
-        execute(run.body, local, do, tuple(carry[:n_carry]) or None)
+        execute(run.body, local, do, tuple(carry[:n_carry]))  # recomputations follow the carried values
         return ([local[v] for _, v in run.carries] + [local[v] for v in run.tails],
                 [local[v] for v in run.stacked])
 

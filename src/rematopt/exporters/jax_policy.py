@@ -224,15 +224,14 @@ def _planned_step(step: Step, fates: Fates, scan: bool = True) -> tuple[Callable
         j, s = sources[k]
         return leaves[j] if s is None else Piece(leaves[j], s)
 
-    def run_forward(env, u: Unit, last):
+    def run_forward(u: Unit, env: dict, last: Any) -> Any:
         evaluate(u.eqns, env)
         return last
 
-    def run_backward(env, u: Unit, last):
+    def run_backward(u: Unit, env: dict, last: Any) -> Any:
         if u.recompute:
             ins = unit_inputs(u)
-            vals = [env[v] for v in ins]
-            barred = jax.lax.optimization_barrier(vals) if last is None else jax.lax.optimization_barrier((vals, last))[0]
+            barred, _ = jax.lax.optimization_barrier(([env[v] for v in ins], last))
             made = evaluate(u.eqns, dict(zip(ins, barred)))
             env.update((v, made[v]) for e in u.eqns for v in e.outs)
             return last
@@ -241,7 +240,7 @@ def _planned_step(step: Step, fates: Fates, scan: bool = True) -> tuple[Callable
 
     def forward_env(leaves):
         env = {v: piece(leaves, k) for k, v in enumerate(step.arg_ids)}
-        execute(forward_pass, env, lambda u, e, last: run_forward(e, u, last))
+        execute(forward_pass, env, run_forward)
         return env
 
     held: dict[str, Any] = {}
@@ -281,7 +280,7 @@ def _planned_step(step: Step, fates: Fates, scan: bool = True) -> tuple[Callable
         env.update((v, bases[b] if index is None else Piece(bases[b], index))
                    for v, (b, index) in zip(saved_vals, held["layout"]))
         env[step.ct_id] = ct
-        execute(backward_pass, env, lambda u, e, last: run_backward(e, u, last), ct)
+        execute(backward_pass, env, run_backward, ct)
         ct_of = dict(zip(grad_leaves, grad_refs))
         return tuple(_leaf_cotangent(env, [ct_of.get(k) for k in ks], [flat.avals[step.arg_ids[k]] for k in ks],
                                      _stacked_dims([sources[k][1] for k in ks]))
