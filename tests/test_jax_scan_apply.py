@@ -15,8 +15,7 @@ jax = pytest.importorskip("jax")
 import numpy as np  # noqa: E402
 
 from rematopt import no_remat_plan, solve  # noqa: E402
-from rematopt.exporters.jax_policy import UnrolledLoop  # noqa: E402
-from rematopt.jax import apply_plan, residual_fates, trace_grad  # noqa: E402
+from rematopt.jax import UnrolledLoop, apply_plan, residual_fates, trace_grad  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -127,3 +126,21 @@ def test_boundary_iterations_that_differ_run_unrolled_around_the_scan():
     assert note.scanned["forward"] == [(1, 3)] and note.unrolled["forward"] == [0, 4]
     assert "iteration 1 runs other operations than 0" in note.why["forward"] and len(said) == 1
     assert_same_gradients(loss, planned, args)
+
+
+def test_jax_measure_compares_the_scanned_application_with_the_unrolled_one():
+    from rematopt.jax import measure
+
+    def loss(ws, x):
+        h, _ = jax.lax.scan(lambda h, w: (jax.numpy.tanh(h @ w), None), x, ws)
+        return jax.numpy.sum(h ** 2)
+
+    args = (np.random.default_rng(5).standard_normal((4, 8, 8)).astype(np.float32) * 0.3,
+            np.ones((2, 8), np.float32))
+    m = measure(loss, *args, budget_ratio=0.8, planners=())
+    rows = {r.variant: r for r in m.rows}
+    scanned, unrolled = rows["rematopt no-remat (control)"], rows["rematopt no-remat (control) (unrolled)"]
+    assert scanned.grad_error == unrolled.grad_error == 0.0
+    assert "forward: scanned 0-3" in scanned.note and not unrolled.note
+    assert all(r.compile_s > 0 for r in rows.values())
+    assert "| compile s |" in m.markdown()

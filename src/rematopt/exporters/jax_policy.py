@@ -33,9 +33,9 @@ from ..graph import Graph
 from ..importers.jaxpr.flatten import Const, evaluate
 from ..importers.jaxpr.step import Step, trace_step
 from ..importers.jaxpr.unroll import iterations
-from .jax_loops import LoopNote, Piece, Run, Unit, execute, gather, roll, unit_inputs, value
 from ..plan import COMPUTE, OFFLOAD, Plan
 from ..simulate import simulate
+from .jax_loops import LoopNote, Piece, Run, Unit, execute, gather, roll, unit_inputs, value
 
 
 @dataclass(frozen=True)
@@ -213,9 +213,10 @@ def _planned_step(step: Step, fates: Fates, scan: bool = True) -> tuple[Callable
     notes: dict[str, LoopNote] = {}
     if scan and any(u.loop for u in forward_pass):
         saved_set = set(saved_vals)
-        forward_pass = roll(forward_pass, flat.avals.__getitem__, saved_set | {loss_ref} - {None},
+        aval = flat.avals.__getitem__
+        forward_pass = roll(forward_pass, aval, saved_set | {r for r in [loss_ref] if not isinstance(r, Const)},
                             lambda v: (v in saved_set, v in host_vals), "forward", notes)
-        rolled = roll(_first_reader_order(group_of, phase_of, recompute, inputs_of, prod, unit), flat.avals.__getitem__,
+        rolled = roll(_first_reader_order(group_of, phase_of, recompute, inputs_of, prod, unit), aval,
                       {r for r in grad_refs if not isinstance(r, Const)}, lambda v: (), "backward", notes)
         if any(isinstance(it, Run) for it in rolled):
             backward_pass = rolled
