@@ -78,6 +78,20 @@ def test_a_plan_alike_in_every_iteration_stays_scanned(decoder):
     assert unrolled.loops == [] and lowered_loops(unrolled, args)[0] == 0
 
 
+def test_values_offloaded_in_every_iteration_leave_the_scan_stacked_in_host_memory(decoder):
+    fn, args, g = decoder
+    ARGS[id(fn)] = args
+    tanhs = layer_nodes(g, "tanh")
+    plan = recompute_plan(g, offload=tanhs)
+    planned, said = quiet(fn, g, plan)
+    assert not said and planned.loops[0].rolled
+    assert_same_gradients(fn, planned, args)
+    fates = residual_fates(g, plan)
+    dev, host = saved(planned, args)
+    assert fates.offloaded == tanhs and host == [sum(g.nodes[i].bytes for i in tanhs)]
+    assert sum(dev) == sum(g.nodes[i].bytes for i in fates.kept)
+
+
 def test_a_plan_that_differs_by_iteration_unrolls_and_says_so(decoder):
     fn, args, g = decoder
     ARGS[id(fn)] = args
