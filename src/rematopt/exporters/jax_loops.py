@@ -332,6 +332,9 @@ def _joins(segs: list[_Seg], F: list, s: int, e: int, desc: list | None, aval: C
 
 def _run(segs: list[_Seg], desc: list, flags: tuple, readers: dict, seg_of: dict, parts: list, s: int, e: int,
          loop: str, aval: Callable) -> Run:
+    """The scan of alike segments ``segs`` (``s..e-1`` of the sweep), read as
+    ``desc`` says, handing on the values ``flags`` marks and the last
+    iteration's values read after it."""
     first, last = segs[0], segs[-1]
     ascending = sorted(segs, key=lambda seg: seg.iteration)
     carries = [(first.refs[j], first.values[d[1]]) for j, d in enumerate(desc) if d[0] == "carry"]
