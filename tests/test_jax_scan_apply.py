@@ -38,16 +38,13 @@ def lowered_loops(planned, args) -> tuple[int, int]:
     return text.count("stablehlo.while"), text.count("stablehlo.dot_general")
 
 
-def quiet(fn, graph, plan, **kw):
-    """``apply_plan`` and one gradient, with the warnings it gave."""
-    planned = apply_plan(fn, graph, plan, **kw)
+def applied(fn, args, graph, plan):
+    """``apply_plan`` and its gradient traced (not run), with the UnrolledLoop warnings it gave."""
+    planned = apply_plan(fn, graph, plan)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        jax.grad(planned)(*ARGS[id(fn)])
+        jax.eval_shape(jax.grad(planned), *args)
     return planned, [w for w in caught if issubclass(w.category, UnrolledLoop)]
-
-
-ARGS: dict = {}
 
 
 def layer_nodes(g, op):
@@ -56,12 +53,11 @@ def layer_nodes(g, op):
 
 def test_a_plan_alike_in_every_iteration_stays_scanned(decoder):
     fn, args, g = decoder
-    ARGS[id(fn)] = args
     tanhs = layer_nodes(g, "tanh")  # GELU's tanh in each layer
     assert len(tanhs) == GPT["layers"]
     plan = recompute_plan(g, recompute=tanhs)
     assert residual_fates(g, plan).recomputed == tanhs
-    planned, said = quiet(fn, g, plan)
+    planned, said = applied(fn, args, g, plan)
     assert not said
     (note,) = planned.loops
     assert note.rolled and note.iterations == GPT["layers"]
@@ -80,10 +76,9 @@ def test_a_plan_alike_in_every_iteration_stays_scanned(decoder):
 
 def test_values_offloaded_in_every_iteration_leave_the_scan_stacked_in_host_memory(decoder):
     fn, args, g = decoder
-    ARGS[id(fn)] = args
     tanhs = layer_nodes(g, "tanh")
     plan = recompute_plan(g, offload=tanhs)
-    planned, said = quiet(fn, g, plan)
+    planned, said = applied(fn, args, g, plan)
     assert not said and planned.loops[0].rolled
     assert_same_gradients(fn, planned, args)
     fates = residual_fates(g, plan)
@@ -94,9 +89,8 @@ def test_values_offloaded_in_every_iteration_leave_the_scan_stacked_in_host_memo
 
 def test_a_plan_that_differs_by_iteration_unrolls_and_says_so(decoder):
     fn, args, g = decoder
-    ARGS[id(fn)] = args
     middle = {i for i in layer_nodes(g, "tanh") if g.nodes[i].extra["iteration"] == [1]}
-    planned, said = quiet(fn, g, recompute_plan(g, recompute=middle))
+    planned, said = applied(fn, args, g, recompute_plan(g, recompute=middle))
     (note,) = planned.loops
     assert not note.rolled and note.unrolled == {"forward": [0, 1, 2], "backward": [0, 1, 2]}
     assert note.scanned == {}
@@ -114,10 +108,9 @@ def test_a_checkpoint_name_policy_scans_all_but_the_last_layer(decoder):
     the last layer's output feeds the head, not a next layer, so the plan
     treats that iteration differently and it alone runs unrolled."""
     fn, args, g = decoder
-    ARGS[id(fn)] = args
     sol = solve(g, "jax-names", budget_ratio=0.8, price=False)
     assert sol.has_plan and not sol.plan.stats.get("per_layer")
-    planned, said = quiet(fn, g, sol.plan)
+    planned, said = applied(fn, args, g, sol.plan)
     (note,) = planned.loops
     assert note.scanned == {"forward": [(0, 1)], "backward": [(1, 0)]}
     assert note.unrolled == {"forward": [2], "backward": [2]} and len(said) == 1
@@ -134,8 +127,7 @@ def test_boundary_iterations_that_differ_run_unrolled_around_the_scan():
     args = (np.random.default_rng(4).standard_normal((5, 6, 6)).astype(np.float32) * 0.4,
             np.ones((2, 6), np.float32))
     g = trace_grad(loss, *args)
-    ARGS[id(loss)] = args
-    planned, said = quiet(loss, g, no_remat_plan(g))
+    planned, said = applied(loss, args, g, no_remat_plan(g))
     (note,) = planned.loops
     assert note.scanned["forward"] == [(1, 3)] and note.unrolled["forward"] == [0, 4]
     assert "iteration 1 runs other operations than 0" in note.why["forward"] and len(said) == 1
