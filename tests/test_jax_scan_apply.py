@@ -150,3 +150,43 @@ def test_jax_measure_compares_the_scanned_application_with_the_unrolled_one():
     assert "forward: scanned 0-3" in scanned.note and not unrolled.note
     assert all(r.compile_s > 0 for r in rows.values())
     assert "| compile s |" in m.markdown()
+
+
+def test_a_run_ends_early_when_the_next_iteration_reads_a_value_the_run_does_not_hand_on():
+    """Four iterations of ``a = sin(c); b = cos(c)`` carrying ``a``; the last
+    one also reads the ``b`` of the one before. Iterations 0-2 are alike, but
+    a scan over them would not hand on iteration 2's ``b``: the run is 0-1,
+    and iterations 2 and 3 run unrolled. Values equal the plain evaluation."""
+    from rematopt.exporters.jax_loops import LoopNote, Run, Unit, execute, roll, value
+    from rematopt.importers.jaxpr.flatten import Eqn, evaluate
+
+    def eqn(fn, ins, out, *args):
+        e = jax.make_jaxpr(fn)(*args).eqns[0]
+        return Eqn(e.primitive, dict(e.params), ins, [out], False)
+
+    x = np.linspace(0.1, 0.9, 5).astype(np.float32)
+    units, carry, ids = [], 0, iter(range(1, 100))
+    for i in range(4):
+        a, b = next(ids), next(ids)
+        units += [Unit(a, (eqn(jax.numpy.sin, [carry], a, x),), loop=("L", i)),
+                  Unit(b, (eqn(jax.numpy.cos, [carry], b, x),), loop=("L", i))]
+        if i == 3:
+            units.append(Unit(99, (eqn(jax.numpy.multiply, [a, units[-3].node], 99, x, x),), loop=("L", i)))
+        carry = a
+    notes: dict[str, LoopNote] = {}
+    aval = lambda v: jax.core.ShapedArray(x.shape, x.dtype)  # noqa: E731
+    items = roll(units, aval, {99}, lambda v: (), "forward", notes)
+    (run,) = [it for it in items if isinstance(it, Run)]
+    assert run.iterations == (0, 1) and len(items) == 1 + 5
+    assert notes["L"].scanned == {"forward": [(0, 1)]} and notes["L"].unrolled == {"forward": [2, 3]}
+
+    def do(u, env, last):
+        evaluate(u.eqns, env)
+        return last
+
+    env = {0: x}
+    execute(items, env, do)
+    plain = {0: x}
+    for u in units:
+        evaluate(u.eqns, plain)
+    np.testing.assert_allclose(value(env, 99), plain[99], rtol=1e-6)

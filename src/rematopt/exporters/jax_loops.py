@@ -67,13 +67,11 @@ class Run:
     iterations: tuple[int, ...]           # in execution order
     body: list[Unit]
     carries: list[tuple[Any, int]]        # (initial ref, the body value that carries on)
-    tails: list[int]                      # body values read after the run from its last iteration only
     closed: list[int]                     # refs every iteration reads (the same value)
     scanned: list[tuple[int, list]]       # (body ref, each iteration's ref in ascending iteration order)
     stacked: list[int]                    # body values read after the run, one per iteration
     outs: dict[int, list[int]]            # body value -> its value in each iteration (ascending)
     last: dict[int, int]                  # body value -> its value in the last iteration run
-    tail_avals: dict[int, Any]            # body value -> its abstract value, for the tails' first carry
 
     @property
     def reverse(self) -> bool:
@@ -278,8 +276,10 @@ def _roll_sweep(units: list[Unit], parts: list, readers: dict, aval: Callable, n
                 why = broke
                 break
             e += 1
+        while e - s >= MIN_RUN and _loose(segs, s, e, desc, F[s], readers, parts):
+            e -= 1  # the iteration after the run reads its last one otherwise than the run's do
         if e - s >= MIN_RUN:
-            out.append(_run(segs[s:e], desc, F[s], readers, seg_of, parts, s, e, note.loop, aval))
+            out.append(_run(segs[s:e], desc, F[s], note.loop))
             note.scanned.setdefault(phase, []).append((segs[s].iteration, segs[e - 1].iteration))
             s = e
         else:
@@ -330,11 +330,9 @@ def _joins(segs: list[_Seg], F: list, s: int, e: int, desc: list | None, aval: C
     return None, desc
 
 
-def _run(segs: list[_Seg], desc: list, flags: tuple, readers: dict, seg_of: dict, parts: list, s: int, e: int,
-         loop: str, aval: Callable) -> Run:
-    """The scan of alike segments ``segs`` (``s..e-1`` of the sweep), read as
-    ``desc`` says, handing on the values ``flags`` marks and the last
-    iteration's values read after it."""
+def _run(segs: list[_Seg], desc: list, flags: tuple, loop: str) -> Run:
+    """The scan of alike segments ``segs``, reading outside values as
+    ``desc`` says and handing on the values ``flags`` marks."""
     first, last = segs[0], segs[-1]
     ascending = sorted(segs, key=lambda seg: seg.iteration)
     carries = [(first.refs[j], first.values[d[1]]) for j, d in enumerate(desc) if d[0] == "carry"]
@@ -347,15 +345,19 @@ def _run(segs: list[_Seg], desc: list, flags: tuple, readers: dict, seg_of: dict
             else:
                 scanned.append((first.refs[j], refs))
     stacked = [v for v, (outside, _) in zip(first.values, flags) if outside]
-    inside = {j for _, js in parts[s:e] for j in js}
-    carried = {v for _, v in carries}
-    tails = [first.values[p] for p, v in enumerate(last.values)
-             if first.values[p] not in carried and first.values[p] not in stacked
-             and any(j not in inside for j in readers.get(v, ()))]
-    return Run(loop, tuple(seg.iteration for seg in segs), list(first.units), carries, tails, closed, scanned, stacked,
+    return Run(loop, tuple(seg.iteration for seg in segs), list(first.units), carries, closed, scanned, stacked,
                {first.values[p]: [seg.values[p] for seg in ascending] for p in range(len(first.values))},
-               {first.values[p]: last.values[p] for p in range(len(first.values))},
-               {v: aval(v) for v in tails})
+               {first.values[p]: last.values[p] for p in range(len(first.values))})
+
+
+def _loose(segs: list[_Seg], s: int, e: int, desc: list, flags: tuple, readers: dict, parts: list) -> bool:
+    """Whether a value of the run ``s..e-1``'s last iteration is read after
+    the run though the run neither carries nor stacks it (the iteration
+    after it differs in what it reads)."""
+    kept = {d[1] for d in desc if d[0] == "carry"} | {p for p, (outside, _) in enumerate(flags) if outside}
+    inside = {j for _, js in parts[s:e] for j in js}
+    return any(p not in kept and any(j not in inside for j in readers.get(v, ()))
+               for p, v in enumerate(segs[e - 1].values))
 
 
 def _contiguous(units: list[Unit], loop: str) -> tuple[list[Unit], str | None]:
@@ -433,28 +435,20 @@ def execute(items: Sequence[Unit | Run], env: dict, do: Do, last: Any = None) ->
 
 
 def _scan(run: Run, env: dict, do: Do, last: Any) -> Any:
-    n_carry = len(run.carries)
     closed = {r: value(env, r) for r in run.closed}
-    init = [value(env, r) for r, _ in run.carries] + [jax.numpy.zeros(*_struct(run, v)) for v in run.tails]
+    init = [value(env, r) for r, _ in run.carries]
     xs = [gather(env, refs) for _, refs in run.scanned]
 
     def body(carry, x):
         local = dict(closed)
-        local.update(zip((r for r, _ in run.carries), carry[:n_carry]))
+        local.update(zip((r for r, _ in run.carries), carry))
         local.update(zip((r for r, _ in run.scanned), x))
-        execute(run.body, local, do, tuple(carry[:n_carry]))  # recomputations follow the carried values
-        return ([local[v] for _, v in run.carries] + [local[v] for v in run.tails],
-                [local[v] for v in run.stacked])
+        execute(run.body, local, do, tuple(carry))  # recomputations follow the carried values
+        return [local[v] for _, v in run.carries], [local[v] for v in run.stacked]
 
     final, ys = jax.lax.scan(body, init, xs, length=len(run.iterations), reverse=run.reverse)
-    for (_, v), x in zip(run.carries, final[:n_carry]):
-        env[run.last[v]] = x
-    for v, x in zip(run.tails, final[n_carry:]):
+    for (_, v), x in zip(run.carries, final):
         env[run.last[v]] = x
     for v, y in zip(run.stacked, ys):
         env.update((w, Piece(y, (k,))) for k, w in enumerate(run.outs[v]))
-    return tuple(final[:n_carry]) or last
-
-
-def _struct(run: Run, v: int) -> tuple:
-    return run.tail_avals[v].shape, run.tail_avals[v].dtype
+    return tuple(final) or last
