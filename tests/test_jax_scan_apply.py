@@ -152,17 +152,21 @@ def test_jax_measure_compares_the_scanned_application_with_the_unrolled_one():
     assert "| compile s |" in m.markdown()
 
 
+def eqn(fn, ins, out, *args):
+    """A hand-made equation: ``fn``'s primitive reading value ids ``ins``."""
+    from rematopt.importers.jaxpr.flatten import Eqn
+
+    e = jax.make_jaxpr(fn)(*args).eqns[0]
+    return Eqn(e.primitive, dict(e.params), ins, [out], False)
+
+
 def test_a_run_ends_early_when_the_next_iteration_reads_a_value_the_run_does_not_hand_on():
     """Four iterations of ``a = sin(c); b = cos(c)`` carrying ``a``; the last
     one also reads the ``b`` of the one before. Iterations 0-2 are alike, but
     a scan over them would not hand on iteration 2's ``b``: the run is 0-1,
     and iterations 2 and 3 run unrolled. Values equal the plain evaluation."""
     from rematopt.exporters.jax_loops import LoopNote, Run, Unit, execute, roll, value
-    from rematopt.importers.jaxpr.flatten import Eqn, evaluate
-
-    def eqn(fn, ins, out, *args):
-        e = jax.make_jaxpr(fn)(*args).eqns[0]
-        return Eqn(e.primitive, dict(e.params), ins, [out], False)
+    from rematopt.importers.jaxpr.flatten import evaluate
 
     x = np.linspace(0.1, 0.9, 5).astype(np.float32)
     units, carry, ids = [], 0, iter(range(1, 100))
@@ -190,3 +194,40 @@ def test_a_run_ends_early_when_the_next_iteration_reads_a_value_the_run_does_not
     for u in units:
         evaluate(u.eqns, plain)
     np.testing.assert_allclose(value(env, 99), plain[99], rtol=1e-6)
+
+
+def test_slices_of_a_computed_stack_move_out_of_the_way_of_the_scan():
+    """Scanning over a computed array slices it between the iterations (and
+    the backward pass pads each slice's cotangent there): those operations
+    neither read an iteration nor feed the next, so they move before or after
+    the loop, and the forward pass is one scan."""
+    def loss(w, x):
+        xs = jax.numpy.tanh(x)
+        h, _ = jax.lax.scan(lambda h, xi: (jax.numpy.tanh(h @ w + xi), None), xs[0], xs)
+        return jax.numpy.sum(h ** 2)
+
+    args = (np.random.default_rng(6).standard_normal((6, 6)).astype(np.float32) * 0.4,
+            np.random.default_rng(7).standard_normal((4, 2, 6)).astype(np.float32))
+    g = trace_grad(loss, *args, argnums=(0, 1))
+    planned, _ = applied(loss, args, g, no_remat_plan(g))
+    (note,) = planned.loops
+    assert note.scanned["forward"] == [(0, 3)] and not note.unrolled.get("forward")
+    assert note.scanned["backward"] == [(2, 1)]  # the first and last iterations' cotangents differ
+    got = jax.jit(jax.grad(planned, argnums=(0, 1)))(*args)
+    for a, b in zip(got, jax.grad(loss, argnums=(0, 1))(*args)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_an_operation_between_iterations_that_feeds_the_next_one_keeps_the_loop_unrolled():
+    from rematopt.exporters.jax_loops import LoopNote, Unit, roll
+
+    x = np.ones(3, np.float32)
+    units = [Unit(1, (eqn(jax.numpy.sin, [0], 1, x),), loop=("L", 0)),
+             Unit(2, (eqn(jax.numpy.cos, [1], 2, x),)),  # outside the loop, between its iterations
+             Unit(3, (eqn(jax.numpy.sin, [2], 3, x),), loop=("L", 1)),
+             Unit(4, (eqn(jax.numpy.sin, [3], 4, x),), loop=("L", 2))]
+    notes: dict[str, LoopNote] = {}
+    items = roll(units, lambda v: jax.core.ShapedArray(x.shape, x.dtype), {4}, lambda v: (), "forward", notes)
+    assert items == units
+    assert notes["L"].unrolled == {"forward": [0, 1, 2]} and notes["L"].iterations == 3
+    assert "reading one and feeding the next" in notes["L"].why["forward"]

@@ -186,6 +186,7 @@ def roll(units: list[Unit], aval: Callable, needed: set, marks: Callable[[int], 
     ``marks(v)`` what must agree between iterations (saved, offloaded).
     ``notes`` gets what happened to each loop, under ``phase``."""
     loops = list(dict.fromkeys(u.loop[0] for u in units if u.loop))
+    count = {loop: len({u.loop[1] for u in units if u.loop and u.loop[0] == loop}) for loop in loops}
     blocked: dict[str, str] = {}
     for loop in loops:
         units, why = _contiguous(units, loop)
@@ -208,10 +209,11 @@ def roll(units: list[Unit], aval: Callable, needed: set, marks: Callable[[int], 
             end += 1
         block = list(range(k, end))
         note = notes.setdefault(loop, LoopNote(loop, next((e.source for j in block for e in units[j].eqns
-                                                           if e.source), ""), len({units[j].loop[1] for j in block})))
-        if loop in blocked:
+                                                           if e.source), ""), count[loop]))
+        if loop in blocked:  # its iterations are not one block: each piece runs unrolled
             out.extend(units[j] for j in block)
-            note.unrolled[phase], note.why[phase] = sorted({units[j].loop[1] for j in block}), blocked[loop]
+            note.unrolled[phase] = sorted(set(note.unrolled.get(phase, [])) | {units[j].loop[1] for j in block})
+            note.why[phase] = blocked[loop]
         else:
             out.extend(_roll_block(units, block, readers, aval, needed, marks, phase, note))
         k = end
