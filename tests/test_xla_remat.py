@@ -160,6 +160,16 @@ def test_host_offload_when_the_compute_between_hides_the_copies():
     assert slow.replay.peak_bytes == 22
 
 
+def test_host_offload_without_bandwidths_takes_no_time():
+    """Unset bandwidths: the copies take no time, so any compute between the
+    reads hides them; the copy back comes right before e."""
+    g = offload_program()
+    sol = solve(g, "xla-remat", budget=25, host_offload=True)
+    names = [g.nodes[i].name for i in sol.plan.nodes[sol.plan.ops != 1]]
+    assert sol.replay.transfer_bytes == 20 and names[names.index("a", 2) + 1] == "e"
+    assert sol.status == "FEASIBLE" and sol.replay.peak_bytes == 22
+
+
 def test_recompute_mode_off_offloads_only_and_both_off_changes_nothing():
     g = offload_program()
     only = solve(g, "xla-remat", budget=25, recompute=False, host_offload=True, bandwidth_to_host=0.5,
@@ -214,13 +224,13 @@ def test_no_budget_is_the_program_as_given():
 
 
 def test_bad_options_are_refused_in_one_line(tmp_path):
-    with pytest.raises(PlannerError, match="^xla-remat: --host-offload needs --bandwidth-to-host"):
-        solve(chain3(), "xla-remat", budget=24, host_offload=True)
+    with pytest.raises(PlannerError, match="^xla-remat: bandwidth-to-host must be > 0, got 0$"):
+        solve(chain3(), "xla-remat", budget=24, host_offload=True, bandwidth_to_host=0)
     with pytest.raises(PlannerError, match="^xla-remat: block-size-limit must be an integer >= 1, got 0$"):
         solve(chain3(), "xla-remat", budget=24, block_size_limit=0)
     path = tmp_path / "g.json"
     chain3().save(path)
-    for bad in (["--host-offload"], ["--block-size-limit", "0"], ["--bandwidth-to-host", "-1"]):
+    for bad in (["--bandwidth-from-host", "0"], ["--block-size-limit", "0"], ["--bandwidth-to-host", "-1"]):
         out = rematopt("solve", path, "--planner", "xla-remat", "--budget", "24", *bad)
         assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
 

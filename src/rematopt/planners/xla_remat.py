@@ -38,7 +38,8 @@ rematerialises until memory is back under the limit or nothing helps:
    host right after it is computed and brought back before its first unplaced
    consumer, if the compute between its last placed and its first unplaced
    consumer hides both copies (bytes / ``bandwidth_to_host`` + bytes /
-   ``bandwidth_from_host``, in the graph's cost units). Its cost is
+   ``bandwidth_from_host``, in the graph's cost units; unset, a copy takes no
+   time) and is not zero. Its cost is
    ``memory_limit // bytes``, so it wins against recomputing the same value.
 
 The tracker counts memory as the simulator does (inputs from the start,
@@ -65,12 +66,12 @@ after its last read.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from ..errors import PlannerError
 from ..graph import Graph
 from ..plan import COMPUTE, OFFLOAD, PREFETCH, Plan
 from .frees import place_frees
@@ -93,16 +94,19 @@ class Options:
                                                    "search's.", minimum=0, finite=True)
     min_remat_size: int = option(0, "a block starts only at a value of at least this many bytes.", minimum=0)
     recompute: bool = option(True, "XLA's recompute mode.")
-    host_offload: bool = option(False, "XLA's host-offload mode (needs both bandwidths).")
-    bandwidth_to_host: float | None = option(None, "bytes per cost unit to the host (XLA's "
-                                             "bandwidth_to_host_bytes_per_second).", minimum=0, finite=True)
-    bandwidth_from_host: float | None = option(None, "bytes per cost unit from the host (XLA's "
-                                               "bandwidth_from_host_bytes_per_second).", minimum=0, finite=True)
+    host_offload: bool = option(False, "XLA's host-offload mode.")
+    # Unset, copies take no time: transfers are free, as cpsat prices them without --host-bandwidth.
+    bandwidth_to_host: float = option(math.inf, "bytes per cost unit to the host (XLA's "
+                                      "bandwidth_to_host_bytes_per_second; default: copies take no time).",
+                                      minimum=0)
+    bandwidth_from_host: float = option(math.inf, "bytes per cost unit from the host (XLA's "
+                                        "bandwidth_from_host_bytes_per_second; default: copies take no time).",
+                                        minimum=0)
 
     def __post_init__(self) -> None:
-        if self.host_offload and not (self.bandwidth_to_host and self.bandwidth_from_host):
-            raise ValueError("--host-offload needs --bandwidth-to-host and --bandwidth-from-host (> 0, bytes per "
-                             "cost unit)")
+        for name in ("bandwidth_to_host", "bandwidth_from_host"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name.replace('_', '-')} must be > 0, got {getattr(self, name):g}")
 
 
 class _Pass:
