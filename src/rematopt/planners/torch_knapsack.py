@@ -24,8 +24,8 @@ two steps:
    ``flops`` estimator). The knapsack keeps the items worth the most runtime
    whose weights sum to at most the budget fraction (``dp``: torch's
    pseudo-polynomial DP over weights quantised to 1/10000; ``greedy``: by
-   runtime per weight; ``ilp``: the exact 0-1 program, with OR-Tools' HiGHS
-   as torch uses scipy's).
+   runtime per weight; ``ilp``: the exact 0-1 program, solved by OR-Tools' SCIP
+   where torch calls scipy's HiGHS, whose banner OR-Tools' build prints).
 2. **A min cut.** Items the knapsack leaves out are unbanned, and a minimum
    cut between the banned values and the backward decides what is saved:
    a node's weight is its bytes x 1.1^(hops to the backward, 1..100), doubled
@@ -136,7 +136,7 @@ def ilp_knapsack(memory: list[float], runtime: list[float], cap: float) -> list[
     """The exact 0-1 program: max sum runtime x s.t. sum memory x <= cap."""
     from ortools.linear_solver import pywraplp
 
-    solver = pywraplp.Solver.CreateSolver("HIGHS")
+    solver = pywraplp.Solver.CreateSolver("SCIP")
     x = [solver.BoolVar(f"x{i}") for i in range(len(memory))]
     solver.Add(solver.Sum(m * xi for m, xi in zip(memory, x)) <= cap)
     solver.Maximize(solver.Sum(r * xi for r, xi in zip(runtime, x)))
