@@ -218,13 +218,15 @@ def write_report(results_dir: str | Path, out: str | Path, title: str | None = N
     df.drop(columns=[c for c in ("stats",) if c in df]).to_csv(out / "results.csv", index=False)
     figures = draw_figures(df, results_dir, out)
     index = out / "index.md"
-    index.write_text(_index_md(df, title or out.name, tables, figures, _commands(results_dir, command, setup)))
-    (out / "index.html").write_text(_index_html(df, title or out.name, tables, figures,
-                                                _commands(results_dir, command, setup), out))
+    made = commands(results_dir, command, setup)
+    index.write_text(_index_md(df, title or out.name, tables, figures, made))
+    (out / "index.html").write_text(page_html(title or out.name, summary_lines(df), made, figures,
+                                              [(caption, md if md is not None else table)
+                                               for caption, table, md in tables.values()], out))
     return index
 
 
-def _commands(results_dir: Path, command: str | None, setup: list[str] | None) -> list[str]:
+def commands(results_dir: Path, command: str | None = None, setup: list[str] | None = None) -> list[str]:
     """What made the report, in order: the commands that made input graphs
     (``setup``: the batch does not see them), the batch runs, the report's."""
     made = results_dir / "batch.json"
@@ -285,19 +287,22 @@ def _index_md(df, title, tables, figures, commands) -> str:
     return "".join(parts)
 
 
-def _index_html(df, title, tables, figures, commands, out: Path) -> str:
+def page_html(title: str, lines: list[str], commands: list[str], figures: list[dict[str, str]],
+              tables: list[tuple[str, pd.DataFrame]], out: Path) -> str:
+    """A self-contained page: the summary lines, the commands, the figures
+    (PNGs in ``out``, embedded) with their readings, and the tables."""
     def img(fig):
         data = base64.b64encode((out / fig["file"]).read_bytes()).decode()
         return f'<img alt="{html.escape(fig["title"])}" src="data:image/png;base64,{data}">'
 
-    body = [f"<h1>{html.escape(title)}</h1>", *(f"<p>{html.escape(line)}</p>" for line in summary_lines(df)),
+    body = [f"<h1>{html.escape(title)}</h1>", *(f"<p>{html.escape(line)}</p>" for line in lines),
             "<h2>How it was made</h2>", f"<pre>{html.escape(chr(10).join(commands))}</pre>", "<h2>Figures</h2>"]
     for fig in figures:
         body += [f"<h3>{html.escape(fig['title'])}</h3>", img(fig), f"<p>{html.escape(fig['reading'])}</p>"]
     body.append("<h2>Tables</h2>")
-    for _, (caption, table, md) in tables.items():
+    for caption, table in tables:
         body += [f"<h3>{html.escape(caption)}</h3>",
-                 (md if md is not None else table).to_html(index=False, na_rep="", float_format=lambda v: f"{v:.6g}")]
+                 table.to_html(index=False, na_rep="", float_format=lambda v: f"{v:.6g}")]
     style = ("body{font-family:sans-serif;max-width:1200px;margin:auto;padding:1em}"
              "table{border-collapse:collapse;font-size:85%}td,th{border:1px solid #ccc;padding:2px 6px}"
              "img{max-width:100%}pre{background:#f4f4f4;padding:.5em;white-space:pre-wrap}")
