@@ -88,6 +88,18 @@ def test_the_knapsack_caps_saved_bytes_not_the_peak():
     assert {p["peak_bytes"] for p in searched.plan.stats["probes"]} == {41}
 
 
+def test_petabyte_graphs_fit_the_max_flow():
+    """1.1^hops x 2^48-byte values would pass int64 capacities: the weights
+    are divided down, and the choice is the small graph's."""
+    small, big = dots(), dots().to_dict()
+    for v in big["nodes"]:
+        v["bytes"] *= 2**48
+    big = Graph.from_dict(big)
+    for g in (small, big):
+        sol = solve(g, "torch-knapsack", activation_memory_budget=0.5)
+        assert sol.plan.stats["saved"] == ["h1"] and recomputed(g, sol.plan) == ["h2", "y"]
+
+
 def test_fractions_zero_and_one():
     g = dots()
     everything = solve(g, "torch-knapsack", activation_memory_budget=1)  # every item banned: no recompute

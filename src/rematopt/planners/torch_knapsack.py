@@ -80,6 +80,9 @@ DP_SCALE = 10_000  # torch's quantisation of the knapsack weights
 SEARCH_STEPS = 14  # bisection steps of the budget search (fraction to 1/16384)
 REDUCTION_RATIO = 4  # torch bans recomputing an op whose output is 4x smaller than its inputs
 MAX_DIST = 100  # the 1.1^hops bias stops growing here (torch)
+# Max-flow capacities are int64: weights whose sum passes this (graphs of
+# ~600 TB and more, as 1.1^100 ~ 13,780) are divided down, rounding up.
+CAPACITY_LIMIT = 2**61
 
 
 @dataclass(frozen=True)
@@ -190,6 +193,10 @@ class Partition:
             w = int(v.bytes * 1.1 ** max(min(dist[i], MAX_DIST), 1))
             materialized = v.is_input or not all(fusible[i] and fusible[u] for u in g.succs[i])
             weight.append(w if materialized else 2 * w)
+        total = sum(weight)
+        if total > CAPACITY_LIMIT:
+            scale = -(-total // CAPACITY_LIMIT)
+            weight = [-(-w // scale) for w in weight]
         items.sort(key=lambda i: -g.bytes[i])  # stable: program order among equal sizes
         return cls(g, backward, banned, must, items, weight, sum(v.bytes for v in g.nodes if v.is_input))
 
