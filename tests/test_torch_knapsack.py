@@ -89,11 +89,11 @@ def test_the_knapsack_caps_saved_bytes_not_the_peak():
 
 
 def test_petabyte_graphs_fit_the_max_flow():
-    """1.1^hops x 2^48-byte values would pass int64 capacities: the weights
+    """1.1^hops x 2^47-byte values would pass int64 capacities: the weights
     are divided down, and the choice is the small graph's."""
     small, big = dots(), dots().to_dict()
     for v in big["nodes"]:
-        v["bytes"] *= 2**48
+        v["bytes"] *= 2**47
     big = Graph.from_dict(big)
     for g in (small, big):
         sol = solve(g, "torch-knapsack", activation_memory_budget=0.5)
