@@ -89,12 +89,14 @@ def test_the_knapsack_caps_saved_bytes_not_the_peak():
 
 
 def test_petabyte_graphs_fit_the_max_flow():
-    """1.1^hops x 2^47-byte values would pass int64 capacities: the weights
-    are divided down, and the choice is the small graph's."""
+    """A 2^52-byte forward value the backward never reads weighs 2^52 x 1.1^100
+    in the cut, past int64: the weights are divided down, and the choice is
+    the small graph's."""
     small, big = dots(), dots().to_dict()
-    for v in big["nodes"]:
-        v["bytes"] *= 2**47
+    big["nodes"].append({"id": 7, "name": "z", "op": "mul", "bytes": 2**52, "cost": 1, "phase": "forward"})
+    big["edges"].append([0, 7])
     big = Graph.from_dict(big)
+    assert sum(Partition.of(big, True).weight) < 2**63
     for g in (small, big):
         sol = solve(g, "torch-knapsack", activation_memory_budget=0.5)
         assert sol.plan.stats["saved"] == ["h1"] and recomputed(g, sol.plan) == ["h2", "y"]
