@@ -160,8 +160,9 @@ def status_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 # Planner stats worth a column in the exact table (cpsat: the plan space
-# solved, and its status there when that is only a subspace).
-EXACT_STATS = ("space", "space_status", "space_gap", "warm_start")
+# solved, and its status there when that is only a subspace; whose plan it
+# returned when a fast planner's was better than its own).
+EXACT_STATS = ("space", "space_status", "space_gap", "warm_start", "plan_from")
 
 
 def exact_table(df: pd.DataFrame) -> pd.DataFrame:
