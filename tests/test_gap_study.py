@@ -138,3 +138,19 @@ def test_the_study_end_to_end(tmp_path):
     assert again.returncode == 0, again.stderr
     assert (tmp_path / "again" / "summary.csv").read_text() == (out / "summary.csv").read_text()
     assert "rematopt study gaps" in (tmp_path / "again" / "index.md").read_text()
+
+
+def test_the_report_says_whose_plans_the_exact_rows_hold(tmp_path):
+    from rematopt.studies.report import exact_origin_lines, load_results
+
+    g = move_graph()
+    rows = [dict(row(tmp_path / "g.json", "cpsat", "FEASIBLE", 8, bound=6, stats={"plan_from": "xla-remat"}),
+                 options=json.dumps({"time_limit": 120})),
+            dict(row(tmp_path / "g.json", "cpsat", "OPTIMAL", 8, bound=8), key="other", graph="other",
+                 graph_sha256="def", options=json.dumps({"time_limit": 120}))]
+    with open(tmp_path / "results.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    assert g.n == 6
+    assert exact_origin_lines(load_results(tmp_path)) == [
+        "The exact planner ran with 120 s per job: its rows hold its own plan on 1 of 2 instances it met; on the "
+        "others a fast planner's plan that it did not beat: move r=0.8 (xla-remat)."]

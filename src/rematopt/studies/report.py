@@ -245,6 +245,26 @@ def model_infeasible(df: pd.DataFrame) -> pd.DataFrame:
     return ex[ex["met_by"].notna()][["graph", "budget_ratio", "planner", "met_by"]]
 
 
+def exact_origin_lines(df: pd.DataFrame) -> list[str]:
+    """The exact planner's time per job, and whose plans its rows hold: its
+    own, or a fast planner's that it did not beat in that time (the batch
+    hints it with the best one; ``plan_from``)."""
+    ex = df[df["exact"] & df["meets"]]
+    if ex.empty:
+        return []
+    limits = sorted({o.get("time_limit") for o in df[df["exact"]]["options"].map(_options)} - {None})
+    origin = ex.get("stats", pd.Series(index=ex.index, dtype=object)).map(_options).map(lambda d: d.get("plan_from"))
+    theirs = ex[origin.notna()]
+    limit = f"{', '.join(f'{t:g}' for t in limits)} s per job" if limits else "its default time limit"
+    line = (f"The exact planner ran with {limit}: its rows hold its own plan on {len(ex) - len(theirs)} of "
+            f"{len(ex)} instances it met")
+    if len(theirs):
+        line += ("; on the others a fast planner's plan that it did not beat: " +
+                 "; ".join(f"{r.graph} r={r.budget_ratio:g} ({o})" for r, o in zip(theirs.itertuples(),
+                                                                                   origin[origin.notna()])))
+    return [line + "."]
+
+
 def summary_lines(df: pd.DataFrame) -> list[str]:
     n_graphs = df["graph"].nunique()
     ratios = ", ".join(f"{r:g}" for r in sorted(df["budget_ratio"].unique(), reverse=True))
@@ -253,6 +273,7 @@ def summary_lines(df: pd.DataFrame) -> list[str]:
     lines = [f"{len(df)} jobs: {n_graphs} graphs x budget ratios {ratios} x planners "
              f"{', '.join(sorted(df['planner'].unique()))}.",
              f"Versions: {'; '.join(versions) or 'unknown'}."]
+    lines += exact_origin_lines(df)
     beat = df[~df["exact"] & (df["ref_kind"] == "optimum") & (df["gap_to_ref"] < 0)]
     if len(beat):
         which = "; ".join(f"{r.planner} on {r.graph} r={r.budget_ratio:g} ({100 * r.gap_to_ref:.3f}%)"
