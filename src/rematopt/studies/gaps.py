@@ -70,6 +70,7 @@ def graph_paths(paths: Iterable[str | Path], decoders: Iterable[str], folder: Pa
             warn(f"skipped decoder {name!r}: not one of {', '.join(SCALE)}")
             continue
         try:
+            folder.mkdir(parents=True, exist_ok=True)
             out.append(scale_graph(name, folder))
         except Exception as e:  # noqa: BLE001  (JAX missing or the model not on the path: skip, loudly)
             warn(f"skipped decoder {name}: {type(e).__name__}: {e} (it is traced from models/ with JAX: run from "
