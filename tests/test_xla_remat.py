@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +15,7 @@ from brute_force import min_cost
 from conftest import rematopt
 from rematopt import Graph, Node, solve
 from rematopt.errors import PlannerError
+from rematopt.importers import load as load_graph
 from rematopt.importers import synthetic
 from rematopt.plan import COMPUTE, OFFLOAD, PREFETCH
 from rematopt.planners import xla_remat
@@ -180,6 +182,7 @@ def test_recompute_mode_off_offloads_only_and_both_off_changes_nothing():
 
 
 SHAPES = {
+    "gpt_l2_w64": lambda: load_graph(Path(__file__).resolve().parents[1] / "instances" / "gpt_l2_w64.json"),
     "chain_sinks": lambda: synthetic.chain(10, sinks=True, seed=1),
     "linear_training": lambda: synthetic.linear_training(12, seed=2),
     "unet_train": lambda: synthetic.unet(3, train=True, seed=3),
@@ -205,16 +208,85 @@ def test_every_shape_replays_and_is_judged_on_its_replay(shape, ratio, options):
             assert int((sol.plan.nodes[sol.plan.ops == COMPUTE] == v.id).sum()) == 1
 
 
+def literal_pick(p, lo: int, hi: int):
+    """XLA's PickRematerializationCandidates as written: a walk over the
+    list from its first item, each start on the skip lane in turn, blocks
+    grown one item at a time, the strictly cheaper candidate kept (host
+    offload before recompute, for single items). The oracle for the
+    vectorised searches."""
+    in_use = set(p.ops[p.in_progress]) if p.in_progress is not None else set()
+
+    def block_cost(block):
+        reduced, seen = 0, set()
+        for k in block:
+            if p.is_out[k] or k in in_use:
+                return None
+            if p.alive[k]:
+                reduced += int(p.size[k])
+            reduced -= sum(int(p.size[o]) for o in p.ops[k] if not p.alive[o] and o not in seen)
+            seen.add(k)
+        if reduced <= 0:
+            return None
+        return 0 if all(p.placed_users[k] == 0 for k in block) else p.limit // reduced
+
+    def offload_cost(k):
+        if (p.is_out[k] or k in in_use or p.unfinished[k] == 0 or not p.offloadable[k] or p.size[k] == 0
+                or not p._hides_copies(k)):
+            return None
+        return p.limit // int(p.size[k])
+
+    best, best_cost, effort, k = None, None, 0, p.first
+    while k is not None:
+        if not p._on_skip_lane(k):
+            k = p.nxt[k]
+            continue
+        block, cur = [], k
+        while len(block) < lo and cur is not None and p.placed[cur] and cur != p.in_progress:
+            block.append(cur)
+            cur = p.nxt[cur]
+        if len(block) < lo:
+            break
+        if any(p.deny[i] or not p.remat[i] for i in block):
+            k = p.nxt[k]
+            continue
+        if p.opts.host_offload and len(block) == 1:
+            effort += 1
+            c = offload_cost(block[0])
+            if c is not None and (best_cost is None or c < best_cost):
+                best, best_cost = (xla_remat.OFFLOADED, list(block)), c
+        while p.opts.recompute and len(block) <= hi:
+            effort += 1
+            c = block_cost(block)
+            if c is not None and (best_cost is None or c < best_cost):
+                best, best_cost = (xla_remat.RECOMPUTE, list(block)), c
+            nx = p.nxt[block[-1]]
+            if nx is None or p.deny[nx] or not p.placed[nx] or nx == p.in_progress or not p.remat[nx]:
+                break
+            block.append(nx)
+        k = p.nxt[k]
+    return best, effort
+
+
 @pytest.mark.parametrize("shape", sorted(SHAPES))
-def test_the_single_value_search_is_the_block_search_at_size_one(shape, monkeypatch):
-    """The vectorised search must choose what XLA's scan over the list chooses."""
+@pytest.mark.parametrize("options", [{}, {"block_size_limit": 4}, {"block_size_limit": 3, "min_remat_size": 1 << 19},
+                                     {"host_offload": True, "bandwidth_to_host": 1e6, "bandwidth_from_host": 1e6}],
+                         ids=["default", "blocks", "blocks-min-size", "offload"])
+def test_the_searches_choose_what_xlas_scan_chooses(shape, options, monkeypatch):
+    """Same choice and same effort at every program point, so the same plan."""
     g = SHAPES[shape]()
     budgets = [math.floor(r * no_remat_peak(g)) for r in (0.9, 0.7, 0.5)]
-    fast = [solve(g, "xla-remat", budget=b).plan for b in budgets]
-    monkeypatch.setattr(xla_remat._Pass, "_pick_single", lambda self: self._pick_blocks(1, 1))
-    scan = [solve(g, "xla-remat", budget=b).plan for b in budgets]
-    for a, b in zip(fast, scan):
-        assert a.ops.tolist() == b.ops.tolist() and a.nodes.tolist() == b.nodes.tolist()
+    fast = [solve(g, "xla-remat", budget=b, **options).plan for b in budgets]
+    original = xla_remat._Pass._pick
+
+    def checked(self, lo, hi):
+        got, want = original(self, lo, hi), literal_pick(self, lo, hi)
+        assert got == want
+        return got
+
+    monkeypatch.setattr(xla_remat._Pass, "_pick", checked)
+    for b, plan in zip(budgets, fast):
+        again = solve(g, "xla-remat", budget=b, **options).plan
+        assert again.ops.tolist() == plan.ops.tolist() and again.nodes.tolist() == plan.nodes.tolist()
 
 
 def test_no_budget_is_the_program_as_given():

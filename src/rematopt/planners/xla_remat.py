@@ -153,6 +153,16 @@ class _Pass:
         self.eligible[:n] = [self.remat[i] and g.bytes[i] >= opts.min_remat_size for i in range(n)]
         self.is_out = np.zeros(cap, dtype=bool)
         self.is_out[:n] = [v.output for v in g.nodes]
+        self.blockable = np.zeros(cap, dtype=bool)  # may be in a block: rematerialisable, not denylisted
+        self.blockable[:n] = self.remat
+        # Dead-operand bytes of each item by distance back in placement order
+        # (1 .. block_size_limit - 1): the block search's operands inside a block.
+        self.near = np.zeros((cap, opts.block_size_limit), dtype=np.int64)
+        # By placement order: the item, whether it starts a block (XLA's skip
+        # lane), whether an item placed unwalked precedes it in the list.
+        self.at_seq = np.zeros(cap, dtype=np.int64)
+        self.skip_seq = np.zeros(cap, dtype=bool)
+        self.barrier = np.zeros(cap, dtype=bool)
         self.cost_prefix = np.concatenate([[0.0], np.cumsum([g.cost[i] for i in order])])  # host-offload timing
         self.in_progress: int | None = None
         self.counter = 0
@@ -174,10 +184,10 @@ class _Pass:
     def _new_item(self, node: int, kind: str, ops: list[int]) -> int:
         k = len(self.node)
         if k >= len(self.size):
-            for name in ("size", "live_sz", "penalty", "placed_users", "seq", "eligible", "is_out"):
+            for name in ("size", "live_sz", "penalty", "placed_users", "seq", "eligible", "is_out", "blockable",
+                         "near", "at_seq", "skip_seq", "barrier"):
                 old = getattr(self, name)
-                grown = np.zeros(2 * len(old), dtype=old.dtype) if name != "seq" else np.full(2 * len(old), -1,
-                                                                                            dtype=old.dtype)
+                grown = np.full((2 * len(old),) + old.shape[1:], -1 if name == "seq" else 0, dtype=old.dtype)
                 grown[:len(old)] = old
                 setattr(self, name, grown)
         self.node.append(node)
@@ -195,7 +205,7 @@ class _Pass:
         self.prv.append(None)
         self.pos.append(0)
         self.size[k] = self.g.bytes[node]
-        self.eligible[k] = kind == "compute"  # inserted items are always on XLA's skip lane
+        self.eligible[k] = self.blockable[k] = kind == "compute"  # inserted items are always on XLA's skip lane
         return k
 
     def _insert_before(self, k: int, before: int) -> None:
@@ -233,14 +243,22 @@ class _Pass:
         self.live_sz[k] = b if alive else 0
         self.mem += b if alive else -b
         if b:
+            here, depth = int(self.seq[k]), self.near.shape[1]
             for u in self.users[k]:
                 if self.placed[u]:
                     self.penalty[u] += -b if alive else b
+                    d = int(self.seq[u]) - here
+                    if here >= 0 and 0 < d < depth:
+                        self.near[u, d] += -b if alive else b
 
     def begin(self, k: int) -> None:
         self.placed[k] = True
         self.in_progress = k
         self.seq[k] = self.counter
+        self.at_seq[self.counter] = k
+        self.skip_seq[self.counter] = self._on_skip_lane(k)
+        p = self.prv[k]
+        self.barrier[self.counter] = p is not None and self.seq[p] < 0
         self.counter += 1
         for o in self.ops[k]:
             self.placed_users[o] += 1
@@ -372,72 +390,61 @@ class _Pass:
         return spent > 0 and spent >= need
 
     def _pick_blocks(self, lo: int, hi: int) -> tuple[tuple[str, list[int]] | None, int]:
-        """Blocks of lo..hi consecutive placed items from each start on the
-        skip lane, in list order (XLA's scan)."""
-        best, best_cost, effort = None, None, 0
-        o = self.opts
-        k = self.first
-        while k is not None:
-            if not self._on_skip_lane(k):
-                k = self.nxt[k]
+        """XLA's scan for blocks of lo..hi consecutive placed items from each
+        start on the skip lane, in list order, evaluated for all starts at
+        once. The placed items before the node being placed are the items
+        begun so far, in placement order (a seq); ``barrier`` marks where an
+        item placed without being walked (an input, a host copy) sits between
+        two of them. A block frees the bytes of its live items less those of
+        each item's dead operands outside the block (``penalty`` less ``near``,
+        the dead operands at each distance back); it is out if it holds an
+        output or an operand of the node being placed; it is free (cost 0)
+        when none of its items has a placed consumer. The cheapest block wins,
+        then the earliest start, then the smallest size (XLA's order)."""
+        n = self.counter - (self.in_progress is not None)
+        items = self.at_seq[:n]
+        valid = self.blockable[items]
+        cut = ~valid | self.barrier[:n]
+        idx = np.where(cut, np.arange(n), n)
+        next_cut = np.append(np.minimum.accumulate(idx[::-1])[::-1], n)
+        s = np.arange(n)
+        run = np.where(valid, next_cut[1:] - s, 0)  # consecutive valid items from s
+        starts = self.skip_seq[:n] & (run >= lo)
+        effort = int(np.sum(np.minimum(run[starts], hi) - lo + 1))
+        bad = self.is_out[items].copy()
+        if self.in_progress is not None:
+            bad |= np.isin(items, self.ops[self.in_progress])
+        alive, penalty = self.live_sz[items], self.penalty[items]
+        near, used = self.near[items], self.placed_users[items] > 0
+        best: tuple[int, int, int] | None = None
+        reduced = np.zeros(n, dtype=np.int64)
+        any_bad = np.zeros(n, dtype=bool)
+        any_used = np.zeros(n, dtype=bool)
+        for t in range(min(hi, n)):  # item s + t of the block starting at s
+            m = n - t
+            reduced[:m] += alive[t:] - penalty[t:] + near[t:, 1:t + 1].sum(axis=1)
+            any_bad[:m] |= bad[t:]
+            any_used[:m] |= used[t:]
+            size = t + 1
+            if size < lo:
                 continue
-            block, cur = [], k
-            while len(block) < lo and cur is not None and self.placed[cur] and cur != self.in_progress:
-                block.append(cur)
-                cur = self.nxt[cur]
-            if len(block) < lo:
-                break
-            if any(self.deny[i] or not self.remat[i] for i in block):
-                k = self.nxt[k]
+            ok = np.flatnonzero(starts & (run >= size) & ~any_bad & (reduced > 0))
+            if not ok.size:
                 continue
-            if o.host_offload and len(block) == 1:
-                effort += 1
-                one = self._pick_offload_one(block[0])
-                if one is not None and (best_cost is None or one < best_cost):
-                    best, best_cost = (OFFLOADED, list(block)), one
-            if o.recompute:
-                while len(block) <= hi:
-                    effort += 1
-                    cost = self._block_cost(block)
-                    if cost is not None and (best_cost is None or cost < best_cost):
-                        best, best_cost = (RECOMPUTE, list(block)), cost
-                    nx = self.nxt[block[-1]]
-                    if (nx is None or self.deny[nx] or not self.placed[nx] or nx == self.in_progress
-                            or not self.remat[nx]):
-                        break
-                    block.append(nx)
-            k = self.nxt[k]
-        return best, effort
+            cost = np.where(any_used[ok], self.limit // np.maximum(reduced[ok], 1), 0)
+            j = int(np.argmin(cost))  # the first start among the cheapest
+            key = (int(cost[j]), int(ok[j]), size)
+            if best is None or key < best:
+                best = key
+        if best is None:
+            return None, effort
+        first, size = best[1], best[2]
+        return (RECOMPUTE, [int(k) for k in items[first:first + size]]), effort
 
     def _on_skip_lane(self, k: int) -> bool:
+        """XLA's skip lane: items at least min_remat_size large when the pass
+        starts, and every item it inserts."""
         return self.kind[k] != "input" and (k >= self.g.n or int(self.size[k]) >= self.opts.min_remat_size)
-
-    def _pick_offload_one(self, k: int) -> int | None:
-        in_use = self.ops[self.in_progress] if self.in_progress is not None else []
-        if (self.is_out[k] or k in in_use or self.unfinished[k] == 0 or not self.offloadable[k]
-                or self.size[k] == 0 or not self._hides_copies(k)):
-            return None
-        return self.limit // int(self.size[k])
-
-    def _block_cost(self, block: list[int]) -> int | None:
-        """XLA's MemoryReducedIfRematerialized and RematerializationCost for a
-        block: None when it frees nothing here."""
-        in_use = set(self.ops[self.in_progress]) if self.in_progress is not None else set()
-        reduced, seen = 0, set()
-        for k in block:
-            if self.is_out[k] or k in in_use:
-                return None
-            if self.alive[k]:
-                reduced += int(self.size[k])
-            for o in self.ops[k]:
-                if not self.alive[o] and o not in seen:
-                    reduced -= int(self.size[o])
-            seen.add(k)
-        if reduced <= 0:
-            return None
-        if all(self.placed_users[k] == 0 for k in block):
-            return 0
-        return self.limit // reduced
 
     # -- transforming -------------------------------------------------------------------
 
@@ -467,7 +474,7 @@ class _Pass:
             if not self.users[b]:  # a move: b is dead code now
                 if b in self.remat_moves:
                     self.deny[c] = True
-                    self.eligible[c] = False
+                    self.eligible[c] = self.blockable[c] = False
                 self.remat_moves.add(c)
 
     def _offload(self, b: int) -> None:
@@ -513,6 +520,7 @@ class _Pass:
         self._insert_before(h, at)
         if self.placed[at]:  # the copy back starts before the node being placed
             self.placed[h] = True
+            self.barrier[self.seq[at]] = True
             self._refresh(h)
 
     def _time(self, k: int) -> float:
