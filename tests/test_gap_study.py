@@ -134,6 +134,8 @@ def test_the_study_end_to_end(tmp_path):
         expect = 0.0 if rc == 0 else max(0.0, (rc - lb) / rc)
         assert r["excess <= %"] == pytest.approx(round(100 * expect, 3), abs=1e-3)
         assert lb <= rc + 1e-12 or not r["staged"]
+    twice = rematopt("study", "gaps", graphs, "--decoders", "", "--results", results, "-o", out)
+    assert twice.returncode == 2 and "pass --resume" in twice.stderr and len(twice.stderr.strip().splitlines()) == 1
     again = rematopt("study", "gaps", "--report-only", "--results", results, "-o", tmp_path / "again")
     assert again.returncode == 0, again.stderr
     assert (tmp_path / "again" / "summary.csv").read_text() == (out / "summary.csv").read_text()

@@ -56,7 +56,6 @@ def gaps_cmd(graphs: tuple[str, ...], decoders: str, graph_folder: str, budget_r
                                  warn)
         if not paths:
             raise RematoptError("no graphs to study")
-        res.mkdir(parents=True, exist_ok=True)
         counts: dict[str, int] = {}
 
         def on_row(row: dict[str, Any]) -> None:
@@ -64,14 +63,16 @@ def gaps_cmd(graphs: tuple[str, ...], decoders: str, graph_folder: str, budget_r
             click.echo(f"{row['graph'][:28]} r={row['budget_ratio']:g} {row['planner']}: {row['status']}", err=True)
 
         from .. import planners
-        from ..studies.batch import load_inputs
+        from ..studies.batch import load_inputs, run_batch
 
         inputs, skipped = load_inputs(paths)
         for path, reason in skipped:
             warn(f"skipped {path}: {reason}")
+        batch = gaps.jobs(inputs, _floats(budget_ratios), res, time_limit, resume, timeout_margin,
+                          max(1, (os.cpu_count() or 1) // jobs))
+        res.mkdir(parents=True, exist_ok=True)
         _record_command(res, planners.available(), inputs)
-        gaps.run(inputs, _floats(budget_ratios), res, time_limit, jobs, resume, timeout_margin,
-                 max(1, (os.cpu_count() or 1) // jobs), on_row)
+        run_batch(batch, res, jobs=jobs, on_row=on_row)
         click.echo(f"wrote {res / 'results.jsonl'} ({', '.join(f'{k} {v}' for k, v in sorted(counts.items()))})")
     from ..studies.report import commands
 

@@ -38,7 +38,7 @@ import pandas as pd
 from ..graph import Graph
 from ..importers import load as load_graph
 from ..plan import COMPUTE, PREFETCH, Plan
-from .batch import GraphInput, plan_batch, run_batch
+from .batch import BatchPlan, GraphInput, plan_batch
 from .report import load_results, page_html, to_markdown
 
 REFERENCE = "no-remat"  # the plan every ratio is measured from: not a heuristic
@@ -78,18 +78,15 @@ def graph_paths(paths: Iterable[str | Path], decoders: Iterable[str], folder: Pa
     return out
 
 
-def run(inputs: list[GraphInput], ratios: Iterable[float], results: Path, time_limit: float, jobs: int,
-        resume: bool, timeout_margin: float, workers: int,
-        on_row: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
-    """Every available planner (the reference included, so the same results
-    make ``reports/benchmarks``) on every graph and ratio; jax-names without
-    its own cpsat run (``price``), which cpsat's rows give."""
+def jobs(inputs: list[GraphInput], ratios: Iterable[float], results: Path, time_limit: float, resume: bool,
+         timeout_margin: float, workers: int) -> BatchPlan:
+    """The study's batch: every available planner (the reference included, so
+    the same results make ``reports/benchmarks``) on every graph and ratio;
+    jax-names without its own cpsat run (``price``), which cpsat's rows give."""
     from .. import planners
 
-    batch = plan_batch(inputs, planners.available(), list(ratios), results,
-                       {"time_limit": time_limit, "price": False}, resume=resume,
-                       timeout_margin=timeout_margin, default_workers=workers)
-    return run_batch(batch, results, jobs=jobs, on_row=on_row)
+    return plan_batch(inputs, planners.available(), list(ratios), results, {"time_limit": time_limit, "price": False},
+                      resume=resume, timeout_margin=timeout_margin, default_workers=workers)
 
 
 # -- the plan space the bound covers ----------------------------------------------------
