@@ -336,12 +336,15 @@ class _Pass:
         return mask, int(mask.sum()) * per_start
 
     def _pick_single(self) -> tuple[tuple[str, list[int]] | None, int]:
+        """XLA's scan at block size 1, over every placed value at once: the
+        lowest cost, then the earliest in program order; offload before
+        recompute on a tie (XLA evaluates it first for each start)."""
         mask, effort = self._candidates()
         cap = len(self.node)
         in_use = self.ops[self.in_progress] if self.in_progress is not None else []
         ok = mask & ~self.is_out[:cap]
         ok[in_use] = False
-        best: tuple[int, int, int, str] | None = None  # (cost, seq, strategy order, strategy)
+        best: tuple | None = None  # (cost, seq, strategy order, strategy, item)
         if self.opts.recompute:
             m = self.live_sz[:cap] - self.penalty[:cap]
             idx = np.flatnonzero(ok & (m > 0))
