@@ -69,7 +69,11 @@ def test_ctrl_c_during_the_warm_start_returns_the_hint(graph, monkeypatch):
     monkeypatch.setattr(run, "warm_start", warm_start_then_ctrl_c)
     sol = solve(graph, "cpsat", **OPTS)
     check(sol, rounds=0)
-    assert sol.plan.stats["objective"] == sol.plan.stats["hint_objective"]
+    st = sol.plan.stats
+    if st.get("plan_from"):  # a fast plan outside the model's space (xla-remat reorders) beats the hint
+        assert st["objective"] < st["hint_objective"] and "beats the model's best" in st["reason"]
+    else:
+        assert st["objective"] == st["hint_objective"]
 
 
 def test_ctrl_c_while_building_a_deeper_round_keeps_the_previous_rounds_plan(graph, monkeypatch):
