@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,17 +18,18 @@ from ...graph import Graph
 from ...plan import Plan
 from ...reference import no_remat_peak, peak_lower_bound
 from ...simulate import Replay, simulate
+from ...stats import Stats
 from . import lns, peak
 from .backends import STATUS, LpBackend
 from .model import (Model, OutOfTime, Stages, cap_units, cost_resolution, integer_scale, memory_unit,
                     overhead_cap_units, peak_floor_units)
-from .bounds import BOUNDS, PROOFS, Question, WholeBound, ask
-from .report import ROUNDED_DOWN, Outcome, Outside, report, report_unbuilt
+from .bounds import AFTER, BOUNDS, PROOFS, Question, WholeBound, ask
+from .report import ROUNDED_DOWN, Outcome, Outside, gap, report, report_unbuilt, whole_units
 from .search import Context, Lowest, Round, make_model, solve_model, solve_round, tie_break, whole_bound_of
 from .settings import Settings, max_recomputes
 from .signals import Interrupt, Trace, deferred_sigint
 from .solution import Assignment, events, from_plan, staged_events
-from .strategy import (DONE, may_start, next_depth, proof_time, returned_round, should_widen,
+from .strategy import (DONE, FULL_MODEL_PAIRS, may_start, next_depth, proof_time, returned_round, should_widen,
                        wants_emptiness_proof, wants_optimality_proof)
 from .warm_start import FIRST, best_within, fast_planners, fast_plans, lowest_peak, staged_eviction
 
@@ -42,6 +43,12 @@ WARM_START_SHARE = 0.25
 SWEEP_STEPS = 8
 # "Any plan at all" to a relaxation proof: an objective no plan reaches.
 ANY_PLAN = 2**60
+# Where the rounds cannot search the whole staged space, they leave this
+# share of the limit to the bounds asked after them (bounds.AFTER), and
+# those run only with at least MIN_AFTER_S left. gpt_l2_w64 at 0.8, 120 s:
+# ... (measured below in docs/cpsat.md, "Whole-space bounds").
+AFTER_SHARE = 0.25
+MIN_AFTER_S = 1.0
 # Building the LP of a bigger model takes longer than its bound is worth
 # (about 20 s on the 2,090-node decoder's depth-1 model).
 LP_MAX_VARIABLES = 40_000
@@ -82,7 +89,44 @@ def run(graph: Graph, cfg: Settings) -> Plan:
     with deferred_sigint(stop):
         if cfg.objective == "peak":  # the rounds, then the bisection that proves the peak
             return peak.run(ctx, _run, admit)
-        return _run(ctx)
+        return bounded(ctx)
+
+
+def bounded(ctx: Context) -> Plan:
+    """The overhead run: the rounds, then the bounds asked after them
+    (:data:`bounds.AFTER`) in the time they leave, which is at least
+    AFTER_SHARE of the limit where the rounds cannot search the whole staged
+    space (more than FULL_MODEL_PAIRS pairs): their bound, not the rounds'
+    search, is what closes the gap there. Each bound that beats the run's
+    raises ``best_bound`` (``bound_by``), and one that reaches the model's
+    plan proves it optimal."""
+    cfg = ctx.cfg
+    big = sum(len(ctx.full.stages(i)) for i in ctx.full.values) > FULL_MODEL_PAIRS
+    keep = AFTER_SHARE * cfg.time_limit if big else 0.0
+    plan = _run(replace(ctx, cfg=replace(cfg, time_limit=cfg.time_limit - keep)))
+    st = plan.stats
+    if ctx.stop.requested or st["status"] in ("OPTIMAL", "INFEASIBLE") or ctx.left() < MIN_AFTER_S:
+        return plan
+    q = question(ctx)
+    found = dict(st)
+    for level in AFTER:
+        r = relaxation(ctx, q, level, ctx.left() - 0.1)
+        proof = Proof(level, None, r.status, r.seconds, ctx.elapsed(), whole_units(ctx, q.unit, r.bound))
+        found["relaxation_proofs"] = [*found.get("relaxation_proofs", []), asdict(proof)]
+        objective = found.get("objective")
+        if r.status == "INFEASIBLE" and objective is None:  # no staged plan meets the budget
+            found.update(status="INFEASIBLE", proved_by=level, reason=f"the {level} relaxation of the staged "
+                                                                      "space is infeasible: no staged plan meets the budget")
+            break
+        if objective is None or proof.bound is None or proof.bound <= (found.get("best_bound") or 0.0):
+            continue
+        found.update(best_bound=min(proof.bound, objective), bound_by=level)
+        found["gap"] = gap(objective, found["best_bound"])
+        if proof.bound >= objective and not found.get("plan_from"):
+            found.update(status="OPTIMAL", proved_by=level)
+            break
+    plan.stats = Stats.from_dict(found)
+    return plan
 
 
 def outside_plan(ctx: Context, deadline: float) -> tuple[Outside | None, Lowest | None]:

@@ -9,7 +9,7 @@ answers a :class:`WholeBound` that holds for every staged plan; the stats'
 | --- | --- |
 | :mod:`.question` | the types every bound shares: :class:`Question`, :class:`How`, :class:`WholeBound` |
 | :mod:`.gaps` | the gaps relaxation: runs between a value's uses, rows chained (numpy; any size) |
-| :mod:`.chains` | chains and slots: the same with recompute producers, and a recompute's slot memory |
+| :mod:`.chains` | chains and slots: the same with recompute producers, and a recompute's slot memory; coarse chains: chains on spread subsets of the stages, coarse to fine |
 | :mod:`.solver` | the CP-SAT solve those relaxations share |
 """
 
@@ -20,11 +20,11 @@ from functools import partial
 from typing import Callable
 
 from ....graph import Graph
-from .chains import chains_bound
+from .chains import chains_bound, coarse_bound
 from .gaps import gaps_bound
 from .question import How, Question, WholeBound
 
-__all__ = ["BOUNDS", "PROBES", "PROOFS", "UP_FRONT", "Bound", "How", "Question", "WholeBound", "ask"]
+__all__ = ["AFTER", "BOUNDS", "PROBES", "PROOFS", "UP_FRONT", "Bound", "How", "Question", "WholeBound", "ask"]
 
 
 @dataclass(frozen=True)
@@ -32,13 +32,15 @@ class Bound:
     """One whole-space bound: its name (what ``bound_by`` says), how it is
     computed, and when a solve asks it: ``up_front`` before any model (it
     must be cheap at every size), ``proof`` between rounds (does any staged
-    plan beat the incumbent? is there any at all?), ``probe`` in the peak
-    bisection (is there a plan at peak <= P?)."""
+    plan beat the incumbent? is there any at all?), ``after`` the rounds in
+    the time they leave (a bound worth a share of the limit), ``probe`` in
+    the peak bisection (is there a plan at peak <= P?)."""
 
     name: str
     compute: Callable[[Graph, Question, How], WholeBound]
     up_front: bool = False
     proof: bool = False
+    after: bool = False
     probe: bool = False
 
 
@@ -46,9 +48,11 @@ BOUNDS: dict[str, Bound] = {b.name: b for b in (
     Bound("gaps", gaps_bound, up_front=True, probe=True),
     Bound("chains", partial(chains_bound, level="chains"), proof=True, probe=True),
     Bound("slots", partial(chains_bound, level="slots"), proof=True, probe=True),
+    Bound("coarse chains", coarse_bound, after=True),
 )}
 UP_FRONT = tuple(name for name, b in BOUNDS.items() if b.up_front)
 PROOFS = tuple(name for name, b in BOUNDS.items() if b.proof)
+AFTER = tuple(name for name, b in BOUNDS.items() if b.after)
 PROBES = tuple(name for name, b in BOUNDS.items() if b.probe)
 
 

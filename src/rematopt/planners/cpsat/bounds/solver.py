@@ -13,9 +13,11 @@ from ..signals import solver_takes_ctrl_c
 from .question import How, WholeBound
 
 
-def solve_relaxation(m: cp_model.CpModel, goal: cp_model.LinearExpr, began: float, how: How) -> WholeBound:
+def solve_relaxation(m: cp_model.CpModel, goal: cp_model.LinearExpr, began: float, how: How,
+                     strong: bool = False) -> WholeBound:
     """Minimise ``goal`` in ``m`` within what is left of ``how.time_limit``
-    (counted from ``began``); ``how.below``: see :class:`How`."""
+    (counted from ``began``); ``how.below``: see :class:`How`. ``strong``:
+    only the bound matters (:func:`tune`'s LP-heavy workers and root cuts)."""
     below = how.below
     left = how.time_limit - (time.perf_counter() - began)
     if left <= 0:
@@ -24,7 +26,7 @@ def solve_relaxation(m: cp_model.CpModel, goal: cp_model.LinearExpr, began: floa
         m.add(goal <= below)
     m.minimize(goal)
     solver = cp_model.CpSolver()
-    tune(solver.parameters, max(left, 0.01), how.workers, how.seed)
+    tune(solver.parameters, max(left, 0.01), how.workers, how.seed, strong=strong)
     solver.parameters.stop_after_first_solution = below is not None
     with solver_takes_ctrl_c(solver.parameters, how.interruptible):
         status = solver.solve(m)
