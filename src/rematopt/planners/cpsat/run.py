@@ -105,7 +105,7 @@ def bounded(ctx: Context) -> Plan:
     keep = AFTER_SHARE * cfg.time_limit if big else 0.0
     plan = _run(replace(ctx, cfg=replace(cfg, time_limit=cfg.time_limit - keep)))
     st = plan.stats
-    if ctx.stop.requested or st["status"] in ("OPTIMAL", "INFEASIBLE") or ctx.left() < MIN_AFTER_S:
+    if ctx.stop.requested or st["status"] in ("OPTIMAL", "INFEASIBLE") or st.get("gap") == 0 or ctx.left() < MIN_AFTER_S:
         return plan
     q = question(ctx)
     found = dict(st)

@@ -123,7 +123,7 @@ def _relaxation(graph: Graph, q: Question, shape: "_Lifetimes", deadline: float 
 # stages, 13,000 variables, 3.85% of the base cost at 14 s; all stages with
 # every horizon, 3.44% after 60 s; the 9,652-node decoder on 8 stages, 2.65%
 # at 30 s, where the gaps relaxation gives 2.27%). A model solved to
-# optimality with time left is followed by one about twice as fine.
+# optimality with time left is followed by one on twice as many stages.
 COARSE_PAIRS = 20_000
 # Entries one recompute past a value's life: a dropped value's producers are
 # kept or recomputed for it, theirs are free. As strong as every horizon on
@@ -137,21 +137,18 @@ def coarse_bound(graph: Graph, q: Question, how: How) -> WholeBound:
     """The chains relaxation on spread subsets of the critical stages
     (:func:`spread`), each value's entries one recompute past its life:
     fewer memory checks and coarser intervals, so a weaker relaxation whose
-    bound CP-SAT proves where the whole chains model's it does not. From
-    COARSE_PAIRS pairs, twice as many while each is solved to optimality in
-    the time left; the best bound of them all (an INFEASIBLE one shows the
-    whole staged space empty)."""
+    bound CP-SAT proves where the whole chains model's it does not. First
+    on as many stages as COARSE_PAIRS pairs allow, then on twice as many
+    while each is solved to optimality in the time left; the best bound of
+    them all (an INFEASIBLE one shows the whole staged space empty)."""
     began = time.perf_counter()
     deadline = began + how.time_limit
     try:
         shape = _Lifetimes(graph, level="chains", offload=q.offload, unit=q.unit, cap=_floor(q), deadline=deadline)
     except OutOfTime:
         return WholeBound("UNKNOWN", None, time.perf_counter() - began)
-    best, status, done, budget = None, "UNKNOWN", -1, COARSE_PAIRS
+    best, status, rows = None, "UNKNOWN", _rows_within(shape, COARSE_PAIRS)
     while deadline - time.perf_counter() > 0.2:
-        rows = _rows_within(shape, budget)
-        if rows <= done:
-            break  # every critical stage already
         try:
             m, goal = _relaxation(graph, q, shape, deadline)
         except OutOfTime:
@@ -161,10 +158,11 @@ def coarse_bound(graph: Graph, q: Question, how: How) -> WholeBound:
             return WholeBound("INFEASIBLE", None, time.perf_counter() - began)
         if r.bound is not None:
             best = max(best or 0, r.bound)
-        status, done = r.status, rows
-        if r.interrupted or r.status != "OPTIMAL":
+        status = r.status
+        if r.interrupted or r.status != "OPTIMAL" or rows == len(shape.critical):
             return WholeBound(status, best, time.perf_counter() - began, r.interrupted)
-        budget *= 2
+        rows = min(2 * rows, len(shape.critical))
+        shape.select(rows, COARSE_HOPS)
     return WholeBound(status, best, time.perf_counter() - began)
 
 
