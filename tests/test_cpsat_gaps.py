@@ -190,7 +190,8 @@ def test_questions_asked_before_the_model_match_the_models(monkeypatch):
 def test_a_solve_whose_first_model_is_never_built_still_reports_the_bound(monkeypatch):
     """The 10,084-node GPT decoder's first model takes longer than the time
     limit: the fast planners' plan comes back with the gaps relaxation's
-    bound over the staged space, and the gap to it."""
+    bound over the staged space (or the coarse chains' asked after it, which
+    need no model either), and the gap to it."""
     def never(*a, **k):
         raise OutOfTime
 
@@ -200,7 +201,7 @@ def test_a_solve_whose_first_model_is_never_built_still_reports_the_bound(monkey
     sol = solve(g, "cpsat", budget_ratio=0.8, time_limit=10, workers=1)
     st = sol.plan.stats
     assert sol.replay.valid and st["plan_from"] and "building the first model" in st["reason"]
-    assert st["gap_relaxation"]["status"] == "OPTIMAL" and st["bound_by"] == "gaps"
-    assert 0 < st["best_bound"] == st["gap_relaxation"]["bound"] <= st["objective"]
+    assert st["gap_relaxation"]["status"] == "OPTIMAL" and st["bound_by"] in ("gaps", "coarse chains")
+    assert 0 < st["gap_relaxation"]["bound"] <= st["best_bound"] <= st["objective"]
     assert st["gap"] == pytest.approx((st["objective"] - st["best_bound"]) / st["objective"])
     assert st["best_bound"] <= full.plan.stats["objective"] + 1e-9

@@ -95,16 +95,19 @@ def run(graph: Graph, cfg: Settings) -> Plan:
 def bounded(ctx: Context) -> Plan:
     """The overhead run: the rounds, then the bounds asked after them
     (:data:`bounds.AFTER`) in the time they leave, which is at least
-    AFTER_SHARE of the limit where the rounds cannot search the whole staged
-    space (more than FULL_MODEL_PAIRS pairs): their bound, not the rounds'
-    search, is what closes the gap there. Each bound that beats the run's
+    AFTER_SHARE of the limit where the automatic rounds cannot search the
+    whole staged space (more than FULL_MODEL_PAIRS pairs): their bound, not
+    the rounds' search, is what closes the gap there. Each bound that beats the run's
     raises ``best_bound`` (``bound_by``), and one that reaches the model's
     plan proves it optimal."""
     cfg = ctx.cfg
-    big = sum(len(ctx.full.stages(i)) for i in ctx.full.values) > FULL_MODEL_PAIRS
+    big = cfg.depth is None and sum(len(ctx.full.stages(i)) for i in ctx.full.values) > FULL_MODEL_PAIRS
     keep = AFTER_SHARE * cfg.time_limit if big else 0.0
     plan = _run(replace(ctx, cfg=replace(cfg, time_limit=cfg.time_limit - keep)))
     st = plan.stats
+    if keep and st.get("reason"):  # the user's limit, not the rounds' share of it
+        plan.stats = st = Stats.from_dict({**st, "reason": st["reason"].replace(
+            f"time limit ({cfg.time_limit - keep:g} s)", f"time limit ({cfg.time_limit:g} s)")})
     if ctx.stop.requested or st["status"] in ("OPTIMAL", "INFEASIBLE") or st.get("gap") == 0 or ctx.left() < MIN_AFTER_S:
         return plan
     q = question(ctx)
