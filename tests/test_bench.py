@@ -49,3 +49,31 @@ def test_scale_rows_run_once_per_lns_setting(tmp_path, monkeypatch):
     console.print(bench.scale_table(rows, 3, 1))
     text = console.export_text()
     assert " on " in text and " off " in text
+
+
+def test_bounds_rows_hold_every_bound_below_the_replayed_plan(tmp_path, monkeypatch):
+    """bench bounds: each bound of the table, asked alone, is at most the
+    cost of cpsat's replayed plan (a bound above it is a wrong bound), and
+    the table names every bound."""
+    from rematopt.planners.cpsat.bounds import BOUNDS
+
+    monkeypatch.setitem(bench.SCALE, "random_layered_n30", ("random", 30, False))
+    rows = bench.bounds_rows(("random_layered_n30",), (0.8,), time_limit=3, bound_limit=2, workers=1,
+                             folder=tmp_path)
+    (row,) = rows
+    st = row["stats"]
+    assert st["status"] in ("OPTIMAL", "FEASIBLE") and set(row["bounds"]) == set(BOUNDS)
+    for level, (status, value, seconds) in row["bounds"].items():
+        assert seconds >= 0 and status in ("OPTIMAL", "FEASIBLE", "UNKNOWN", "INFEASIBLE"), level
+        assert value is None or value <= st["objective"] + 1e-9, level
+    console = Console(width=250, record=True)
+    console.print(bench.bounds_table(rows, 3, 2, 1))
+    text = console.export_text()
+    assert "random_layered_n30" in text and all(level in text for level in BOUNDS)
+
+
+def test_bench_bounds_refuses_an_unknown_graph(tmp_path):
+    from conftest import rematopt
+
+    out = rematopt("bench", "bounds", "--graphs", "no_such_graph", "--folder", tmp_path)
+    assert out.returncode == 2 and "no graph 'no_such_graph'" in out.stderr and "Traceback" not in out.stderr

@@ -309,26 +309,43 @@ def import_nodelink(file: str, output: str) -> None:
 
 
 @cli.command()
-@click.argument("what", type=click.Choice(["simulator", "greedy", "cpsat", "peak", "scale"]), default="simulator")
+@click.argument("what", type=click.Choice(["simulator", "greedy", "cpsat", "peak", "scale", "bounds"]),
+                default="simulator")
 @click.option("--sizes", default="10000,100000,2000000", show_default=True, help="Event counts to time.")
-@click.option("--graphs", default="gpt48,gpt48_fused,gpt_scan48,random_layered_n500,random_layered_n1000",
-              show_default=True, help="scale: the instances.")
-@click.option("--ratios", default="0.9,0.8,0.7,0.6", show_default=True, help="scale: budget ratios.")
-@click.option("--time-limit", type=float, default=120.0, show_default=True, help="scale: cpsat's limit, seconds.")
+@click.option("--graphs", default=None, help="scale: the instances (default: gpt48, gpt48_fused, gpt_scan48, "
+              "random_layered_n500, random_layered_n1000); bounds: graphs by name (default: random_layered_n250, "
+              "n500, n1000, gpt_l2_w64, gpt48).")
+@click.option("--ratios", default=None, help="scale, bounds: budget ratios (default: 0.9,0.8,0.7,0.6; bounds: 0.9,0.8).")
+@click.option("--time-limit", type=float, default=120.0, show_default=True,
+              help="scale, bounds: cpsat's limit, seconds.")
+@click.option("--bound-limit", type=float, default=30.0, show_default=True,
+              help="bounds: each bound of the table asked alone for this long, seconds.")
 @click.option("--workers", type=int, default=2, show_default=True, help="scale: cpsat's threads.")
 @click.option("--lns", "lns", default="auto", show_default=True,
               help="scale: cpsat's --lns, or several (e.g. on,off: a row for each).")
 @click.option("--folder", type=click.Path(file_okay=False), default="bench-graphs", show_default=True,
               help="scale: where the instances are made (on first use) and kept.")
-def bench(what: str, sizes: str, graphs: str, ratios: str, time_limit: float, workers: int, lns: str,
-          folder: str) -> None:
+def bench(what: str, sizes: str, graphs: str | None, ratios: str | None, time_limit: float, bound_limit: float,
+          workers: int, lns: str, folder: str) -> None:
     """Print timing tables (simulator: replay, save and load at several plan sizes;
     greedy: the d=2000 chain-with-sinks stress case and the clone projection check;
     cpsat: the exact planner on ../shared/benchmarks/nodelink at ratios 0.9 and 0.8;
     peak: --objective peak there and on instances/, overhead unlimited and capped at 10%;
     scale: cpsat on 10,000-node training steps and 1,000-node random graphs, each
     run in its own process, against the best heuristic: run it from a checkout,
-    whose models/ the JAX instances are traced from)."""
+    whose models/ the JAX instances are traced from;
+    bounds: per graph and budget, cpsat's plan, bound and gap, and each
+    whole-space bound asked alone)."""
+    if what == "bounds":
+        from ..studies.bench import BOUNDS_GRAPHS, bounds_rows, bounds_table
+
+        names = tuple(graphs.split(",")) if graphs else BOUNDS_GRAPHS
+        rows = bounds_rows(names, tuple(float(r) for r in (ratios or "0.9,0.8").split(",")), time_limit, bound_limit,
+                           workers, Path(folder))
+        Console(width=max(Console().width, 200)).print(bounds_table(rows, time_limit, bound_limit, workers))
+        return
+    graphs = graphs or "gpt48,gpt48_fused,gpt_scan48,random_layered_n500,random_layered_n1000"
+    ratios = ratios or "0.9,0.8,0.7,0.6"
     if what == "scale":
         from ..studies.bench import SCALE, scale_rows, scale_table
 

@@ -16,6 +16,10 @@ from ..importers.synthetic import chain
 from ..plan import Plan, PlanBuilder
 from ..simulate import simulate
 
+# The checkout, and the published graphs beside it (../shared/benchmarks).
+REPO = Path(__file__).resolve().parents[3]
+PUBLISHED = REPO.parent / "shared" / "benchmarks" / "nodelink"
+
 
 def recompute_from_source_plan(graph: Graph, depth: int) -> Plan:
     """A valid quadratic-size plan on ``chain(depth, sinks=True)``: before each
@@ -138,7 +142,7 @@ def cpsat_table(ratios: tuple[float, ...] = (0.9, 0.8), time_limit: float = 60.0
     from ..errors import RematoptError
     from ..solve import solve
 
-    folder = folder or Path(__file__).resolve().parents[3] / "shared" / "benchmarks" / "nodelink"
+    folder = folder or PUBLISHED
     files = sorted(folder.glob("*.json"))
     if not files:
         raise RematoptError(f"{folder}: no node-link graphs to benchmark")
@@ -173,8 +177,7 @@ def peak_table(caps: tuple[float | None, ...] = (None, 0.1), time_limit: float =
     it (``bound_by``) and the bisection's probes (yes / no / undecided)."""
     from ..solve import solve
 
-    root = Path(__file__).resolve().parents[2]
-    folders = folders or [root.parent / "shared" / "benchmarks" / "nodelink", root / "instances"]
+    folders = folders or [PUBLISHED, REPO / "instances"]
     graphs = [g for g in (load_graph(p) for f in folders for p in sorted(f.glob("*.json"))) if g.n <= max_nodes]
     table = Table(title=f"cpsat --objective peak: {time_limit:g} s limit, {workers} workers")
     for col in ("graph", "nodes", "max overhead", "status", "peak B", "bound B", "gap %", "bound by",
@@ -318,4 +321,79 @@ def scale_table(rows: list[dict], time_limit: float, workers: int) -> Table:
                       _pct(st.get("gap")), "" if not ran else f"{ran['windows']} ({ran['improved']})",
                       f"{row['wall_s']:.1f}", f"{row['over_limit_s']:+.1f}",
                       f"{row['rss_gib']:.2f}", (st.get("reason") or "")[:60])
+    return table
+
+
+# The graphs of the bounds benchmark (issue 24): the published random
+# layered graph of 250 nodes, Moccasin-style ones of 500 and 1,000, the
+# 2-layer decoder of instances/ and the 48-layer one.
+BOUNDS_GRAPHS = ("random_layered_n250", "random_layered_n500", "random_layered_n1000", "gpt_l2_w64", "gpt48")
+
+
+def bench_graph(name: str, folder: Path) -> Path:
+    """A benchmark graph by name: a scale instance (made in ``folder`` on
+    first use), a published node-link graph (../shared/benchmarks), one of
+    instances/, or a path."""
+    if name in SCALE:
+        return scale_graph(name, folder)
+    for path in (PUBLISHED / f"{name}.json", REPO / "instances" / f"{name}.json", Path(name)):
+        if path.is_file():
+            return path
+    from ..errors import RematoptError
+
+    raise RematoptError(f"bench bounds: no graph {name!r} (a scale instance, a published graph, one of "
+                        "instances/, or a file)")
+
+
+def bounds_rows(names: tuple[str, ...], ratios: tuple[float, ...], time_limit: float, bound_limit: float,
+                workers: int, folder: Path) -> list[dict]:
+    """Per graph and budget ratio: cpsat's plan, bound (``bound_by``) and
+    gap in ``time_limit``, and each bound of the table (``cpsat.bounds``)
+    asked alone for ``bound_limit`` seconds (value in cost units, seconds,
+    status), all in the same process."""
+    from ..planners.cpsat import run
+    from ..planners.cpsat.bounds import BOUNDS, ask
+    from ..planners.cpsat.report import whole_units
+    from ..planners.cpsat.settings import Settings
+    from ..reference import resolve_budget
+    from ..solve import solve
+
+    rows = []
+    for name in names:
+        graph = load_graph(bench_graph(name, folder))
+        base = sum(graph.cost[i] for i in graph.compute_ids)
+        for ratio in ratios:
+            budget = resolve_budget(graph, ratio=ratio, check=False)
+            began = time.perf_counter()
+            sol = solve(graph, "cpsat", budget=budget, check_budget=False, time_limit=time_limit, workers=workers,
+                        lp_bound=False)
+            row = {"graph": Path(name).stem, "nodes": graph.n, "ratio": ratio, "base": base, "stats": sol.plan.stats,
+                   "wall_s": time.perf_counter() - began, "bounds": {}}
+            ctx = run.context(graph, Settings.parse(budget, {"workers": workers}))
+            q = run.question(ctx)
+            for level in BOUNDS:
+                r = ask(graph, q, level, time_limit=bound_limit, workers=workers, ix=ctx.full)
+                row["bounds"][level] = (r.status, whole_units(ctx, q.unit, r.bound), r.seconds)
+            rows.append(row)
+    return rows
+
+
+def bounds_table(rows: list[dict], time_limit: float, bound_limit: float, workers: int) -> Table:
+    """The rows of :func:`bounds_rows`: overheads and bounds as % of the base cost."""
+    from ..planners.cpsat.bounds import BOUNDS
+
+    table = Table(title=f"whole-space bounds: cpsat {time_limit:g} s, each bound alone {bound_limit:g} s, "
+                        f"{workers} workers (% of the base cost; seconds)")
+    for col in ("graph", "nodes", "ratio", "cpsat %", "bound %", "bound by", "gap %", *BOUNDS, "wall s"):
+        table.add_column(col, justify="right")
+    for row in rows:
+        st, base = row["stats"], row["base"]
+        pct = lambda x: "" if x is None else f"{100 * x / base:.3f}"  # noqa: E731
+        cells = []
+        for level in BOUNDS:
+            status, value, seconds = row["bounds"][level]
+            cells.append(status if value is None else f"{pct(value)} ({seconds:.0f} s{'' if status == 'OPTIMAL' else ', ' + status.lower()})")
+        table.add_row(row["graph"], f"{row['nodes']:,}", f"{row['ratio']:g}", pct(st.get("objective")),
+                      pct(st.get("best_bound")), str(st.get("bound_by") or ""), _pct(st.get("gap")), *cells,
+                      f"{row['wall_s']:.1f}")
     return table

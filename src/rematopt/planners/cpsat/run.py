@@ -72,21 +72,8 @@ def run(graph: Graph, cfg: Settings) -> Plan:
     hands back its best solution; elsewhere (warm start, building a round's
     model) a SIGINT only marks the run stopped, and the run ends at the next
     checkpoint with the best plan so far."""
-    stop = Interrupt()
-    start = time.perf_counter()
-    full = Stages(graph, cfg.offload)
-    # every cost a plan may pay: a value's recomputes (one per stage it lives
-    # in at most), and with offload its prefetches and its one offload
-    lives = [len(full.stages(i)) if i in full.values else 1 for i in range(graph.n)]
-    costs = [graph.cost[i] for i in graph.compute_ids]
-    repeats = [lives[i] for i in graph.compute_ids]
-    if cfg.offload:
-        costs += [b * cfg.transfer_cost_per_byte for b in graph.bytes]
-        repeats += [k + 1 for k in lives]
-    scale, exact = integer_scale(costs, sum(c * k for c, k in zip(costs, repeats)))
-    resolution = 0.0 if exact else cost_resolution(costs, scale, repeats)
-    ctx = Context(graph, cfg, scale, exact, resolution, full, start, Trace(start), stop)
-    with deferred_sigint(stop):
+    ctx = context(graph, cfg)
+    with deferred_sigint(ctx.stop):
         if cfg.objective == "peak":  # the rounds, then the bisection that proves the peak
             return peak.run(ctx, _run, admit)
         return bounded(ctx)
@@ -130,6 +117,24 @@ def bounded(ctx: Context) -> Plan:
             break
     plan.stats = Stats.from_dict(found)
     return plan
+
+
+def context(graph: Graph, cfg: Settings) -> Context:
+    """What every round of a solve starting now shares: the full staged
+    space and the cost scale, fine enough for every cost a plan may pay (a
+    value's recomputes, one per stage it lives in at most, and with offload
+    its prefetches and its one offload)."""
+    start = time.perf_counter()
+    full = Stages(graph, cfg.offload)
+    lives = [len(full.stages(i)) if i in full.values else 1 for i in range(graph.n)]
+    costs = [graph.cost[i] for i in graph.compute_ids]
+    repeats = [lives[i] for i in graph.compute_ids]
+    if cfg.offload:
+        costs += [b * cfg.transfer_cost_per_byte for b in graph.bytes]
+        repeats += [k + 1 for k in lives]
+    scale, exact = integer_scale(costs, sum(c * k for c, k in zip(costs, repeats)))
+    resolution = 0.0 if exact else cost_resolution(costs, scale, repeats)
+    return Context(graph, cfg, scale, exact, resolution, full, start, Trace(start), Interrupt())
 
 
 def outside_plan(ctx: Context, deadline: float) -> tuple[Outside | None, Lowest | None]:
