@@ -13,8 +13,13 @@ already imported, and refuses another backend."""
 from __future__ import annotations
 
 import os
+import sys
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
+# keras-hub imports TensorFlow where it is installed (its tokenizers and metrics), and a process that
+# has imported TensorFlow segfaults in OR-Tools' CP-SAT; the JAX backend needs neither.
+for _tf in ("tensorflow", "tensorflow_text"):
+    sys.modules.setdefault(_tf, None)  # type: ignore[assignment]
 
 import jax.numpy as jnp  # noqa: E402
 import keras  # noqa: E402
