@@ -17,7 +17,7 @@ from typing import Any, Callable
 from ..errors import PlanError
 from ..graph import Graph
 from ..plan import Plan
-from ..planners.policies.space import layers
+from ..planners.policies.space import layers, no_names
 
 OFFLOAD_SRC, OFFLOAD_DST = "device", "pinned_host"  # JAX's memory kinds
 
@@ -30,7 +30,7 @@ def policy_table(graph: Graph, plan: Plan) -> dict[str, Any]:
 
     where = layers(graph)
     if not where:
-        raise PlanError(f"{graph.name}: no node carries a checkpoint_name, so no name policy expresses a plan")
+        raise PlanError(no_names(graph))
     fates = residual_fates(graph, plan)
     per: dict[tuple[str, int], set[str]] = {}
     for i, layer in where.items():

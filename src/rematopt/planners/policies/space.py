@@ -52,6 +52,26 @@ def layers(graph: Graph) -> dict[int, int]:
     return out
 
 
+def no_names(graph: Graph) -> str:
+    """Why ``graph`` offers no name policy, and what to do, in one line: the
+    names it carries (all on values JAX always saves), or how to tag values,
+    with the layer scopes of its matrix multiplies as the places to tag."""
+    names = sorted({v.extra["checkpoint_name"] for v in graph.nodes if "checkpoint_name" in v.extra})
+    if names:
+        return (f"{graph.name}: its checkpoint names ({', '.join(names)}) are all on values JAX always "
+                "saves (arguments, outputs, unrecomputable values), so no name policy has a choice to make")
+    scopes: dict[str, None] = {}
+    for v in graph.nodes:
+        if v.phase == "forward" and v.op in ("dot_general", "conv_general_dilated"):
+            parts = [p for p in v.extra.get("name_stack", "").split("/") if p and "," not in p and "->" not in p]
+            if parts:
+                scopes.setdefault("/".join(parts))
+    where = f" (its matrix multiplies run in {', '.join(list(scopes)[:3])}{', ...' if len(scopes) > 3 else ''})"
+    return (f"{graph.name}: no value carries a checkpoint_name, so no name policy can choose among them; "
+            "tag the values a policy should decide where the model computes them, "
+            f"x = jax.ad_checkpoint.checkpoint_name(x, \"mlp_out\"){where if scopes else ''}, and trace again")
+
+
 @dataclass(frozen=True)
 class Space:
     """The named forward values of ``graph``, grouped into decision keys."""
