@@ -29,7 +29,7 @@ import numpy as np
 
 from ..errors import ImportFailure, PlanError
 from ..graph import Graph
-from ..importers.jaxpr.flatten import Const, evaluate
+from ..importers.jaxpr.flatten import Const, bind, evaluate
 from ..importers.jaxpr.step import Step, trace_step
 from ..plan import COMPUTE, OFFLOAD, Plan
 from ..simulate import simulate
@@ -143,17 +143,31 @@ def _planned_step(step: Step, fates: Fates) -> Callable:
     n_in = step.n_inputs
     group_of = {step.node_of_group(g): members for g, members in enumerate(step.groups)}
     fwd = [e for e in eqns if e.phase == "forward"]
-    bwd = [e for e in eqns if e.phase == "backward"]
+    bwd = [e for k, e in enumerate(eqns) if e.phase == "backward" and k not in step.view_eqns]
+    root = step.root_of
+    view_eqn = {eqns[k].outs[0]: eqns[k] for k in step.view_eqns}
+
+    class Env(dict):
+        """Values by id; a view not yet made is made from its root when read."""
+
+        def __missing__(self, v):
+            if v not in view_eqn:
+                raise KeyError(v)
+            e = view_eqn[v]
+            self[v] = bind(e, [self[e.ins[0]]])[0]
+            return self[v]
 
     def inputs_of(node: int) -> list[int]:
         inside = {v for k in group_of[node] for v in eqns[k].outs}
-        return sorted({r for k in group_of[node] for r in eqns[k].ins if not isinstance(r, Const) and r not in inside})
+        return sorted({root(r) for k in group_of[node] for r in eqns[k].ins
+                       if not isinstance(r, Const) and root(r) not in inside})
 
     # Recompute closure: forward nodes the backward pass needs and the plan
-    # does not save, back to saved values and arguments.
+    # does not save, back to saved values and arguments. Values are named by
+    # their roots: a view is made again from its root where it is read.
     bwd_made = {v for e in bwd for v in e.outs}
-    bwd_reads = {r for e in bwd for r in e.ins
-                 if not isinstance(r, Const) and r not in bwd_made and r != step.ct_id}
+    bwd_reads = {root(r) for e in bwd for r in e.ins
+                 if not isinstance(r, Const) and root(r) not in bwd_made and root(r) != step.ct_id}
     recompute: dict[int, list[int]] = {}  # node -> its external inputs
     todo = list(bwd_reads)
     while todo:
@@ -194,7 +208,7 @@ def _planned_step(step: Step, fates: Fates) -> Callable:
         return r.value if isinstance(r, Const) else env[r]
 
     def forward_env(leaves):
-        return evaluate(fwd, {v: piece(leaves, k) for k, v in enumerate(step.arg_ids)})
+        return evaluate(fwd, Env({v: piece(leaves, k) for k, v in enumerate(step.arg_ids)}))
 
     @jax.custom_vjp
     def f(*leaves):
@@ -214,7 +228,7 @@ def _planned_step(step: Step, fates: Fates) -> Callable:
     def f_bwd(res, ct):
         arg_res, saved = res
         leaves = dict(zip(arg_leaves, arg_res))
-        env = {v: piece(leaves, position[v]) for v in arg_vals}
+        env = Env({v: piece(leaves, position[v]) for v in arg_vals})
         env.update((v, jax.device_put(x, jax.memory.Space.Device) if v in host_vals else x)
                    for v, x in zip(saved_vals, saved))
         env[step.ct_id] = last = ct
@@ -223,7 +237,7 @@ def _planned_step(step: Step, fates: Fates) -> Callable:
             if node in recompute:
                 ins = recompute[node]
                 barred, _ = jax.lax.optimization_barrier(([env[v] for v in ins], last))
-                made = evaluate(members, dict(zip(ins, barred)))
+                made = evaluate(members, Env(zip(ins, barred)))
                 env.update((v, made[v]) for e in members for v in e.outs)
             else:
                 evaluate(members, env)
