@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from jax.ad_checkpoint import print_saved_residuals
 
+from rematopt import PlanBuilder, simulate
 from rematopt.graph import Graph
 
 _LINE = re.compile(r"^(?P<dtype>[a-z]+)(?P<bits>\d*)(?P<host><host>)?\[(?P<shape>[\d,]*)\] (?P<source>.*)$")
@@ -88,3 +89,43 @@ def jax_residuals(fn, args) -> list[int]:
     res = saved_residuals(lambda p: fn(p, *args[1:]), args[0])
     return sorted(r.bytes for r in res
                   if not r.source.startswith(("from the argument", "from a literal", "from a constant")))
+
+
+def recompute_plan(g, recompute=(), offload=()):
+    """Forward pass in order; then free the ``recompute`` nodes and offload +
+    free the ``offload`` ones; backward pass in order, prefetching offloaded
+    values and recomputing freed ones (recursively) just before they are read."""
+    b = PlanBuilder()
+    resident = {v.id for v in g.nodes if v.is_input}
+    forward = [i for i in g.order if g.nodes[i].phase == "forward"]
+    for i in forward:
+        b.compute(i)
+        resident.add(i)
+    for i in forward:
+        if i in offload:
+            b.offload(i)
+        if i in offload or i in recompute:
+            b.free(i)
+            resident.discard(i)
+
+    def ensure(i):
+        if i in resident:
+            return
+        if i in offload:
+            b.prefetch(i)
+        else:
+            for p in g.preds[i]:
+                ensure(p)
+            b.compute(i)
+        resident.add(i)
+
+    for i in g.order:
+        if g.nodes[i].phase == "backward":
+            for p in g.preds[i]:
+                ensure(p)
+            b.compute(i)
+            resident.add(i)
+    plan = b.build(g.name, "test")
+    replay = simulate(g, plan)
+    assert replay.valid, replay.error
+    return plan

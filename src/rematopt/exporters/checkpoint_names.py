@@ -37,6 +37,11 @@ def policy_table(graph: Graph, plan: Plan) -> dict[str, Any]:
         name = graph.nodes[i].extra["checkpoint_name"]
         fate = ("offload" if i in fates.offloaded else "device" if i in fates.kept
                 else "remat" if i in fates.recomputed else None)
+        if fate in ("device", "offload") and graph.nodes[i].extra.get("read_before_name"):
+            raise PlanError(f"{graph.name}: the plan saves {graph.nodes[i].name} ({name!r}), which the backward "
+                            f"pass also reads before checkpoint_name tags it; a policy saving {name!r} would still "
+                            "recompute it (apply the plan with rematopt.jax.apply_plan, or tag the value the "
+                            "backward pass reads)")
         per.setdefault((name, layer), set()).add(fate)
     for (name, layer), seen in per.items():
         if len(seen - {None}) > 1:
