@@ -212,9 +212,12 @@ def _drop_dead(flat: Flat, roots: list) -> int:
 
 def _find_views(step: Step) -> None:
     """Mark the view equations and map each view's result to its root value.
-    A second ``checkpoint_name`` on an already named root stays its own node
-    (one node carries one name)."""
+    Two ``checkpoint_name`` tags stay their own nodes: a second name on a named
+    root (one node carries one name), and a name on an argument (JAX's policies
+    save or offload it as a value of its own, which the argument's node, resident
+    throughout, cannot say)."""
     flat, views, root, named = step.flat, set(), step.root, step.named
+    args = set(step.arg_ids)
     for k, e in enumerate(flat.eqns):
         if len(e.outs) != 1 or len(e.ins) != 1 or isinstance(e.ins[0], Const):
             continue
@@ -222,7 +225,7 @@ def _find_views(step: Step) -> None:
         if not primitives.is_view(e.prim.name, e.params, flat.avals[e.ins[0]], flat.avals[e.outs[0]]):
             continue
         if e.prim.name == "name":
-            if named.get(src, str(e.params["name"])) != str(e.params["name"]):
+            if src in args or named.get(src, str(e.params["name"])) != str(e.params["name"]):
                 continue
             named[src] = str(e.params["name"])
         views.add(k)
