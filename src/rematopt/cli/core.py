@@ -21,6 +21,7 @@ from ..graph import Graph
 from ..importers import load as load_graph
 from ..plan import Plan
 from ..planners.options import command_line
+from ..planners.options import parse as parse_options
 from ..reference import no_remat_peak, working_set_bound
 from ..simulate import base_cost, simulate
 from ..sizes import parse_bytes, with_human
@@ -226,6 +227,7 @@ def solve_cmd(graph: str | None, planner: str, budget: str | None, budget_ratio:
     if "hint" in options:
         options["hint"] = load_hint(options["hint"], g)
     if "time_limit" in options:  # the whole command's: the planner gets what is left of it
+        parse_options(planners.options_class(planner), options, planner)  # as given (-1 is refused, not spent)
         options["time_limit"] = max(0.0, options["time_limit"] - since_start() - FINISH_S)
     options.setdefault("progress", sys.stderr.isatty() and not as_json)
     sol = solve(g, planner, budget=parse_bytes(budget) if budget is not None else None,
@@ -257,15 +259,17 @@ def load_hint(path: str, graph: Graph) -> Plan:
 
 
 @cli.command()
-@click.argument("kind", type=click.Choice(["chain", "linear-train", "unet", "random-layered"]))
+@click.argument("kind", type=click.Choice(["chain", "linear-train", "unet", "decoder", "random-layered"]))
 @click.option("--size", "-n", type=int, required=True,
-              help="chain: depth; linear-train: layers; unet: depth; random-layered: nodes.")
+              help="chain: depth; linear-train: layers; unet: depth; decoder: layers; random-layered: nodes.")
 @click.option("--sinks", is_flag=True, help="chain: a late sink per link (greedy stress shape).")
 @click.option("--train", is_flag=True, help="unet: add the backward pass.")
 @click.option("--width", type=float, default=0.27, show_default=True, help="random-layered: width factor.")
+@click.option("--heads", type=int, default=4, show_default=True, help="decoder: attention heads per block.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--output", "-o", type=click.Path(dir_okay=False), required=True)
-def generate(kind: str, size: int, sinks: bool, train: bool, width: float, seed: int, output: str) -> None:
+def generate(kind: str, size: int, sinks: bool, train: bool, width: float, heads: int, seed: int,
+             output: str) -> None:
     """Write a seeded synthetic graph."""
     from ..importers import synthetic
 
@@ -276,6 +280,8 @@ def generate(kind: str, size: int, sinks: bool, train: bool, width: float, seed:
             g = synthetic.linear_training(size, seed=seed or None)
         elif kind == "unet":
             g = synthetic.unet(size, train=train, seed=seed or None)
+        elif kind == "decoder":
+            g = synthetic.decoder(size, heads=heads)
         else:
             g = synthetic.random_layered(size, width=width, seed=seed)
     except ValueError as e:

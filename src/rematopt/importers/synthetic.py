@@ -137,6 +137,50 @@ def unet(depth: int, bytes: int = 16 * MiB, cost: float = 1.0, train: bool = Fal
     return training(g, name=f"unet_d{depth}_train") if train else g
 
 
+def decoder(layers: int, heads: int = 4, bytes: int = MiB, cost: float = 1.0) -> Graph:
+    """A chain of ``layers`` identical pre-norm decoder blocks and its
+    backward pass (see :func:`training`): per block a norm, per head a
+    query, key, value, score (4x bytes), softmax and attention output, an
+    output projection and residual add, a norm, a 4x-wide MLP (up,
+    activation, down) and residual add; an embedding before and a norm and
+    head after. Matmuls cost 4x, scores and softmax 2x, the rest 1x.
+    ``6 heads + 9`` forward nodes a block, twice that with the backward: the
+    repeated-layer shape at any size (480 blocks of 16 heads: 101,000 nodes)."""
+    if layers < 1 or heads < 1:
+        raise ValueError("layers and heads must be >= 1")
+    nodes: list[Node] = []
+    edges: list[tuple[int, int]] = []
+
+    def add(name: str, op: str, scale: float, c: float, inputs: list[int]) -> int:
+        i = len(nodes)
+        nodes.append(Node(i, name, op=op, bytes=int(bytes * scale), cost=cost * c))
+        edges.extend((p, i) for p in inputs)
+        return i
+
+    x = add("embed", "embed", 1, 1, [])
+    head_bytes = 1 / heads
+    for k in range(layers):
+        norm = add(f"l{k}.norm1", "norm", 1, 1, [x])
+        outs = []
+        for h in range(heads):
+            q, key, v = (add(f"l{k}.h{h}.{w}", "matmul", head_bytes, 4 / heads, [norm]) for w in "qkv")
+            s = add(f"l{k}.h{h}.scores", "scores", 4 * head_bytes, 2 / heads, [q, key])
+            p = add(f"l{k}.h{h}.softmax", "softmax", 4 * head_bytes, 2 / heads, [s])
+            outs.append(add(f"l{k}.h{h}.attend", "attend", head_bytes, 2 / heads, [p, v]))
+        proj = add(f"l{k}.proj", "matmul", 1, 4, outs)
+        x = add(f"l{k}.add1", "add", 1, 1, [x, proj])
+        norm = add(f"l{k}.norm2", "norm", 1, 1, [x])
+        up = add(f"l{k}.up", "matmul", 4, 16, [norm])
+        act = add(f"l{k}.act", "gelu", 4, 4, [up])
+        down = add(f"l{k}.down", "matmul", 1, 16, [act])
+        x = add(f"l{k}.add2", "add", 1, 1, [x, down])
+    norm = add("norm_f", "norm", 1, 1, [x])
+    add("head", "matmul", 2, 8, [norm])
+    params = {"layers": layers, "heads": heads, "bytes": bytes, "cost": cost}
+    forward = _graph(f"decoder_l{layers}_h{heads}", nodes, edges, params)
+    return training(forward, name=f"decoder_l{layers}_h{heads}_train")
+
+
 def random_layered(n: int, width: float = 0.27, layer_variance: float = 0.75, edge_density: float = 0.2,
                    skip_density: float = 0.14, seed: int = 0) -> Graph:
     """Random layered DAG after the recipe Moccasin used (Gagrani et al. 2022,
@@ -202,5 +246,6 @@ GENERATORS: dict[str, Callable[..., Graph]] = {
     "chain": chain,
     "linear-train": linear_training,
     "unet": unet,
+    "decoder": decoder,
     "random-layered": random_layered,
 }
