@@ -136,3 +136,17 @@ def test_an_unknown_primitive_is_refused_in_one_line_naming_it():
 
     with pytest.raises(ImportFailure, match="primitive 'frobnicate'"):
         trace(looped, X, unroll=False)
+
+
+def test_lowered_to_mlir_a_key_draw_recomputes_and_a_hidden_state_draw_does_not(tmp_path):
+    from rematopt.importers.mlir import import_mlir
+
+    def f(state, x):
+        _, bits = jax.lax.rng_bit_generator(state, x.shape, dtype=jnp.uint32)  # a pure function of state
+        noise = jax.lax.rng_uniform(0.0, 1.0, x.shape)                       # the device's hidden state
+        return x * (bits > jnp.uint32(2 ** 31)) + noise
+
+    text = jax.jit(f).lower(jnp.zeros((4,), jnp.uint32), X).as_text()
+    (tmp_path / "rng.mlir").write_text(text)
+    flags = {v.op: v.recomputable for v in import_mlir(tmp_path / "rng.mlir").nodes if not v.is_input}
+    assert flags["stablehlo.rng_bit_generator"] is True and flags["stablehlo.rng"] is False
