@@ -141,3 +141,12 @@ def test_views_of_arguments_and_of_the_cotangent_apply():
     assert residual_values(g) == jax_residuals(loss, args)
     for plan in (no_remat_plan(g), solve(g, "cpsat", budget_ratio=0.8, time_limit=5, workers=1).plan):
         assert_same_gradients(loss, apply_plan(loss, g, plan), args)
+
+    @jax.custom_vjp
+    def sum_sin(x):
+        return jnp.sum(jnp.sin(x))
+
+    sum_sin.defvjp(lambda x: (sum_sin(x), x), lambda x, ct: (jnp.reshape(ct, (1,)) * jnp.cos(x),))
+    g = trace_grad(sum_sin, jnp.ones(1))  # the backward reshapes the loss cotangent, which is no node
+    assert [v.op for v in g.nodes] == ["input", "sin", "reduce_sum", "cos", "mul"]
+    assert_same_gradients(sum_sin, apply_plan(sum_sin, g, no_remat_plan(g)), (jnp.ones(1),))

@@ -72,7 +72,7 @@ class Step:
             for k in members:
                 for v in self.flat.eqns[k].outs:
                     prod[v] = self.node_of_group(g)
-        prod.update((v, prod[r]) for v, r in self.root.items())
+        prod.update((v, prod[r]) for v, r in self.root.items() if r in prod)  # not the cotangent's views
         return prod
 
     def root_of(self, r: Any) -> Any:
@@ -304,7 +304,8 @@ def to_graph(step: Step, name: str, device: str = costmodel.DEFAULT_DEVICE,
     residual_roots = {step.root_of(r) for r in residual_values}
     views_of: dict[int, list[str]] = {}
     for k in sorted(step.view_eqns):
-        views_of.setdefault(prod[flat.eqns[k].outs[0]], []).append(flat.eqns[k].prim.name)
+        if flat.eqns[k].outs[0] in prod:
+            views_of.setdefault(prod[flat.eqns[k].outs[0]], []).append(flat.eqns[k].prim.name)
     for g, members in enumerate(step.groups):
         nid = step.node_of_group(g)
         head = flat.eqns[members[-1]]
