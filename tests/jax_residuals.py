@@ -66,22 +66,26 @@ def assert_same_gradients(fn, planned, args):
 
 
 def residual_values(g: Graph) -> list[int]:
-    """Bytes of each value jax.vjp saves, as the graph records them: a residual
-    node's saved outputs, or its ``residual_values`` where views of its buffer
-    are saved too (JAX lists a view and its source apart, though they are one
-    buffer). Every forward node with a backward consumer must be marked (jax.vjp
-    may also save a value the backward pass never reads, e.g. the zeros of
-    ``jnp.where``'s tangent rule)."""
-    out = []
+    """Bytes of each value jax.vjp saves, as the graph records them (see
+    :func:`residuals_by_node`). Every forward node with a backward consumer must
+    be marked (jax.vjp may also save a value the backward pass never reads, e.g.
+    the zeros of ``jnp.where``'s tangent rule)."""
     for v in g.nodes:
         crosses = v.phase == "forward" and any(g.nodes[s].phase == "backward" for s in g.succs[v.id])
         assert v.extra.get("residual", False) or not crosses, f"{v.name} crosses but is not marked"
+    return sorted(b for _, b in residuals_by_node(g))
+
+
+def residuals_by_node(g: Graph):
+    """(node id, bytes) of each value jax.vjp saves: a residual node's saved
+    outputs, or its ``residual_values`` where views of its buffer are saved too
+    (JAX lists a view and its source apart, though they are one buffer)."""
+    for v in g.nodes:
         if "residual_values" in v.extra:
-            out.extend(v.extra["residual_values"])
+            yield from ((v.id, b) for b in v.extra["residual_values"])
         elif v.extra.get("residual"):
             sizes = v.extra.get("out_bytes", [v.bytes])
-            out.extend(sizes[i] for i in v.extra.get("residual_outputs", range(len(sizes))))
-    return sorted(out)
+            yield from ((v.id, sizes[i]) for i in v.extra.get("residual_outputs", range(len(sizes))))
 
 
 def jax_residuals(fn, args) -> list[int]:

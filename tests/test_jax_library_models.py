@@ -29,7 +29,8 @@ from rematopt.jax import apply_plan, policy, residual_fates, trace_grad  # noqa:
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
-from jax_residuals import assert_same_gradients, jax_residuals, residual_values, saved_residuals  # noqa: E402
+from jax_residuals import (assert_same_gradients, jax_residuals, residual_values,  # noqa: E402
+                           residuals_by_node, saved_residuals)
 
 SMALL = {"layers": 2, "width": 16, "heads": 2, "seq": 8, "vocab": 32}
 # name -> (module, library it needs, config overrides, scanned, tags checkpoint names)
@@ -86,18 +87,10 @@ def test_a_scanned_steps_residuals_differ_from_jaxs_only_by_what_jax_hoists_out_
               if not r.source.startswith(("from the argument", "from a literal", "from a constant"))]
     stacked = sum(r.bytes for r in report if r.source.startswith("output of scan"))
     other = sum(r.bytes for r in report) - stacked
-    in_loop = sum(b for i, b in _residual_nodes(g) if "iteration" in g.nodes[i].extra)
-    outside = sum(b for i, b in _residual_nodes(g) if "iteration" not in g.nodes[i].extra)
+    in_loop = sum(b for i, b in residuals_by_node(g) if "iteration" in g.nodes[i].extra)
+    outside = sum(b for i, b in residuals_by_node(g) if "iteration" not in g.nodes[i].extra)
     hoisted = other - outside
     assert hoisted >= 0 and in_loop - stacked == layers * hoisted
-
-
-def _residual_nodes(g):
-    for v in g.nodes:
-        if v.extra.get("residual"):
-            sizes = v.extra.get("out_bytes", [v.bytes])
-            for k in v.extra.get("residual_outputs", range(len(sizes))):
-                yield v.id, sizes[k]
 
 
 def test_a_cpsat_plan_at_0_7_replays_and_applies_with_the_plain_gradients(step):
