@@ -19,7 +19,9 @@ from jax.ad_checkpoint import print_saved_residuals
 from rematopt import PlanBuilder, simulate
 from rematopt.graph import Graph
 
-_LINE = re.compile(r"^(?P<dtype>[a-z]+)(?P<bits>\d*)(?P<host><host>)?\[(?P<shape>[\d,]*)\] (?P<source>.*)$")
+_LINE = re.compile(r"^(?P<dtype>[a-z]+)(?P<bits>\d*)(?P<impl><\w+>)?(?P<host><host>)?\[(?P<shape>[\d,]*)\] "
+                   r"(?P<source>.*)$")
+KEY_BYTES = 8  # a threefry key (key<fry>): two uint32 words
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,7 @@ def saved_residuals(fn, *args) -> list[Residual]:
         m = _LINE.match(line.strip())
         if m is None:
             raise ValueError(f"unreadable residual line: {line!r}")
-        itemsize = 1 if m["dtype"] == "bool" else int(m["bits"]) // 8
+        itemsize = KEY_BYTES if m["impl"] else 1 if m["dtype"] == "bool" else int(m["bits"]) // 8
         elements = math.prod(int(d) for d in m["shape"].split(",") if d)
         found.append(Residual(elements * itemsize, m["host"] is not None, m["source"]))
     return found
