@@ -19,6 +19,7 @@ from .. import costmodel
 from .flatten import Const, Eqn, Flat, aval_bytes
 from .primitives import ELEMENTWISE, LAYOUT, REDUCTIONS, TAGS
 
+
 def fusible(op: str) -> bool:
     """A cheap equation XLA would fuse into its consumer."""
     return op in ELEMENTWISE or op in LAYOUT
