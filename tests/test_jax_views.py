@@ -7,6 +7,7 @@ still apply."""
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -150,3 +151,32 @@ def test_views_of_arguments_and_of_the_cotangent_apply():
     g = trace_grad(sum_sin, jnp.ones(1))  # the backward reshapes the loss cotangent, which is no node
     assert [v.op for v in g.nodes] == ["input", "sin", "reduce_sum", "cos", "mul"]
     assert_same_gradients(sum_sin, apply_plan(sum_sin, g, no_remat_plan(g)), (jnp.ones(1),))
+
+
+@pytest.mark.parametrize("op,view", [
+    (lambda x: checkpoint_name(x, "n"), True),
+    (lambda x: x.reshape(64, 16, 16), True),
+    (lambda x: x[:, None, :], True),
+    (lambda x: jnp.array(x, copy=True), True),
+    (lambda x: jax.device_put(x), True),
+    (lambda x: jax.lax.stop_gradient(x), True),
+    (lambda x: x.T, False),
+    (lambda x: jax.lax.bitcast_convert_type(x, jnp.int32), False),
+], ids=["name", "reshape", "unit_broadcast", "copy", "device_put", "stop_gradient", "transpose", "bitcast_convert"])
+def test_what_merges_is_what_xla_makes_no_buffer_for(op, view):
+    """XLA on CPU, x = a @ w then y = op(x), both read afterwards: a view leaves
+    no instruction but a bitcast in the optimised HLO; the others leave a
+    transpose, copy or bitcast-convert (in a fusion or not). The importer merges
+    exactly the first kind."""
+    a, w = jnp.ones((64, 128)), jnp.ones((128, 256))
+
+    def f(a, w):
+        x = a @ w
+        y = op(x)
+        return jnp.sum(y.astype(jnp.float32).reshape(-1)[:100] @ jnp.ones((100,))) + jnp.sum(jnp.tanh(x))
+
+    hlo = jax.jit(f).lower(a, w).compile().as_text()
+    kinds = {"transpose", "copy", "bitcast-convert"} & set(re.findall(r"= \S+ ([a-z-]+)\(", hlo))
+    g = trace(lambda x: op(jnp.sin(x)), jnp.ones((64, 256)))
+    assert (g.n == 2) == view  # input and sin: op merged into sin's node
+    assert bool(kinds) == (not view), kinds
