@@ -19,7 +19,7 @@ from jax.ad_checkpoint import print_saved_residuals
 from rematopt import PlanBuilder, simulate
 from rematopt.graph import Graph
 
-_LINE = re.compile(r"^(?P<dtype>[a-z]+)(?P<bits>\d*)(?P<impl><\w+>)?(?P<host><host>)?\[(?P<shape>[\d,]*)\] "
+_LINE = re.compile(r"^(?P<dtype>[a-z]+)(?P<bits>\d*)(?P<impl><(?!host>)\w+>)?(?P<host><host>)?\[(?P<shape>[\d,]*)\] "
                    r"(?P<source>.*)$")
 KEY_BYTES = 8  # a threefry key (key<fry>): two uint32 words
 
