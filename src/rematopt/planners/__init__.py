@@ -29,6 +29,8 @@ REGISTRY: dict[str, str] = {
     "chen-sqrt": "rematopt.planners.chen:plan_sqrt",
     "chen-greedy": "rematopt.planners.chen:plan_greedy",
     "dtr": "rematopt.planners.dtr:plan",
+    "xla-remat": "rematopt.planners.xla_remat:plan",
+    "torch-knapsack": "rematopt.planners.torch_knapsack:plan",
     "jax-nothing-saveable": "rematopt.planners.policies.presets:plan_nothing_saveable",
     "jax-dots-saveable": "rematopt.planners.policies.presets:plan_dots_saveable",
     "jax-offload-dots": "rematopt.planners.policies.presets:plan_offload_dots",
