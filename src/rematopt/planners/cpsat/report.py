@@ -16,7 +16,7 @@ from ...simulate import Replay, cost_of_counts, simulate
 from ...stats import Stats
 from .backends import STATUS
 from .model import Model
-from .relaxations import Question, WholeBound
+from .bounds import Question, WholeBound
 from .search import Context, Round
 from .solution import Assignment, events
 
