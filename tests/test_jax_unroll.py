@@ -157,7 +157,9 @@ def test_while_with_a_static_trip_count_unrolls_and_a_traced_bound_stays_a_node(
 def test_a_plan_on_the_unrolled_graph_applies_to_the_scanned_program():
     fn, args = gpt_scan.factory(**GPT)
     g = trace_grad(fn, *args, fuse=True)
-    sol = solve(g, "greedy", budget_ratio=0.7)
+    # chen-greedy keeps the same values in every layer (greedy's plan keeps
+    # a 512 B add in layer 1 and not in layer 0, so its forward unrolls)
+    sol = solve(g, "chen-greedy", budget_ratio=0.7)
     fates = residual_fates(g, sol.plan)
     assert fates.recomputed and fates.kept
     kept = sorted(g.nodes[i].bytes for i in fates.kept)

@@ -46,12 +46,14 @@ DYNAMIC_RESULT_BYTES = 4096
 
 # Dialects whose registered ops are free of side effects (region-free ones).
 PURE_DIALECTS = frozenset({"stablehlo", "arith", "math", "tensor", "chlo"})
-# Side-effecting ops of those dialects: communication, I/O, randomness, tokens.
+# Side-effecting ops of those dialects: communication, I/O, randomness from hidden
+# state (``rng``; ``rng_bit_generator`` is a pure function of its state operand),
+# tokens.
 EFFECTFUL_OPS = frozenset({
     "stablehlo.send", "stablehlo.recv", "stablehlo.infeed", "stablehlo.outfeed",
     "stablehlo.all_reduce", "stablehlo.all_gather", "stablehlo.all_to_all", "stablehlo.reduce_scatter",
     "stablehlo.collective_permute", "stablehlo.collective_broadcast", "stablehlo.custom_call",
-    "stablehlo.rng", "stablehlo.rng_bit_generator", "stablehlo.after_all", "stablehlo.create_token",
+    "stablehlo.rng", "stablehlo.after_all", "stablehlo.create_token",
     "stablehlo.optimization_barrier", "stablehlo.partition_id", "stablehlo.replica_id",
 })
 # Ops with regions that compute a pure function of their operands when every op
