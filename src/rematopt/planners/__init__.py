@@ -29,6 +29,7 @@ REGISTRY: dict[str, str] = {
     "chen-sqrt": "rematopt.planners.chen:plan_sqrt",
     "chen-greedy": "rematopt.planners.chen:plan_greedy",
     "dtr": "rematopt.planners.dtr:plan",
+    "rotor": "rematopt.planners.rotor:plan",
     "jax-nothing-saveable": "rematopt.planners.policies.presets:plan_nothing_saveable",
     "jax-dots-saveable": "rematopt.planners.policies.presets:plan_dots_saveable",
     "jax-offload-dots": "rematopt.planners.policies.presets:plan_offload_dots",

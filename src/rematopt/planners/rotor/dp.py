@@ -1,0 +1,267 @@
+"""Rotor's dynamic program over a chain of stages, with per-stage options.
+
+``Opt(s, t, m, keep)``: the least cost of running the backward of stages
+``t`` down to ``s`` with ``m`` bytes free, entering with stage s's input
+(``cin``) and stage t's incoming gradient resident, leaving stage s's
+gradient behind (and its recomputable input too when ``keep``: the stage
+before reads it in its backward). Three ways (Beaumont et al. 2019, with
+Rockmate's per-block options in place of Rotor's two forward modes):
+
+- **split** at s < s' <= t: run the forwards of s .. s'-1 keeping only each
+  stage's output (a *sweep*), the last one being the checkpoint of
+  ``Opt(s', t)``; then ``Opt(s, s'-1)`` from s's input again;
+- **keep** (s < t): run stage s's forward keeping what option o's backward
+  reads first (``K_o``), ``Opt(s+1, t)``, then o's backward;
+- **fused** (s = t): the forward and o's backward in one piece (the turn,
+  stage L, is its own piece).
+
+An option is a backward *sequence* for its stage: computes in order,
+forward values recomputed among them (:mod:`.options` gets them from CP-SAT
+on the stage's subgraph). Every piece's memory is exact
+(:func:`.chain.profile`); the DP counts it in slots of ``unit`` bytes,
+rounding what a piece needs up and what is free down, so a plan it accepts
+fits. With ``window`` w, a split's first segment is at most w stages long
+(exact Rotor: w >= L); the DP then keeps O(L w) states instead of O(L^2).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .chain import Chain, Piece, cost
+
+INF = math.inf
+
+
+@dataclass(frozen=True)
+class Option:
+    """A backward sequence of one stage (real node ids) and its cost."""
+
+    seq: tuple[int, ...]
+    cost: float
+
+
+@dataclass
+class Pieces:
+    """Every piece the DP may use, with its exact memory: per stage k < L,
+    its forward keeping only its output (``ck[k][free_in]``: freeing its
+    input or not), and per option o and ``keep`` (whether the stage's
+    recomputable input must outlive it) the forward keeping what o reads
+    first, o's backward, and both fused in one piece; and the turn."""
+
+    chain: Chain
+    options: list[list[Option]]
+    fcost: list[float] = field(init=False)
+    ck: list[tuple[Piece, Piece]] = field(init=False)
+    keep: list[list[tuple[Piece, Piece]]] = field(init=False)
+    back: list[list[tuple[Piece, Piece]]] = field(init=False)
+    fused: list[list[tuple[Piece, Piece]]] = field(init=False)
+    fused_cost: list[list[float]] = field(init=False)
+    child_keep: list[list[int]] = field(init=False)  # [k][o]: whether o reads stage k+1's input first
+    turn: tuple[Piece, Piece] = field(init=False)
+
+    def __post_init__(self) -> None:
+        ch, g = self.chain, self.chain.graph
+        L = ch.length
+        st = ch.stages
+        self.fcost = [cost(g, s.forward) for s in st]
+        self.ck = [(Piece.of(g, s.forward, (), st[k + 1].cin_rec), Piece.of(g, s.forward, s.cin_rec, st[k + 1].cin_rec))
+                   for k, s in enumerate(st[:L])]
+        self.keep, self.back, self.fused, self.fused_cost, self.child_keep = [], [], [], [], []
+        for k, s in enumerate(st[:L]):
+            nxt, fwd, backward = st[k + 1], set(s.forward), set(s.backward)
+            valid, keeps, backs, fuseds, fcosts, kids = [], [], [], [], [], []
+            for o in self.options[k]:
+                first = _read_first(g, o.seq)
+                kept = first & fwd
+                if kept & nxt.cin_rec and not nxt.cin_rec <= kept:
+                    continue  # keeps part of the next stage's input: the DP keeps all of it or none
+                valid.append(o)
+                needs = first & (s.cin_rec | s.cin_fix)
+                kids.append(1 if kept & nxt.cin_rec else 0)
+                start = next((j for j, v in enumerate(o.seq) if v in backward), len(o.seq))
+                fseq = s.forward + o.seq[start:]  # the recomputes before the first backward node: done by the forward
+                keeps.append(tuple(Piece.of(g, s.forward, (cin - needs) | (s.cin_fix - needs), kept | nxt.cin_rec)
+                                   for cin in (s.cin_rec, frozenset())))
+                backs.append(tuple(Piece.of(g, o.seq, kept | s.gin | s.releases | (needs & (cin | s.cin_fix)),
+                                            s.gout | s.held) for cin in (s.cin_rec, frozenset())))
+                fuseds.append(tuple(Piece.of(g, fseq, cin | s.cin_fix | s.gin | s.releases, s.gout | s.held)
+                                    for cin in (s.cin_rec, frozenset())))
+                fcosts.append(self.fcost[k] + cost(g, [v for v in o.seq[start:] if v not in backward]))
+            self.options[k] = valid
+            self.keep.append(keeps)
+            self.back.append(backs)
+            self.fused.append(fuseds)
+            self.fused_cost.append(fcosts)
+            self.child_keep.append(kids)
+        t = st[L]
+        self.turn = tuple(Piece.of(g, t.forward, cin | t.cin_fix | t.releases, t.gout | t.held)
+                          for cin in (t.cin_rec, frozenset()))
+
+
+def _read_first(graph, seq) -> set[int]:
+    """Values ``seq`` reads before computing them: what must be resident when it starts."""
+    made, out = set(), set()
+    for v in seq:
+        out.update(p for p in graph.preds[v] if p not in made)
+        made.add(v)
+    return out
+
+
+@dataclass(frozen=True)
+class Result:
+    """The DP's plan: its pieces in order and their exact figures."""
+
+    pieces: tuple[Piece, ...]
+    peak: int
+    cost: float  # every compute, first ones included
+    unit: int
+    window: int
+
+
+def solve(pieces: Pieces, budget: int, slots: int = 1000, window: int | None = None) -> Result | None:
+    """The cheapest chain plan within ``budget`` (bytes), or None. Memory
+    is counted in ``slots`` slots between what is resident at the start and
+    the budget (exact when the byte sizes' gcd gives fewer)."""
+    ch, g = pieces.chain, pieces.chain.graph
+    L = ch.length
+    W = L + 1 if window is None else max(1, window)
+    base = g.initial_bytes - sum(g.bytes[i] for i in ch.dead)
+    if base > budget:
+        return None
+    # memory freed later (a dropped input, say) may give a state more room than the start
+    # has: the table reaches up to all but the persistent bytes
+    room, top = budget - base, budget - g.persistent_bytes
+    sizes = [b for b in g.bytes if b]
+    unit = max(math.gcd(*sizes) if sizes else 1, -(-top // slots), 1)
+    M = top // unit
+    dp = _Table(pieces, unit, M, W)
+    dp.fill_all()
+    start = room // unit
+    if not math.isfinite(dp.cost[0, L, 0][start]):
+        return None
+    pieces_run: list[Piece] = []
+    _, peak = dp.unfold(start, pieces_run, base, g.initial_bytes)
+    return Result(tuple(pieces_run), peak, cost(g, [v for x in pieces_run for v in x.seq]), unit, W)
+
+
+class _Table:
+    """Opt(s, t, keep) as arrays over free slots 0..M, with the choice made
+    at each (for :meth:`unfold`)."""
+
+    def __init__(self, pieces: Pieces, unit: int, M: int, W: int):
+        self.p, self.unit, self.M, self.W = pieces, unit, M, W
+        ch, g = pieces.chain, pieces.chain.graph
+        self.L = L = ch.length
+        self.sizes = [s.sizes(g) for s in ch.stages]
+        self.m = np.arange(M + 1)
+        self.cost: dict[tuple[int, int, int], np.ndarray] = {}
+        self.choice: dict[tuple[int, int, int], np.ndarray] = {}
+        # sweeps: the forward of stage k run keeping only its output; prefix costs
+        self.fprefix = np.concatenate(([0.0], np.cumsum(pieces.fcost[:L])))
+
+    def up(self, x: int) -> int:
+        """Bytes to slots, rounded up (what a piece needs)."""
+        return -(-x // self.unit)
+
+    def exit_delta(self, s: int, t: int, keep: int) -> int:
+        """Net bytes after Opt(s, t, keep), from its entry: exact, whatever it chose."""
+        z = self.sizes
+        net = sum(z[k].held - z[k].releases - z[k].cin_fix for k in range(s, t + 1))
+        return net - (1 - keep) * z[s].cin_rec - z[t].gin + z[s].gout
+
+    def fill_all(self) -> None:
+        """Every state, each after those it reads: the stages' own
+        segments (t < L, at most ``W`` long) by t, then Opt(s, L) by s
+        downwards."""
+        L, W = self.L, self.W
+        for t in range(L):
+            for s in range(t, max(0, t - W + 1) - 1, -1):
+                for keep in (0, 1):
+                    self._fill(s, t, keep)
+        for s in range(L, -1, -1):
+            for keep in (0, 1):
+                self._fill(s, L, keep)
+
+    def opt(self, s: int, t: int, keep: int) -> np.ndarray:
+        return self.cost[s, t, keep]
+
+    def shifted(self, arr: np.ndarray, need: int) -> np.ndarray:
+        """``arr[m - need]`` for every m (inf where negative, the top where above)."""
+        idx = self.m - need
+        out = arr[np.clip(idx, 0, self.M)]
+        return np.where(idx < 0, INF, out)
+
+    def _fill(self, s: int, t: int, keep: int) -> None:
+        p, L, m = self.p, self.L, self.m
+        best = np.full(self.M + 1, INF)
+        choice = np.full(self.M + 1, -1, dtype=np.int64)
+
+        def offer(c: np.ndarray, code: int) -> None:
+            better = c < best
+            best[better] = c[better]
+            choice[better] = code
+
+        if s == t:
+            if t == L:
+                prof = p.turn[keep].profile
+                offer(np.where(m >= self.up(prof.peak), p.fcost[L], INF), 0)
+            else:
+                for o, prof in enumerate(p.fused[s]):
+                    offer(np.where(m >= self.up(prof[keep].profile.peak), p.fused_cost[s][o], INF), o)
+        else:
+            for o, opt in enumerate(p.options[s]):
+                kprof, bprof = p.keep[s][o][keep].profile, p.back[s][o][keep].profile
+                kid = p.child_keep[s][o]
+                sub = self.shifted(self.opt(s + 1, t, kid), self.up(kprof.end))
+                need_b = self.up(kprof.end + self.exit_delta(s + 1, t, kid) + bprof.peak)
+                ok = (m >= self.up(kprof.peak)) & (m >= need_b)
+                offer(np.where(ok, p.fcost[s] + sub + opt.cost, INF), self.M + 1 + o)
+            z = self.sizes
+            sweep_need = 0
+            for s2 in range(s + 1, min(t, s + self.W) + 1):
+                k = s2 - 1  # the sweep's last stage so far
+                free_in = 1 if k > s else 0
+                sweep_need = max(sweep_need, self.up(free_in * z[k].cin_rec + p.ck[k][free_in].profile.peak))
+                first = self.shifted(self.opt(s2, t, 0), self.up(z[s2].cin_rec))
+                after = z[s2].cin_rec + self.exit_delta(s2, t, 0)
+                second = self.shifted(self.opt(s, s2 - 1, keep), self.up(after))
+                c = self.fprefix[s2] - self.fprefix[s] + first + second
+                offer(np.where(m >= sweep_need, c, INF), 2 * (self.M + 1) + s2)
+        self.cost[s, t, keep] = best
+        self.choice[s, t, keep] = choice
+
+    def unfold(self, free: int, out: list[Piece], mem: int, peak: int) -> tuple[int, int]:
+        """Append the pieces of Opt(0, L, 0) at ``free`` slots to ``out``;
+        returns the bytes resident after them and the peak, from ``mem`` and
+        ``peak`` before them (exact, piece by piece)."""
+        p, ch, z, top = self.p, self.p.chain, self.sizes, self.M + 1
+        todo: list[tuple] = [("opt", 0, self.L, 0, free)]  # a stack: the next piece last
+        while todo:
+            item = todo.pop()
+            if item[0] == "run":
+                piece = item[1]
+                out.append(piece)
+                peak = max(peak, mem + piece.profile.peak)
+                mem += piece.profile.end
+                continue
+            _, s, t, keep, free = item
+            free = min(free, self.M)
+            code = int(self.choice[s, t, keep][free])
+            assert code >= 0, (s, t, keep, free)
+            if s == t:
+                todo.append(("run", p.turn[keep] if t == self.L else p.fused[s][code][keep]))
+            elif code < 2 * top:
+                o = code - top
+                kid, kpiece = p.child_keep[s][o], p.keep[s][o][keep]
+                todo += [("run", p.back[s][o][keep]), ("opt", s + 1, t, kid, free - self.up(kpiece.profile.end)),
+                         ("run", kpiece)]
+            else:
+                s2 = code - 2 * top
+                todo += [("opt", s, s2 - 1, keep, free - self.up(z[s2].cin_rec + self.exit_delta(s2, t, 0))),
+                         ("opt", s2, t, 0, free - self.up(z[s2].cin_rec))]
+                todo += [("run", p.ck[k][1 if k > s else 0]) for k in reversed(range(s, s2))]
+        return mem, peak
