@@ -192,6 +192,8 @@ ISSUE_CASES = {
     **{f"bytes {v!r}": _graph_with(lambda d, v=v: d["nodes"][2].update(bytes=v)) for v in (2**63, 2**64 + 55, 1e30)},
     "bytes of 5000 digits": _graph_with(lambda d: d["nodes"][2].update(bytes=BIG)).replace(json.dumps(BIG), "9" * 5000),
     "cost 1e308": _graph_with(lambda d: d["nodes"][2].update(cost=1e308)),
+    # issue 28: an OverflowError (int too large to convert to float) with a traceback
+    "cost of 400 digits": _graph_with(lambda d: d["nodes"][2].update(cost=BIG)).replace(json.dumps(BIG), "9" * 400),
     "costs summing to infinity": _graph_with(lambda d: [d["nodes"][k].update(cost=1e308) for k in (2, 4, 5)]),
     "nested 100,000 deep": '{"format": "rematopt.graph/1", "nodes": ' + "[" * 100_000 + "]" * 100_000 + "}",
     "no bytes": _graph_with(lambda d: d["nodes"][2].pop("bytes")),

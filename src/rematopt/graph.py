@@ -160,8 +160,11 @@ class Graph:
         if not isinstance(b, int) or isinstance(b, bool) or b < 0:
             self._fail(f"{where}: bytes must be an integer >= 0, got {b!r}")
         c = node.cost
-        if isinstance(c, bool) or not isinstance(c, (int, float)) or not math.isfinite(c) or c < 0:
+        if (isinstance(c, bool) or not isinstance(c, (int, float)) or c < 0
+                or (isinstance(c, float) and not math.isfinite(c))):  # an int of any size is compared exactly
             self._fail(f"{where}: cost must be a finite number >= 0, got {c!r}")
+        if isinstance(c, int) and c > LIMIT:  # too large for a float cost: named here, not an OverflowError later
+            self._fail(f"{where}: cost exceeds the limit 2^53 = {LIMIT:,} {self.cost_unit} (got a {len(str(c))}-digit integer)")
         if node.kind not in KINDS:
             self._fail(f"{where}: kind must be one of {KINDS}, got {node.kind!r}")
         if node.phase is not None and node.phase not in PHASES:

@@ -21,6 +21,7 @@ from ..graph import Graph
 from ..importers import load as load_graph
 from ..plan import Plan
 from ..planners.options import command_line
+from ..planners.options import parse as parse_options
 from ..reference import no_remat_peak, working_set_bound
 from ..simulate import base_cost, simulate
 from ..sizes import parse_bytes, with_human
@@ -226,6 +227,7 @@ def solve_cmd(graph: str | None, planner: str, budget: str | None, budget_ratio:
     if "hint" in options:
         options["hint"] = load_hint(options["hint"], g)
     if "time_limit" in options:  # the whole command's: the planner gets what is left of it
+        parse_options(planners.options_class(planner), options, planner)  # as given (-1 is refused, not spent)
         options["time_limit"] = max(0.0, options["time_limit"] - since_start() - FINISH_S)
     options.setdefault("progress", sys.stderr.isatty() and not as_json)
     sol = solve(g, planner, budget=parse_bytes(budget) if budget is not None else None,

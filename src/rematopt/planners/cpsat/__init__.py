@@ -32,7 +32,7 @@ def plan(graph: Graph, budget: int | None, options: dict[str, Any]) -> Plan:
     cfg = Settings.parse(budget, options)
     if budget is not None and budget < peak_lower_bound(graph):
         return no_plan(graph.name, "INFEASIBLE", reason=f"budget {budget:,} bytes is below the lower bound "
-                                                        f"{peak_lower_bound(graph):,} bytes; no model built")
+                                                        f"{peak_lower_bound(graph):,} bytes; no model built", proved_by="working set")
     if not graph.compute_ids:
         return Plan(graph.name, "cpsat", [], [],
                     Stats(status="OPTIMAL", peak_bytes=graph.initial_bytes, compute_cost=0.0, transfer_bytes=0))

@@ -270,9 +270,13 @@ def cap_units(graph: Graph, unit: int, cap_bytes: int) -> int:
     return max(0, (cap_bytes - graph.persistent_bytes) // unit)
 
 
-def peak_floor_units(graph: Graph, unit: int) -> int:
-    """The peak lower bound in model units (rounded up): no plan's memory is lower."""
-    return max(0, math.ceil((peak_lower_bound(graph) - graph.persistent_bytes) / unit))
+def peak_floor_units(graph: Graph, unit: int, *, up: bool = True) -> int:
+    """The peak lower bound in model units: rounded up for a model whose
+    sizes are rounded up (no plan's memory in it is lower), down for one
+    whose sizes are rounded down (a relaxation: a plan at exactly the
+    working-set bound must stay in it when the unit is not exact)."""
+    over = peak_lower_bound(graph) - graph.persistent_bytes
+    return max(0, -(-over // unit) if up else over // unit)
 
 
 def overhead_cap_units(int_cost: list[int] | tuple[int, ...], graph: Graph, max_overhead: float) -> int:
@@ -297,13 +301,18 @@ class Formulation:
     def __init__(self, graph: Graph, backend: Backend, *, offload: bool = False,
                  transfer_cost_per_byte: float = 0.0, cost_scale: int = 1, mem_cap_bytes: int | None = None,
                  depth: int | None = None, also: dict[int, set[int]] | None = None,
-                 deadline: float | None = None):
+                 deadline: float | None = None, round_down: bool = False):
         self.graph = graph
         self.b = backend
         self.deadline = deadline  # building raises OutOfTime past it
         self.ix = Stages(graph, offload, depth, also)
         self.unit, self.memory_exact = memory_unit(graph)
-        self.size = [-(-x // self.unit) for x in graph.bytes]  # rounded up: a plan that fits the model fits
+        # Where the unit is not exact, sizes rounded up make every plan of the
+        # model fit the true budget (its plans are valid, its INFEASIBLE and
+        # bound prove nothing); rounded down (``round_down``), every true plan
+        # fits the model (its INFEASIBLE and bound hold, its plans may not fit).
+        self.round_down = round_down
+        self.size = [x // self.unit if round_down else -(-x // self.unit) for x in graph.bytes]
         self.cost_scale = cost_scale
         self.int_cost = [round(c * cost_scale) for c in graph.cost]
         self.int_transfer = [round(b * transfer_cost_per_byte * cost_scale) for b in graph.bytes]
@@ -686,19 +695,20 @@ class Model:
 def build(graph: Graph, backend: Backend, *, objective: str, mem_cap_bytes: int | None, offload: bool,
           transfer_cost_per_byte: float, cost_scale: int, depth: int | None = None,
           also: dict[int, set[int]] | None = None, max_recomputes: int | None = None,
-          max_overhead: float | None = None, deadline: float | None = None) -> Model:
+          max_overhead: float | None = None, deadline: float | None = None, round_down: bool = False) -> Model:
     """The staged model with every constraint family, the side caps and the
     objective: ``overhead`` (under ``mem_cap_bytes``) or ``peak`` (with
     ``mem_cap_bytes`` None the budget is lifted; ``max_overhead`` x base
-    cost caps the overhead). Raises OutOfTime past ``deadline``."""
+    cost caps the overhead); sizes rounded down with ``round_down`` (see
+    :class:`Formulation`). Raises OutOfTime past ``deadline``."""
     began = time.perf_counter()
     form = Formulation(graph, backend, offload=offload, transfer_cost_per_byte=transfer_cost_per_byte,
                        cost_scale=cost_scale, mem_cap_bytes=mem_cap_bytes, depth=depth, also=also,
-                       deadline=deadline)
+                       deadline=deadline, round_down=round_down)
     form.add_all()
     if max_recomputes is not None:
         add_recompute_cap(form, max_recomputes)
-    floor = peak_floor_units(graph, form.unit)
+    floor = peak_floor_units(graph, form.unit, up=not round_down)
     cap = None
     peak = None
     if objective == "overhead":

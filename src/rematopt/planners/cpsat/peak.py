@@ -214,5 +214,8 @@ def finish(p: Plan, lo_bytes: int, by: str, probes: list[Probe]) -> Plan:
     bound = min(lo_bytes, peak)
     st.update(best_bound=bound, gap=gap(peak, bound), bound_by=by, peak_probes=[asdict(x) for x in probes],
               status="OPTIMAL" if bound >= peak else "FEASIBLE")
+    st.pop("proved_by", None)
+    if bound >= peak:
+        st["proved_by"] = by
     p.stats = Stats.from_dict(st)
     return p

@@ -20,6 +20,10 @@ from .relaxations import Question, WholeBound
 from .search import Context, Round
 from .solution import Assignment, events
 
+# The level a proof names for the full model with sizes rounded down (run.rounded_down_proof).
+ROUNDED_DOWN = "rounded-down model"
+
+
 @dataclass(frozen=True)
 class Outside:
     """A valid plan from outside the model (the hint, or the best fast
@@ -74,12 +78,15 @@ def report(o: Outcome) -> Plan:
     if gap_infeasible or o.empty:
         solved_depth = None
     best, stopped = o.best, ctx.stop.requested
+    unproven_empty = False
     if not model.form.memory_exact:
-        # sizes rounded up: the model's optimum and bound speak of the plans
-        # that fit it, not of all plans; only the relaxations (sizes rounded
-        # down) bound the whole space
+        # sizes rounded up: the model's optimum, bound and emptiness speak of
+        # the plans that fit it, not of all plans; only the relaxations and
+        # the rounded-down model (sizes rounded down) bound the whole space
         status = cp_model.FEASIBLE if status == cp_model.OPTIMAL else status
         bound = None
+        if status == cp_model.INFEASIBLE and not (gap_infeasible or o.empty):
+            status, unproven_empty = cp_model.UNKNOWN, True
     rounds = [round_row(r) for r in o.history]
     stats: dict[str, Any] = {
         "status": STATUS.get(status, "UNKNOWN"), "objective_kind": cfg.objective,
@@ -132,8 +139,10 @@ def report(o: Outcome) -> Plan:
     if gap_infeasible:  # no model solved, so no LP of it either
         stats["reason"] = "the gap relaxation of the staged space is infeasible: no staged plan meets the budget"
     elif o.empty:
-        stats["reason"] = (f"the {o.proofs[-1].level} relaxation of the staged space is infeasible: "
-                           "no staged plan meets the budget")
+        what = o.proofs[-1].level
+        what = f"the staged model with sizes rounded down to its {model.form.unit:,} B memory unit" \
+            if what == ROUNDED_DOWN else f"the {what} relaxation of the staged space"
+        stats["reason"] = f"{what} is infeasible: no staged plan meets the budget"
     elif cfg.lp_bound and o.lp_skipped:
         stats["lp_bound"] = None
         stats["lp_bound_skipped"] = o.lp_skipped
@@ -144,6 +153,10 @@ def report(o: Outcome) -> Plan:
             stats["status"] = "UNKNOWN"  # only a restricted space was shown empty
             stats["reason"] = (f"no plan recomputes within {solved_depth} producer hops of each stage's "
                                "node; try --recompute-depth full")
+        elif unproven_empty:
+            stats["reason"] = (f"no plan of the model, whose sizes are rounded up to its {model.form.unit:,} B "
+                               "memory unit, meets the budget, and the time ran out before the sizes rounded "
+                               "down decided whether one does")
         elif status == cp_model.UNKNOWN:
             empty = [r["recompute_depth"] for r in rounds
                      if r["status"] == "INFEASIBLE" and r["recompute_depth"] != "full"]
@@ -152,7 +165,11 @@ def report(o: Outcome) -> Plan:
             stats["reason"] = f"{why} before any plan within the budget was found{where}"
         if o.outside is not None:  # the model's space is empty, the budget is not
             lower = None if gap_infeasible or o.empty else whole_units(ctx, model.form.unit, o.lower)
-            return fallback(g.name, o.outside, stats, lower=lower, lower_by=lower_source(o))
+            reason = (f"only the model with sizes rounded down to its {model.form.unit:,} B memory unit holds "
+                      "a plan within the budget" if o.outside.name == ROUNDED_DOWN else None)
+            return fallback(g.name, o.outside, stats, reason, lower=lower, lower_by=lower_source(o))
+        if stats["status"] == "INFEASIBLE":
+            stats["proved_by"] = "gaps" if gap_infeasible else o.proofs[-1].level if o.empty else "model"
         return no_plan(g.name, stats["status"], **{k: v for k, v in stats.items() if k != "status"})
     form = model.form
     p = events(form, best)
@@ -176,6 +193,8 @@ def report(o: Outcome) -> Plan:
         b = min(stats["best_bound"], objective)
         stats["best_bound"] = b
         stats["gap"] = gap(objective, b)
+    if stats["status"] == "OPTIMAL":
+        stats["proved_by"] = stats.get("bound_by", "model")
     return Plan(g.name, "cpsat", p.ops, p.nodes, Stats.from_dict(stats))
 
 
@@ -192,8 +211,8 @@ def report_unbuilt(ctx: Context, outside: Outside | None, whole: WholeBound, q: 
         "gap_relaxation": {"status": whole.status, "seconds": whole.seconds,
                            "bound": None if whole.bound is None else whole_units(ctx, q.unit, whole.bound)}}
     if whole.status == "INFEASIBLE":
-        stats.update(status="INFEASIBLE", reason="the gap relaxation of the staged space is infeasible: "
-                                                 "no staged plan meets the budget")
+        stats.update(status="INFEASIBLE", proved_by="gaps", reason="the gap relaxation of the staged space is "
+                                                                   "infeasible: no staged plan meets the budget")
     if outside is not None:
         return fallback(ctx.graph.name, outside, stats, stats["reason"], whole_units(ctx, q.unit, whole.bound), "gaps")
     return no_plan(ctx.graph.name, "UNKNOWN", **{k: v for k, v in stats.items() if k != "status"})
@@ -234,21 +253,27 @@ def space_name(model: Model, outside: Outside | None) -> str:
     return f"depth {model.depth}" + (f" + {outside.plan.planner}'s plan" if model.form.ix.also and outside else "")
 
 
-def fallback(graph_name: str, outside: Outside, stats: dict[str, Any],
-             reason: str = "no plan found in the model's space", lower: float | None = None,
-             lower_by: str | None = None) -> Plan:
+def fallback(graph_name: str, outside: Outside, stats: dict[str, Any], reason: str | None = None,
+             lower: float | None = None, lower_by: str | None = None) -> Plan:
     """Hand back the plan from outside the model: never less than the hint.
     Marked as such. ``lower`` (objective units, by ``lower_by``) bounds every
     staged plan, so the gap says how much better one could be; the plan
-    itself may lie outside that space (greedy's may beat every staged plan)."""
+    itself may lie outside that space (greedy's may beat every staged plan).
+    The rounded-down model's plan is a staged plan: where it meets the bound
+    it is the optimum (OPTIMAL)."""
     r = outside.replay
     bound = None if lower is None else min(lower, outside.objective)
+    proven = outside.name == ROUNDED_DOWN and bound is not None and bound >= outside.objective
     stats.update(peak_bytes=r.peak_bytes, compute_cost=r.compute_cost, transfer_bytes=r.transfer_bytes,
-                 space_status=stats.get("space_status", stats["status"]), status="FEASIBLE",
-                 plan_from=outside.plan.planner, objective=outside.objective, best_bound=bound,
-                 gap=None if bound is None else gap(outside.objective, bound), reason=reason)
+                 space_status=stats.get("space_status", stats["status"]),
+                 status="OPTIMAL" if proven else "FEASIBLE", plan_from=outside.plan.planner,
+                 objective=outside.objective, best_bound=bound,
+                 gap=None if bound is None else gap(outside.objective, bound),
+                 reason=reason or "no plan found in the model's space")
     if bound is not None:
         stats["bound_by"] = lower_by
+    if proven:
+        stats["proved_by"] = lower_by
     return Plan(graph_name, "cpsat", outside.plan.ops, outside.plan.nodes, Stats.from_dict(stats))
 
 

@@ -5,6 +5,7 @@ the tie-break, and the report (:mod:`report`)."""
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,12 +19,12 @@ from ...plan import Plan
 from ...reference import no_remat_peak, peak_lower_bound
 from ...simulate import Replay, simulate
 from . import lns, peak
-from .backends import LpBackend
+from .backends import STATUS, LpBackend
 from .model import (Model, OutOfTime, Stages, cap_units, cost_resolution, integer_scale, memory_unit,
                     overhead_cap_units, peak_floor_units)
 from .relaxations import Question, WholeBound, relaxation_bound
-from .report import Outcome, Outside, report, report_unbuilt
-from .search import Context, Lowest, Round, make_model, solve_round, tie_break, whole_bound_of
+from .report import ROUNDED_DOWN, Outcome, Outside, report, report_unbuilt
+from .search import Context, Lowest, Round, make_model, solve_model, solve_round, tie_break, whole_bound_of
 from .settings import Settings, max_recomputes
 from .signals import Interrupt, Trace, deferred_sigint
 from .solution import Assignment, events, from_plan, staged_events
@@ -234,7 +235,7 @@ def question(ctx: Context) -> Question:
     if cfg.objective == "peak" and cfg.max_overhead is not None:
         cap = overhead_cap_units([round(c * ctx.scale) for c in g.cost], g, cfg.max_overhead)
     return Question(cfg.objective, unit, cap_units(g, unit, top), int_cost, int_transfer, cfg.offload,
-                    cap, max_recomputes(cfg, len(g.compute_ids)), peak_floor_units(g, unit))
+                    cap, max_recomputes(cfg, len(g.compute_ids)), peak_floor_units(g, unit, up=False))
 
 
 def relaxation(ctx: Context, q: Question, level: str, limit: float, below: int | None = None) -> WholeBound:
@@ -274,6 +275,43 @@ def relaxation_proof(ctx: Context, q: Question, model: Model, best: Assignment |
         attempts.append(Proof(level, model.to_units(obj - 1), r.status, r.seconds, ctx.elapsed(),
                               None if found is None else model.to_units(min(found, obj))))
     return attempts, lower, empty
+
+
+def rounded_down_proof(ctx: Context, done: Round | None, lower: int | None, outside: Outside | None
+                       ) -> tuple[Proof | None, int | None, bool, Outside | None]:
+    """Where the memory unit is not exact, the rounds' model counts sizes
+    rounded up: its plans fit the true budget, but its INFEASIBLE and its
+    bound say nothing of the plans that fit only by the bytes rounded away
+    (a 6-node graph of ~10^11 B sizes at a 2 B unit: INFEASIBLE at a budget
+    a plan meets exactly). The full model with sizes rounded down holds
+    every true plan, so its INFEASIBLE shows the whole space empty and its
+    bound bounds it; a solution of it that replays within every setting is
+    a plan. Solved in the time left, from the returned round's plan. Returns
+    the attempt, the lower bound raised by it, whether the space is empty,
+    and the better of ``outside`` and the plan it found."""
+    try:
+        down = make_model(ctx, None, None, round_down=True)
+    except OutOfTime:
+        return None, lower, False, outside
+    if done is not None and done.best is not None:
+        hint = from_plan(down.form, events(done.model.form, done.best))
+        if hint is not None and down.admissible(hint):
+            down.hint(hint)
+    began = time.perf_counter()
+    r = solve_model(ctx, down, "rounded-down", ctx.left())
+    empty = r.status == cp_model.INFEASIBLE
+    bound = None
+    if not empty and r.bound is not None and math.isfinite(r.bound) and r.status != cp_model.UNKNOWN:
+        bound = math.ceil(r.bound - 1e-6)
+        lower = bound if lower is None else max(lower, bound)
+    if r.values is not None:
+        plan = events(down.form, Assignment.from_values(down.form, lambda v: r.values[v.index]))
+        found = admit(ctx, plan, simulate(ctx.graph, plan), ROUNDED_DOWN)
+        if found is not None and (outside is None or found.objective < outside.objective):
+            outside = found
+    proof = Proof(ROUNDED_DOWN, None, STATUS.get(r.status, "UNKNOWN"), time.perf_counter() - began,
+                  ctx.elapsed(), None if bound is None else down.to_units(bound))
+    return proof, lower, empty, outside
 
 
 def lp_bound(ctx: Context, depth: int | None, also: dict[int, set[int]] | None, limit: float) -> float | None:
@@ -396,6 +434,11 @@ def _run(ctx: Context) -> Plan:
     lns_stats = None
     if done is not None and not ctx.stop.requested:  # LNS from the round's best, in the time left
         done, lns_stats = lns.after_rounds(ctx, done, lower)
+    if (not model.form.memory_exact and not ctx.stop.requested and not empty and built_in_time
+            and whole.status != "INFEASIBLE" and ctx.left() > 0.05
+            and not (done is not None and lower is not None and done.objective <= lower)):
+        proof, lower, empty, outside = rounded_down_proof(ctx, done, lower, outside)
+        proofs += [proof] if proof is not None else []
     chosen = done or (history[-1] if history else None)
     if chosen is not None:
         model = chosen.model

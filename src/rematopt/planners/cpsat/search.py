@@ -123,9 +123,10 @@ class Round:
 
 
 def make_model(ctx: Context, depth: int | None, also: dict[int, set[int]] | None, *, fit: bool = False,
-               backend: Any = None) -> Model:
+               backend: Any = None, round_down: bool = False) -> Model:
     """The round's model (``fit``: the peak search's, with the budget lifted
-    and the peak minimised) on ``backend`` (a fresh CP-SAT one by default).
+    and the peak minimised) on ``backend`` (a fresh CP-SAT one by default);
+    ``round_down``: with sizes rounded down to an inexact memory unit.
     Raises OutOfTime when building it would pass the time limit."""
     cfg, g = ctx.cfg, ctx.graph
     top = cfg.budget if cfg.budget is not None else no_remat_peak(g)
@@ -135,7 +136,7 @@ def make_model(ctx: Context, depth: int | None, also: dict[int, set[int]] | None
                  depth=depth, also=also if depth is not None else None,
                  max_recomputes=max_recomputes(cfg, len(g.compute_ids)),
                  max_overhead=None if fit or cfg.objective != "peak" else cfg.max_overhead,
-                 deadline=ctx.start + cfg.time_limit)
+                 deadline=ctx.start + cfg.time_limit, round_down=round_down)
 
 
 def solve_model(ctx: Context, model: Model, phase: str, limit: float, stop_at: int | None = None) -> Solve:
