@@ -20,6 +20,7 @@ same figures. Its plans are staged: cpsat takes them as a warm start.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -36,19 +37,26 @@ from . import options as stage_options
 from .chain import Chain, from_graph, from_table
 from .dp import Pieces, Result, solve
 
-# Memory slots of the DP: gpt48's chain at 0.8 loses 0.3% of its overhead
-# to rounding at 1,000 slots, and the table takes about a second.
+# Memory slots of the DP: on gpt48's chain 4,000 slots give the same plans
+# as 1,000 at 0.8 and 0.6.
 SLOTS = 1000
-# The DP keeps O(L x window) states: exact Rotor up to this many stages,
-# segments of at most this many stages beyond (480 stages: seconds).
-WINDOW = 64
+# The DP's work is about L x window^2 x SLOTS: with this much (about 3 s),
+# the window is the whole chain up to 50 stages (exact Rotor), 39 at 96, 17
+# at 480 (a split's first segment is at most that long).
+DP_WORK = 1.5e8
+
+
+def window_for(stages: int) -> int | None:
+    """The longest first segment of a split the DP tries (None: any)."""
+    w = int((DP_WORK / (stages * SLOTS)) ** 0.5)
+    return None if w > stages else max(4, w)
 
 
 @dataclass(frozen=True)
 class Options:
     time_limit: float = option(30.0, "seconds for the stages' options (CP-SAT) and the DP; past it, Rotor's "
                                "two options only.", minimum=0)
-    workers: int = option(1, "CP-SAT threads for the stages' options.", minimum=1)
+    workers: int = option(0, "CP-SAT threads for the stages' options (default: all cores).", minimum=0)
 
 
 def chain_of(graph: Graph) -> Chain:
@@ -62,9 +70,11 @@ def chain_of(graph: Graph) -> Chain:
     return from_graph(graph)
 
 
-def stage_options_of(chain: Chain, deadline: float, workers: int) -> list[list]:
+def stage_options_of(chain: Chain, deadline: float, workers: int, around: float | None = None) -> list[list]:
     """Every stage's options: Rotor's two, plus CP-SAT's for one stage of
-    each kind with more than one forward node, carried to the others."""
+    each kind with more than one forward node, carried to the others
+    (``around``: the share of its residuals a stage may keep, roughly, at
+    the budget: those caps first)."""
     g = chain.graph
     L = chain.length
     out = [stage_options.extremes(g, s) for s in chain.stages[:L]]
@@ -72,17 +82,29 @@ def stage_options_of(chain: Chain, deadline: float, workers: int) -> list[list]:
     for k, s in enumerate(chain.stages[:L]):
         if len(s.forward) > 1 and s.backward:
             by_kind.setdefault(s.kind if s.kind is not None else ("stage", k), []).append(k)
-    # the most repeated kinds first (their options pay the most), each an equal share of the time left
+    # the most repeated kinds first (their options pay the most), each a share of the time left
+    # in proportion to its stages
     kinds = sorted(by_kind.values(), key=len, reverse=True)
     for n, ks in enumerate(kinds):
         now = time.perf_counter()
         if now > deadline:
             break
         rep = ks[len(ks) // 2]
-        solved = stage_options.solved(chain, rep, now + (deadline - now) / (len(kinds) - n), workers)
+        share = len(ks) / sum(len(x) for x in kinds[n:])
+        solved = stage_options.solved(chain, rep, now + (deadline - now) * share, workers, around=around)
         for k in ks:
             out[k] = out[k] + stage_options.for_kind(chain, rep, solved, k)
     return out
+
+
+def kept_share(chain: Chain, budget: int) -> float:
+    """About the share of the stages' residuals (forward values their
+    backward reads) the budget lets them keep, all dropping alike."""
+    g = chain.graph
+    residual = sum(g.bytes[v] for s in chain.stages[:chain.length] for v in s.forward
+                   if any(c in s.backward for c in g.succs[v]))
+    excess = no_remat_peak(g) - budget
+    return min(1.0, max(0.0, 1 - excess / residual)) if residual else 1.0
 
 
 def plan(graph: Graph, budget: int | None, options: dict[str, Any]) -> Plan:
@@ -91,14 +113,15 @@ def plan(graph: Graph, budget: int | None, options: dict[str, Any]) -> Plan:
     chain = chain_of(graph)
     cap = no_remat_peak(graph) if budget is None else budget
     opt_deadline = start + 0.6 * opts.time_limit
-    pieces = Pieces(chain, stage_options_of(chain, opt_deadline, opts.workers))
-    window = None if chain.length <= WINDOW else WINDOW
+    workers = opts.workers or os.cpu_count() or 1
+    pieces = Pieces(chain, stage_options_of(chain, opt_deadline, workers, kept_share(chain, cap)))
+    window = window_for(chain.length + 1)
     result = solve(pieces, cap, SLOTS, window)
     details = {"stages": chain.length, "kinds": len({s.kind for s in chain.stages if s.kind is not None}),
                "options": sum(len(o) for o in pieces.options), "window": window,
                "seconds": round(time.perf_counter() - start, 3)}
     if result is None:  # no chain plan within the budget: the cheapest plan whatever its peak
-        result = solve(pieces, max(cap, no_remat_peak(graph)), SLOTS, window)
+        result = solve(pieces, sum(graph.bytes), SLOTS, window)
         details["fits"] = False
     return to_plan(graph, chain, result, budget, details)
 

@@ -3,11 +3,11 @@ pieces of it.
 
 The chain (Rotor's heterogeneous chain, Beaumont et al. 2019) is read off a
 block table (:mod:`rematopt.blocks`): program order must be ``pre``, the
-blocks' forwards, the ``turn`` (head and loss, forward and backward), the
+blocks' forwards, the head and loss (forward, then backward), the
 blocks' backwards in reverse, then ``post``. Stage 0 is ``pre`` with
-``post`` as its backward (the embedding and its gradient), stages 1.. the
-blocks, and the last stage L the turn (its forward is all of it). Every
-value must flow along the chain:
+``post`` as its backward (the embedding and its gradient), then the blocks,
+then the head, and last the *turn*, stage L, empty. Every value must flow
+along the chain:
 
 - a forward value of stage k is read only in stages k and k+1 (those read
   in k+1 are its input ``cin_rec``: recomputable, by re-running stage k);
@@ -18,8 +18,8 @@ value must flow along the chain:
   gradient ``gout`` of k, ``gin`` of k-1; one read further on, or an
   output, is ``held`` (until that read: ``releases`` of its stage).
 
-Anything else (a forward value read two stages on, an output of a forward
-stage) raises NotApplicable: the chain DP is not for that graph.
+Anything else (a forward value read two stages on, say) raises
+NotApplicable: the chain DP is not for that graph.
 
 A plan is a sequence of :class:`Piece`: computes, each value freed right
 after its last read before it is computed again (as place_frees does), the
@@ -55,6 +55,12 @@ class Stage:
     gout: frozenset[int]  # own backward values the previous stage reads
     held: frozenset[int]  # own backward values that stay: outputs, values read further on
     releases: frozenset[int]  # held values whose last read is here
+
+    def fixed(self, graph: Graph) -> bool:
+        """Whether its forward holds a node that may not be computed twice (or
+        an output, resident for good once computed): then it runs once, in the
+        first pass, and is never swept again."""
+        return any(not graph.nodes[v].recomputable or graph.nodes[v].output for v in self.forward)
 
     def sizes(self, graph: Graph) -> "Sizes":
         b = graph.bytes
@@ -100,9 +106,9 @@ class Profile:
 class Piece:
     """Computing ``seq`` in order, freeing each value right after its last
     read before it is computed again (as place_frees does); at the end the
-    values it computed stay if in ``keeps`` (or outputs), and the resident
-    values in ``frees`` go after their last read in it, or at its start if
-    it reads none (the chain knows these are their last reads). ``profile``
+    values it computed stay if in ``keeps``, and the resident values in
+    ``frees`` go after their last read in it, or at its start if it reads
+    none (the chain knows these are their last reads); outputs always stay. ``profile``
     is its memory, and :meth:`emit` its events: the plan is made of pieces,
     so its replay gives the DP's figures exactly."""
 
@@ -148,7 +154,7 @@ def _drops(graph: Graph, seq: tuple[int, ...], frees: frozenset[int], keeps: fro
             drops.setdefault(last_read.pop(v, live[v]), []).append(v)
         live[v] = k
     for v, k in live.items():
-        if k == -1 or not (v in keeps or nodes[v].output):
+        if not nodes[v].output and (k == -1 or v not in keeps):
             drops.setdefault(last_read.get(v, k), []).append(v)
     return drops
 
@@ -169,10 +175,12 @@ def from_table(graph: Graph, table: BlockTable) -> Chain:
     first_fwd, last_fwd = pos[blocks[0].forward[0]], pos[blocks[-1].forward[-1]]
     first_bwd, last_bwd = pos[blocks[-1].backward[0]], pos[blocks[0].backward[-1]]
     pre = tuple(i for i in compute if pos[i] < first_fwd)
-    turn = tuple(i for i in compute if last_fwd < pos[i] < first_bwd)
+    head = tuple(i for i in compute if last_fwd < pos[i] < first_bwd)
+    head_fwd = tuple(i for i in head if graph.nodes[i].phase != "backward")
+    head_bwd = tuple(i for i in head if graph.nodes[i].phase == "backward")
     post = tuple(i for i in compute if pos[i] > last_bwd)
     links = ([(None, pre + post, pre, post)] if pre or post else []) + \
-        [(b.kind, b.nodes, b.forward, b.backward) for b in blocks] + [(None, turn, turn, ())]
+        [(b.kind, b.nodes, b.forward, b.backward) for b in blocks] + [(None, head, head_fwd, head_bwd), TURN]
     expected = [v for _, _, fwd, _ in links for v in fwd] + [v for _, _, _, bwd in reversed(links) for v in bwd]
     if expected != compute:
         raise NotApplicable(f"rotor: {graph.name}: program order is not pre, the blocks' forwards, the turn, "
@@ -239,11 +247,15 @@ def from_graph(graph: Graph) -> Chain:
         if v in stage:
             k = stage[v]
             links[k][1].append(v)
-            links[k][2 if v in at or k == unit[-1] else 3].append(v)  # the turn: all forward
+            links[k][2 if v in at else 3].append(v)
     if len(links) < 2:
         raise NotApplicable(f"rotor: {graph.name}: no chain of two or more stages")
-    links = [(None, tuple(m), tuple(f), tuple(b)) for _, m, f, b in links]
-    return _chain(graph, links)
+    return _chain(graph, [(None, tuple(m), tuple(f), tuple(b)) for _, m, f, b in links] + [TURN])
+
+
+# The turn, between the last forward and the first backward: the last
+# stage, empty (the head and loss are a stage of their own, with options).
+TURN = (None, (), (), ())
 
 
 def _chain(graph: Graph, links: list[tuple]) -> Chain:
@@ -279,8 +291,8 @@ def _chain(graph: Graph, links: list[tuple]) -> Chain:
                 releases[min(fwd | bwd)].add(i)
         elif own[0] == "F" and own[1] < N:
             k = own[1]
-            if v.output:
-                refuse(i, "is an output of a forward stage")
+            if v.output:  # resident for good: its stage runs once (Stage.fixed)
+                held[k].add(i)
             if not fwd | bwd <= {k, k + 1}:
                 refuse(i, f"is read beyond stage {k + 1}")
             if k + 1 in fwd | bwd:

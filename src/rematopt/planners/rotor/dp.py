@@ -75,6 +75,8 @@ class Pieces:
             nxt, fwd, backward = st[k + 1], set(s.forward), set(s.backward)
             valid, keeps, backs, fuseds, fcosts, kids = [], [], [], [], [], []
             for o in self.options[k]:
+                if any(not g.nodes[v].recomputable for v in o.seq if v in fwd):
+                    continue  # recomputes what may not be computed twice
                 first = _read_first(g, o.seq)
                 kept = first & fwd
                 if kept & nxt.cin_rec and not nxt.cin_rec <= kept:
@@ -158,10 +160,16 @@ class _Table:
         self.L = L = ch.length
         self.sizes = [s.sizes(g) for s in ch.stages]
         self.m = np.arange(M + 1)
+        self.fixed = [s.fixed(g) for s in ch.stages]
         self.cost: dict[tuple[int, int, int], np.ndarray] = {}
         self.choice: dict[tuple[int, int, int], np.ndarray] = {}
         # sweeps: the forward of stage k run keeping only its output; prefix costs
         self.fprefix = np.concatenate(([0.0], np.cumsum(pieces.fcost[:L])))
+        z = self.sizes
+        self.net = np.concatenate(([0], np.cumsum([x.held - x.releases - x.cin_fix for x in z])))
+        # what a sweep from s to s2 needs: its stage k's forward, beside stage k's input (k > s)
+        self.ck_need = [(self.up(pieces.ck[k][0].profile.peak), self.up(z[k].cin_rec + pieces.ck[k][1].profile.peak))
+                        for k in range(L)]
 
     def up(self, x: int) -> int:
         """Bytes to slots, rounded up (what a piece needs)."""
@@ -170,7 +178,7 @@ class _Table:
     def exit_delta(self, s: int, t: int, keep: int) -> int:
         """Net bytes after Opt(s, t, keep), from its entry: exact, whatever it chose."""
         z = self.sizes
-        net = sum(z[k].held - z[k].releases - z[k].cin_fix for k in range(s, t + 1))
+        net = int(self.net[t + 1] - self.net[s])
         return net - (1 - keep) * z[s].cin_rec - z[t].gin + z[s].gout
 
     def fill_all(self) -> None:
@@ -195,15 +203,26 @@ class _Table:
         out = arr[np.clip(idx, 0, self.M)]
         return np.where(idx < 0, INF, out)
 
+    def _rows(self, keys: list[tuple[int, int, int]], needs: list[int]) -> np.ndarray:
+        """``cost[key][m - need]`` for each (key, need), as rows (see :meth:`shifted`)."""
+        idx = self.m[None, :] - np.asarray(needs)[:, None]
+        rows = np.stack([self.cost[k] for k in keys])
+        out = np.take_along_axis(rows, np.clip(idx, 0, self.M), axis=1)
+        out[idx < 0] = INF
+        return out
+
     def _fill(self, s: int, t: int, keep: int) -> None:
         p, L, m = self.p, self.L, self.m
         best = np.full(self.M + 1, INF)
-        choice = np.full(self.M + 1, -1, dtype=np.int64)
+        choice = np.full(self.M + 1, -1, dtype=np.int32)
+        if t < L and self.fixed[s]:  # every way of Opt(s, t < L) runs stage s's forward again
+            self.cost[s, t, keep], self.choice[s, t, keep] = best, choice
+            return
 
-        def offer(c: np.ndarray, code: int) -> None:
+        def offer(c: np.ndarray, code) -> None:
             better = c < best
             best[better] = c[better]
-            choice[better] = code
+            choice[better] = code[better] if isinstance(code, np.ndarray) else code
 
         if s == t:
             if t == L:
@@ -220,17 +239,17 @@ class _Table:
                 need_b = self.up(kprof.end + self.exit_delta(s + 1, t, kid) + bprof.peak)
                 ok = (m >= self.up(kprof.peak)) & (m >= need_b)
                 offer(np.where(ok, p.fcost[s] + sub + opt.cost, INF), self.M + 1 + o)
-            z = self.sizes
-            sweep_need = 0
-            for s2 in range(s + 1, min(t, s + self.W) + 1):
-                k = s2 - 1  # the sweep's last stage so far
-                free_in = 1 if k > s else 0
-                sweep_need = max(sweep_need, self.up(free_in * z[k].cin_rec + p.ck[k][free_in].profile.peak))
-                first = self.shifted(self.opt(s2, t, 0), self.up(z[s2].cin_rec))
-                after = z[s2].cin_rec + self.exit_delta(s2, t, 0)
-                second = self.shifted(self.opt(s, s2 - 1, keep), self.up(after))
-                c = self.fprefix[s2] - self.fprefix[s] + first + second
-                offer(np.where(m >= sweep_need, c, INF), 2 * (self.M + 1) + s2)
+            splits = range(s + 1, min(t, s + self.W) + 1)
+            if len(splits):  # all at once: sweep s .. s2-1, Opt(s2, t, 0), then Opt(s, s2-1, keep)
+                z = self.sizes
+                need = np.maximum.accumulate([self.ck_need[k][k > s] for k in range(s, splits[-1])])
+                first = self._rows([(s2, t, 0) for s2 in splits], [self.up(z[s2].cin_rec) for s2 in splits])
+                second = self._rows([(s, s2 - 1, keep) for s2 in splits],
+                                    [self.up(z[s2].cin_rec + self.exit_delta(s2, t, 0)) for s2 in splits])
+                total = (self.fprefix[splits.start:splits.stop] - self.fprefix[s])[:, None] + first + second
+                total[m[None, :] < need[:, None]] = INF
+                row = np.argmin(total, axis=0)
+                offer(total[row, m], 2 * (self.M + 1) + splits.start + row)
         self.cost[s, t, keep] = best
         self.choice[s, t, keep] = choice
 

@@ -23,7 +23,20 @@ from .dp import Option
 
 # Caps on the bytes kept across the gap, as shares of all the forward values
 # the backward reads (0 and 1 are the extremes, which always exist).
-KEPT_SHARES = (0.15, 0.3, 0.45, 0.6, 0.75, 0.9)
+KEPT_SHARES = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95)
+# Caps at which the backward's peak comes first (then the cost): what a tight
+# budget needs, where the cheapest backward recomputes all it needs at once.
+LOW_PEAK_SHARES = (0.0, 0.25, 0.5)
+# Seconds per cap: on gpt's 200-node block (depth 3, 2 workers) most caps are
+# proven optimal in 2-4 s, the rest within 3% of their bound; presolve alone
+# takes a second, so a cap gets at least MIN_SOLVE_S (fewer caps, solved)
+# and the first (no answer to start from) up to FIRST_SOLVE_S.
+SOLVE_S = 4.0
+MIN_SOLVE_S = 3.0
+FIRST_SOLVE_S = 8.0
+# Depth 3 unless its model passes this many variables (gpt's block: 6,564;
+# the 16-head decoder block: 22,179, where depth 2's 12,051 solve in 2 s).
+MAX_VARIABLES = 15_000
 
 
 def extremes(graph: Graph, stage: Stage) -> list[Option]:
@@ -76,99 +89,111 @@ def subgraph(chain: Chain, k: int) -> Subgraph:
     return Subgraph(Graph(f"{g.name}.stage{k}", nodes, edges), ids, len(st.forward))
 
 
-def solved(chain: Chain, k: int, deadline: float, workers: int = 1, depth: int | None = 2) -> list[Option]:
-    """Options of stage k from CP-SAT, one per cap in KEPT_SHARES that
-    gives a new sequence (each solve within the time left before
-    ``deadline``; what is not solved in time is not offered)."""
+def solved(chain: Chain, k: int, deadline: float, workers: int = 1, depth: int | None = 3,
+           around: float | None = None) -> list[Option]:
+    """Options of stage k from CP-SAT: for each cap in KEPT_SHARES, the
+    cheapest backward that keeps at most that share of bytes across the
+    gap, and among those the one whose backward peaks lowest (for each in
+    LOW_PEAK_SHARES, the lowest peak first, then the cost). One model
+    (recompute ``depth`` hops, as cpsat's rounds: depth 3 finds what depth 2
+    cannot below a share of 0.5 on gpt's block, and the same above), its cap
+    moved from solve to solve, each hinted with the answer of the nearest
+    tighter cap (which fits). Caps nearest ``around`` (the share the budget
+    asks for) first; what is not solved before ``deadline`` is not offered."""
     from ortools.sat.python import cp_model
 
     from ..cpsat.backends import CpSatBackend, tune
-    from ..cpsat.model import OutOfTime, build, integer_scale
+    from ..cpsat.model import INF, OutOfTime, build, integer_scale
     from ..cpsat.solution import Assignment, events
 
+    st = chain.stages[k]
     sg = subgraph(chain, k)
-    g = sg.graph
+    g, b0 = sg.graph, sg.first_backward
     costs = [c for c in g.cost if c]
     scale, _ = integer_scale(costs, sum(costs) * len(g.compute_ids) + 1)
-    first_forward = len(sg.ids) - len(chain.stages[k].backward) - sg.first_backward
-    forward = range(first_forward, first_forward + sg.first_backward)
-    # the cap is on every forward value kept across the gap (what recomputes read too), in shares of
-    # what the backward reads
+    first_forward = len(sg.ids) - len(st.backward) - b0
+    forward = range(first_forward, first_forward + b0)
+    # the cap is on every forward value kept across the gap (what recomputes read too), in
+    # shares of what the backward reads
     total = sum(g.bytes[j] for j in forward if any(s >= forward.stop for s in g.succs[j]))
+    try:
+        model = build(g, CpSatBackend(), objective="overhead", mem_cap_bytes=None, offload=False,
+                      transfer_cost_per_byte=0.0, cost_scale=scale, depth=depth, deadline=deadline)
+        if depth is not None and depth > 2 and model.variables > MAX_VARIABLES:
+            model = build(g, CpSatBackend(), objective="overhead", mem_cap_bytes=None, offload=False,
+                          transfer_cost_per_byte=0.0, cost_scale=scale, depth=2, deadline=deadline)
+    except OutOfTime:
+        return []
+    form, cp = model.form, model.backend.model
+    for (s, i), var in form.R.items():  # the forward runs once, in order: no recompute before b0
+        if s < b0 and s != form.ix.first[i] and not isinstance(var, int):
+            form.b.add([(1, var)], 0, 0)
+    kept = [(form.size[j], form.S[key]) for j in forward if (key := form.kept_key(b0, j)) is not None]
+    const = sum(c for c, x in kept if isinstance(x, int) and x)
+    terms = [(c, x) for c, x in kept if not isinstance(x, int)]
+    cap_row = len(cp.proto.constraints)
+    form.b.add(terms or [(0, form.U[next(iter(form.U))])], -INF, 0)
+    peak = form.b.int_var(0, form.mem_cap, "Z")  # the backward's peak (units)
+    for (s, q), u in form.U.items():
+        if s >= b0:
+            form.b.add([(1, u), (-1, peak)], -INF, 0)
+    peak_row = len(cp.proto.constraints)
+    form.b.add([(1, peak)], -INF, form.mem_cap)
+    # lexicographic by weight: recompute cost first, then the backward's peak
+    cost_first = [(c * (form.mem_cap + 1), x) for c, x in form.recompute_terms()] + [(1, peak)]
     out: list[Option] = []
     seen: set[tuple[int, ...]] = set()
-    for share in KEPT_SHARES:
-        left = deadline - time.perf_counter()
-        if left < 0.05:
-            break
-        try:
-            model = build(g, CpSatBackend(), objective="overhead", mem_cap_bytes=None, offload=False,
-                          transfer_cost_per_byte=0.0, cost_scale=scale, depth=depth, deadline=deadline)
-        except OutOfTime:
-            break
-        form = model.form
-        b0 = sg.first_backward
-        for (s, i), var in form.R.items():  # the forward runs once, in order: no recompute before b0
-            if s < b0 and s != form.ix.first[i] and not isinstance(var, int):
-                form.b.add([(1, var)], 0, 0)
-        kept = []
-        for j in forward:
-            key = form.kept_key(b0, j)
-            if key is not None:
-                kept.append((form.size[j], form.S[key]))
-        cap = math.floor(share * total / form.unit)
-        const = sum(c for c, x in kept if isinstance(x, int) and x)
-        terms = [(c, x) for c, x in kept if not isinstance(x, int)]
-        if terms:
-            form.b.add(terms, -math.inf, cap - const)
-        elif const > cap:
-            continue
+    answers: dict[float, Assignment] = {}
+    caps = [(x, False) for x in KEPT_SHARES] + [(x, True) for x in LOW_PEAK_SHARES]
+    order = sorted(caps, key=lambda c: (abs(c[0] - around), c[1], c[0]) if around is not None else (c[1], c[0]))
+
+    def run(limit: float, hint: Assignment | None) -> Assignment | None:
+        cp.clear_hints()
+        if hint is not None:
+            for var, val in hint.values(form):
+                cp.add_hint(var, val)
         solver = cp_model.CpSolver()
-        tune(solver.parameters, max(0.05, (deadline - time.perf_counter()) / 2), workers, lp_heavy=False)
-        status = solver.solve(model.backend.model)
+        tune(solver.parameters, limit, workers, lp_heavy=False)
+        status = solver.solve(cp)
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            return None
+        return Assignment.from_values(form, lambda v: solver.value(v))
+
+    for n, (share, low_peak) in enumerate(order):
+        left = deadline - time.perf_counter()
+        if left < MIN_SOLVE_S / 2:
+            break
+        cap = math.floor(share * total / form.unit) - const
+        if cap < 0:
             continue
-        a = Assignment.from_values(form, lambda v: solver.value(v))
-        if status == cp_model.OPTIMAL:
-            a = _lowest_backward_peak(model, a, int(round(solver.objective_value)), b0, deadline, workers) or a
-        plan = events(form, a)
-        computes = [sg.ids[j] for op, j in plan.events() if op == "compute"]
+        cp.proto.constraints[cap_row].linear.domain[1] = cap
+        # the nearest answer: a tighter one fits, a looser one still guides the search
+        near = answers[min(answers, key=lambda x: (abs(x - share), -x))] if answers else None
+        # the first solve finds a plan from nothing (2-3 s on a 200-node block), the others start from one
+        limit = min(left, FIRST_SOLVE_S if near is None else min(SOLVE_S, max(MIN_SOLVE_S, left / (len(order) - n))))
+        if low_peak:  # the lowest backward peak at that cap, then the cheapest at that peak
+            form.b.minimize([(1, peak)])
+            a = run(limit / 2, near)
+            if a is None:
+                continue
+            cp.proto.constraints[peak_row].linear.domain[1] = max(u for (s, q), u in a.memory(form).items()
+                                                                  if s >= b0)
+            form.b.minimize(cost_first)
+            a = run(limit / 2, a) or a
+            cp.proto.constraints[peak_row].linear.domain[1] = form.mem_cap
+        else:
+            form.b.minimize(cost_first)
+            a = run(limit, near)
+            if a is None:
+                continue
+        answers[share] = a
+        computes = [sg.ids[j] for op, j in events(form, a).events() if op == "compute"]
         seq = tuple(computes[b0:])
         if seq not in seen:
             seen.add(seq)
-            fwd = set(chain.stages[k].forward)
+            fwd = set(st.forward)
             out.append(Option(seq, cost(chain.graph, [v for v in seq if v in fwd])))
     return out
-
-
-def _lowest_backward_peak(model, a, optimum: int, b0: int, deadline: float, workers: int):
-    """The same cost, the lowest memory over the backward's slots (the
-    forward's memory is not the option's: the plan runs its own forward)."""
-    from ortools.sat.python import cp_model
-
-    from ..cpsat.backends import tune
-    from ..cpsat.model import INF
-    from ..cpsat.solution import Assignment
-
-    form = model.form
-    left = deadline - time.perf_counter()
-    if left < 0.05:
-        return None
-    form.b.add(form.recompute_terms() + form.transfer_terms(), -INF, optimum)
-    z = form.b.int_var(0, form.mem_cap, "Z")
-    for (s, q), u in form.U.items():
-        if s >= b0:
-            form.b.add([(1, u), (-1, z)], -INF, 0)
-    form.b.minimize([(1, z)])
-    model.backend.model.clear_hints()
-    for var, val in a.values(form):
-        model.backend.model.add_hint(var, val)
-    solver = cp_model.CpSolver()
-    tune(solver.parameters, max(0.05, left / 4), workers, lp_heavy=False)
-    status = solver.solve(model.backend.model)
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return None
-    return Assignment.from_values(form, lambda v: solver.value(v))
 
 
 def for_kind(chain: Chain, k: int, options: list[Option], other: int) -> list[Option]:
