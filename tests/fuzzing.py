@@ -18,6 +18,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from rematopt import Graph, Node, planners, simulate, solve
+from rematopt.errors import NotApplicable
 from rematopt.plan import COMPUTE, OFFLOAD, PREFETCH, Plan
 from rematopt.graph import LIMIT
 from rematopt.reference import no_remat_peak, peak_lower_bound
@@ -110,6 +111,7 @@ class Run:
     options: dict[str, Any]
     sol: Solution | None = None
     error: str | None = None
+    declined: bool = False  # the planner needs what the graph lacks (rotor: a chain)
 
     @property
     def offload(self) -> bool:
@@ -158,6 +160,8 @@ def run_one(graph: Graph, planner: str, label: str, budget: int | None, options:
             run.sol = solve(graph, planner, budget=budget, **options)
     except PlanMismatch as e:
         run.error = f"PlanMismatch: {e}"
+    except NotApplicable:
+        run.declined = True
     except Exception as e:  # noqa: BLE001  (any exception on a valid graph and budget is a finding)
         run.error = f"{type(e).__name__}: {e}"
     return run
@@ -181,6 +185,7 @@ def run_graph(graph: Graph, budget_list: list[int], cpsat: bool | list[str]) -> 
     whose labels ``cpsat`` lists), hinted with the best fast plan of its
     budget; then the TIGHT settings at the lowest peak of their plans."""
     runs = [run_one(graph, p, label, b, o) for b in budget_list for p, label, o in fast_settings()]
+    runs = [r for r in runs if not r.declined]
     if cpsat:
         for b in budget_list:
             runs += [run_one(graph, p, label, b, o) for p, label, o in cpsat_settings(best_fast_plan(runs, b))

@@ -37,6 +37,12 @@ from . import options as stage_options
 from .chain import Chain, from_graph, from_table
 from .dp import Pieces, Result, solve
 
+# The stages' CP-SAT options get this share of the time limit, and at most
+# this long per node of the graph: a small graph's stages are one or two
+# nodes, where Rotor's two options are all there are (and the fuzz runs
+# every planner on thousands of them).
+OPTIONS_SHARE = 0.6
+OPTIONS_S_PER_NODE = 0.01
 # Memory slots of the DP: on gpt48's chain 4,000 slots give the same plans
 # as 1,000 at 0.8 and 0.6.
 SLOTS = 1000
@@ -112,7 +118,7 @@ def plan(graph: Graph, budget: int | None, options: dict[str, Any]) -> Plan:
     start = time.perf_counter()
     chain = chain_of(graph)
     cap = no_remat_peak(graph) if budget is None else budget
-    opt_deadline = start + 0.6 * opts.time_limit
+    opt_deadline = start + min(OPTIONS_SHARE * opts.time_limit, OPTIONS_S_PER_NODE * graph.n)
     workers = opts.workers or os.cpu_count() or 1
     pieces = Pieces(chain, stage_options_of(chain, opt_deadline, workers, kept_share(chain, cap)))
     window = window_for(chain.length + 1)
@@ -120,8 +126,9 @@ def plan(graph: Graph, budget: int | None, options: dict[str, Any]) -> Plan:
     details = {"stages": chain.length, "kinds": len({s.kind for s in chain.stages if s.kind is not None}),
                "options": sum(len(o) for o in pieces.options), "window": window,
                "seconds": round(time.perf_counter() - start, 3)}
-    if result is None:  # no chain plan within the budget: the cheapest plan whatever its peak
-        result = solve(pieces, sum(graph.bytes), SLOTS, window)
+    if result is None:  # no chain plan within the budget: the cheapest one whatever its peak (twice
+        # all the bytes, in slots fine enough that rounding up each piece cannot lose it)
+        result = solve(pieces, 2 * sum(graph.bytes), SLOTS + 4 * len(chain.stages), window)
         details["fits"] = False
     return to_plan(graph, chain, result, budget, details)
 

@@ -79,11 +79,12 @@ class Pieces:
                     continue  # recomputes what may not be computed twice
                 first = _read_first(g, o.seq)
                 kept = first & fwd
-                if kept & nxt.cin_rec and not nxt.cin_rec <= kept:
-                    continue  # keeps part of the next stage's input: the DP keeps all of it or none
                 valid.append(o)
                 needs = first & (s.cin_rec | s.cin_fix)
-                kids.append(1 if kept & nxt.cin_rec else 0)
+                kid = 1 if kept & nxt.cin_rec else 0
+                kids.append(kid)
+                if kid:  # the next stage keeps all its input for this backward, which frees it
+                    kept = kept | nxt.cin_rec
                 start = next((j for j, v in enumerate(o.seq) if v in backward), len(o.seq))
                 fseq = s.forward + o.seq[start:]  # the recomputes before the first backward node: done by the forward
                 keeps.append(tuple(Piece.of(g, s.forward, (cin - needs) | (s.cin_fix - needs), kept | nxt.cin_rec)
