@@ -310,8 +310,8 @@ def import_nodelink(file: str, output: str) -> None:
 @cli.command()
 @click.argument("what", type=click.Choice(["simulator", "greedy", "cpsat", "peak", "scale"]), default="simulator")
 @click.option("--sizes", default="10000,100000,2000000", show_default=True, help="Event counts to time.")
-@click.option("--graphs", default="gpt48,gpt48_fused,gpt_scan48,random_layered_n500,random_layered_n1000",
-              show_default=True, help="scale: the instances.")
+@click.option("--graphs", default="gpt12,gpt24,gpt48,gpt96,gpt48_fused,gpt_scan48,decoder480,random_layered_n500,"
+              "random_layered_n1000", show_default=True, help="scale: the instances.")
 @click.option("--ratios", default="0.9,0.8,0.7,0.6", show_default=True, help="scale: budget ratios.")
 @click.option("--time-limit", type=float, default=120.0, show_default=True, help="scale: cpsat's limit, seconds.")
 @click.option("--workers", type=int, default=2, show_default=True, help="scale: cpsat's threads.")
@@ -325,9 +325,10 @@ def bench(what: str, sizes: str, graphs: str, ratios: str, time_limit: float, wo
     greedy: the d=2000 chain-with-sinks stress case and the clone projection check;
     cpsat: the exact planner on ../shared/benchmarks/nodelink at ratios 0.9 and 0.8;
     peak: --objective peak there and on instances/, overhead unlimited and capped at 10%;
-    scale: cpsat on 10,000-node training steps and 1,000-node random graphs, each
-    run in its own process, against the best heuristic: run it from a checkout,
-    whose models/ the JAX instances are traced from)."""
+    scale: cpsat on training steps of 12 to 96 layers, a 100,000-node chain of
+    blocks and 1,000-node random graphs, each run in its own process, against
+    dtr and the best fast plan: run it from a checkout, whose models/ the JAX
+    instances are traced from)."""
     if what == "scale":
         from ..studies.bench import SCALE, scale_rows, scale_table
 
