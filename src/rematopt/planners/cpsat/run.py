@@ -30,7 +30,8 @@ from .signals import Interrupt, Trace, deferred_sigint
 from .solution import Assignment, events, from_plan, staged_events
 from .strategy import (DONE, may_start, next_depth, proof_time, returned_round, should_widen,
                        wants_emptiness_proof, wants_optimality_proof)
-from .warm_start import FIRST, best_within, fast_planners, fast_plans, lowest_peak, staged_eviction
+from .warm_start import (FIRST, best_within, evicted_plan, fast_planners, fast_plans, lowest_peak,
+                         staged_eviction)
 
 # The gap relaxation (relaxations.py) takes well under a second on the
 # benchmark graphs; this share of the limit caps it on bigger ones.
@@ -38,6 +39,10 @@ GAP_BOUND_SHARE = 0.1
 # The warm start (outside plan and staged eviction) may use this share of the
 # time limit, the search the rest.
 WARM_START_SHARE = 0.25
+# When no fast plan fits, staged eviction in a deeper space may take the
+# warm start up to this share of the limit (random_layered_n1000 at 0.8: the
+# fast planners 24 s on a loaded machine, eviction at depth 2 13 s more).
+EVICTION_SHARE = 0.45
 # Bisection steps of the peak objective's budget sweep (:func:`budget_sweep`).
 SWEEP_STEPS = 8
 # "Any plan at all" to a relaxation proof: an objective no plan reaches.
@@ -107,6 +112,8 @@ def outside_plan(ctx: Context, deadline: float) -> tuple[Outside | None, Lowest 
 
         plans = heuristic_plans(ctx, deadline=deadline, on_plan=on_record)
     name = "hint" if cfg.hint is not None else None
+    if cfg.hint is None and cfg.warm_start == "auto":  # nothing to search from otherwise: more time than the share
+        plans += deeper_eviction(ctx, plans, ctx.start + EVICTION_SHARE * cfg.time_limit)
     low = lowest_peak(plans)
     lowest = None if low is None else Lowest(low[0], low[1].peak_bytes)
     outside = best_admitted(ctx, plans, name)
@@ -117,6 +124,23 @@ def outside_plan(ctx: Context, deadline: float) -> tuple[Outside | None, Lowest 
     if cfg.hint is not None:
         ctx.trace.solution("primary", outside.objective, None)
     return outside, lowest
+
+
+def deeper_eviction(ctx: Context, plans: list[tuple[Plan, Replay]], deadline: float) -> list[tuple[Plan, Replay]]:
+    """Staged eviction in a deeper space than the first round's, when no
+    fast planner's plan is admitted under the budget (overhead objective):
+    a first plan there is one the widened round can search from."""
+    cfg, g = ctx.cfg, ctx.graph
+    if cfg.objective != "overhead" or cfg.budget is None or any(admit(ctx, p, r, p.planner) for p, r in plans):
+        return []
+    plan = evicted_plan(g, cfg.budget, deadline)
+    if plan is None:
+        return []
+    replay = simulate(g, plan)
+    if replay.valid and admit(ctx, plan, replay, plan.planner) is not None:
+        ctx.trace.solution("primary", replay.recompute_cost, None)
+        return [(plan, replay)]
+    return []
 
 
 def heuristic_plans(ctx: Context, **kw: Any) -> list[tuple[Plan, Replay]]:
