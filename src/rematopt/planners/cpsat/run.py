@@ -31,14 +31,11 @@ from .solution import Assignment, events, from_plan, staged_events
 from .strategy import (DONE, may_start, next_depth, proof_time, returned_round, should_widen,
                        wants_emptiness_proof, wants_optimality_proof)
 from .warm_start import (FIRST, best_within, evicted_plan, fast_planners, fast_plans, lowest_peak,
-                         staged_eviction)
+                         staged_eviction, warm_start_share, WARM_START_SHARE)
 
 # The gap relaxation (relaxations.py) takes well under a second on the
 # benchmark graphs; this share of the limit caps it on bigger ones.
 GAP_BOUND_SHARE = 0.1
-# The warm start (outside plan and staged eviction) may use this share of the
-# time limit, the search the rest.
-WARM_START_SHARE = 0.25
 # When no fast plan fits, staged eviction in a deeper space may take the
 # warm start up to this share of the limit (random_layered_n1000 at 0.8: the
 # fast planners 24 s on a loaded machine, eviction at depth 2 13 s more).
@@ -75,7 +72,8 @@ def run(graph: Graph, cfg: Settings) -> Plan:
     full = Stages(graph, cfg.offload)
     # every cost a plan may pay: a value's recomputes (one per stage it lives
     # in at most), and with offload its prefetches and its one offload
-    lives = [len(full.stages(i)) if i in full.values else 1 for i in range(graph.n)]
+    values = set(full.values)  # a list: membership in it took 37 s on a 100,000-node graph
+    lives = [len(full.stages(i)) if i in values else 1 for i in range(graph.n)]
     costs = [graph.cost[i] for i in graph.compute_ids]
     repeats = [lives[i] for i in graph.compute_ids]
     if cfg.offload:
@@ -360,7 +358,7 @@ def export(ctx: Context, model: Model, path: str) -> None:
 def _run(ctx: Context) -> Plan:
     cfg, g = ctx.cfg, ctx.graph
     # a valid plan before any model is built (the GPT decoder's takes 9 s)
-    outside, lowest = outside_plan(ctx, ctx.start + WARM_START_SHARE * cfg.time_limit)
+    outside, lowest = outside_plan(ctx, ctx.start + warm_start_share(g) * cfg.time_limit)
     outside_s = ctx.elapsed()
     full = ctx.full
     full_pairs = sum(len(full.stages(i)) for i in full.values)

@@ -130,6 +130,13 @@ class Piece:
             mem -= sum(size[w] for w in drops.get(k, ()))
         return cls(seq, frees, keeps, Profile(peak, mem))
 
+    def moved(self, mapping: dict[int, int]) -> "Piece":
+        """The same piece on another stage of the same kind (``mapping``:
+        node to node), its profile unchanged."""
+        def m(xs):
+            return [mapping.get(v, v) for v in xs]
+        return Piece(tuple(m(self.seq)), frozenset(m(self.frees)), frozenset(m(self.keeps)), self.profile)
+
     def emit(self, graph: Graph, b: PlanBuilder) -> None:
         drops = _drops(graph, self.seq, self.frees, self.keeps)
         for w in drops.get(-1, ()):
@@ -316,3 +323,30 @@ def _chain(graph: Graph, links: list[tuple]) -> Chain:
                          frozenset(held[k]), frozenset(releases[k]))
                    for k, (kind, members, fw, bw) in enumerate(links))
     return Chain(graph, stages, frozenset(dead))
+
+
+def translation(chain: Chain, r: int, k: int) -> dict[int, int] | None:
+    """The node mapping that carries stage r, with its neighbours, onto stage
+    k, if every piece of r is a piece of k moved by it: the stages before,
+    at and after are of one kind each, every member reads the counterparts
+    of its counterpart's producers, and every boundary set maps onto k's.
+    Then k's pieces need not be profiled again (481 stages of one kind)."""
+    st, g = chain.stages, chain.graph
+    if min(r, k) < 1 or max(r, k) + 1 >= chain.length:
+        return None
+    mapping: dict[int, int] = {}
+    for d in (-1, 0, 1):
+        a, b = st[r + d], st[k + d]
+        if a.kind is None or a.kind != b.kind or len(a.members) != len(b.members):
+            return None
+        mapping.update(zip(a.members, b.members))
+    for v in st[r].members:
+        if {mapping.get(p, p) for p in g.preds[v]} != set(g.preds[mapping[v]]):
+            return None
+    for name in ("cin_rec", "cin_fix", "gin", "gout", "held", "releases"):
+        if {mapping.get(v, v) for v in getattr(st[r], name)} != getattr(st[k], name):
+            return None
+    if {mapping.get(v, v) for v in st[r + 1].cin_rec} != st[k + 1].cin_rec:
+        return None
+    return mapping
+

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .chain import Chain, Piece, cost
+from .chain import Chain, Piece, cost, translation
 
 INF = math.inf
 
@@ -74,7 +74,19 @@ class Pieces:
         st = ch.stages
         self.ck, self.ck_cost = [], []
         self.keep, self.keep_cost, self.back, self.fused, self.fused_cost, self.child_keep = [], [], [], [], [], []
+        self.moves: list[dict[int, int] | None] = [None] * (L + 1)  # stage k's pieces are stage r's, moved
+        first_of: dict[tuple, int] = {}
         for k, s in enumerate(st[:L]):
+            kinds = tuple(x.kind for x in st[max(0, k - 1):k + 2])
+            r = first_of.setdefault(kinds, k)
+            mapping = translation(ch, r, k) if r != k else None
+            if mapping is not None:
+                self.moves[k] = mapping
+                for table in (self.ck, self.ck_cost, self.keep, self.keep_cost, self.back, self.fused,
+                              self.fused_cost, self.child_keep):
+                    table.append(table[r])
+                self.options[k] = [Option(tuple(mapping[v] for v in o.seq), o.cost) for o in self.options[r]]
+                continue
             nxt, fwd, backward = st[k + 1], set(s.forward), set(s.backward)
             runs = (s.forward, _needed(g, s.forward, nxt.cin_rec))
             self.ck.append([tuple(Piece.of(g, f, cin, nxt.cin_rec) for cin in ((), s.cin_rec)) for f in runs])
@@ -307,8 +319,9 @@ class _Table:
         while todo:
             item = todo.pop()
             if item[0] == "run":
-                piece = item[1]
-                out.append(piece)
+                piece, stage = item[1], item[2]
+                move = p.moves[stage] if stage < self.L else None
+                out.append(piece if move is None else piece.moved(move))
                 peak = max(peak, mem + piece.profile.peak)
                 mem += piece.profile.end
                 continue
@@ -318,15 +331,15 @@ class _Table:
             assert code >= 0, (s, t, keep, free)
             again = 1 if t < self.L else 0
             if s == t:
-                todo.append(("run", p.turn[keep] if t == self.L else p.fused[s][code][keep]))
+                todo.append(("run", p.turn[keep] if t == self.L else p.fused[s][code][keep], s))
             elif code < 2 * top:
                 o = code - top
                 kid, kpiece = p.child_keep[s][o], p.keep[s][o][again][keep]
-                todo += [("run", p.back[s][o][keep]), ("opt", s + 1, t, kid, free - self.near(kpiece.profile.end)),
-                         ("run", kpiece)]
+                todo += [("run", p.back[s][o][keep], s), ("opt", s + 1, t, kid, free - self.near(kpiece.profile.end)),
+                         ("run", kpiece, s)]
             else:
                 s2 = code - 2 * top
                 todo += [("opt", s, s2 - 1, keep, free - self.near(z[s2].cin_rec + self.exit_delta(s2, t, 0))),
                          ("opt", s2, t, 0, free - self.near(z[s2].cin_rec))]
-                todo += [("run", p.ck[k][again][1 if k > s else 0]) for k in reversed(range(s, s2))]
+                todo += [("run", p.ck[k][again][1 if k > s else 0], k) for k in reversed(range(s, s2))]
         return mem, peak
