@@ -310,8 +310,8 @@ def import_nodelink(file: str, output: str) -> None:
 @cli.command()
 @click.argument("what", type=click.Choice(["simulator", "greedy", "cpsat", "peak", "scale"]), default="simulator")
 @click.option("--sizes", default="10000,100000,2000000", show_default=True, help="Event counts to time.")
-@click.option("--graphs", default="gpt12,gpt24,gpt48,gpt96,gpt48_fused,gpt_scan48,decoder480,random_layered_n500,"
-              "random_layered_n1000", show_default=True, help="scale: the instances.")
+@click.option("--graphs", default="gpt12,gpt24,gpt48,gpt96,gpt48_fused,gpt_scan48,gpt480,decoder480,"
+              "random_layered_n500,random_layered_n1000", show_default=True, help="scale: the instances.")
 @click.option("--ratios", default="0.9,0.8,0.7,0.6", show_default=True, help="scale: budget ratios.")
 @click.option("--time-limit", type=float, default=120.0, show_default=True, help="scale: cpsat's limit, seconds.")
 @click.option("--workers", type=int, default=2, show_default=True, help="scale: cpsat's threads.")

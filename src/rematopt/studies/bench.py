@@ -223,14 +223,16 @@ def _secs(x: float | None) -> str:
 
 # The instances of the scale benchmark (issues 15 and 25): JAX training steps
 # of the decoder at 12 to 96 layers (Python loop; at 48 also fused, and the
-# lax.scan stack unrolled), a generated chain of 480 decoder blocks of 16
-# heads (99,847 nodes), and Moccasin-style random layered graphs.
+# lax.scan stack unrolled) and at 480 layers (99,940 nodes), a generated
+# chain of 480 decoder blocks of 16 heads (99,847 nodes), and Moccasin-style
+# random layered graphs.
 # name -> (kind, what, fused, size): size is the layers, blocks or nodes.
 SCALE = {
     "gpt12": ("jax", "models.gpt:factory", False, 12),
     "gpt24": ("jax", "models.gpt:factory", False, 24),
     "gpt48": ("jax", "models.gpt:factory", False, 48),
     "gpt96": ("jax", "models.gpt:factory", False, 96),
+    "gpt480": ("jax", "models.gpt:factory", False, 480),
     "gpt48_fused": ("jax", "models.gpt:factory", True, 48),
     "gpt_scan48": ("jax", "models.gpt_scan:factory", False, 48),
     "decoder480": ("decoder", 16, False, 480),
