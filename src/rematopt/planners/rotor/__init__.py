@@ -1,21 +1,21 @@
 """``rotor``: Rotor's dynamic program over the model's chain of layers
 (Beaumont et al. 2019), with each layer's options solved once per kind
-(Rockmate, Zhao et al. 2023).
+(Rockmate, Zhao et al. 2023). docs/rotor.md says what it does and measures.
 
 The chain: the repeated blocks :func:`~rematopt.blocks.find_blocks` finds,
 with the embedding and its gradient as stage 0 and the head and loss as the
-turn (:func:`.chain.from_table`); without a block table (or where the blocks
-do not form a chain), the finest chain the graph's edges allow
-(:func:`.chain.from_graph`: a pure chain is one node a stage). A graph that
-is no chain at all is refused (NotApplicable).
+last stage (:func:`.chain.from_table`); without a block table (or where the
+blocks do not form a chain), the finest chain the graph's edges allow
+(:func:`.chain.from_graph`: a pure chain is one node a stage, and then
+``rotor`` is Rotor). A graph that is no chain at all is refused
+(NotApplicable).
 
 Each stage's options are backward sequences (:mod:`.options`): Rotor's two
 (keep everything the backward reads, or nothing) and, for stages of more than
 one forward node, CP-SAT's cheapest backward at several caps on the bytes
-kept, solved on one stage of each kind within ``time_limit``. The DP
-(:mod:`.dp`) picks a plan; its peak and cost are exact, and the plan's frees
-are :func:`~rematopt.planners.frees.place_frees`'s, so the replay gives the
-same figures. Its plans are staged: cpsat takes them as a warm start.
+kept, solved on one stage of each kind. The DP (:mod:`.dp`) picks a plan made
+of pieces whose memory is exact, so the replay gives the figures it claims.
+Its plans are staged: cpsat takes them as a warm start.
 """
 
 from __future__ import annotations
@@ -60,8 +60,8 @@ def window_for(stages: int) -> int | None:
 
 @dataclass(frozen=True)
 class Options:
-    time_limit: float = option(30.0, "seconds for the stages' options (CP-SAT) and the DP; past it, Rotor's "
-                               "two options only.", minimum=0)
+    time_limit: float = option(30.0, "seconds: the stages' CP-SAT options get 60% of it (10 ms a node at most), "
+                               "and past that Rotor's two options only.", minimum=0)
     workers: int = option(0, "CP-SAT threads for the stages' options (default: all cores).", minimum=0)
 
 

@@ -13,15 +13,16 @@ Rockmate's per-block options in place of Rotor's two forward modes):
 - **keep** (s < t): run stage s's forward keeping what option o's backward
   reads first (``K_o``), ``Opt(s+1, t)``, then o's backward;
 - **fused** (s = t): the forward and o's backward in one piece (the turn,
-  stage L, is its own piece).
+  stage L, is an empty piece).
 
 An option is a backward *sequence* for its stage: computes in order,
 forward values recomputed among them (:mod:`.options` gets them from CP-SAT
 on the stage's subgraph). Every piece's memory is exact
-(:func:`.chain.profile`); the DP counts it in slots of ``unit`` bytes,
-rounding what a piece needs up and what is free down, so a plan it accepts
-fits. With ``window`` w, a split's first segment is at most w stages long
-(exact Rotor: w >= L); the DP then keeps O(L w) states instead of O(L^2).
+(:class:`.chain.Piece`); the DP counts it in slots of ``unit`` bytes, what a
+piece needs rounded up and what it leaves behind to the nearest slot, and
+:func:`solve` checks the plan's exact peak against the budget. With
+``window`` w, a split's first segment is at most w stages long (exact Rotor:
+w >= L); the DP then keeps O(L w) states instead of O(L^2).
 """
 
 from __future__ import annotations
