@@ -21,8 +21,17 @@ INSTANCES = [
     ("gpt_l2_w64_fused", "gpt", {}, True),
     ("gpt_l10_w128_s64", "gpt", {"layers": 10, "width": 128, "seq": 64}, False),
     ("gpt_l10_w128_s64_fused", "gpt", {"layers": 10, "width": 128, "seq": 64}, True),
+    # 2,000+ nodes unfused (views merged, 10 layers give 1,834).
+    ("gpt_l12_w128_s64", "gpt", {"layers": 12, "width": 128, "seq": 64}, False),
     ("resnet_s2_c16", "resnet", {}, False),
     ("unet_d2_c8", "unet", {}, False),
+    # Built from the JAX libraries' own layers (the ``libraries`` extra).
+    ("flax_linen_l2_w32", "flax_linen", {}, False),
+    ("flax_nnx_l2_w32", "flax_nnx", {}, False),
+    ("equinox_l2_w32", "equinox_lm", {}, False),
+    ("keras_llama_l2_w32", "keras_lm", {"backbone": "llama"}, False),
+    ("keras_gemma_l2_w32", "keras_lm", {"backbone": "gemma"}, False),
+    ("keras_gpt2_l2_w32", "keras_lm", {"backbone": "gpt2", "dropout": 0.1}, False),
 ]
 
 

@@ -152,12 +152,16 @@ def cpsat_settings(hint: Plan | None) -> list[tuple[str, str, dict[str, Any]]]:
     return [(p, label, {**CPSAT, **o}) for p, label, o in out]
 
 
-def run_one(graph: Graph, planner: str, label: str, budget: int | None, options: dict[str, Any]) -> Run:
+def run_one(graph: Graph, planner: str, label: str, budget: int | None, options: dict[str, Any]) -> Run | None:
+    """One run; None when the planner does not apply to the graph
+    (torch-knapsack on a graph without phases)."""
     run = Run(planner, label, budget, options)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # greedy's REMAT_PLAN_CLONE_BOUND, say: counted by the checks
             run.sol = solve(graph, planner, budget=budget, **options)
+    except NotApplicable:
+        return None
     except PlanMismatch as e:
         run.error = f"PlanMismatch: {e}"
     except NotApplicable:
@@ -169,7 +173,8 @@ def run_one(graph: Graph, planner: str, label: str, budget: int | None, options:
 
 def best_fast_plan(runs: list[Run], budget: int) -> Plan | None:
     """The cheapest replayed fast plan within ``budget``: what a user would hint."""
-    fits = [r for r in runs if r.budget == budget and r.sol and r.sol.has_plan and r.planner != "cpsat"
+    fits = [r for r in runs if r is not None and r.budget == budget and r.sol and r.sol.has_plan
+            and r.planner != "cpsat"
             and r.sol.replay.peak_bytes <= budget]
     best = min(fits, key=lambda r: (r.sol.replay.compute_cost, r.sol.replay.transfer_bytes), default=None)
     return best.sol.plan if best else None
@@ -190,12 +195,13 @@ def run_graph(graph: Graph, budget_list: list[int], cpsat: bool | list[str]) -> 
         for b in budget_list:
             runs += [run_one(graph, p, label, b, o) for p, label, o in cpsat_settings(best_fast_plan(runs, b))
                      if cpsat is True or label in cpsat]
+        runs = [r for r in runs if r is not None]
         for p, label, o in cpsat_settings(None):
             mine = [r for r in runs if r.label == label and r.error is None and r.sol.has_plan]
             peak = min((r.sol.replay.peak_bytes for r in mine), default=None)
             if label in TIGHT and (cpsat is True or label in cpsat) and peak is not None and peak not in budget_list:
                 runs.append(run_one(graph, p, label, peak, o))
-    return runs
+    return [r for r in runs if r is not None]
 
 
 # -- invariants ----------------------------------------------------------------

@@ -16,9 +16,12 @@ import numpy as np
 import pytest
 from jax.ad_checkpoint import print_saved_residuals
 
+from rematopt import PlanBuilder, simulate
 from rematopt.graph import Graph
 
-_LINE = re.compile(r"^(?P<dtype>[a-z]+)(?P<bits>\d*)(?P<host><host>)?\[(?P<shape>[\d,]*)\] (?P<source>.*)$")
+_LINE = re.compile(r"^(?P<dtype>[a-z]+)(?P<bits>\d*)(?P<impl><(?!host>)\w+>)?(?P<host><host>)?\[(?P<shape>[\d,]*)\] "
+                   r"(?P<source>.*)$")
+KEY_BYTES = 8  # a threefry key (key<fry>): two uint32 words
 
 
 @dataclass(frozen=True)
@@ -41,7 +44,7 @@ def saved_residuals(fn, *args) -> list[Residual]:
         m = _LINE.match(line.strip())
         if m is None:
             raise ValueError(f"unreadable residual line: {line!r}")
-        itemsize = 1 if m["dtype"] == "bool" else int(m["bits"]) // 8
+        itemsize = KEY_BYTES if m["impl"] else 1 if m["dtype"] == "bool" else int(m["bits"]) // 8
         elements = math.prod(int(d) for d in m["shape"].split(",") if d)
         found.append(Residual(elements * itemsize, m["host"] is not None, m["source"]))
     return found
@@ -65,17 +68,26 @@ def assert_same_gradients(fn, planned, args):
 
 
 def residual_values(g: Graph) -> list[int]:
-    """Bytes of each residual value the graph marks; every forward node with a
-    backward consumer must be marked (jax.vjp may also save a value the backward
-    pass never reads, e.g. the zeros of ``jnp.where``'s tangent rule)."""
-    out = []
+    """Bytes of each value jax.vjp saves, as the graph records them (see
+    :func:`residuals_by_node`). Every forward node with a backward consumer must
+    be marked (jax.vjp may also save a value the backward pass never reads, e.g.
+    the zeros of ``jnp.where``'s tangent rule)."""
     for v in g.nodes:
         crosses = v.phase == "forward" and any(g.nodes[s].phase == "backward" for s in g.succs[v.id])
         assert v.extra.get("residual", False) or not crosses, f"{v.name} crosses but is not marked"
-        if v.extra.get("residual"):
+    return sorted(b for _, b in residuals_by_node(g))
+
+
+def residuals_by_node(g: Graph):
+    """(node id, bytes) of each value jax.vjp saves: a residual node's saved
+    outputs, or its ``residual_values`` where views of its buffer are saved too
+    (JAX lists a view and its source apart, though they are one buffer)."""
+    for v in g.nodes:
+        if "residual_values" in v.extra:
+            yield from ((v.id, b) for b in v.extra["residual_values"])
+        elif v.extra.get("residual"):
             sizes = v.extra.get("out_bytes", [v.bytes])
-            out.extend(sizes[i] for i in v.extra.get("residual_outputs", range(len(sizes))))
-    return sorted(out)
+            yield from ((v.id, sizes[i]) for i in v.extra.get("residual_outputs", range(len(sizes))))
 
 
 def jax_residuals(fn, args) -> list[int]:
@@ -83,3 +95,43 @@ def jax_residuals(fn, args) -> list[int]:
     res = saved_residuals(lambda p: fn(p, *args[1:]), args[0])
     return sorted(r.bytes for r in res
                   if not r.source.startswith(("from the argument", "from a literal", "from a constant")))
+
+
+def recompute_plan(g, recompute=(), offload=()):
+    """Forward pass in order; then free the ``recompute`` nodes and offload +
+    free the ``offload`` ones; backward pass in order, prefetching offloaded
+    values and recomputing freed ones (recursively) just before they are read."""
+    b = PlanBuilder()
+    resident = {v.id for v in g.nodes if v.is_input}
+    forward = [i for i in g.order if g.nodes[i].phase == "forward"]
+    for i in forward:
+        b.compute(i)
+        resident.add(i)
+    for i in forward:
+        if i in offload:
+            b.offload(i)
+        if i in offload or i in recompute:
+            b.free(i)
+            resident.discard(i)
+
+    def ensure(i):
+        if i in resident:
+            return
+        if i in offload:
+            b.prefetch(i)
+        else:
+            for p in g.preds[i]:
+                ensure(p)
+            b.compute(i)
+        resident.add(i)
+
+    for i in g.order:
+        if g.nodes[i].phase == "backward":
+            for p in g.preds[i]:
+                ensure(p)
+            b.compute(i)
+            resident.add(i)
+    plan = b.build(g.name, "test")
+    replay = simulate(g, plan)
+    assert replay.valid, replay.error
+    return plan

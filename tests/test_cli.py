@@ -217,3 +217,78 @@ def test_a_solve_time_limit_counts_the_command_from_its_start(monkeypatch):
         finally:
             core.command_started(None)
     assert core.since_start() == 0.0
+
+
+# -- solve's headline: what happened, in one line before the table --------------------------------
+
+
+def _headline(*args):
+    from click.testing import CliRunner
+
+    from rematopt.cli import cli
+
+    run = CliRunner().invoke(cli, ["solve", *map(str, args)])
+    return run.exit_code, run.output.splitlines()[0]
+
+
+def test_solve_opens_with_the_peak_before_and_after_the_recompute_and_the_proof(graph_file):
+    from rematopt import solve
+    from rematopt.sizes import human_bytes
+
+    g = load_graph(graph_file)
+    code, line = _headline(graph_file, "--time-limit", 20, "--workers", 1)
+    sol = solve(g, "cpsat", time_limit=20, workers=1)
+    assert code == 0 and sol.status == "OPTIMAL"
+    cut = round(100 * (1 - sol.replay.peak_bytes / no_remat_peak(g)))
+    assert line.startswith(f"peak {human_bytes(no_remat_peak(g))} -> {human_bytes(sol.replay.peak_bytes)} "
+                           f"(-{cut}%), +")
+    assert " recompute, proven optimal in " in line and line.endswith(" s")
+
+
+def test_solve_headline_of_a_heuristic_and_of_a_plan_over_budget(graph_file):
+    from rematopt.sizes import human_bytes
+
+    g = load_graph(graph_file)
+    code, line = _headline(graph_file, "--planner", "greedy", "--budget-ratio", 0.95)
+    assert code == 0 and line.startswith(f"peak {human_bytes(no_remat_peak(g))} -> ")
+    assert line.endswith(" s)") and "not proven optimal (greedy, " in line
+    code, line = _headline(graph_file, "--planner", "greedy", "--budget", 1000)
+    assert code == 0 and line.startswith("over budget: peak ") and ", above the 1000 B budget, " in line
+    assert "the best plan found (greedy, " in line
+    code, line = _headline(graph_file, "--planner", "no-remat")
+    assert line.startswith(f"peak {human_bytes(no_remat_peak(g))} -> {human_bytes(no_remat_peak(g))} (0%), "
+                           "no recompute, not proven optimal (no-remat, ")
+
+
+def test_solve_headline_gives_the_gap_of_a_feasible_plan(graph_file, monkeypatch):
+    """A FEASIBLE plan with a bound says how far from optimal it may be (the
+    planner is the no-remat plan claiming a 25% gap, so the figures are exact)."""
+    from dataclasses import replace
+
+    from rematopt import planners
+    from rematopt.planners import no_remat
+
+    def with_gap(graph, budget, options):
+        plan = no_remat.plan(graph, budget, options)
+        plan.stats = replace(plan.stats, status="FEASIBLE", gap=0.25)
+        return plan
+
+    monkeypatch.setattr(planners, "get", lambda name: with_gap)
+    code, line = _headline(graph_file, "--planner", "no-remat")
+    assert code == 0 and line.endswith(" s") and ", no recompute, within 25% of optimal in " in line
+
+
+def test_solve_headline_says_plainly_when_there_is_no_plan(tmp_path):
+    from rematopt import Graph, Node
+
+    # as in test_fuzz's INFEASIBLE case: a is not recomputable and d reads it
+    g = Graph("inf", [Node(0, "x", kind="input", bytes=0), Node(1, "a", bytes=4, cost=1, recomputable=False),
+                      Node(2, "b", bytes=8, cost=1), Node(3, "c", bytes=4, cost=1),
+                      Node(4, "d", bytes=4, cost=1, output=True)],
+              [(0, 1), (1, 2), (2, 3), (3, 4), (1, 4)])
+    f = tmp_path / "g.json"
+    g.save(f)
+    code, line = _headline(f, "--budget", 12, "--time-limit", 20, "--workers", 1)
+    assert code == 3 and line.startswith("no plan fits the 12 B budget: ") and "(INFEASIBLE, cpsat, " in line
+    code, line = _headline("--budget-ratio", 0.8, "--time-limit", 0)
+    assert code == 3 and line.startswith("no plan fits the ") and "(UNKNOWN, cpsat, " in line

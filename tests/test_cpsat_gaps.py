@@ -1,4 +1,4 @@
-"""The gaps relaxation at scale (``cpsat.gaps``): its runs against a direct
+"""The gaps relaxation at scale (``cpsat.bounds.gaps``): its runs against a direct
 reading of the definitions, its chained segments against every memory row
 written out, its bound against exhaustive search (both objectives, with and
 without offload), and a solve whose first model is never built still
@@ -16,9 +16,9 @@ from rematopt import solve
 from rematopt.graph import Graph, Node
 from rematopt.importers import synthetic
 from rematopt.planners.cpsat import run
-from rematopt.planners.cpsat.gaps import gap_runs
+from rematopt.planners.cpsat.bounds.gaps import gap_runs
 from rematopt.planners.cpsat.model import OutOfTime, Stages
-from rematopt.planners.cpsat.relaxations import Question, relaxation_bound
+from rematopt.planners.cpsat.bounds import Question, ask
 from rematopt.reference import no_remat_peak, peak_lower_bound
 
 from brute_force import min_cost, min_peak
@@ -117,7 +117,7 @@ def test_the_chained_segments_are_the_rows_written_out(seed):
     g = synthetic.random_layered(rng.choice([20, 40, 60]), seed=seed)
     for offload in (False, True):
         q = question(g, budget_between(g, rng), offload, rng.choice([0, 1, 3]))
-        want, got = rows_optimum(g, q), relaxation_bound(g, q, level="gaps", time_limit=20)
+        want, got = rows_optimum(g, q), ask(g, q, "gaps", time_limit=20)
         assert got.status == ("INFEASIBLE" if want is None else "OPTIMAL")
         assert want is None or got.bound == want
 
@@ -131,7 +131,7 @@ def test_the_bound_never_exceeds_the_exhaustive_optimum(n, count):
         offload, per_byte = rng.random() < 0.5, rng.choice([0, 1, 2])
         budget = budget_between(g, rng)
         expect = min_cost(g, budget, offload, per_byte)
-        got = relaxation_bound(g, question(g, budget, offload, per_byte), level="gaps")
+        got = ask(g, question(g, budget, offload, per_byte), "gaps")
         assert got.status == "OPTIMAL" if expect is not None else got.status in ("OPTIMAL", "INFEASIBLE")
         if expect is not None:
             assert got.bound <= expect[0]
@@ -139,7 +139,7 @@ def test_the_bound_never_exceeds_the_exhaustive_optimum(n, count):
         pinned = sum(v.bytes for v in g.nodes if v.persistent)
         cap = rng.choice([None, 0, 3])
         lowest = min_peak(g, offload, per_byte, cost_cap=cap)
-        got = relaxation_bound(g, question(g, None, offload, per_byte, "peak", cap), level="gaps")
+        got = ask(g, question(g, None, offload, per_byte, "peak", cap), "gaps")
         if lowest is not None:
             assert got.status == "OPTIMAL" and got.bound + pinned <= lowest[0]
     assert tight > 0
@@ -153,10 +153,10 @@ def test_what_no_plan_can_meet_is_infeasible_and_a_loose_budget_costs_nothing():
              Node(2, "b", bytes=4, cost=1), Node(3, "y", bytes=1, cost=1, output=True)]
     g = Graph("pinned", nodes, [(0, 1), (1, 2), (2, 3), (0, 3)])
     assert min_cost(g, 13) is None
-    assert relaxation_bound(g, question(g, 13), level="gaps").status == "INFEASIBLE"
+    assert ask(g, question(g, 13), "gaps").status == "INFEASIBLE"
     top = no_remat_peak(g)
     assert len(gap_runs(g, Stages(g, False), 1, top).crit) == 0
-    got = relaxation_bound(g, question(g, top), level="gaps")
+    got = ask(g, question(g, top), "gaps")
     assert (got.status, got.bound) == ("OPTIMAL", 0)
 
 

@@ -69,7 +69,11 @@ def test_ctrl_c_during_the_warm_start_returns_the_hint(graph, monkeypatch):
     monkeypatch.setattr(run, "warm_start", warm_start_then_ctrl_c)
     sol = solve(graph, "cpsat", **OPTS)
     check(sol, rounds=0)
-    assert sol.plan.stats["objective"] == sol.plan.stats["hint_objective"]
+    st = sol.plan.stats
+    if st.get("plan_from"):  # a fast plan outside the model's space (xla-remat reorders) beats the hint
+        assert st["objective"] < st["hint_objective"] and "beats the model's best" in st["reason"]
+    else:
+        assert st["objective"] == st["hint_objective"]
 
 
 def test_ctrl_c_while_building_a_deeper_round_keeps_the_previous_rounds_plan(graph, monkeypatch):
@@ -92,7 +96,7 @@ def test_ctrl_c_during_a_relaxation_proof_keeps_the_rounds_plan(graph, monkeypat
     """After depth 1, the slots relaxation is asked whether any plan beats
     its optimum; a Ctrl-C at its search's first bound stops that search and
     ends the run with the round's plan."""
-    original = run.relaxation_bound
+    original = run.ask
     solver_class = cp_model.CpSolver
 
     class CtrlCAtTheFirstBound(solver_class):
@@ -107,14 +111,14 @@ def test_ctrl_c_during_a_relaxation_proof_keeps_the_rounds_plan(graph, monkeypat
             self.best_bound_callback = first_bound
             return super().solve(model, callback)
 
-    def slots_then_ctrl_c(*args, **kwargs):
-        if kwargs["level"] != "slots":
-            return original(*args, **kwargs)
+    def slots_then_ctrl_c(graph, q, name, **kwargs):
+        if name != "slots":
+            return original(graph, q, name, **kwargs)
         with monkeypatch.context() as m:
             m.setattr(cp_model, "CpSolver", CtrlCAtTheFirstBound)
-            return original(*args, **kwargs)
+            return original(graph, q, name, **kwargs)
 
-    monkeypatch.setattr(run, "relaxation_bound", slots_then_ctrl_c)
+    monkeypatch.setattr(run, "ask", slots_then_ctrl_c)
     sol = solve(graph, "cpsat", **OPTS)
     check(sol, rounds=1)
     proofs = sol.plan.stats["relaxation_proofs"]

@@ -1,4 +1,4 @@
-"""The relaxations of ``cpsat.relaxations`` (gaps alone, and with recompute
+"""The relaxations of ``cpsat.bounds`` (gaps alone, and with recompute
 chains, and with a recompute's slot memory): lower bounds for the whole staged space, checked against exhaustive
 search and the full model, and how ``cpsat`` uses them to claim whole-space
 optimality from a depth-restricted solve."""
@@ -14,9 +14,10 @@ from ortools.sat.python import cp_model
 from rematopt import solve
 from rematopt.graph import Graph
 from rematopt.importers import synthetic
-from rematopt.planners.cpsat import relaxations, run, search, strategy
+from rematopt.planners.cpsat import run, search, strategy
+from rematopt.planners.cpsat.bounds import chains
 from rematopt.planners.cpsat.model import integer_scale
-from rematopt.planners.cpsat.relaxations import LEVELS, Question, relaxation_bound
+from rematopt.planners.cpsat.bounds import BOUNDS, Question, ask
 from rematopt.reference import no_remat_peak, peak_lower_bound
 
 from brute_force import min_cost, min_peak
@@ -32,7 +33,7 @@ def bound(g: Graph, budget: int | None, offload: bool = False, per_byte: int = 0
     cap = sum(g.bytes) if budget is None else budget - pinned
     q = Question(objective, 1, cap, tuple(int(c) for c in g.cost), tuple(b * per_byte for b in g.bytes), offload,
                  overhead_cap, max_recomputes, 0)
-    return relaxation_bound(g, q, level=level, below=below)
+    return ask(g, q, level, below=below)
 
 
 def check_below_exhaustive(g: Graph, budget: int, offload: bool, per_byte: int, tally: list[int]) -> None:
@@ -40,7 +41,7 @@ def check_below_exhaustive(g: Graph, budget: int, offload: bool, per_byte: int, 
     when no plan exists), chains and slots at or above gaps; and asked whether
     a plan as good as the optimum exists, neither says no."""
     expect = min_cost(g, budget, offload, per_byte)
-    got = {level: bound(g, budget, offload, per_byte, level=level) for level in LEVELS}
+    got = {level: bound(g, budget, offload, per_byte, level=level) for level in tuple(BOUNDS)}
     for level, b in got.items():
         if b.status == "INFEASIBLE":
             assert expect is None, f"{level} relaxation infeasible, exhaustive search finds cost {expect[0]}"
@@ -84,7 +85,7 @@ def test_bounds_never_exceed_the_exhaustive_optimum_with_offload(n, count):
     assert tally[0] > 0
 
 
-@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("level", tuple(BOUNDS))
 def test_peak_bounds_never_exceed_the_exhaustive_optimum(level):
     """Objective peak: the relaxation's smallest critical memory, with and
     without an overhead cap, is at most the lowest peak a plan reaches under
@@ -99,7 +100,7 @@ def test_peak_bounds_never_exceed_the_exhaustive_optimum(level):
         assert got.status == "OPTIMAL" and got.bound + pinned <= expect[0]
 
 
-@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("level", tuple(BOUNDS))
 def test_clone_bounded_bounds_never_exceed_the_models_optimum(level):
     """With at most ``extra`` recomputes (``--max-clone-expansion``), against
     the full model's optimum under the same cap (itself checked against
@@ -138,7 +139,7 @@ def test_bounds_never_exceed_the_full_models_optimum(seed):
     for level in ("chains", "slots"):
         q = Question("overhead", unit, (budget - pinned) // unit,
                      tuple(math.floor(c * scale + 1e-9) for c in g.cost), (0,) * g.n, False)
-        got = relaxation_bound(g, q, level=level, time_limit=20)
+        got = ask(g, q, level, time_limit=20)
         assert got.status == "OPTIMAL" and relax["bound"] <= got.bound / scale <= optimum + 1e-9
 
 
@@ -148,12 +149,12 @@ def test_each_level_sees_more_than_the_one_before():
     no staged plan fits, which the full model confirms."""
     g = synthetic.random_layered(14, seed=5)
     budget = int(0.9 * no_remat_peak(g))
-    got = [bound(g, budget, level=level).bound for level in LEVELS]
+    got = [bound(g, budget, level=level).bound for level in tuple(BOUNDS)]
     full = solve(g, "cpsat", budget=budget, recompute_depth="full", **FAST)
     assert got[0] < got[1] < got[2] <= staged_optimum(full)
     g = synthetic.random_layered(14, seed=8)
     budget = int(0.7 * no_remat_peak(g))
-    got = [bound(g, budget, level=level).status for level in LEVELS]
+    got = [bound(g, budget, level=level).status for level in tuple(BOUNDS)]
     assert got == ["OPTIMAL", "OPTIMAL", "INFEASIBLE"]
     assert solve(g, "cpsat", budget=budget, recompute_depth="full", **FAST).status == "INFEASIBLE"
 
@@ -234,7 +235,7 @@ def test_slots_prove_random_layered_n100_optimal_over_the_whole_space(benchmarks
     assert sol.status == "OPTIMAL" and st["space"].startswith("depth ")
     assert any(p["level"] == "slots" and p["status"] == "INFEASIBLE" for p in st["relaxation_proofs"])
     q = Question("overhead", 1, int(0.8 * no_remat_peak(g)), tuple(int(c) for c in g.cost), (0,) * g.n, False)
-    got = relaxation_bound(g, q, level="slots", time_limit=60, workers=2)
+    got = ask(g, q, "slots", time_limit=60, workers=2)
     assert got.status == "OPTIMAL" and got.bound == st["objective"]
 
 
@@ -245,8 +246,8 @@ def test_a_search_without_an_answer_still_lends_its_bound(benchmarks_dir):
     best plan known (5,734)."""
     g = load_graph(benchmarks_dir / "random_layered_n250.json")
     q = Question("overhead", 1, int(0.8 * no_remat_peak(g)), tuple(int(c) for c in g.cost), (0,) * g.n, False)
-    gaps = relaxation_bound(g, q, level="gaps", time_limit=15, workers=2)
-    got = relaxation_bound(g, q, level="chains", below=5_483, time_limit=15, workers=2)
+    gaps = ask(g, q, "gaps", time_limit=15, workers=2)
+    got = ask(g, q, "chains", below=5_483, time_limit=15, workers=2)
     assert gaps.status == "OPTIMAL" and got.status in ("UNKNOWN", "FEASIBLE")
     assert gaps.bound < got.bound <= 5_734
 
@@ -254,7 +255,7 @@ def test_a_search_without_an_answer_still_lends_its_bound(benchmarks_dir):
 def test_a_relaxation_too_big_to_build_is_skipped_and_the_rounds_go_on(monkeypatch):
     """Above MAX_PAIRS the chains and slots models are not built: SKIPPED,
     no bound claimed, and the solve continues with the deeper rounds."""
-    monkeypatch.setattr(relaxations, "MAX_PAIRS", 0)
+    monkeypatch.setattr(chains, "MAX_PAIRS", 0)
     monkeypatch.setattr(strategy, "FULL_MODEL_PAIRS", 0)
     monkeypatch.setattr(strategy, "DOUBLING_SHARE", 1.0)  # an empty depth-1 space is followed by depth 2
     g = synthetic.random_layered(16, seed=1)

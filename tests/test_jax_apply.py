@@ -13,56 +13,16 @@ import pytest
 jax = pytest.importorskip("jax")
 import numpy as np  # noqa: E402
 
-from rematopt import ImportFailure, PlanBuilder, no_remat_plan, simulate  # noqa: E402
+from rematopt import ImportFailure, no_remat_plan  # noqa: E402
 from rematopt.jax import apply_plan, residual_fates, trace_grad  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from jax_residuals import assert_same_gradients, saved  # noqa: E402
+from jax_residuals import assert_same_gradients, recompute_plan, saved  # noqa: E402
 from models import gpt, mlp  # noqa: E402
 
 MLP = {"layers": 3, "width": 32, "in_dim": 16, "batch": 8}
 GPT = {"layers": 1, "width": 16, "heads": 2, "seq": 4, "vocab": 16}
-
-
-def recompute_plan(g, recompute=(), offload=()):
-    """Forward pass in order; then free the ``recompute`` nodes and offload +
-    free the ``offload`` ones; backward pass in order, prefetching offloaded
-    values and recomputing freed ones (recursively) just before they are read."""
-    b = PlanBuilder()
-    resident = {v.id for v in g.nodes if v.is_input}
-    forward = [i for i in g.order if g.nodes[i].phase == "forward"]
-    for i in forward:
-        b.compute(i)
-        resident.add(i)
-    for i in forward:
-        if i in offload:
-            b.offload(i)
-        if i in offload or i in recompute:
-            b.free(i)
-            resident.discard(i)
-
-    def ensure(i):
-        if i in resident:
-            return
-        if i in offload:
-            b.prefetch(i)
-        else:
-            for p in g.preds[i]:
-                ensure(p)
-            b.compute(i)
-        resident.add(i)
-
-    for i in g.order:
-        if g.nodes[i].phase == "backward":
-            for p in g.preds[i]:
-                ensure(p)
-            b.compute(i)
-            resident.add(i)
-    plan = b.build(g.name, "test")
-    replay = simulate(g, plan)
-    assert replay.valid, replay.error
-    return plan
 
 
 def residual_nodes(g):

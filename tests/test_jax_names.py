@@ -252,8 +252,8 @@ def test_cli_plans_a_policy_and_exports_it_as_python_and_json(block_graph, tmp_p
 
 
 @pytest.mark.parametrize("args,message", [
-    (["solve", "{unnamed}", "--planner", "jax-names"], "graph has no checkpoint_name"),
-    (["export", "jax-policy", "{unnamed}", "{plan}"], "no node carries a checkpoint_name"),
+    (["solve", "{unnamed}", "--planner", "jax-names"], "no value carries a checkpoint_name"),
+    (["export", "jax-policy", "{unnamed}", "{plan}"], "no value carries a checkpoint_name"),
 ])
 def test_graphs_without_names_exit_2_with_one_line(tmp_path, args, message):
     g = trace_grad(lambda w, x: jnp.sum(jnp.tanh(x @ w)), jnp.ones((4, 4)), jnp.ones((2, 4)))

@@ -37,7 +37,7 @@ def test_residuals_match_jax_saved_residuals(model, fuse):
     expected = jax_residuals(fn, args)
     assert expected, "the model saves activations"
     assert residual_values(g) == expected
-    assert g.meta["residuals"] == {"count": len(expected), "bytes": sum(expected)}
+    assert (g.meta["residuals"]["count"], g.meta["residuals"]["bytes"]) == (len(expected), sum(expected))
 
 
 @pytest.mark.parametrize("model", sorted(SMALL))
@@ -163,7 +163,7 @@ def test_fuse_shrinks_the_graph_and_keeps_cost_accounting():
     assert fused.n < 0.7 * plain.n
     assert fused.meta["nodes"] == fused.n and fused.meta["nodes_unfused"] == plain.n
     groups = sum(v.extra.get("fused", 1) for v in fused.nodes if not v.is_input)
-    assert groups == plain.meta["equations"]
+    assert groups == plain.meta["equations"] - plain.meta["views"]  # views are in no node
     # a fusion reads its operands once, so it never costs more than its parts
     assert sum(fused.cost) <= sum(plain.cost) * (1 + 1e-9)
     assert simulate(fused, no_remat_plan(fused)).valid

@@ -40,10 +40,16 @@ def step_mlir(tmp_path_factory):
 
 
 def bytes_by_op(g) -> Counter:
+    """Bytes per op kind. The JAX front end merges views (a reshape, a
+    checkpoint_name) into their source's node; lowering keeps them as ops of
+    their own, so each view the JAX graph lists counts here under its op, at its
+    source's bytes, as the StableHLO op does."""
     out: Counter = Counter()
     for v in g.nodes:
         if not v.is_input:
             out[v.op.rsplit(".", 1)[-1]] += v.bytes
+        for view in v.extra.get("views", ()):
+            out[view] += v.bytes
     return out
 
 

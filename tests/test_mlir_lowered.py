@@ -53,10 +53,43 @@ def test_phases_agree_with_the_traced_graph(lowered):
     assert Counter(v.phase for v in traced.nodes if v.op == "dot_general")["backward"] >= 2
 
 
-def test_without_debug_info_there_are_no_phases(tmp_path):
+def test_without_debug_info_there_are_no_phases_and_import_says_how_to_get_them(tmp_path):
+    from click.testing import CliRunner
+
+    from rematopt.cli import cli
+    from rematopt.importers.mlir import NO_LOCATIONS
+
     loss_fn, args = model_step("mlp", **STEPS["mlp"])
-    g = import_mlir(lower(tmp_path, jax.value_and_grad(loss_fn), *args, debug_info=False))
-    assert not g.has_phases
+    step = jax.value_and_grad(loss_fn)
+    for debug_info in (False, True):
+        path = lower(tmp_path, step, *args, name=f"debug{int(debug_info)}", debug_info=debug_info)
+        g = import_mlir(path)
+        assert g.has_phases is debug_info and ("no_phases" in g.meta) is not debug_info
+        run = CliRunner().invoke(cli, ["import", "mlir", str(path), "-o", str(tmp_path / "g.json")])
+        assert run.exit_code == 0 and run.stdout.startswith("wrote ")
+        said = [line for line in run.stderr.splitlines() if line]
+        assert said == ([] if debug_info else [f"rematopt: warning: {path}: {NO_LOCATIONS}"])
+    assert "as_text(debug_info=True)" in NO_LOCATIONS
+    # a JAX-lowered forward pass printed with its locations has no backward pass, and nothing to say
+    g = import_mlir(lower(tmp_path, loss_fn, *args, name="forward"))
+    assert not g.has_phases and "no_phases" not in g.meta
+
+
+def test_an_inlined_backward_call_is_backward(lowered):
+    """JAX lowers the transpose of some library functions (``log_softmax``,
+    ``take_along_axis``) as private functions called from the backward pass:
+    their inlined ops take the call's phase."""
+    name, _, _, path = lowered
+    g = import_mlir(path)
+    inlined = [v for v in g.nodes if v.name.startswith("call.")]
+    if not inlined:
+        pytest.skip(f"the lowered {name} step calls no private function")
+    assert {v.phase for v in inlined} == {"forward", "backward"}
+    calls: dict[str, set] = {}
+    for v in inlined:
+        if "constant" not in v.op:  # JAX's constants carry no transpose scope
+            calls.setdefault(".".join(v.name.split(".")[:3]), set()).add(v.phase)
+    assert all(len(phases) == 1 for phases in calls.values()), calls
 
 
 def test_greedy_never_ends_above_no_remat(lowered, tmp_path):
@@ -95,7 +128,8 @@ def test_what_stays_unrecomputable():
     v = {x.name: x for x in g.nodes}
     assert not v["w"].recomputable  # a while whose body all-reduces
     assert not v["sel"].recomputable  # an if whose branch calls an unknown custom call
-    assert not v["ext"].recomputable and not v["k2"].recomputable  # unknown custom call, RNG
+    assert not v["ext"].recomputable  # an unknown custom call
+    assert v["k2"].recomputable  # rng_bit_generator: a pure function of its key (stablehlo.rng is not)
     assert v["shard"].recomputable  # custom_call @Sharding carries an mhlo.sharding: a pass-through
 
 

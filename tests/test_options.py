@@ -35,7 +35,8 @@ def good_value(cls, f):
         return not f.default
     if t is Plan:
         return Plan("g", "test", [], [])
-    return t((s.minimum or 0) + 3)
+    value = (s.minimum or 0) + 3
+    return t(value if s.maximum is None else (s.minimum + s.maximum) / 2)
 
 
 def bad_values(cls, f):
@@ -47,6 +48,8 @@ def bad_values(cls, f):
         out.append("no-such-choice")
     if s.minimum is not None:
         out.append(s.minimum - 1)
+    if s.maximum is not None:
+        out.append(s.maximum + 1)
     if s.finite:
         out.append(float("inf"))
     return out

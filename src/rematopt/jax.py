@@ -2,7 +2,8 @@
 
 - :func:`trace_grad` / :func:`trace`: a training step or any function as a graph;
 - :func:`apply_plan`: a plan back into JAX as a loss function whose gradient
-  keeps, offloads and recomputes what the plan says;
+  keeps, offloads and recomputes what the plan says (loops the plan treats
+  alike stay scanned; :class:`UnrolledLoop` warns where they cannot);
 - :func:`policy` / :func:`policy_table`: a plan as a ``checkpoint_name`` policy
   for ``jax.checkpoint(..., policy=...)`` (plans of the ``jax-names`` planner);
 - :func:`measure`: XLA's memory and FLOPs under JAX's policies and rematopt's plans;
@@ -19,7 +20,8 @@ from typing import Any, Callable
 from .errors import ImportFailure
 from .exporters.checkpoint_names import policy, policy_table
 from .exporters.jax_measure import Measurement, measure
-from .exporters.jax_policy import Fates, apply_plan, residual_fates
+from .exporters.jax_loops import LoopNote
+from .exporters.jax_policy import Fates, UnrolledLoop, apply_plan, residual_fates
 from .importers.jaxpr import trace, trace_grad
 
 
@@ -49,5 +51,5 @@ def load_factory(spec: str, **config: Any) -> tuple[Callable, tuple]:
     return fn, tuple(args) if isinstance(args, (tuple, list)) else (args,)
 
 
-__all__ = ["Fates", "Measurement", "apply_plan", "load_factory", "measure", "policy", "policy_table",
-           "residual_fates", "trace", "trace_grad"]
+__all__ = ["Fates", "LoopNote", "Measurement", "UnrolledLoop", "apply_plan", "load_factory", "measure", "policy",
+           "policy_table", "residual_fates", "trace", "trace_grad"]

@@ -17,6 +17,7 @@ from .graph import Graph
 from .plan import Plan
 from .reference import no_remat_peak, resolve_budget, working_set_bound
 from .simulate import Replay, simulate
+from .sizes import human_bytes
 
 CLAIMS = ("peak_bytes", "compute_cost", "transfer_bytes")
 # Planners that prove a budget impossible, and so refuse one below the peak
@@ -79,6 +80,41 @@ class Solution:
         for k, v in self.plan.stats.items():
             out.setdefault(k, v)
         return out
+
+    def headline(self) -> str:
+        """What happened, in one line of words: ``peak 148 MiB -> 80 MiB
+        (-46%), +109% recompute, proven optimal in 3.5 s``; a gap says how
+        far from optimal at worst, OVER_BUDGET and no plan say so first."""
+        s, r = self.plan.stats, self.replay
+        who = f"{self.plan.planner}, {self.wall_s:.1f} s"
+        budget = None if self.budget is None else f"the {human_bytes(self.budget)} budget"
+        if r is None:
+            why = s.get("reason") or ("proven infeasible" if self.status == "INFEASIBLE" else "none found")
+            return f"no plan {'fits ' + budget if budget else 'found'}: {why} ({self.status}, {who})"
+        words = [f"peak {human_bytes(self.no_remat_peak)} -> {human_bytes(r.peak_bytes)} "
+                 f"({_percent(r.peak_bytes / self.no_remat_peak - 1) if self.no_remat_peak else '0%'})",
+                 f"{_percent(r.overhead)} recompute" if r.overhead else "no recompute"]
+        if r.transfer_bytes:
+            words.append(f"{human_bytes(r.transfer_bytes)} moved to and from the host")
+        gap = s.get("gap")
+        if self.status == "OPTIMAL":
+            space = " among name policies" if self.plan.planner == "jax-names" else ""
+            words.append(f"proven optimal{space} in {self.wall_s:.1f} s")
+        elif self.status == "OVER_BUDGET":
+            words = ["over budget: " + words[0] + f", above {budget}", *words[1:], f"the best plan found ({who})"]
+        elif isinstance(gap, (int, float)) and gap > 0:
+            words.append(f"within {_percent(gap, sign=False)} of optimal in {self.wall_s:.1f} s")
+        else:
+            words.append(f"not proven optimal ({who})")
+        return ", ".join(words)
+
+
+def _percent(x: float, sign: bool = True) -> str:
+    """``0.4567`` -> ``+46%``; below 10%, one decimal (``+0.8%``), below 0.1% two."""
+    if x == 0:
+        return "0%"
+    digits = 0 if abs(x) >= 0.1 else 1 if abs(x) >= 0.001 else 2
+    return f"{x:{'+' if sign else ''}.{digits}%}"
 
 
 def solve(graph: Graph, planner: str = "no-remat", budget: int | None = None,

@@ -239,6 +239,7 @@ def solve_cmd(graph: str | None, planner: str, budget: str | None, budget_ratio:
     if as_json:
         emit_json(info)
     else:
+        click.echo(sol.headline())
         figures_table(f"{planner} on {g.name}", {k: v for k, v in info.items()
                                                   if not isinstance(v, (list, dict))})
     if not sol.has_plan:

@@ -24,6 +24,8 @@ def import_mlir_cmd(file: str, function: str | None, output: str, drop_unsafe_ma
     g = import_mlir(file, function=function, drop_unsafe_marks=drop_unsafe_marks)
     g.save(output)
     click.echo(f"wrote {output}: {g.n} nodes, {len(g.edges)} edges")
+    if g.meta.get("no_phases"):
+        click.echo(f"rematopt: warning: {file}: {g.meta['no_phases']}", err=True)
 
 
 def _export_group() -> click.Group:

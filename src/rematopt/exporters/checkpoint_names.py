@@ -17,7 +17,7 @@ from typing import Any, Callable
 from ..errors import PlanError
 from ..graph import Graph
 from ..plan import Plan
-from ..planners.policies.space import layers
+from ..planners.policies.space import layers, no_names
 
 OFFLOAD_SRC, OFFLOAD_DST = "device", "pinned_host"  # JAX's memory kinds
 
@@ -30,13 +30,18 @@ def policy_table(graph: Graph, plan: Plan) -> dict[str, Any]:
 
     where = layers(graph)
     if not where:
-        raise PlanError(f"{graph.name}: no node carries a checkpoint_name, so no name policy expresses a plan")
+        raise PlanError(no_names(graph))
     fates = residual_fates(graph, plan)
     per: dict[tuple[str, int], set[str]] = {}
     for i, layer in where.items():
         name = graph.nodes[i].extra["checkpoint_name"]
         fate = ("offload" if i in fates.offloaded else "device" if i in fates.kept
                 else "remat" if i in fates.recomputed else None)
+        if fate in ("device", "offload") and graph.nodes[i].extra.get("read_before_name"):
+            raise PlanError(f"{graph.name}: the plan saves {graph.nodes[i].name} ({name!r}), which the backward "
+                            f"pass also reads before checkpoint_name tags it; a policy saving {name!r} would still "
+                            "recompute it (apply the plan with rematopt.jax.apply_plan, or tag the value the "
+                            "backward pass reads)")
         per.setdefault((name, layer), set()).add(fate)
     for (name, layer), seen in per.items():
         if len(seen - {None}) > 1:

@@ -21,6 +21,7 @@ pipeline drops the barriers before CSE, for ``jax.checkpoint`` as for this
 from __future__ import annotations
 
 import functools
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -31,8 +32,10 @@ from ..errors import ImportFailure, PlanError
 from ..graph import Graph
 from ..importers.jaxpr.flatten import Const, evaluate
 from ..importers.jaxpr.step import Step, trace_step
+from ..importers.jaxpr.unroll import iterations
 from ..plan import COMPUTE, OFFLOAD, Plan
 from ..simulate import simulate
+from .jax_loops import LoopNote, Piece, Run, Unit, execute, gather, roll, unit_inputs, value
 
 
 @dataclass(frozen=True)
@@ -84,7 +87,7 @@ def residual_fates(graph: Graph, plan: Plan) -> Fates:
     return Fates(pick("kept"), pick("offloaded"), pick("recomputed"), tuple(schedule))
 
 
-def apply_plan(loss_fn: Callable, graph: Graph, plan: Plan) -> Callable:
+def apply_plan(loss_fn: Callable, graph: Graph, plan: Plan, scan: bool = True) -> Callable:
     """``loss_fn'`` with ``loss_fn``'s signature whose gradient (with respect to
     the graph's ``argnums``, ``meta.argnums``) saves exactly what ``plan``
     keeps, offloads what it offloads and recomputes the rest.
@@ -94,8 +97,13 @@ def apply_plan(loss_fn: Callable, graph: Graph, plan: Plan) -> Callable:
     included (the function is traced again at call time, with its loops
     unrolled if the graph's were, and checked node by node; ImportFailure if
     it differs). A graph with unrolled loops applies to the program with its
-    loops and stacked parameters: the planned gradient runs the loops
-    unrolled. ``loss_fn'`` supports reverse-mode differentiation
+    loops and stacked parameters: iterations the plan treats alike run as one
+    ``lax.scan`` in the forward and the backward pass (:mod:`.jax_loops`;
+    ``scan=False`` runs every iteration unrolled), and those it treats
+    differently run unrolled, with an :class:`UnrolledLoop` warning saying
+    which and why. After the first call, ``loss_fn'.loops`` holds a
+    :class:`~rematopt.exporters.jax_loops.LoopNote` per loop. ``loss_fn'``
+    supports reverse-mode differentiation
     (``jax.grad``, ``jax.vjp``) with respect to the graph's ``argnums``;
     differentiating any other argument raises PlanError (the plan holds no
     backward pass for it, so its gradient would be a silent zero).
@@ -117,10 +125,19 @@ def apply_plan(loss_fn: Callable, graph: Graph, plan: Plan) -> Callable:
         if key not in built:
             step = trace_step(loss_fn, args, argnums, fuse, unroll, kwargs)
             check_matches(step, graph)
-            built[key] = _planned_step(step, fates)
+            built[key], planned.loops = _planned_step(step, fates, scan)
+            for note in planned.loops:
+                if scan and not note.rolled:
+                    warnings.warn(UnrolledLoop(f"apply_plan: {graph.name}: {note.describe()}"), stacklevel=2)
         return built[key](*leaves)
 
+    planned.loops = []
     return planned
+
+
+class UnrolledLoop(UserWarning):
+    """A loop of the program runs unrolled (in part) in the planned gradient:
+    the plan treats its iterations differently."""
 
 
 def check_matches(step: Step, graph: Graph) -> None:
@@ -135,25 +152,49 @@ def check_matches(step: Step, graph: Graph) -> None:
                                 "in the traced function")
 
 
-def _planned_step(step: Step, fates: Fates) -> Callable:
-    """The custom_vjp function over the caller's flat argument leaves."""
+def _planned_step(step: Step, fates: Fates, scan: bool = True) -> tuple[Callable, list[LoopNote]]:
+    """The custom_vjp function over the caller's flat argument leaves, and
+    what became of the program's loops (:mod:`.jax_loops`)."""
     flat = step.flat
     eqns = flat.eqns
     prod = step.producers()
     n_in = step.n_inputs
     group_of = {step.node_of_group(g): members for g, members in enumerate(step.groups)}
-    fwd = [e for e in eqns if e.phase == "forward"]
-    bwd = [e for e in eqns if e.phase == "backward"]
+    phase_of = {node: eqns[members[-1]].phase for node, members in group_of.items()}
+    root = step.root_of
+    view_at = {eqns[k].outs[0]: k for k in step.view_eqns}
+
+    def view_eqns(refs) -> set[int]:
+        """The view equations that make ``refs`` from their roots (a view is no
+        node: each unit reading one makes it again, at no cost)."""
+        ks = set()
+        for r in refs:
+            while not isinstance(r, Const) and r in view_at:
+                ks.add(view_at[r])
+                r = eqns[view_at[r]].ins[0]
+        return ks
+
+    def views_for(refs) -> list:
+        return [eqns[k] for k in sorted(view_eqns(refs))]
 
     def inputs_of(node: int) -> list[int]:
         inside = {v for k in group_of[node] for v in eqns[k].outs}
-        return sorted({r for k in group_of[node] for r in eqns[k].ins if not isinstance(r, Const) and r not in inside})
+        return sorted({root(r) for k in group_of[node] for r in eqns[k].ins
+                       if not isinstance(r, Const) and root(r) not in inside})
+
+    def unit(node: int, recompute: bool = False, loop_of: int | None = None) -> Unit:
+        loops = iterations(eqns[group_of[node if loop_of is None else loop_of][-1]].name_stack)
+        ks = set(group_of[node])  # in program order with the views its equations read
+        ks |= view_eqns([r for k in group_of[node] for r in eqns[k].ins])
+        return Unit(node, tuple(eqns[k] for k in sorted(ks)), recompute, loops[0] if loops else None)
 
     # Recompute closure: forward nodes the backward pass needs and the plan
-    # does not save, back to saved values and arguments.
+    # does not save, back to saved values and arguments. Values are named by
+    # their roots: a view is made again where it is read.
+    bwd = [e for k, e in enumerate(eqns) if e.phase == "backward" and k not in step.view_eqns]
     bwd_made = {v for e in bwd for v in e.outs}
-    bwd_reads = {r for e in bwd for r in e.ins
-                 if not isinstance(r, Const) and r not in bwd_made and r != step.ct_id}
+    bwd_reads = {root(r) for e in bwd for r in e.ins
+                 if not isinstance(r, Const) and root(r) not in bwd_made and root(r) != step.ct_id}
     recompute: dict[int, list[int]] = {}  # node -> its external inputs
     todo = list(bwd_reads)
     while todo:
@@ -168,7 +209,7 @@ def _planned_step(step: Step, fates: Fates) -> Callable:
     # together with the backward value computed just before it, so that XLA,
     # where it keeps the barriers, neither merges the recomputation with the
     # forward computation (CSE) nor hoists it ahead of that point.
-    order = [i for i in fates.schedule if i in recompute or eqns[group_of[i][-1]].phase == "backward"]
+    order = [i for i in fates.schedule if i in recompute or phase_of[i] == "backward"]
     rec_inputs = sorted({r for ins in recompute.values() for r in ins if prod[r] not in recompute})
     read_after = {r for r in bwd_reads if prod[r] not in recompute}
     read_after |= set(rec_inputs)
@@ -186,19 +227,47 @@ def _planned_step(step: Step, fates: Fates) -> Callable:
     for k, (j, _) in enumerate(sources):
         pieces.setdefault(j, []).append(k)
 
+    forward_pass: list = [unit(node) for node in group_of if phase_of[node] == "forward"]
+    backward_pass: list = [unit(node, node in recompute) for node in order]
+    notes: dict[str, LoopNote] = {}
+    if scan and any(u.loop for u in forward_pass):
+        saved_set = set(saved_vals)
+        aval = flat.avals.__getitem__
+        forward_pass = roll(forward_pass, aval, saved_set | {root(r) for r in [loss_ref] if not isinstance(r, Const)},
+                            lambda v: (v in saved_set, v in host_vals), "forward", notes)
+        rolled = roll(_first_reader_order(group_of, phase_of, recompute, inputs_of, prod, unit), aval,
+                      {root(r) for r in grad_refs if not isinstance(r, Const)}, lambda v: (), "backward", notes)
+        if any(isinstance(it, Run) for it in rolled):
+            backward_pass = rolled
+
     def piece(leaves, k):
         j, s = sources[k]
-        return leaves[j] if s is None else leaves[j][s]
+        return leaves[j] if s is None else Piece(leaves[j], s)
 
-    def read(env, r):
-        return r.value if isinstance(r, Const) else env[r]
+    def run_forward(u: Unit, env: dict, last: Any) -> Any:
+        evaluate(u.eqns, env)
+        return last
+
+    def run_backward(u: Unit, env: dict, last: Any) -> Any:
+        if u.recompute:
+            ins = unit_inputs(u)
+            barred, _ = jax.lax.optimization_barrier(([env[v] for v in ins], last))
+            made = evaluate(u.eqns, dict(zip(ins, barred)))
+            env.update((v, made[v]) for e in u.eqns for v in e.outs)
+            return last
+        evaluate(u.eqns, env)
+        return env[u.eqns[-1].outs[0]]
 
     def forward_env(leaves):
-        return evaluate(fwd, {v: piece(leaves, k) for k, v in enumerate(step.arg_ids)})
+        env = {v: piece(leaves, k) for k, v in enumerate(step.arg_ids)}
+        execute(forward_pass, env, run_forward)
+        return evaluate(views_for([loss_ref]), env)
+
+    held: dict[str, Any] = {}
 
     @jax.custom_vjp
     def f(*leaves):
-        return read(forward_env(leaves), loss_ref)
+        return value(forward_env(leaves), loss_ref)
 
     def f_fwd(*primals):
         leaves = [p.value for p in primals]
@@ -207,36 +276,62 @@ def _planned_step(step: Step, fates: Fates) -> Callable:
             raise PlanError(f"apply_plan: {stray[0]} is differentiated, but the plan's graph differentiates "
                             f"argnums {step.argnums} only; trace the graph with argnums covering it")
         env = forward_env(leaves)
-        saved = tuple(jax.device_put(env[v], jax.memory.Space.Host) if v in host_vals else env[v]
-                      for v in saved_vals)
-        return read(env, loss_ref), (tuple(leaves[j] for j in arg_leaves), saved)
+        # what the backward pass reads: whole stacks for the values a loop's scan made
+        bases: list[Any] = []
+        where: dict[int, int] = {}
+        layout = []
+        for v in saved_vals:
+            x = env[v]
+            base, index = (x.base, x.index) if isinstance(x, Piece) else (x, None)
+            where.setdefault(id(base), len(bases))
+            if where[id(base)] == len(bases):
+                bases.append(base)
+            layout.append((where[id(base)], index))
+        host = {b for (b, _), v in zip(layout, saved_vals) if v in host_vals}
+        held.update(layout=layout, host=host)
+        saved = tuple(jax.device_put(x, jax.memory.Space.Host) if b in host else x for b, x in enumerate(bases))
+        return value(env, loss_ref), (tuple(leaves[j] for j in arg_leaves), saved)
 
     def f_bwd(res, ct):
         arg_res, saved = res
         leaves = dict(zip(arg_leaves, arg_res))
-        env = {v: piece(leaves, position[v]) for v in arg_vals}
-        env.update((v, jax.device_put(x, jax.memory.Space.Device) if v in host_vals else x)
-                   for v, x in zip(saved_vals, saved))
-        env[step.ct_id] = last = ct
-        for node in order:
-            members = [eqns[k] for k in group_of[node]]
-            if node in recompute:
-                ins = recompute[node]
-                barred, _ = jax.lax.optimization_barrier(([env[v] for v in ins], last))
-                made = evaluate(members, dict(zip(ins, barred)))
-                env.update((v, made[v]) for e in members for v in e.outs)
-            else:
-                evaluate(members, env)
-                last = env[members[-1].outs[0]]
-        cts: list[Any] = [None] * n_in  # no cotangent: f_fwd refused perturbed ones
-        for leaf, r in zip(grad_leaves, grad_refs):
-            cts[leaf] = read(env, r)
-        return tuple(_leaf_cotangent([cts[k] for k in ks], [flat.avals[step.arg_ids[k]] for k in ks],
+        bases = [jax.device_put(x, jax.memory.Space.Device) if b in held["host"] else x for b, x in enumerate(saved)]
+        env: dict[Any, Any] = {v: piece(leaves, position[v]) for v in arg_vals}
+        env.update((v, bases[b] if index is None else Piece(bases[b], index))
+                   for v, (b, index) in zip(saved_vals, held["layout"]))
+        env[step.ct_id] = ct
+        execute(backward_pass, env, run_backward, ct)
+        evaluate(views_for(grad_refs), env)
+        ct_of = dict(zip(grad_leaves, grad_refs))
+        return tuple(_leaf_cotangent(env, [ct_of.get(k) for k in ks], [flat.avals[step.arg_ids[k]] for k in ks],
                                      _stacked_dims([sources[k][1] for k in ks]))
                      for _, ks in sorted(pieces.items()))
 
     f.defvjp(f_fwd, f_bwd, symbolic_zeros=True)
-    return f
+    return f, list(notes.values())
+
+
+def _first_reader_order(group_of: dict, phase_of: dict, recompute: dict, inputs_of: Callable, prod: dict,
+                        unit: Callable) -> list[Unit]:
+    """The backward nodes in program order, each recomputation right before
+    its first reader and in the loop iteration of that reader (the order a
+    rolled loop runs them in)."""
+    out: list[Unit] = []
+    done: set[int] = set()
+    for node in group_of:
+        if phase_of[node] != "backward":
+            continue
+        need: set[int] = set()
+        todo = [prod[r] for r in inputs_of(node) if r in prod]
+        while todo:
+            p = todo.pop()
+            if p in recompute and p not in done and p not in need:
+                need.add(p)
+                todo.extend(prod[r] for r in recompute[p])
+        out.extend(unit(p, True, node) for p in sorted(need))
+        done |= need
+        out.append(unit(node))
+    return out
 
 
 def _grad_leaf_order(step: Step) -> list[int]:
@@ -252,15 +347,18 @@ def _stacked_dims(indices: list) -> tuple[int, ...]:
     return tuple(max(ix[d] for ix in indices) + 1 for d in range(len(indices[0])))
 
 
-def _leaf_cotangent(cts: list, avals: list, dims: tuple[int, ...]) -> Any:
-    """The cotangent of one caller leaf from those of its pieces (row-major;
-    None: not differentiated)."""
+def _leaf_cotangent(env: dict, refs: list, avals: list, dims: tuple[int, ...]) -> Any:
+    """The cotangent of one caller leaf from its pieces' cotangent values
+    (row-major; None: not differentiated): the backward scan's stacked
+    gradient as it is when the pieces are its iterations."""
     shape = dims + tuple(avals[0].shape)
-    if all(c is None for c in cts):
+    if all(r is None for r in refs):
         return _zero_like(jax.ShapeDtypeStruct(shape, avals[0].dtype))
     if not dims:
-        return cts[0]
-    return jax.numpy.stack([_zero_like(a) if c is None else c for c, a in zip(cts, avals)]).reshape(shape)
+        return value(env, refs[0])
+    if all(isinstance(r, int) for r in refs):
+        return gather(env, refs).reshape(shape)
+    return jax.numpy.stack([_zero_like(a) if r is None else value(env, r) for r, a in zip(refs, avals)]).reshape(shape)
 
 
 def _zero_like(aval: Any) -> Any:

@@ -46,12 +46,14 @@ DYNAMIC_RESULT_BYTES = 4096
 
 # Dialects whose registered ops are free of side effects (region-free ones).
 PURE_DIALECTS = frozenset({"stablehlo", "arith", "math", "tensor", "chlo"})
-# Side-effecting ops of those dialects: communication, I/O, randomness, tokens.
+# Side-effecting ops of those dialects: communication, I/O, randomness from hidden
+# state (``rng``; ``rng_bit_generator`` is a pure function of its state operand),
+# tokens.
 EFFECTFUL_OPS = frozenset({
     "stablehlo.send", "stablehlo.recv", "stablehlo.infeed", "stablehlo.outfeed",
     "stablehlo.all_reduce", "stablehlo.all_gather", "stablehlo.all_to_all", "stablehlo.reduce_scatter",
     "stablehlo.collective_permute", "stablehlo.collective_broadcast", "stablehlo.custom_call",
-    "stablehlo.rng", "stablehlo.rng_bit_generator", "stablehlo.after_all", "stablehlo.create_token",
+    "stablehlo.rng", "stablehlo.after_all", "stablehlo.create_token",
     "stablehlo.optimization_barrier", "stablehlo.partition_id", "stablehlo.replica_id",
 })
 # Ops with regions that compute a pure function of their operands when every op
@@ -97,6 +99,11 @@ EFFECTFUL_MARK = "REMAT_EFFECTFUL"
 # JAX's name stacks: ``jit(f)/transpose(jvp(f))/mul`` is the backward pass of
 # ``jit(f)/jvp(f)/mul``; every other op (constants too) is forward.
 _BACKWARD_SCOPE = "transpose("
+# Why a JAX-lowered module printed without locations has no phases, and how to
+# get them (``meta.no_phases``; ``import mlir`` prints it). The structure alone
+# does not tell them apart soundly: see docs/mlir.md, Phases.
+NO_LOCATIONS = ("no phases could be read: the module has no locations; print it with "
+                "lowered.as_text(debug_info=True) to keep JAX's name stacks, which mark the backward pass")
 
 _NAME = r"[A-Za-z_$.\-0-9]+"
 # "%a, %b = " or "%r:2 = " before an op's location; some custom parsers put the
@@ -146,9 +153,12 @@ def load_function(path: str | Path, function: str | None = None, device: str | N
         module = _parse(ir, path, text)
         func = _select_function(ir, path, module, function)
         names = _Names(path, text)
+        located = any(_scope_names(op.location) for op in _ops(func))  # before the inliner adds names
         _inline_calls(ir, path, module, func.regions[0].blocks[0], names, stack=[_sym_name(func)])
         graph, node_ops, args = _build_graph(ir, path, func, names, device or costmodel.DEFAULT_DEVICE,
                                              drop_unsafe_marks)
+        if not graph.has_phases and not located and _lowered_by_jax(module, func):
+            graph.meta["no_phases"] = NO_LOCATIONS
     return MlirFunction(path, ctx, module, func, graph, node_ops, args)
 
 
@@ -329,7 +339,10 @@ def _inline_calls(ir, path: Path, module, block, names: _Names, stack: list[str]
             copy = inner.operation.clone(ip=ir.InsertionPoint(op))
             replace_operands(copy, mapping)
             mapping.update(zip(inner.results, copy.results))
-            copy.location = ir.Location.name(f"{prefix}.{names.of_op(inner) or f'{inner.operation.name}.{j}'}")
+            # named after the call, keeping both locations: the call's name stack says
+            # whether the callee runs in the backward pass (JAX's transposed calls)
+            copy.location = ir.Location.name(f"{prefix}.{names.of_op(inner) or f'{inner.operation.name}.{j}'}",
+                                             childLoc=ir.Location.fused([inner.location, op.location]))
             copies.append(copy)
         for result, value in zip(op.results, returned):
             result.replace_all_uses_with(value)
@@ -502,6 +515,24 @@ def _scope_names(loc) -> list[str]:
         elif hasattr(loc, "locations"):
             stack.extend(loc.locations)
     return out
+
+
+def _ops(func):
+    """Every op in ``func``'s body, nested regions included."""
+    stack = list(func.regions[0].blocks[0].operations)
+    while stack:
+        op = stack.pop()
+        yield op
+        stack.extend(inner for region in op.regions for block in region.blocks for inner in block.operations)
+
+
+def _lowered_by_jax(module, func) -> bool:
+    """JAX marks its lowerings: ``mhlo.num_partitions`` on the module,
+    ``jax.result_info`` on the results of ``main``."""
+    if "mhlo.num_partitions" in module.operation.attributes:
+        return True
+    results = func.attributes["res_attrs"] if "res_attrs" in func.attributes else []
+    return any("jax.result_info" in str(a) for a in results)
 
 
 def located_backward(op) -> bool:

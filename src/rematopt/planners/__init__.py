@@ -30,6 +30,8 @@ REGISTRY: dict[str, str] = {
     "chen-greedy": "rematopt.planners.chen:plan_greedy",
     "dtr": "rematopt.planners.dtr:plan",
     "rotor": "rematopt.planners.rotor:plan",
+    "xla-remat": "rematopt.planners.xla_remat:plan",
+    "torch-knapsack": "rematopt.planners.torch_knapsack:plan",
     "jax-nothing-saveable": "rematopt.planners.policies.presets:plan_nothing_saveable",
     "jax-dots-saveable": "rematopt.planners.policies.presets:plan_dots_saveable",
     "jax-offload-dots": "rematopt.planners.policies.presets:plan_offload_dots",

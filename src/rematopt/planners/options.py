@@ -35,19 +35,20 @@ class Spec:
     choices: tuple[str, ...] | None = None  # allowed strings
     cli: str | bool | None = None  # flag spelling ("--log"); None: "--" + dashed name; False: no flag
     minimum: float | None = None  # numbers: at least this
+    maximum: float | None = None  # numbers: at most this
     finite: bool = False  # numbers: not infinite
     from_text: Callable[[str], Any] | None = None  # reads the value from the command line's text
 
 
 def option(default: Any, help: str, *, choices: Iterable[str] | None = None, cli: str | bool | None = None,
-           minimum: float | None = None, finite: bool = False,
+           minimum: float | None = None, maximum: float | None = None, finite: bool = False,
            from_text: Callable[[str], Any] | None = None) -> Any:
     """A field of an options class: its default, a one-line ``help``, the
     strings it takes (``choices``), the flag that sets it (``cli``; False
-    keeps it off the command line), the least number it takes (``minimum``,
-    and ``finite`` to refuse infinity), and for values not read as a plain
-    number or string, ``from_text`` (ValueError for bad text)."""
-    spec = Spec(help, tuple(choices) if choices is not None else None, cli, minimum, finite, from_text)
+    keeps it off the command line), the least and greatest numbers it takes
+    (``minimum``, ``maximum``; ``finite`` to refuse infinity), and for values
+    not read as a plain number or string, ``from_text`` (ValueError for bad text)."""
+    spec = Spec(help, tuple(choices) if choices is not None else None, cli, minimum, maximum, finite, from_text)
     return _field(default=default, metadata={_SPEC: spec})
 
 
@@ -91,8 +92,12 @@ def describe(kind: tuple[type, ...], s: Spec) -> str:
         what = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(t, f"a {t.__name__}")
         if t is float and s.finite:
             what = "a finite number"
-        if t in (int, float) and s.minimum is not None:
+        if t in (int, float) and s.minimum is not None and s.maximum is not None:
+            what += f" from {s.minimum:g} to {s.maximum:g}"
+        elif t in (int, float) and s.minimum is not None:
             what += f" >= {s.minimum:g}"
+        elif t in (int, float) and s.maximum is not None:
+            what += f" <= {s.maximum:g}"
         parts.append(what)
     return " or ".join(parts)
 
@@ -104,7 +109,8 @@ def _accepts(t: type, value: Any, s: Spec) -> Any:
         return value if isinstance(value, bool) else _REFUSED
     if t in (int, float):
         ok = isinstance(value, numbers.Integral if t is int else numbers.Real) and not isinstance(value, bool)
-        if not ok or (s.finite and not math.isfinite(value)) or (s.minimum is not None and not value >= s.minimum):
+        if not ok or (s.finite and not math.isfinite(value)) or (s.minimum is not None and not value >= s.minimum) \
+                or (s.maximum is not None and not value <= s.maximum):
             return _REFUSED
         return t(value)
     if t is str:

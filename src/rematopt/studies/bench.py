@@ -202,7 +202,7 @@ def _proven(rounds: list[dict]) -> str:
 
 def _whole(st: dict) -> str:
     """What proved the plan optimal over the whole staged space: a
-    relaxation (``cpsat.relaxations``) and when, or the full model itself."""
+    bound (``cpsat.bounds``) and when, or the full model itself."""
     if st["status"] != "OPTIMAL":
         return ""
     proof = next((p for p in st.get("relaxation_proofs", []) if p["status"] == "INFEASIBLE"), None)

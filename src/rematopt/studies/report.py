@@ -160,8 +160,9 @@ def status_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 # Planner stats worth a column in the exact table (cpsat: the plan space
-# solved, and its status there when that is only a subspace).
-EXACT_STATS = ("space", "space_status", "space_gap", "warm_start")
+# solved, and its status there when that is only a subspace; whose plan it
+# returned when a fast planner's was better than its own).
+EXACT_STATS = ("space", "space_status", "space_gap", "warm_start", "plan_from")
 
 
 def exact_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -218,13 +219,15 @@ def write_report(results_dir: str | Path, out: str | Path, title: str | None = N
     df.drop(columns=[c for c in ("stats",) if c in df]).to_csv(out / "results.csv", index=False)
     figures = draw_figures(df, results_dir, out)
     index = out / "index.md"
-    index.write_text(_index_md(df, title or out.name, tables, figures, _commands(results_dir, command, setup)))
-    (out / "index.html").write_text(_index_html(df, title or out.name, tables, figures,
-                                                _commands(results_dir, command, setup), out))
+    made = commands(results_dir, command, setup)
+    index.write_text(_index_md(df, title or out.name, tables, figures, made))
+    (out / "index.html").write_text(page_html(title or out.name, summary_lines(df), made, figures,
+                                              [(caption, md if md is not None else table)
+                                               for caption, table, md in tables.values()], out))
     return index
 
 
-def _commands(results_dir: Path, command: str | None, setup: list[str] | None) -> list[str]:
+def commands(results_dir: Path, command: str | None = None, setup: list[str] | None = None) -> list[str]:
     """What made the report, in order: the commands that made input graphs
     (``setup``: the batch does not see them), the batch runs, the report's."""
     made = results_dir / "batch.json"
@@ -242,6 +245,26 @@ def model_infeasible(df: pd.DataFrame) -> pd.DataFrame:
     return ex[ex["met_by"].notna()][["graph", "budget_ratio", "planner", "met_by"]]
 
 
+def exact_origin_lines(df: pd.DataFrame) -> list[str]:
+    """The exact planner's time per job, and whose plans its rows hold: its
+    own, or a fast planner's that it did not beat in that time (the batch
+    hints it with the best one; ``plan_from``)."""
+    ex = df[df["exact"] & df["meets"]]
+    if ex.empty:
+        return []
+    limits = sorted({o.get("time_limit") for o in df[df["exact"]]["options"].map(_options)} - {None})
+    origin = ex.get("stats", pd.Series(index=ex.index, dtype=object)).map(_options).map(lambda d: d.get("plan_from"))
+    theirs = ex[origin.notna()]
+    limit = f"{', '.join(f'{t:g}' for t in limits)} s per job" if limits else "its default time limit"
+    line = (f"The exact planner ran with {limit}: its rows hold its own plan on {len(ex) - len(theirs)} of "
+            f"{len(ex)} instances it met")
+    if len(theirs):
+        line += ("; on the others a fast planner's plan that it did not beat: " +
+                 "; ".join(f"{r.graph} r={r.budget_ratio:g} ({o})" for r, o in zip(theirs.itertuples(),
+                                                                                   origin[origin.notna()])))
+    return [line + "."]
+
+
 def summary_lines(df: pd.DataFrame) -> list[str]:
     n_graphs = df["graph"].nunique()
     ratios = ", ".join(f"{r:g}" for r in sorted(df["budget_ratio"].unique(), reverse=True))
@@ -250,6 +273,7 @@ def summary_lines(df: pd.DataFrame) -> list[str]:
     lines = [f"{len(df)} jobs: {n_graphs} graphs x budget ratios {ratios} x planners "
              f"{', '.join(sorted(df['planner'].unique()))}.",
              f"Versions: {'; '.join(versions) or 'unknown'}."]
+    lines += exact_origin_lines(df)
     beat = df[~df["exact"] & (df["ref_kind"] == "optimum") & (df["gap_to_ref"] < 0)]
     if len(beat):
         which = "; ".join(f"{r.planner} on {r.graph} r={r.budget_ratio:g} ({100 * r.gap_to_ref:.3f}%)"
@@ -285,19 +309,22 @@ def _index_md(df, title, tables, figures, commands) -> str:
     return "".join(parts)
 
 
-def _index_html(df, title, tables, figures, commands, out: Path) -> str:
+def page_html(title: str, lines: list[str], commands: list[str], figures: list[dict[str, str]],
+              tables: list[tuple[str, pd.DataFrame]], out: Path) -> str:
+    """A self-contained page: the summary lines, the commands, the figures
+    (PNGs in ``out``, embedded) with their readings, and the tables."""
     def img(fig):
         data = base64.b64encode((out / fig["file"]).read_bytes()).decode()
         return f'<img alt="{html.escape(fig["title"])}" src="data:image/png;base64,{data}">'
 
-    body = [f"<h1>{html.escape(title)}</h1>", *(f"<p>{html.escape(line)}</p>" for line in summary_lines(df)),
+    body = [f"<h1>{html.escape(title)}</h1>", *(f"<p>{html.escape(line)}</p>" for line in lines),
             "<h2>How it was made</h2>", f"<pre>{html.escape(chr(10).join(commands))}</pre>", "<h2>Figures</h2>"]
     for fig in figures:
         body += [f"<h3>{html.escape(fig['title'])}</h3>", img(fig), f"<p>{html.escape(fig['reading'])}</p>"]
     body.append("<h2>Tables</h2>")
-    for _, (caption, table, md) in tables.items():
+    for caption, table in tables:
         body += [f"<h3>{html.escape(caption)}</h3>",
-                 (md if md is not None else table).to_html(index=False, na_rep="", float_format=lambda v: f"{v:.6g}")]
+                 table.to_html(index=False, na_rep="", float_format=lambda v: f"{v:.6g}")]
     style = ("body{font-family:sans-serif;max-width:1200px;margin:auto;padding:1em}"
              "table{border-collapse:collapse;font-size:85%}td,th{border:1px solid #ccc;padding:2px 6px}"
              "img{max-width:100%}pre{background:#f4f4f4;padding:.5em;white-space:pre-wrap}")

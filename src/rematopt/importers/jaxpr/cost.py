@@ -17,29 +17,7 @@ import numpy as np
 
 from .. import costmodel
 from .flatten import Const, Eqn, Flat, aval_bytes
-
-# Data movement: no arithmetic, cost is bytes moved only.
-LAYOUT = frozenset({
-    "reshape", "broadcast_in_dim", "transpose", "squeeze", "expand_dims", "slice", "dynamic_slice",
-    "dynamic_update_slice", "concatenate", "pad", "gather", "convert_element_type", "copy", "copy_p",
-    "rev", "iota", "device_put", "split", "bitcast_convert_type", "reduce_precision", "stop_gradient",
-    "stack",
-})
-# One result element per input element (after broadcasting): what XLA fuses freely.
-ELEMENTWISE = frozenset({
-    "add", "add_any", "sub", "mul", "div", "neg", "max", "min", "abs", "sign", "floor", "ceil", "round",
-    "select_n", "integer_pow", "square", "sqrt", "rsqrt", "cbrt", "exp", "exp2", "expm1", "log", "log1p",
-    "tanh", "logistic", "erf", "erfc", "erf_inv", "sin", "cos", "tan", "atan2", "pow", "eq", "ne", "lt",
-    "le", "gt", "ge", "and", "or", "not", "xor", "clamp", "rem", "is_finite", "nextafter", "real", "imag",
-    "conj", "shift_left", "shift_right_logical", "shift_right_arithmetic", "population_count",
-})
-REDUCTIONS = frozenset({
-    "reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or", "argmax", "argmin",
-    "cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp", "reduce_precision",
-})
-CONTROL_FLOW = frozenset({"scan", "while", "cond"})
-# Identities that only tag a value (``checkpoint_name``); XLA emits nothing for them.
-TAGS = frozenset({"name"})
+from .primitives import ELEMENTWISE, LAYOUT, REDUCTIONS, TAGS
 
 
 def fusible(op: str) -> bool:

@@ -20,12 +20,9 @@ import jax
 
 from ...errors import ImportFailure
 from .. import costmodel
-from . import cost
+from . import cost, primitives
 from .flatten import Const, Flat, aval_bytes
 from .unroll import provenance, unroll
-
-# Primitives whose re-execution is unsafe even when JAX lists no effect for them.
-NOT_RECOMPUTABLE = frozenset({"io_callback", "debug_callback", "rng_uniform", "debug_print"})
 
 
 @dataclass
@@ -54,6 +51,12 @@ class Step:
     # Per flat leaf: (leaf of the caller's arguments, slice index) when unrolling
     # split a stacked argument; None when the leaves are the caller's own.
     sources: list[tuple[int, tuple[int, ...] | None]] | None = None
+    # Views (:func:`.primitives.is_view`): their equations are in no group, and
+    # their results are the buffer of the value ``root`` maps them to.
+    view_eqns: frozenset[int] = frozenset()
+    root: dict[int, int] = field(default_factory=dict)
+    named: dict[int, str] = field(default_factory=dict)   # root value -> its checkpoint_name
+    read_before_name: set[int] = field(default_factory=set)  # named roots the backward also reads unnamed
 
     @property
     def n_inputs(self) -> int:
@@ -63,13 +66,18 @@ class Step:
         return self.n_inputs + g
 
     def producers(self) -> dict[int, int]:
-        """value id -> node id of the node producing it."""
+        """value id -> node id of the node producing it (a view: its root's node)."""
         prod = {v: i for i, v in enumerate(self.arg_ids)}
         for g, members in enumerate(self.groups):
             for k in members:
                 for v in self.flat.eqns[k].outs:
                     prod[v] = self.node_of_group(g)
+        prod.update((v, prod[r]) for v, r in self.root.items() if r in prod)  # not the cotangent's views
         return prod
+
+    def root_of(self, r: Any) -> Any:
+        """The value whose buffer ``r`` is (``r`` itself unless it is a view)."""
+        return r if isinstance(r, Const) else self.root.get(r, r)
 
     def head(self, g: int):
         return self.flat.eqns[self.groups[g][-1]]
@@ -150,6 +158,8 @@ def trace_step(loss_fn: Callable, args: Sequence, argnums: int | Sequence[int] =
     grad_refs = flat.add(closed_bwd, res_refs + [ct_id], "backward")
     step = Step(flat, arg_ids, names, tree, diff_leaves, [loss_ref] + grad_refs, res_refs, ct_id, argnums)
     step.dead = _drop_dead(flat, step.out_refs + res_refs)
+    primitives.check_known(flat.eqns)
+    _find_views(step)
     step.groups = _groups(step, fuse)
     step.fused = fuse
     step.unrolled, step.sources = unrolled is not None, unrolled.sources if unrolled else None
@@ -172,6 +182,8 @@ def trace_program(fn: Callable, args: Sequence, fuse: bool = False, unroll_loops
     outs = flat.add(closed, arg_ids, None)
     step = Step(flat, arg_ids, names, tree, [False] * len(arg_ids), outs)
     step.dead = _drop_dead(flat, outs)
+    primitives.check_known(flat.eqns)
+    _find_views(step)
     step.groups = _groups(step, fuse)
     step.fused = fuse
     step.unrolled, step.sources = unroll_loops, unrolled.sources if unrolled else None
@@ -198,25 +210,60 @@ def _drop_dead(flat: Flat, roots: list) -> int:
     return dropped
 
 
+def _find_views(step: Step) -> None:
+    """Mark the view equations and map each view's result to its root value.
+    Two ``checkpoint_name`` tags stay their own nodes: a second name on a named
+    root (one node carries one name), and a name on an argument (JAX's policies
+    save or offload it as a value of its own, which the argument's node, resident
+    throughout, cannot say)."""
+    flat, views, root, named = step.flat, set(), step.root, step.named
+    args = set(step.arg_ids)
+    for k, e in enumerate(flat.eqns):
+        if len(e.outs) != 1 or len(e.ins) != 1 or isinstance(e.ins[0], Const):
+            continue
+        src = step.root_of(e.ins[0])
+        if not primitives.is_view(e.prim.name, e.params, flat.avals[e.ins[0]], flat.avals[e.outs[0]]):
+            continue
+        if e.prim.name == "name":
+            if src in args or named.get(src, str(e.params["name"])) != str(e.params["name"]):
+                continue
+            named[src] = str(e.params["name"])
+        views.add(k)
+        root[e.outs[0]] = src
+    step.view_eqns = frozenset(views)
+    # JAX's name policies save the named value only: a backward read of the value
+    # before its name is recomputed even when the name is saved.
+    after_name = {e.outs[0] for k, e in enumerate(flat.eqns) if k in views and e.prim.name == "name"}
+    for k, e in enumerate(flat.eqns):
+        if k in views and e.ins[0] in after_name:
+            after_name.add(e.outs[0])
+    for k, e in enumerate(flat.eqns):
+        if k in views or e.phase != "backward":
+            continue
+        step.read_before_name.update(step.root_of(r) for r in e.ins if not isinstance(r, Const)
+                                     and step.root_of(r) in named and r not in after_name)
+
+
 def _groups(step: Step, fuse: bool) -> list[list[int]]:
     eqns = step.flat.eqns
+    ks = [k for k in range(len(eqns)) if k not in step.view_eqns]
     if not fuse:
-        return [[k] for k in range(len(eqns))]
+        return [[k] for k in ks]
     # Values that must stay visible: program results and residuals.
-    pinned = {r for r in step.out_refs + step.res_refs if not isinstance(r, Const)}
+    pinned = {step.root_of(r) for r in step.out_refs + step.res_refs if not isinstance(r, Const)}
     users: dict[int, list[int]] = {}
-    for k, e in enumerate(eqns):
-        for r in e.ins:
+    for k in ks:
+        for r in eqns[k].ins:
             if not isinstance(r, Const):
-                users.setdefault(r, []).append(k)
-    head = list(range(len(eqns)))
+                users.setdefault(step.root_of(r), []).append(k)
+    head = {k: k for k in ks}
     # Walk backwards so a consumer's group is settled before its producers are
     # considered; every member of a group then comes after the producer being
     # folded in, so folding never creates a cycle.
-    for k in reversed(range(len(eqns))):
+    for k in reversed(ks):
         e = eqns[k]
         if (len(e.outs) != 1 or e.effectful or not cost.fusible(e.prim.name) or e.outs[0] in pinned
-                or e.prim.name in NOT_RECOMPUTABLE):
+                or not primitives.recomputable(e.prim.name, e.params, e.effectful)):
             continue
         heads = {head[c] for c in users.get(e.outs[0], [])}
         if len(heads) != 1:
@@ -226,7 +273,7 @@ def _groups(step: Step, fuse: bool) -> list[list[int]]:
         if he.phase == e.phase and cost.fusion_consumer(he.prim.name) and not he.effectful:
             head[k] = h
     members: dict[int, list[int]] = {}
-    for k in range(len(eqns)):
+    for k in ks:
         members.setdefault(head[k], []).append(k)
     return [members[h] for h in sorted(members)]
 
@@ -250,7 +297,15 @@ def to_graph(step: Step, name: str, device: str = costmodel.DEFAULT_DEVICE,
         if index is not None:  # one slice of a stacked argument: the iteration that reads it
             node.extra["iteration"] = list(index)
     edges: list[tuple[int, int]] = []
-    residual_values = {r for r in step.res_refs if not isinstance(r, Const)}
+    # What jax.vjp saves, value by value (arguments aside, as JAX's own report
+    # lists them), and the buffers those values are.
+    args = set(step.arg_ids)
+    residual_values = sorted({r for r in step.res_refs if not isinstance(r, Const) and r not in args})
+    residual_roots = {step.root_of(r) for r in residual_values}
+    views_of: dict[int, list[str]] = {}
+    for k in sorted(step.view_eqns):
+        if flat.eqns[k].outs[0] in prod:
+            views_of.setdefault(prod[flat.eqns[k].outs[0]], []).append(flat.eqns[k].prim.name)
     for g, members in enumerate(step.groups):
         nid = step.node_of_group(g)
         head = flat.eqns[members[-1]]
@@ -260,9 +315,9 @@ def to_graph(step: Step, name: str, device: str = costmodel.DEFAULT_DEVICE,
         edges.extend((s, nid) for s in srcs)
         node = Node(nid, name=f"{op}.{nid}", op=op, bytes=sum(aval_bytes(flat.avals[v]) for v in head.outs),
                     cost=_group_seconds(step, members, dev), phase=head.phase,
-                    recomputable=not any(flat.eqns[k].effectful or flat.eqns[k].prim.name in NOT_RECOMPUTABLE
-                                         for k in members))
-        crossing = [j for j, v in enumerate(head.outs) if v in residual_values]
+                    recomputable=all(primitives.recomputable(flat.eqns[k].prim.name, flat.eqns[k].params,
+                                                             flat.eqns[k].effectful) for k in members))
+        crossing = [j for j, v in enumerate(head.outs) if v in residual_roots]
         if crossing:  # saved by jax.vjp (even where the backward pass never reads it)
             node.extra["residual"] = True
         if len(head.outs) == 1:
@@ -273,7 +328,7 @@ def to_graph(step: Step, name: str, device: str = costmodel.DEFAULT_DEVICE,
                 node.extra["residual_outputs"] = crossing
         if len(members) > 1:
             node.extra["fused"] = len(members)
-        if op in cost.CONTROL_FLOW:
+        if op in primitives.CONTROL_FLOW:
             node.extra["body_bytes"] = _body_bytes(head)
         if head.source:
             node.extra["source"] = head.source
@@ -282,13 +337,28 @@ def to_graph(step: Step, name: str, device: str = costmodel.DEFAULT_DEVICE,
             node.extra["name_stack"] = scope
         if loops:
             node.extra["iteration"] = list(loops)
-        if op == "name":  # jax.ad_checkpoint.checkpoint_name: what name policies select by
+        if op == "name":  # a second name on a named value (see _find_views)
             node.extra["checkpoint_name"] = str(head.params["name"])
         nodes.append(node)
+    by_node: dict[int, list[int]] = {}
+    for r in residual_values:
+        by_node.setdefault(prod[r], []).append(aval_bytes(flat.avals[r]))
+    for i, node in enumerate(nodes):
+        values = [step.arg_ids[i]] if node.is_input else step.head(i - step.n_inputs).outs
+        if i in views_of:  # views merged into this node: one buffer
+            node.extra["views"] = views_of[i]
+        named = [step.named[v] for v in values if v in step.named]
+        if named:  # jax.ad_checkpoint.checkpoint_name: what name policies select by
+            node.extra["checkpoint_name"] = named[0]
+            if any(v in step.read_before_name for v in values):
+                node.extra["read_before_name"] = True
+        own = [aval_bytes(flat.avals[v]) for v in values if v in residual_values]
+        if sorted(by_node.get(i, [])) != sorted(own):  # jax.vjp also saves views of this buffer
+            node.extra["residual_values"] = sorted(by_node[i])
     for r in step.out_refs:
         if not isinstance(r, Const) and r in prod:
             nodes[prod[r]].output = True
-    res_vals = [r for r in residual_values if r in prod and not nodes[prod[r]].is_input]
+    buffers = {step.root_of(r) for r in residual_values} - args
     info = {
         "source": "jax",
         "cost_unit": "s",
@@ -301,9 +371,12 @@ def to_graph(step: Step, name: str, device: str = costmodel.DEFAULT_DEVICE,
         "args": [f"{n}: {_short(flat.avals[v])}" for n, v in zip(step.arg_names, step.arg_ids)],
         "equations": len(flat.eqns),
         "dead_equations_dropped": step.dead,
-        "nodes_unfused": step.n_inputs + len(flat.eqns),
+        "nodes_unfused": step.n_inputs + len(flat.eqns) - len(step.view_eqns),
         "nodes": step.n_inputs + len(step.groups),
-        "residuals": {"count": len(res_vals), "bytes": sum(aval_bytes(flat.avals[r]) for r in res_vals)},
+        "views": len(step.view_eqns),
+        "residuals": {"count": len(residual_values),
+                      "bytes": sum(aval_bytes(flat.avals[r]) for r in residual_values),
+                      "buffers": len(buffers), "buffer_bytes": sum(aval_bytes(flat.avals[r]) for r in buffers)},
     }
     info.update(meta or {})
     return Graph(name, nodes, sorted(set(edges)), None, info)

@@ -6,7 +6,7 @@ the primal program, then runs that jaxpr again with every ``scan``, and every
 ``while`` whose trip count the literals fix, expanded into its iterations, and
 hands that function to ``jax.vjp``. The graph is then the one a Python loop
 over the layers would give. Each iteration's equations run under a name scope
-``ITERATION`` + index, which JAX carries into the backward equations it
+``ITERATION`` + index + ``@`` + the loop, which JAX carries into the backward equations it
 derives, so every node knows its loop indices (:func:`provenance`).
 
 A stacked argument that a scan slices (stacked layer parameters) becomes one
@@ -61,14 +61,25 @@ class Unrolled:
 
 def provenance(ns: Any) -> tuple[str, tuple[int, ...]]:
     """(name stack without transforms and iteration scopes, loop indices outermost first)."""
-    names, loops = [], []
+    names = [part.name for part in getattr(ns, "stack", ())
+             if isinstance(part, siu.Scope) and not part.name.startswith(ITERATION)]
+    return "/".join(names), tuple(i for _, i in iterations(ns))
+
+
+def iterations(ns: Any) -> tuple[tuple[str, int], ...]:
+    """(loop, index) of each unrolled loop the name stack is in, outermost
+    first; ``loop`` tells apart the loops of one trace (the nested loop of
+    every outer iteration has the same one)."""
+    out = []
     for part in getattr(ns, "stack", ()):
-        if isinstance(part, siu.Scope):
-            if part.name.startswith(ITERATION):
-                loops.append(int(part.name[len(ITERATION):]))
-            else:
-                names.append(part.name)
-    return "/".join(names), tuple(loops)
+        if isinstance(part, siu.Scope) and part.name.startswith(ITERATION):
+            index, _, loop = part.name[len(ITERATION):].partition("@")
+            out.append((loop, int(index)))
+    return tuple(out)
+
+
+def _scope(eqn: Any, i: int) -> str:
+    return f"{ITERATION}{i}@{id(eqn):x}"
 
 
 def unroll(fn: Callable, args: Sequence) -> Unrolled | None:
@@ -154,7 +165,7 @@ def _scan(eqn: Any, ins: list, ns: Any) -> list:
         i = length - 1 - k if p["reverse"] else k
         with siu.user_context(eqn.source_info.traceback, name_stack=ns):
             x_i = [_slice(x, i) for x in xs]
-        out = run(p["jaxpr"], consts + carry + x_i, ns.extend(f"{ITERATION}{i}"))
+        out = run(p["jaxpr"], consts + carry + x_i, ns.extend(_scope(eqn, i)))
         carry = out[:nk]
         if not ys:
             ys = [[None] * length for _ in out[nk:]]
@@ -174,7 +185,7 @@ def _while(eqn: Any, ins: list, ns: Any, trips: int) -> list:
     body_consts = ins[p["cond_nconsts"]:p["cond_nconsts"] + p["body_nconsts"]]
     carry = ins[p["cond_nconsts"] + p["body_nconsts"]:]
     for k in range(trips):
-        carry = run(p["body_jaxpr"], body_consts + carry, ns.extend(f"{ITERATION}{k}"))
+        carry = run(p["body_jaxpr"], body_consts + carry, ns.extend(_scope(eqn, k)))
     return carry
 
 

@@ -1,7 +1,7 @@
 """``cpsat``: the exact planner. Builds the staged model of
 :mod:`.model` (formulation: ``docs/cpsat.md``), solves it in rounds with
 CP-SAT from a warm start (:mod:`.search`, chosen by :mod:`.strategy`),
-bounds the whole staged space with relaxations (:mod:`.relaxations`) and
+bounds the whole staged space from below (:mod:`.bounds`) and
 reports what was proven (:mod:`.report`).
 
 Objectives: ``overhead`` (default with a budget) minimises recompute plus

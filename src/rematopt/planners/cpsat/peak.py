@@ -23,7 +23,7 @@ from ...reference import peak_lower_bound
 from ...simulate import simulate
 from ...stats import Stats
 from .model import memory_unit, overhead_cap_units
-from .relaxations import LEVELS, Question, relaxation_bound
+from .bounds import PROBES, Question, ask
 from .report import gap
 from .search import Context
 from .settings import max_recomputes
@@ -157,10 +157,9 @@ def decide(ctx: Context, q0: Question, u: Units, cap: int, limit: float, rounds:
     def probe(verdict: str, by: str | None, peak: int | None = None, bound: int | None = None) -> Probe:
         return Probe(u.bytes(cap), verdict, by, peak, bound, time.perf_counter() - began, ctx.elapsed())
 
-    for level in LEVELS:
-        r = relaxation_bound(g, q, level=level, below=below, workers=cfg.workers, seed=cfg.seed,
-                             time_limit=min(deadline - time.perf_counter(), LEVEL_SHARE[level] * limit),
-                             interruptible=True)
+    for level in PROBES:
+        r = ask(g, q, level, below=below, workers=cfg.workers, seed=cfg.seed,
+                time_limit=min(deadline - time.perf_counter(), LEVEL_SHARE[level] * limit), interruptible=True)
         if r.interrupted:
             ctx.stop.requested = True
             return probe("unknown", None), None

@@ -16,7 +16,7 @@ from ...simulate import Replay, cost_of_counts, simulate
 from ...stats import Stats
 from .backends import STATUS
 from .model import Model
-from .relaxations import Question, WholeBound
+from .bounds import Question, WholeBound
 from .search import Context, Round
 from .solution import Assignment, events
 
@@ -135,7 +135,9 @@ def report(o: Outcome) -> Plan:
         if proven_whole:
             stats["status"] = "OPTIMAL"
     elif restricted and best is not None:
-        stats["best_bound"] = trivial
+        stats["best_bound"], stats["bound_by"] = trivial, "working set" if cfg.objective == "peak" else "trivial"
+    elif stats["best_bound"] is not None:  # no relaxation answered in time: the full model's own bound
+        stats["bound_by"] = "model"
     if gap_infeasible:  # no model solved, so no LP of it either
         stats["reason"] = "the gap relaxation of the staged space is infeasible: no staged plan meets the budget"
     elif o.empty:

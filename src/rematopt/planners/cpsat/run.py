@@ -22,7 +22,7 @@ from . import lns, peak
 from .backends import STATUS, LpBackend
 from .model import (Model, OutOfTime, Stages, cap_units, cost_resolution, integer_scale, memory_unit,
                     overhead_cap_units, peak_floor_units)
-from .relaxations import Question, WholeBound, relaxation_bound
+from .bounds import BOUNDS, PROOFS, Question, WholeBound, ask
 from .report import ROUNDED_DOWN, Outcome, Outside, report, report_unbuilt
 from .search import Context, Lowest, Round, make_model, solve_model, solve_round, tie_break, whole_bound_of
 from .settings import Settings, max_recomputes
@@ -33,7 +33,7 @@ from .strategy import (DONE, may_start, next_depth, proof_time, returned_round, 
 from .warm_start import (FIRST, best_within, evicted_plan, fast_planners, fast_plans, lowest_peak,
                          staged_eviction, warm_start_share, WARM_START_SHARE)
 
-# The gap relaxation (relaxations.py) takes well under a second on the
+# The gap relaxation (bounds/gaps.py) takes well under a second on the
 # benchmark graphs; this share of the limit caps it on bigger ones.
 GAP_BOUND_SHARE = 0.1
 # When no fast plan fits, staged eviction in a deeper space may take the
@@ -261,9 +261,11 @@ def question(ctx: Context) -> Question:
 
 
 def relaxation(ctx: Context, q: Question, level: str, limit: float, below: int | None = None) -> WholeBound:
+    """The bound ``level`` (:data:`bounds.BOUNDS`) of ``q``; Ctrl-C stops it
+    unless it is asked up front (a SIGINT there waits for the next checkpoint)."""
     cfg = ctx.cfg
-    r = relaxation_bound(ctx.graph, q, level=level, below=below, time_limit=limit, workers=cfg.workers,
-                         seed=cfg.seed, interruptible=level != "gaps", ix=ctx.full)
+    r = ask(ctx.graph, q, level, below=below, time_limit=limit, workers=cfg.workers, seed=cfg.seed,
+            interruptible=not BOUNDS[level].up_front, ix=ctx.full)
     if r.interrupted:
         ctx.stop.requested = True
     return r
@@ -281,7 +283,7 @@ def relaxation_proof(ctx: Context, q: Question, model: Model, best: Assignment |
     deadline = time.perf_counter() + proof_time(ctx.elapsed(), ctx.cfg.time_limit, proof_s)
     attempts: list[Proof] = []
     empty = False
-    for level in ("chains", "slots"):
+    for level in PROOFS:
         left = deadline - time.perf_counter()
         proven = best is not None and lower is not None and obj <= lower
         if ctx.stop.requested or proven or empty or left < 0.05:

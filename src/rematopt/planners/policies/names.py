@@ -30,7 +30,7 @@ from ...plan import Plan
 from ...simulate import simulate
 from ...stats import Stats
 from ..options import names, option, parse
-from .space import Space, policy_plan
+from .space import Space, no_names, policy_plan
 
 @dataclass(frozen=True)
 class Options:
@@ -57,8 +57,7 @@ def plan(graph: Graph, budget: int | None, options: dict[str, Any]) -> Plan:
     objective, offload, time_limit = o.objective or "overhead", o.offload, o.time_limit
     space = Space(graph, o.per_layer)
     if not space.keys:
-        raise NotApplicable(f"{graph.name}: graph has no checkpoint_name on a forward value, so no name policy "
-                           "to choose (tag values with jax.ad_checkpoint.checkpoint_name)")
+        raise NotApplicable(no_names(graph))
     fates = ("device", "offload") if offload else ("device",)
     start = time.perf_counter()
     if len(space.keys) <= ENUMERATE_MAX:

@@ -52,6 +52,29 @@ def layers(graph: Graph) -> dict[int, int]:
     return out
 
 
+def no_names(graph: Graph) -> str:
+    """Why ``graph`` offers no name policy, and what to do, in one line: the
+    names it carries (none of which a policy decides, see :attr:`Space.groups`),
+    or how to tag values, with the layer scopes of its matrix multiplies as the
+    places to tag."""
+    names = sorted({v.extra["checkpoint_name"] for v in graph.nodes if "checkpoint_name" in v.extra})
+    if names:
+        return (f"{graph.name}: its checkpoint names ({', '.join(names)}) are all on values JAX saves whatever "
+                "the policy (arguments, outputs, unrecomputable values) or recomputes whatever the policy "
+                "(values the backward pass also reads before the name), so no name policy has a choice to make; "
+                "tag other values with jax.ad_checkpoint.checkpoint_name")
+    scopes: dict[str, None] = {}
+    for v in graph.nodes:
+        if v.phase == "forward" and v.op in ("dot_general", "conv_general_dilated"):
+            parts = [p for p in v.extra.get("name_stack", "").split("/") if p and "," not in p and "->" not in p]
+            if parts:
+                scopes.setdefault("/".join(parts))
+    where = f" (its matrix multiplies run in {', '.join(list(scopes)[:3])}{', ...' if len(scopes) > 3 else ''})"
+    return (f"{graph.name}: no value carries a checkpoint_name, so no name policy can choose among them; "
+            "tag the values a policy should decide where the model computes them, "
+            f"x = jax.ad_checkpoint.checkpoint_name(x, \"mlp_out\"){where if scopes else ''}, and trace again")
+
+
 @dataclass(frozen=True)
 class Space:
     """The named forward values of ``graph``, grouped into decision keys."""
@@ -62,11 +85,15 @@ class Space:
     @cached_property
     def groups(self) -> dict:
         """key -> named forward nodes it decides (JAX never drops inputs,
-        outputs or unrecomputable values, so they are not in any group)."""
+        outputs or unrecomputable values, so they are not in any group). A
+        value the backward pass also reads before its name (``read_before_name``:
+        ``checkpoint_name(tanh(x))``, whose derivative reads the tanh) is left to
+        recomputation: saving the name, JAX would still recompute it for that
+        read, which no plan on the one node can say."""
         kept = always_kept(self.graph)
         out: dict = {}
         for i, layer in layers(self.graph).items():
-            if kept[i]:
+            if kept[i] or self.graph.nodes[i].extra.get("read_before_name"):
                 continue
             name = self.graph.nodes[i].extra["checkpoint_name"]
             out.setdefault((name, layer) if self.per_layer else name, []).append(i)

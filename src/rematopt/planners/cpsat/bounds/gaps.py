@@ -1,4 +1,4 @@
-"""The gaps relaxation (:mod:`relaxations`, level "gaps") at any size: built
+"""The gaps relaxation (the first level of :mod:`.chains`'s) at any size: built
 with numpy, its memory rows chained so that the model has a few variables
 per value rather than one term per (value, critical stage).
 
@@ -32,17 +32,24 @@ in 60 s), and CP-SAT's bound is within 1e-5 of the optimum after 3 s.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 from ortools.sat.python import cp_model
 
-from ...graph import Graph
-from .model import Stages
+from ....graph import Graph
+from ..model import Stages
+from .question import How, Question, WholeBound
+from .solver import solve_relaxation
 
-if TYPE_CHECKING:
-    from .relaxations import Question
+
+def gaps_bound(graph: Graph, q: Question, how: How) -> WholeBound:
+    """The gaps relaxation of ``q`` solved as ``how`` says (``how.ix``: the
+    full staged space's :class:`Stages`, when at hand)."""
+    began = time.perf_counter()
+    m, goal = gaps_model(graph, q, how.ix)
+    return solve_relaxation(m, goal, began, how)
 
 
 @dataclass(frozen=True)

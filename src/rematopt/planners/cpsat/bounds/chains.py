@@ -1,5 +1,7 @@
-"""Lower bounds for the whole staged space from relaxations far smaller than
-the staged model (``docs/cpsat.md``, "Whole-space bounds"), at three levels.
+"""The chains and slots relaxations: lower bounds for the whole staged space
+from models far smaller than the staged one (``docs/cpsat.md``,
+"Whole-space bounds"). With the gaps relaxation (:mod:`.gaps`) they are
+three levels of one relaxation.
 
 Memory is checked only at the first computations of the *critical* stages
 ``c_0 < c_1 < ...``: those where the values that are alive (between their
@@ -30,7 +32,7 @@ space, and an infeasible relaxation proves it empty. The levels:
 
 - "gaps": no producer constraints, one variable per gap between two uses (a
   value dropped anywhere in it pays one re-materialisation). The optimum
-  itself on the Checkmate graphs. Built by :mod:`gaps` with numpy, its
+  itself on the Checkmate graphs. Built by :mod:`.gaps` with numpy, its
   memory rows chained: a few seconds on the 10,084-node GPT decoder, where
   the model above, one term per (value, critical stage), did not build in 60 s.
 - "chains": a recompute needs its producers, which on the random layered
@@ -45,108 +47,37 @@ space, and an infeasible relaxation proves it empty. The levels:
 from __future__ import annotations
 
 import bisect
-import math
 import time
 from collections import deque
-from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from ...graph import Graph
-from .backends import stopped_early, tune
-from .gaps import gaps_model
-from .model import OutOfTime, Stages, check_time
-from .signals import solver_takes_ctrl_c
+from ....graph import Graph
+from ..model import OutOfTime, Stages, check_time
+from .question import How, Question, WholeBound
+from .solver import solve_relaxation
 
-
-@dataclass
-class WholeBound:
-    """A relaxation's verdict, in model integers (cost x scale, or memory units)."""
-
-    status: str  # OPTIMAL, FEASIBLE (bound only), INFEASIBLE, UNKNOWN, SKIPPED (more than MAX_PAIRS)
-    bound: int | None  # also after UNKNOWN: the search's bound so far
-    seconds: float
-    interrupted: bool = False  # stopped by Ctrl-C (``interruptible`` only)
-
-
-LEVELS = ("gaps", "chains", "slots")
 # Chains and slots make about three variables per (value, critical stage) up
 # to the value's horizon: 1.2 million on the 2,090-node GPT decoder at 0.8
 # (30 s to build in Python); n250's are 12,000-16,000. Above this, SKIPPED.
 MAX_PAIRS = 200_000
 
 
-@dataclass(frozen=True)
-class Question:
-    """What every relaxation of one solve is asked about, in the model's
-    integers: memory in ``unit`` bytes with persistent bytes aside, as in
-    :class:`Formulation`; ``int_cost`` / ``int_transfer`` no higher than the
-    model's (floored when the cost scale is inexact, so the optimum stays a
-    bound). ``objective`` "overhead" minimises the cost under ``cap_units``;
-    "peak" minimises the largest critical memory (at least ``peak_floor``),
-    with the cost under ``overhead_cap``."""
-
-    objective: str
-    unit: int
-    cap_units: int
-    int_cost: tuple[int, ...]
-    int_transfer: tuple[int, ...]
-    offload: bool
-    overhead_cap: int | None = None
-    max_recomputes: int | None = None
-    peak_floor: int = 0
-
-
-def relaxation_bound(graph: Graph, q: Question, *, level: str, below: int | None = None,
-                     time_limit: float = 5.0, workers: int = 1, seed: int = 0,
-                     interruptible: bool = False, ix: Stages | None = None) -> WholeBound:
-    """Solve the relaxation at ``level`` (one of LEVELS) of question ``q``.
-    ``below`` asks only whether a solution of objective at most ``below``
-    exists (the search stops at the first one): INFEASIBLE then says that no
-    staged plan does as well. ``interruptible`` lets Ctrl-C stop the search
-    (main thread only, see :func:`solver_takes_ctrl_c`). ``ix``: the full
-    staged space's :class:`Stages` when at hand (the gaps level uses it)."""
+def chains_bound(graph: Graph, q: Question, how: How, level: str) -> WholeBound:
+    """The chains or slots relaxation (``level``) of ``q`` solved as ``how``
+    says; SKIPPED above MAX_PAIRS, UNKNOWN when not built in its time."""
     began = time.perf_counter()
-    if level not in LEVELS:
-        raise ValueError(f"relaxation level must be one of {LEVELS}, got {level!r}")
-    if level == "gaps":  # numpy and a chain of segments: seconds even on 10,000 nodes
-        m, goal = gaps_model(graph, q, ix)
-    else:
-        try:
-            m, goal = _chains_model(graph, q, level, began + time_limit)
-        except OutOfTime:  # not even built in the time it was given
-            return WholeBound("UNKNOWN", None, time.perf_counter() - began)
-        if m is None:  # too big to build in the time a proof gets
-            return WholeBound("SKIPPED", None, time.perf_counter() - began)
-    left = time_limit - (time.perf_counter() - began)
-    if left <= 0:
+    try:
+        m, goal = chains_model(graph, q, level, began + how.time_limit)
+    except OutOfTime:  # not even built in the time it was given
         return WholeBound("UNKNOWN", None, time.perf_counter() - began)
-    if below is not None:
-        m.add(goal <= below)
-    m.minimize(goal)
-    solver = cp_model.CpSolver()
-    tune(solver.parameters, max(left, 0.01), workers, seed)
-    solver.parameters.stop_after_first_solution = below is not None
-    with solver_takes_ctrl_c(solver.parameters, interruptible):
-        status = solver.solve(m)
-    seconds = time.perf_counter() - began
-    # an early stop without a proof is Ctrl-C's doing, unless the solution
-    # found under ``below`` stopped it by design
-    unproven = (cp_model.UNKNOWN,) if below is not None else (cp_model.FEASIBLE, cp_model.UNKNOWN)
-    stopped = stopped_early(solver, status, left, unproven)
-    if status == cp_model.INFEASIBLE:
-        return WholeBound("INFEASIBLE", None, seconds)
-    # The search's bound holds even when it ends with no solution: asked for
-    # one below ``below``, every plan either costs more than that or at
-    # least the bound (n250 at 0.8: chains reaches 2,596 where gaps has 1,828).
-    lower = math.ceil(solver.best_objective_bound - 1e-6) if math.isfinite(solver.best_objective_bound) else None
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return WholeBound("UNKNOWN", lower, seconds, stopped)
-    return WholeBound("OPTIMAL" if status == cp_model.OPTIMAL else "FEASIBLE", lower, seconds, stopped)
+    if m is None:  # too big to build in the time a proof gets
+        return WholeBound("SKIPPED", None, time.perf_counter() - began)
+    return solve_relaxation(m, goal, began, how)
 
 
-def _chains_model(graph: Graph, q: Question, level: str, deadline: float
-                  ) -> tuple[cp_model.CpModel | None, cp_model.LinearExpr | None]:
+def chains_model(graph: Graph, q: Question, level: str, deadline: float
+                 ) -> tuple[cp_model.CpModel | None, cp_model.LinearExpr | None]:
     """The chains or slots relaxation of ``q`` and its objective (None, None
     above MAX_PAIRS). Raises OutOfTime past ``deadline``."""
     shape = _Lifetimes(graph, level=level, offload=q.offload, unit=q.unit,
