@@ -182,11 +182,22 @@ def _planned_step(step: Step, fates: Fates, scan: bool = True) -> tuple[Callable
         return sorted({root(r) for k in group_of[node] for r in eqns[k].ins
                        if not isinstance(r, Const) and root(r) not in inside})
 
-    def unit(node: int, recompute: bool = False, loop_of: int | None = None) -> Unit:
-        loops = iterations(eqns[group_of[node if loop_of is None else loop_of][-1]].name_stack)
-        ks = set(group_of[node])  # in program order with the views its equations read
-        ks |= view_eqns([r for k in group_of[node] for r in eqns[k].ins])
-        return Unit(node, tuple(eqns[k] for k in sorted(ks)), recompute, loops[0] if loops else None)
+    def loop_of_eqn(k: int) -> tuple[str, int] | None:
+        loops = iterations(eqns[k].name_stack)
+        return loops[0] if loops else None
+
+    def units(node: int, recompute: bool = False, loop_of: int | None = None) -> list[Unit]:
+        """The node's unit: its equations in program order with the views they
+        read; where the unit is in a loop, views made outside every loop (a
+        scan's first carry, a slice of an outer value) go in a unit of their
+        own before it, so the iterations a plan treats alike run the same
+        equations (the first one's would make that view, the others not)."""
+        loop = loop_of_eqn(group_of[node if loop_of is None else loop_of][-1])
+        views = view_eqns([r for k in group_of[node] for r in eqns[k].ins])
+        apart = sorted(k for k in views if loop is not None and loop_of_eqn(k) is None)
+        own = sorted(set(group_of[node]) | (views - set(apart)))
+        made = [Unit(node, tuple(eqns[k] for k in apart), recompute, None)] if apart else []
+        return made + [Unit(node, tuple(eqns[k] for k in own), recompute, loop)]
 
     # Recompute closure: forward nodes the backward pass needs and the plan
     # does not save, back to saved values and arguments. Values are named by
@@ -227,15 +238,15 @@ def _planned_step(step: Step, fates: Fates, scan: bool = True) -> tuple[Callable
     for k, (j, _) in enumerate(sources):
         pieces.setdefault(j, []).append(k)
 
-    forward_pass: list = [unit(node) for node in group_of if phase_of[node] == "forward"]
-    backward_pass: list = [unit(node, node in recompute) for node in order]
+    forward_pass: list = [u for node in group_of if phase_of[node] == "forward" for u in units(node)]
+    backward_pass: list = [u for node in order for u in units(node, node in recompute)]
     notes: dict[str, LoopNote] = {}
     if scan and any(u.loop for u in forward_pass):
         saved_set = set(saved_vals)
         aval = flat.avals.__getitem__
         forward_pass = roll(forward_pass, aval, saved_set | {root(r) for r in [loss_ref] if not isinstance(r, Const)},
                             lambda v: (v in saved_set, v in host_vals), "forward", notes)
-        rolled = roll(_first_reader_order(group_of, phase_of, recompute, inputs_of, prod, unit), aval,
+        rolled = roll(_first_reader_order(group_of, phase_of, recompute, inputs_of, prod, units), aval,
                       {root(r) for r in grad_refs if not isinstance(r, Const)}, lambda v: (), "backward", notes)
         if any(isinstance(it, Run) for it in rolled):
             backward_pass = rolled
@@ -312,7 +323,7 @@ def _planned_step(step: Step, fates: Fates, scan: bool = True) -> tuple[Callable
 
 
 def _first_reader_order(group_of: dict, phase_of: dict, recompute: dict, inputs_of: Callable, prod: dict,
-                        unit: Callable) -> list[Unit]:
+                        units: Callable) -> list[Unit]:
     """The backward nodes in program order, each recomputation right before
     its first reader and in the loop iteration of that reader (the order a
     rolled loop runs them in)."""
@@ -328,9 +339,9 @@ def _first_reader_order(group_of: dict, phase_of: dict, recompute: dict, inputs_
             if p in recompute and p not in done and p not in need:
                 need.add(p)
                 todo.extend(prod[r] for r in recompute[p])
-        out.extend(unit(p, True, node) for p in sorted(need))
+        out.extend(u for p in sorted(need) for u in units(p, True, node))
         done |= need
-        out.append(unit(node))
+        out.extend(units(node))
     return out
 
 
