@@ -153,7 +153,7 @@ def cpsat_settings(hint: Plan | None) -> list[tuple[str, str, dict[str, Any]]]:
 
 def run_one(graph: Graph, planner: str, label: str, budget: int | None, options: dict[str, Any]) -> Run | None:
     """One run; None when the planner does not apply to the graph
-    (torch-knapsack on a graph without phases)."""
+    (torch-knapsack on a graph without phases, rotor where it finds no chain)."""
     run = Run(planner, label, budget, options)
     try:
         with warnings.catch_warnings():
@@ -187,6 +187,7 @@ def run_graph(graph: Graph, budget_list: list[int], cpsat: bool | list[str]) -> 
     whose labels ``cpsat`` lists), hinted with the best fast plan of its
     budget; then the TIGHT settings at the lowest peak of their plans."""
     runs = [run_one(graph, p, label, b, o) for b in budget_list for p, label, o in fast_settings()]
+    runs = [r for r in runs if r is not None]
     if cpsat:
         for b in budget_list:
             runs += [run_one(graph, p, label, b, o) for p, label, o in cpsat_settings(best_fast_plan(runs, b))

@@ -10,7 +10,7 @@ from rematopt.importers import load as load_graph
 
 
 def test_scale_rows_run_each_solve_in_its_own_process(tmp_path, monkeypatch):
-    monkeypatch.setitem(bench.SCALE, "random_layered_n30", ("random", 30, False))
+    monkeypatch.setitem(bench.SCALE, "random_layered_n30", ("random", None, False, 30))
     rows = bench.scale_rows(("random_layered_n30",), (1.0, 0.9), time_limit=3, workers=1, folder=tmp_path)
     g = load_graph(tmp_path / "random_layered_n30.json")
     assert [(r["graph"], r["nodes"], r["ratio"]) for r in rows] == [("random_layered_n30", 30, 1.0),
@@ -33,14 +33,14 @@ def test_bench_scale_prints_its_table_only(tmp_path, monkeypatch):
 
     from rematopt.cli import cli
 
-    monkeypatch.setitem(bench.SCALE, "random_layered_n30", ("random", 30, False))
+    monkeypatch.setitem(bench.SCALE, "random_layered_n30", ("random", None, False, 30))
     out = CliRunner().invoke(cli, ["bench", "scale", "--graphs", "random_layered_n30", "--ratios", "0.9",
                                     "--time-limit", "3", "--workers", "1", "--folder", str(tmp_path)])
     assert out.exit_code == 0 and "cpsat at scale" in out.output and "replay" not in out.output
 
 
 def test_scale_rows_run_once_per_lns_setting(tmp_path, monkeypatch):
-    monkeypatch.setitem(bench.SCALE, "random_layered_n30", ("random", 30, False))
+    monkeypatch.setitem(bench.SCALE, "random_layered_n30", ("random", None, False, 30))
     rows = bench.scale_rows(("random_layered_n30",), (0.9,), time_limit=3, workers=1, folder=tmp_path,
                             lns=("on", "off"))
     assert [r["lns"] for r in rows] == ["on", "off"]

@@ -174,3 +174,33 @@ def test_cpsat_with_lns_on_returns_a_plan_at_least_as_good_within_the_limit():
     off = solve(g, "cpsat", budget_ratio=0.8, time_limit=2, workers=1, lp_bound=False, recompute_depth=1,
                 lns="off")
     assert "lns" not in off.plan.stats
+
+
+@pytest.mark.parametrize("g, ratio, depth", CASES[1:4], ids=[f"{g.name}-{r}-{d}" for g, r, d in CASES[1:4]])
+def test_cone_windows_free_whole_lives_and_never_worsen(g, ratio, depth):
+    """A cone is a value the incumbent pays for and its neighbours; its
+    window frees their variables over their whole lives and the memory of
+    the stages between, whatever their distance; cones alone (every other
+    window) keep every property of the search."""
+    import random
+
+    budget = resolve_budget(g, ratio=ratio)
+    model = model_of(g, budget, depth)
+    start = staged_eviction(model.form)
+    hood = lns.Neighbourhoods(model)
+    group = lns.cone(model, hood, start, random.Random(1), 200)
+    paid = {i for (s, i) in start.R if s != model.form.ix.first[i]}
+    assert group and group & paid
+    free, a, b = hood.free_for(group)
+    form = model.form
+    for i in group:  # every entry of every value in the cone is free
+        for table in (form.S, form.R, form.F):
+            for k, v in table.items():
+                if k[1] == i and not isinstance(v, int):
+                    assert v.index in free and a <= k[0] <= b
+    assert {u.index for (s, q), u in form.U.items() if a <= s < b} <= set(free)
+    res = lns.improve(model, start, deadline=time.perf_counter() + 3, workers=1, budget=budget, width=3)
+    assert any(w.kind == "cone" for w in res.windows)
+    assert res.after <= res.before and model.admissible(res.best)
+    r = replay(model, res.best)
+    assert r.valid and r.peak_bytes <= budget and r.recompute_cost == model.overhead_of(res.best)

@@ -312,9 +312,9 @@ def import_nodelink(file: str, output: str) -> None:
 @click.argument("what", type=click.Choice(["simulator", "greedy", "cpsat", "peak", "scale", "bounds"]),
                 default="simulator")
 @click.option("--sizes", default="10000,100000,2000000", show_default=True, help="Event counts to time.")
-@click.option("--graphs", default=None, help="scale: the instances (default: gpt48, gpt48_fused, gpt_scan48, "
-              "random_layered_n500, random_layered_n1000); bounds: graphs by name (default: random_layered_n250, "
-              "n500, n1000, gpt_l2_w64, gpt48).")
+@click.option("--graphs", default=None, help="scale: the instances (default: gpt12, gpt24, gpt48, gpt96, "
+              "gpt48_fused, gpt_scan48, gpt480, decoder480, random_layered_n500, random_layered_n1000); bounds: "
+              "graphs by name (default: random_layered_n250, n500, n1000, gpt_l2_w64, gpt48).")
 @click.option("--ratios", default=None, help="scale, bounds: budget ratios (default: 0.9,0.8,0.7,0.6; bounds: 0.9,0.8).")
 @click.option("--time-limit", type=float, default=120.0, show_default=True,
               help="scale, bounds: cpsat's limit, seconds.")
@@ -331,9 +331,10 @@ def bench(what: str, sizes: str, graphs: str | None, ratios: str | None, time_li
     greedy: the d=2000 chain-with-sinks stress case and the clone projection check;
     cpsat: the exact planner on ../shared/benchmarks/nodelink at ratios 0.9 and 0.8;
     peak: --objective peak there and on instances/, overhead unlimited and capped at 10%;
-    scale: cpsat on 10,000-node training steps and 1,000-node random graphs, each
-    run in its own process, against the best heuristic: run it from a checkout,
-    whose models/ the JAX instances are traced from;
+    scale: cpsat on training steps of 12 to 96 layers, a 100,000-node chain of
+    blocks and 1,000-node random graphs, each run in its own process, against
+    dtr and the best fast plan: run it from a checkout, whose models/ the JAX
+    instances are traced from;
     bounds: per graph and budget, cpsat's plan, bound and gap, and each
     whole-space bound asked alone)."""
     if what == "bounds":
@@ -344,7 +345,8 @@ def bench(what: str, sizes: str, graphs: str | None, ratios: str | None, time_li
                            workers, Path(folder))
         Console(width=max(Console().width, 200)).print(bounds_table(rows, time_limit, bound_limit, workers))
         return
-    graphs = graphs or "gpt48,gpt48_fused,gpt_scan48,random_layered_n500,random_layered_n1000"
+    graphs = graphs or ("gpt12,gpt24,gpt48,gpt96,gpt48_fused,gpt_scan48,gpt480,decoder480,random_layered_n500,"
+                        "random_layered_n1000")
     ratios = ratios or "0.9,0.8,0.7,0.6"
     if what == "scale":
         from ..studies.bench import SCALE, scale_rows, scale_table

@@ -29,6 +29,7 @@ REGISTRY: dict[str, str] = {
     "chen-sqrt": "rematopt.planners.chen:plan_sqrt",
     "chen-greedy": "rematopt.planners.chen:plan_greedy",
     "dtr": "rematopt.planners.dtr:plan",
+    "rotor": "rematopt.planners.rotor:plan",
     "xla-remat": "rematopt.planners.xla_remat:plan",
     "torch-knapsack": "rematopt.planners.torch_knapsack:plan",
     "jax-nothing-saveable": "rematopt.planners.policies.presets:plan_nothing_saveable",

@@ -224,15 +224,23 @@ def _secs(x: float | None) -> str:
     return "" if x is None else f"{x:.1f}"
 
 
-# The instances of the scale benchmark (issue 15): JAX training steps of a
-# 48-layer decoder (Python loop, fused, and the lax.scan stack unrolled),
-# and Moccasin-style random layered graphs.
+# The instances of the scale benchmark (issues 15 and 25): JAX training steps
+# of the decoder at 12 to 96 layers (Python loop; at 48 also fused, and the
+# lax.scan stack unrolled) and at 480 layers (99,940 nodes), a generated
+# chain of 480 decoder blocks of 16 heads (99,847 nodes), and Moccasin-style
+# random layered graphs.
+# name -> (kind, what, fused, size): size is the layers, blocks or nodes.
 SCALE = {
-    "gpt48": ("jax", "models.gpt:factory", False),
-    "gpt48_fused": ("jax", "models.gpt:factory", True),
-    "gpt_scan48": ("jax", "models.gpt_scan:factory", False),
-    "random_layered_n500": ("random", 500, False),
-    "random_layered_n1000": ("random", 1000, False),
+    "gpt12": ("jax", "models.gpt:factory", False, 12),
+    "gpt24": ("jax", "models.gpt:factory", False, 24),
+    "gpt48": ("jax", "models.gpt:factory", False, 48),
+    "gpt96": ("jax", "models.gpt:factory", False, 96),
+    "gpt480": ("jax", "models.gpt:factory", False, 480),
+    "gpt48_fused": ("jax", "models.gpt:factory", True, 48),
+    "gpt_scan48": ("jax", "models.gpt_scan:factory", False, 48),
+    "decoder480": ("decoder", 16, False, 480),
+    "random_layered_n500": ("random", None, False, 500),
+    "random_layered_n1000": ("random", None, False, 1000),
 }
 
 # Reports a child process's peak resident memory when it exits.
@@ -250,16 +258,21 @@ def scale_graph(name: str, folder: Path) -> Path:
     path = folder / f"{name}.json"
     if path.exists():
         return path
-    kind, what, fused = SCALE[name]
+    kind, what, fused, size = SCALE[name]
     if kind == "random":
         from ..importers.synthetic import random_layered
 
-        random_layered(what, seed=1).save(path)
+        random_layered(size, seed=1).save(path)
+        return path
+    if kind == "decoder":
+        from ..importers.synthetic import decoder
+
+        decoder(size, heads=what).save(path)
         return path
     from ..jax import load_factory, trace_grad
 
-    loss, args = load_factory(what, layers=48)
-    trace_grad(loss, *args, name=name, fuse=fused, meta={"model": what, "config": {"layers": 48}}).save(path)
+    loss, args = load_factory(what, layers=size)
+    trace_grad(loss, *args, name=name, fuse=fused, meta={"model": what, "config": {"layers": size}}).save(path)
     return path
 
 
@@ -283,7 +296,9 @@ def scale_rows(names: tuple[str, ...], ratios: tuple[float, ...], time_limit: fl
         graph = load_graph(path)
         for ratio in ratios:
             budget = resolve_budget(graph, ratio=ratio, check=False)
-            fits = [(r.overhead, p.planner) for p, r in fast_plans(graph, budget) if r.peak_bytes <= budget]
+            fast = fast_plans(graph, budget)
+            fits = [(r.overhead, p.planner) for p, r in fast if r.peak_bytes <= budget]
+            dtr = next((r.overhead for p, r in fast if p.planner == "dtr" and r.peak_bytes <= budget), None)
             for setting in lns:
                 began = time.perf_counter()
                 out = subprocess.run([sys.executable, "-c", _CHILD, "solve", str(path), "--budget-ratio", str(ratio),
@@ -296,7 +311,7 @@ def scale_rows(names: tuple[str, ...], ratios: tuple[float, ...], time_limit: fl
                 except ValueError:
                     st = {"status": "ERROR", "reason": out.stderr.strip()[-60:]}
                 rows.append({"graph": name, "nodes": graph.n, "ratio": ratio, "lns": setting,
-                             "best_heuristic": min(fits, default=None), "stats": st, "wall_s": wall,
+                             "best_heuristic": min(fits, default=None), "dtr": dtr, "stats": st, "wall_s": wall,
                              "over_limit_s": wall - time_limit, "rss_gib": rss / 2**20})
     return rows
 
@@ -304,19 +319,23 @@ def scale_rows(names: tuple[str, ...], ratios: tuple[float, ...], time_limit: fl
 def scale_table(rows: list[dict], time_limit: float, workers: int) -> Table:
     """The rows of :func:`scale_rows` as a table."""
     table = Table(title=f"cpsat at scale: {time_limit:g} s limit, {workers} workers")
-    for col in ("graph", "nodes", "ratio", "lns", "best heuristic %", "status", "first s", "cpsat %", "vs heuristic",
-                "bound %", "bound by", "gap %", "lns windows (improved)", "wall s", "over limit s", "RSS GiB", "reason"):
+    for col in ("graph", "nodes", "ratio", "lns", "best fast plan %", "dtr %", "status", "first s", "cpsat %",
+                "vs best", "vs dtr", "bound %", "bound by", "gap %", "lns windows (improved)", "wall s", "over limit s",
+                "RSS GiB", "reason"):
         table.add_column(col, justify="right")
     for row in rows:
         st, best = row["stats"], row["best_heuristic"]
         ours = st.get("overhead")
         versus = "" if ours is None or best is None or not best[0] else f"{ours / best[0]:.2f}x"
+        dtr = row.get("dtr")
+        vs_dtr = "" if ours is None or not dtr else f"{ours / dtr:.2f}x"
         ran = st.get("lns")  # LNS's windows, when it ran
         # the whole-space bound as an overhead (its cost over the base cost, as cpsat % is)
         bound = None if st.get("best_bound") is None or not st.get("base_cost") else st["best_bound"] / st["base_cost"]
         table.add_row(row["graph"], f"{row['nodes']:,}", f"{row['ratio']:g}", row.get("lns", "auto"),
-                      "" if best is None else f"{100 * best[0]:.3f} ({best[1]})", st["status"],
-                      _secs(st.get("time_to_first_s")), "" if ours is None else f"{100 * ours:.3f}", versus,
+                      "" if best is None else f"{100 * best[0]:.3f} ({best[1]})",
+                      "" if dtr is None else f"{100 * dtr:.3f}", st["status"],
+                      _secs(st.get("time_to_first_s")), "" if ours is None else f"{100 * ours:.3f}", versus, vs_dtr,
                       "" if bound is None else f"{100 * bound:.3f}", str(st.get("bound_by") or ""),
                       _pct(st.get("gap")), "" if not ran else f"{ran['windows']} ({ran['improved']})",
                       f"{row['wall_s']:.1f}", f"{row['over_limit_s']:+.1f}",

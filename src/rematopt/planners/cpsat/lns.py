@@ -19,6 +19,7 @@ in the simulator within the budget.
 
 from __future__ import annotations
 
+import random
 import tempfile
 import time
 from dataclasses import dataclass, replace
@@ -73,6 +74,7 @@ class Window:
     seconds: float
     before: float
     after: float
+    kind: str = "stages"  # or "cone": a value's cone over its whole life
 
 
 @dataclass(frozen=True)
@@ -91,7 +93,9 @@ class Result:
 
     def stats(self, model: Model) -> dict[str, Any]:
         """The ``lns`` entry of a plan's stats."""
+        cones = [w for w in self.windows if w.kind == "cone"]
         return {"windows": len(self.windows), "improved": sum(w.after < w.before for w in self.windows),
+                "cones": len(cones), "cones_improved": sum(w.after < w.before for w in cones),
                 "objective_before": model.to_units(self.before), "objective_after": model.to_units(self.after),
                 "seconds": self.seconds, "exhausted": self.exhausted,
                 "largest_window": max((w.last - w.first for w in self.windows), default=0)}
@@ -142,6 +146,13 @@ class Neighbourhoods:
                 else:  # a kept value's one variable over the stages that only carry it
                     entry.append((name, k))
                     lo[x], hi[x] = min(lo[x], *stages), max(hi[x], *stages)
+        # each value's own variables (its S, R, P, F and O entries), for cone windows
+        self.of_value: dict[int, list[int]] = {}
+        for x, keys in self.keys.items():
+            name, k = keys[0]
+            if name != "U":
+                self.of_value.setdefault(k if name == "O" else k[1], []).append(x)
+        self.lo = lo
         self.starting: list[list[int]] = [[] for _ in range(self.T + 1)]  # variables by first stage
         for v, s in lo.items():
             self.starting[min(s, self.T)].append(v)
@@ -150,6 +161,11 @@ class Neighbourhoods:
         self.stage_u: list[list[int]] = [[] for _ in range(self.T)]
         for (s, q), u in form.U.items():
             self.stage_u[s].append(u.index)
+        self.u_before = [0]  # U variables in the stages before each
+        for us in self.stage_u:
+            self.u_before.append(self.u_before[-1] + len(us))
+        # per value: its variables' count and the stages they span
+        self.span = {i: (len(xs), min(lo[x] for x in xs), max(hi[x] for x in xs)) for i, xs in self.of_value.items()}
 
     def free_in(self, a: int, b: int) -> list[int]:
         """The variables a window of stages ``a .. b-1`` leaves free: those
@@ -159,6 +175,23 @@ class Neighbourhoods:
         if self.peak is not None:
             free.append(self.peak)
         return sorted(free)
+
+    def free_for(self, values: set[int]) -> tuple[list[int], int, int]:
+        """A cone window's free variables: every variable of ``values``
+        over their whole lives, and the memory of the stages those span (a
+        residency changes nothing past a value's last stage); with the
+        stages ``a .. b-1`` spanned."""
+        own = [x for i in values for x in self.of_value.get(i, ())]
+        if not own:
+            return [], 0, 0
+        a = min(self.lo[x] for x in own)
+        b = min(self.T, max(self.hi[x] for x in own) + 1)
+        free = set(own)
+        for stage in range(a, b):
+            free.update(self.stage_u[stage])
+        if self.peak is not None:
+            free.add(self.peak)
+        return sorted(free), a, b
 
     def values(self, a: Assignment) -> list[int]:
         """Every variable's value under ``a`` (the peak variable: its peak)."""
@@ -246,7 +279,7 @@ def _shift(dom: list[int], const: int) -> list[int]:
 
 def improve(model: Model, start: Assignment, *, deadline: float, workers: int, seed: int = 0,
             budget: int | None = None, stop: Interrupt | None = None, width: int | None = None,
-            on_improve: Callable[[Assignment], None] | None = None) -> Result:
+            on_improve: Callable[[Assignment], None] | None = None, cones: bool = True) -> Result:
     """LNS from ``start`` (admissible in ``model``) until ``deadline`` (a
     ``time.perf_counter()`` value), a window covering every stage is solved
     to optimality, or a Ctrl-C (``stop``). Windows slide by half their
@@ -257,7 +290,9 @@ def improve(model: Model, start: Assignment, *, deadline: float, workers: int, s
     window is proven fast, or when no window of that width is left to try,
     and shrinks when a window is not proven. A result is kept only if it is
     strictly better, admissible, and its plan replays valid within
-    ``budget``; ``on_improve`` hears of each one."""
+    ``budget``; ``on_improve`` hears of each one. With ``cones`` (overhead
+    only), every other window is a value's cone instead (:func:`cone`):
+    values and their whole lives, however far apart their stages."""
     began = time.perf_counter()
     hood = Neighbourhoods(model)
     T = hood.T
@@ -273,10 +308,38 @@ def improve(model: Model, start: Assignment, *, deadline: float, workers: int, s
     proven: set[tuple[int, int]] = set()  # windows optimal at the current incumbent
     exhausted = False
     cursor, idle = 0, 0  # idle: windows skipped in a row
+    rng = random.Random(seed)
+    cone_free = START_FREE_VARIABLES
+    tried = 0
     while not (stop is not None and stop.requested):
         left = deadline - time.perf_counter()
         if left < MIN_WINDOW_S:
             break
+        tried += 1
+        if cones and model.peak is None and tried % 2 == 0:  # every other window: a value's cone
+            group = cone(model, hood, best, rng, cone_free)
+            if group:
+                free, a, b = hood.free_for(group)
+                sub = hood.submodel(free, values, 0)
+                limit = min(left, WINDOW_S)
+                status, sol, took = _solve(sub, limit, workers, seed, stop)
+                prev = best_obj
+                if sol is not None and _objective(sub, sol) < _objective(sub, sub.proto.solution_hint.values):
+                    cand = hood.changed(best, values, free, sol)
+                    obj = model.objective_of(cand)
+                    if obj < best_obj and model.admissible(cand) and replays(model, cand, budget):
+                        best, best_obj = cand, obj
+                        for v, x in zip(free, sol):
+                            values[v] = x
+                        profile = Profile.of(model, hood, best, values)
+                        proven.clear()
+                        if on_improve is not None:
+                            on_improve(best)
+                windows.append(Window(a, b, len(free), status, took, model.to_units(prev),
+                                      model.to_units(best_obj), "cone"))
+                fast = status == "OPTIMAL" and took < FAST_SHARE * limit
+                cone_free = round(cone_free * GROWTH) if fast else max(200, round(cone_free / GROWTH))
+                continue
         a = min(cursor, T - w)
         b = a + w
         step = max(1, round(w * (1 - OVERLAP)))
@@ -319,6 +382,38 @@ def improve(model: Model, start: Assignment, *, deadline: float, workers: int, s
         else:
             w = max(1, round(w / GROWTH))
     return Result(best, before, best_obj, tuple(windows), exhausted, time.perf_counter() - began)
+
+
+def cone(model: Model, hood: Neighbourhoods, best: Assignment, rng: random.Random, target: int) -> set[int]:
+    """A value the incumbent pays to recompute (drawn by its cost), and the
+    values around it in the graph, breadth first through producers and
+    consumers, until their variables and the memory of the stages they
+    span make about ``target`` free variables: a forward value and its
+    late reads, or a value and the producers its recomputes need, are
+    decided together, where a window of consecutive stages holds both ends
+    only when they are close (the closing note of issue 19)."""
+    form = model.form
+    paid = [(i, form.int_cost[i]) for (s, i) in best.R if s != form.ix.first[i] and form.int_cost[i]]
+    if not paid:
+        return set()
+    seed = rng.choices([i for i, _ in paid], weights=[c for _, c in paid])[0]
+    g = form.graph
+    group, frontier = {seed}, [seed]
+    own, a, b = hood.span.get(seed, (0, hood.T, 0))
+    while frontier:
+        nxt = []
+        for i in frontier:
+            for j in g.preds[i] + g.succs[i]:
+                if j in hood.span and j not in group:
+                    group.add(j)
+                    nxt.append(j)
+                    n, lo, hi = hood.span[j]
+                    own, a, b = own + n, min(a, lo), max(b, hi)
+                    if own + hood.u_before[min(hood.T, b + 1)] - hood.u_before[a] >= target:
+                        return group
+        rng.shuffle(nxt)
+        frontier = nxt
+    return group
 
 
 @dataclass(frozen=True)

@@ -31,14 +31,16 @@ from .signals import Interrupt, Trace, deferred_sigint
 from .solution import Assignment, events, from_plan, staged_events
 from .strategy import (DONE, FULL_MODEL_PAIRS, may_start, next_depth, proof_time, returned_round, should_widen,
                        wants_emptiness_proof, wants_optimality_proof)
-from .warm_start import FIRST, best_within, fast_planners, fast_plans, lowest_peak, staged_eviction
+from .warm_start import (FIRST, best_within, evicted_plan, fast_planners, fast_plans, lowest_peak,
+                         staged_eviction, warm_start_share, WARM_START_SHARE)
 
 # The gap relaxation (bounds/gaps.py) takes well under a second on the
 # benchmark graphs; this share of the limit caps it on bigger ones.
 GAP_BOUND_SHARE = 0.1
-# The warm start (outside plan and staged eviction) may use this share of the
-# time limit, the search the rest.
-WARM_START_SHARE = 0.25
+# When no fast plan fits, staged eviction in a deeper space may take the
+# warm start up to this share of the limit (random_layered_n1000 at 0.8: the
+# fast planners 24 s on a loaded machine, eviction at depth 2 13 s more).
+EVICTION_SHARE = 0.45
 # Bisection steps of the peak objective's budget sweep (:func:`budget_sweep`).
 SWEEP_STEPS = 8
 # "Any plan at all" to a relaxation proof: an objective no plan reaches.
@@ -126,7 +128,8 @@ def context(graph: Graph, cfg: Settings) -> Context:
     its prefetches and its one offload)."""
     start = time.perf_counter()
     full = Stages(graph, cfg.offload)
-    lives = [len(full.stages(i)) if i in full.values else 1 for i in range(graph.n)]
+    values = set(full.values)  # a list: membership in it took 37 s on a 100,000-node graph
+    lives = [len(full.stages(i)) if i in values else 1 for i in range(graph.n)]
     costs = [graph.cost[i] for i in graph.compute_ids]
     repeats = [lives[i] for i in graph.compute_ids]
     if cfg.offload:
@@ -159,6 +162,8 @@ def outside_plan(ctx: Context, deadline: float) -> tuple[Outside | None, Lowest 
 
         plans = heuristic_plans(ctx, deadline=deadline, on_plan=on_record)
     name = "hint" if cfg.hint is not None else None
+    if cfg.hint is None and cfg.warm_start == "auto":  # nothing to search from otherwise: more time than the share
+        plans += deeper_eviction(ctx, plans, ctx.start + EVICTION_SHARE * cfg.time_limit)
     low = lowest_peak(plans)
     lowest = None if low is None else Lowest(low[0], low[1].peak_bytes)
     outside = best_admitted(ctx, plans, name)
@@ -169,6 +174,23 @@ def outside_plan(ctx: Context, deadline: float) -> tuple[Outside | None, Lowest 
     if cfg.hint is not None:
         ctx.trace.solution("primary", outside.objective, None)
     return outside, lowest
+
+
+def deeper_eviction(ctx: Context, plans: list[tuple[Plan, Replay]], deadline: float) -> list[tuple[Plan, Replay]]:
+    """Staged eviction in a deeper space than the first round's, when no
+    fast planner's plan is admitted under the budget (overhead objective):
+    a first plan there is one the widened round can search from."""
+    cfg, g = ctx.cfg, ctx.graph
+    if cfg.objective != "overhead" or cfg.budget is None or any(admit(ctx, p, r, p.planner) for p, r in plans):
+        return []
+    plan = evicted_plan(g, cfg.budget, deadline)
+    if plan is None:
+        return []
+    replay = simulate(g, plan)
+    if replay.valid and admit(ctx, plan, replay, plan.planner) is not None:
+        ctx.trace.solution("primary", replay.recompute_cost, None)
+        return [(plan, replay)]
+    return []
 
 
 def heuristic_plans(ctx: Context, **kw: Any) -> list[tuple[Plan, Replay]]:
@@ -390,7 +412,7 @@ def export(ctx: Context, model: Model, path: str) -> None:
 def _run(ctx: Context) -> Plan:
     cfg, g = ctx.cfg, ctx.graph
     # a valid plan before any model is built (the GPT decoder's takes 9 s)
-    outside, lowest = outside_plan(ctx, ctx.start + WARM_START_SHARE * cfg.time_limit)
+    outside, lowest = outside_plan(ctx, ctx.start + warm_start_share(g) * cfg.time_limit)
     outside_s = ctx.elapsed()
     full = ctx.full
     full_pairs = sum(len(full.stages(i)) for i in full.values)

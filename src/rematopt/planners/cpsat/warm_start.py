@@ -32,14 +32,26 @@ SLOW = frozenset({"cpsat", "jax-names"})
 
 # Run first: the fastest planners with good plans (the 9,652-node decoder:
 # dtr 0.75 s and greedy; all of them 27 s), so a first plan is on record early.
-FIRST = ("dtr", "greedy")
+# Greedy before dtr: on the decoder at 12, 24, 48 and 96 layers greedy takes
+# 0.04, 0.11, 0.15, 0.36 s (linear) and dtr 0.08, 0.26, 0.78, 2.83 s (its
+# victim search is linear per eviction), so the first plan's time grows
+# linearly with the graph.
+FIRST = ("greedy", "dtr")
+# Then the chain DP, before the rest: it takes seconds to tens of seconds
+# (CP-SAT on one block of each kind), and on the 48-layer decoder at 0.8 its
+# plan costs 4.0% where dtr's costs 6.5%; elsewhere it declines at once.
+NEXT = ("rotor",)
+# ... on graphs this large: below, cpsat's own rounds do better than its
+# options take to solve (gpt_l2_w64, 498 nodes: depth 2 proven in seconds).
+NEXT_MIN_NODES = 1000
 
 
 def fast_planners() -> list[str]:
     """The registered planners that import here, the exact one aside, the
-    quick good ones (FIRST) first."""
+    quick good ones (FIRST) first, then NEXT."""
     names = [name for name in available() if name not in SLOW]
-    return sorted(names, key=lambda n: (n not in FIRST, FIRST.index(n) if n in FIRST else 0, n))
+    order = FIRST + NEXT
+    return sorted(names, key=lambda n: (order.index(n) if n in order else len(order), n))
 
 
 def fast_plans(graph: Graph, budget: int | None, options: dict[str, Any] | None = None,
@@ -56,9 +68,17 @@ def fast_plans(graph: Graph, budget: int | None, options: dict[str, Any] | None 
             continue
         if deadline is not None and time.perf_counter() > deadline:
             break
+        if name in NEXT and graph.n < NEXT_MIN_NODES:
+            continue
+        if graph.n >= MODEL_MAX_NODES and name not in FIRST + NEXT:
+            break  # the rest take minutes there (chen-greedy: 141 s on the 99,847-node chain)
         run_options = dict(options or {})
         if deadline is not None and "time_limit" in names(options_class(name)):  # dtr: a time limit of its own
-            run_options["time_limit"] = max(0.0, deadline - time.perf_counter())
+            left = max(0.0, deadline - time.perf_counter())
+            # dtr's victim search is quadratic: on the 99,847-node chain it ran out of any share
+            # and finished over budget; leave rotor, which comes next there, half of it
+            later = [n for n in NEXT if n in names_left(planners, name)] if graph.n >= NEXT_MIN_NODES else []
+            run_options["time_limit"] = left / 2 if name in FIRST and later else left
         try:
             with warnings.catch_warnings():  # a baseline's own warnings are not the user's concern here
                 warnings.simplefilter("ignore")
@@ -72,6 +92,27 @@ def fast_plans(graph: Graph, budget: int | None, options: dict[str, Any] | None 
             if on_plan is not None:
                 on_plan(p, r)
     return plans
+
+
+def names_left(planners: Sequence[str] | None, after: str) -> list[str]:
+    """The fast planners (of ``planners``, if given) that run after ``after``."""
+    order = [n for n in fast_planners() if planners is None or n in planners]
+    return order[order.index(after) + 1:] if after in order else []
+
+
+# The warm start (outside plan and staged eviction) may use this share of the
+# time limit, the search the rest ...
+WARM_START_SHARE = 0.25
+# ... and past MODEL_MAX_NODES nodes, where no model is built in the time
+# left anyway (the 99,847-node chain's depth-1 model is not built in 120 s),
+# the fast planners (rotor above all) take this share.
+LARGE_WARM_START_SHARE = 0.6
+MODEL_MAX_NODES = 40_000
+
+
+def warm_start_share(graph: Graph) -> float:
+    """The share of the time limit the fast planners may take before the first model."""
+    return WARM_START_SHARE if graph.n < MODEL_MAX_NODES else LARGE_WARM_START_SHARE
 
 
 class Figures(NamedTuple):
@@ -167,3 +208,58 @@ def staged_eviction(form: "Formulation", max_rounds: int = 10_000,
             if excess <= 0:
                 break
     return None
+
+
+class _Index:
+    """A backend that makes no solver variables: the formulation's tables
+    as an index of the plan space, for heuristics that work in it."""
+
+    def __init__(self) -> None:
+        self.made = 0
+
+    def bool_var(self, name: str) -> "_Entry":
+        self.made += 1
+        return _Entry(self.made)
+
+    def int_var(self, lb: int, ub: int, name: str) -> "_Entry":
+        return self.bool_var(name)
+
+    def add(self, terms: list, lb: float, ub: float) -> None:
+        pass
+
+    def minimize(self, terms: list) -> None:
+        pass
+
+
+class _Entry:
+    __slots__ = ("index",)
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
+# Recompute depths staged eviction tries when no fast planner's plan fits:
+# on random_layered_n1000 at 0.8 nothing fits and eviction in the depth-1
+# space gets stuck; in depth 2 it finds a plan (21 s, 14% overhead) that
+# the depth-1 round, widened by its recomputes, searches from.
+EVICTION_DEPTHS = (2, 3)
+
+
+def evicted_plan(graph: Graph, budget: int, deadline: float) -> Plan | None:
+    """Staged eviction's plan in the depth-2 space, else depth 3 (the model's
+    index only, no solver), or None (stuck, or past ``deadline``)."""
+    from .model import Formulation, OutOfTime
+    from .solution import events
+
+    for depth in EVICTION_DEPTHS:
+        try:
+            form = Formulation(graph, _Index(), mem_cap_bytes=budget, depth=depth, deadline=deadline)
+        except OutOfTime:
+            return None
+        a = staged_eviction(form, deadline=deadline)
+        if a is not None:
+            plan = events(form, a)
+            plan.planner = "staged-eviction"
+            return plan
+    return None
+
