@@ -15,13 +15,12 @@ from conftest import rematopt as cli
 from rematopt import Graph, Node, load, solve
 from rematopt.errors import NotApplicable, PlannerError
 from rematopt.importers import synthetic
-from rematopt.plan import COMPUTE
 from rematopt.planners.rotor import chain_of, to_plan, window_for
 from rematopt.planners.rotor.chain import Piece, from_graph
 from rematopt.planners.rotor.dp import Pieces, solve as dp_solve
 from rematopt.planners.rotor.options import extremes
 from rematopt.reference import no_remat_peak, peak_lower_bound
-from rematopt.simulate import base_cost, simulate
+from rematopt.simulate import simulate
 
 INSTANCES = Path(__file__).resolve().parents[1] / "instances"
 

@@ -173,7 +173,6 @@ def _by_hash(graph: Graph) -> list[list[int]]:
     """Forward and backward units of the longest repeated run of
     neighbourhood hashes (see the module's docstring)."""
     label, wl = _hashes(graph)
-    pos = graph.position
     forward = [i for i in graph.order if not graph.nodes[i].is_input and graph.nodes[i].phase != "backward"]
     backward = [i for i in graph.order if graph.nodes[i].phase == "backward"]
     run = _longest_run([label[i] for i in forward], _periods([wl[i] for i in forward]))

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ...errors import NotApplicable, PlannerError
+from ...errors import NotApplicable
 from ...graph import Graph
 from ...plan import Plan
 from ...simulate import simulate

@@ -315,7 +315,7 @@ class _Table:
         """Append the pieces of Opt(0, L, 0) at ``free`` slots to ``out``;
         returns the bytes resident after them and the peak, from ``mem`` and
         ``peak`` before them (exact, piece by piece)."""
-        p, ch, z, top = self.p, self.p.chain, self.sizes, self.M + 1
+        p, z, top = self.p, self.sizes, self.M + 1
         todo: list[tuple] = [("opt", 0, self.L, 0, free)]  # a stack: the next piece last
         while todo:
             item = todo.pop()
