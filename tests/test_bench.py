@@ -57,7 +57,7 @@ def test_bounds_rows_hold_every_bound_below_the_replayed_plan(tmp_path, monkeypa
     the table names every bound."""
     from rematopt.planners.cpsat.bounds import BOUNDS
 
-    monkeypatch.setitem(bench.SCALE, "random_layered_n30", ("random", 30, False))
+    monkeypatch.setitem(bench.SCALE, "random_layered_n30", ("random", None, False, 30))
     rows = bench.bounds_rows(("random_layered_n30",), (0.8,), time_limit=3, bound_limit=2, workers=1,
                              folder=tmp_path)
     (row,) = rows
