@@ -311,6 +311,24 @@ def improve(model: Model, start: Assignment, *, deadline: float, workers: int, s
     rng = random.Random(seed)
     cone_free = START_FREE_VARIABLES
     tried = 0
+
+    def attempt(sub: cp_model.CpModel, free: list[int], limit: float) -> tuple[str, float]:
+        """Solve one neighbourhood; its solution becomes the incumbent where
+        it costs less, is admissible and replays within the budget."""
+        nonlocal best, best_obj, profile
+        status, sol, took = _solve(sub, limit, workers, seed, stop)
+        if sol is not None and _objective(sub, sol) < _objective(sub, sub.proto.solution_hint.values):
+            cand = hood.changed(best, values, free, sol)
+            obj = model.objective_of(cand)
+            if obj < best_obj and model.admissible(cand) and replays(model, cand, budget):
+                best, best_obj = cand, obj
+                for v, x in zip(free, sol):
+                    values[v] = x
+                profile = Profile.of(model, hood, best, values)
+                if on_improve is not None:
+                    on_improve(best)
+        return status, took
+
     while not (stop is not None and stop.requested):
         left = deadline - time.perf_counter()
         if left < MIN_WINDOW_S:
@@ -322,19 +340,10 @@ def improve(model: Model, start: Assignment, *, deadline: float, workers: int, s
                 free, a, b = hood.free_for(group)
                 sub = hood.submodel(free, values, 0)
                 limit = min(left, WINDOW_S)
-                status, sol, took = _solve(sub, limit, workers, seed, stop)
                 prev = best_obj
-                if sol is not None and _objective(sub, sol) < _objective(sub, sub.proto.solution_hint.values):
-                    cand = hood.changed(best, values, free, sol)
-                    obj = model.objective_of(cand)
-                    if obj < best_obj and model.admissible(cand) and replays(model, cand, budget):
-                        best, best_obj = cand, obj
-                        for v, x in zip(free, sol):
-                            values[v] = x
-                        profile = Profile.of(model, hood, best, values)
-                        proven.clear()
-                        if on_improve is not None:
-                            on_improve(best)
+                status, took = attempt(sub, free, limit)
+                if best_obj < prev:
+                    proven.clear()
                 windows.append(Window(a, b, len(free), status, took, model.to_units(prev),
                                       model.to_units(best_obj), "cone"))
                 fast = status == "OPTIMAL" and took < FAST_SHARE * limit
@@ -357,20 +366,10 @@ def improve(model: Model, start: Assignment, *, deadline: float, workers: int, s
         floor = max(profile.high_outside(a, b), model.peak_floor) if hood.peak is not None else 0
         sub = hood.submodel(free, values, floor)
         limit = min(left, WINDOW_S)
-        status, sol, took = _solve(sub, limit, workers, seed, stop)
         prev = best_obj
-        if sol is not None and _objective(sub, sol) < _objective(sub, sub.proto.solution_hint.values):
-            cand = hood.changed(best, values, free, sol)
-            obj = model.objective_of(cand)
-            if obj < best_obj and model.admissible(cand) and replays(model, cand, budget):
-                best, best_obj = cand, obj
-                for v, x in zip(free, sol):
-                    values[v] = x
-                profile = Profile.of(model, hood, best, values)
-                # a window's subproblem reads the stages next to it, and the peak all of them
-                proven = {(c, d) for c, d in proven if hood.peak is None and (d < a - 1 or c > b + 1)}
-                if on_improve is not None:
-                    on_improve(best)
+        status, took = attempt(sub, free, limit)
+        if best_obj < prev:  # a window's subproblem reads the stages next to it, and the peak all of them
+            proven = {(c, d) for c, d in proven if hood.peak is None and (d < a - 1 or c > b + 1)}
         windows.append(Window(a, b, len(free), status, took, model.to_units(prev), model.to_units(best_obj)))
         if status == "OPTIMAL":
             proven.add((a, b))
