@@ -75,7 +75,9 @@ def test_certified_figures_from_a_results_log(tmp_path):
     """cpsat: recompute 8, bound 6. A: 10 -> excess <= 40%, >= 20%, step <=
     (118 - 114) / 114. B misses a budget cpsat meets. C offloads: not
     covered. D (4, outside the staged space) is below the bound: listed,
-    not counted. E (5, staged) below the bound: a wrong bound, named first."""
+    not counted. E (5, staged) below the bound: a wrong bound, named first.
+    F (12, outside the staged space) is above it: counted, and flagged as
+    compared with the best staged plan only."""
     g = move_graph()
     g_file = tmp_path / "move.json"
     g.save(g_file)
@@ -87,6 +89,7 @@ def test_certified_figures_from_a_results_log(tmp_path):
             row(g_file, "c", "FEASIBLE", 2, transfer=100),
             row(g_file, "d", "FEASIBLE", 4, plan="moved.json"),
             row(g_file, "e", "FEASIBLE", 5, plan="staged.json"),
+            row(g_file, "f", "FEASIBLE", 12, plan="moved.json"),
             row(g_file, "no-remat", "OVER_BUDGET", 0, peak=32)]
     with open(tmp_path / "results.jsonl", "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
@@ -98,11 +101,16 @@ def test_certified_figures_from_a_results_log(tmp_path):
     assert summary.loc["b", "misses cpsat meets"] == 1 and summary.loc["b", "certified"] == 0
     assert summary.loc["c", "not covered"] == 1 and summary.loc["d", "not covered"] == 1
     assert "no-remat" not in summary.index
+    assert summary.loc["f", "certified"] == 1 and summary.loc["f", "certified outside staged space"] == 1
+    assert summary.loc["a", "certified outside staged space"] == 0 and summary.loc["f", "median excess <= %"] == 50.0
+    staged = pd.read_csv(out / "certified.csv").set_index("planner")["staged"]
+    assert staged["a"] == "yes" and staged["f"] == "no"
     not_covered = pd.read_csv(out / "not_covered.csv").set_index("planner")["why"]
     assert not_covered["c"] == "host transfers" and not_covered["d"].startswith("outside the staged space")
     assert not_covered["e"].startswith("WRONG BOUND")
     index = (out / "index.md").read_text()
     assert index.splitlines()[1].startswith("WRONG BOUND: 1 staged plans cost less than cpsat's bound: e on move")
+    assert "1 certified plans lie outside the staged space (f 1)" in index
     misses = pd.read_csv(out / "misses.csv")
     assert misses["planner"].tolist() == ["b"] and misses["peak / budget"].tolist() == [round(40 / 30, 4)]
     html = (out / "index.html").read_text()
