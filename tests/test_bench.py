@@ -59,7 +59,7 @@ def test_bounds_rows_hold_every_bound_below_the_replayed_plan(tmp_path, monkeypa
 
     monkeypatch.setitem(bench.SCALE, "random_layered_n30", ("random", None, False, 30))
     rows = bench.bounds_rows(("random_layered_n30",), (0.8,), time_limit=3, bound_limit=2, workers=1,
-                             folder=tmp_path)
+                             folder=tmp_path / "made")  # made on first use
     (row,) = rows
     st = row["stats"]
     assert st["status"] in ("OPTIMAL", "FEASIBLE") and set(row["bounds"]) == set(BOUNDS)

@@ -258,6 +258,7 @@ def scale_graph(name: str, folder: Path) -> Path:
     path = folder / f"{name}.json"
     if path.exists():
         return path
+    folder.mkdir(parents=True, exist_ok=True)
     kind, what, fused, size = SCALE[name]
     if kind == "random":
         from ..importers.synthetic import random_layered
@@ -289,7 +290,6 @@ def scale_rows(names: tuple[str, ...], ratios: tuple[float, ...], time_limit: fl
     from ..planners.cpsat.warm_start import fast_plans
     from ..reference import resolve_budget
 
-    folder.mkdir(parents=True, exist_ok=True)
     rows = []
     for name in names:
         path = scale_graph(name, folder)
