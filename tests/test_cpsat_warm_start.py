@@ -191,3 +191,14 @@ def test_budget_sweep_finds_low_peaks_within_the_overhead_cap(cap):
     assert all(r.recompute_cost <= cap * r.base_cost + 1e-12 for r in admitted)
     best = min((r.peak_bytes for r in admitted), default=no_remat_peak(g))
     assert (best < no_remat_peak(g)) == (cap > 0)
+
+
+def test_xla_remat_runs_right_after_the_quick_planners():
+    """Its moves beat every staged plan at loose budgets, and it takes under a
+    second: it runs before rotor and the rest, so a short warm-start share
+    still reaches it (after rotor, the decoder's 15 s share ran out first)."""
+    g = synthetic.random_layered(14, seed=3)
+    ran = []
+    fast_plans(g, resolve_budget(g, ratio=0.85), on_plan=lambda p, r: ran.append(p.planner))
+    assert ran[:3] == ["greedy", "dtr", "xla-remat"] and "chen-greedy" in ran[3:]
+    assert fast_planners().index("xla-remat") < fast_planners().index("rotor")
