@@ -202,3 +202,24 @@ def test_xla_remat_runs_right_after_the_quick_planners():
     fast_plans(g, resolve_budget(g, ratio=0.85), on_plan=lambda p, r: ran.append(p.planner))
     assert ran[:3] == ["greedy", "dtr", "xla-remat"] and "chen-greedy" in ran[3:]
     assert fast_planners().index("xla-remat") < fast_planners().index("rotor")
+
+
+def test_a_plan_outside_the_space_that_costs_nothing_is_optimal():
+    """p is read only after c: computing it later (xla-remat's move, or
+    greedy's) fits every budget down to the working set with no recompute,
+    where a staged plan must drop and recompute p. Nothing costs less than
+    nothing, so that plan is OPTIMAL in any space; one that costs more stays
+    FEASIBLE (random_layered(14, seed=3) at 0.85: xla-remat's 486)."""
+    from test_gap_study import move_graph
+
+    g = move_graph()
+    for budget in (22, 25):
+        sol = solve(g, "cpsat", budget=budget, time_limit=10, workers=1)
+        st = sol.plan.stats
+        assert sol.replay.peak_bytes <= budget and sol.replay.compute_cost == sum(g.cost[i] for i in g.compute_ids)
+        assert st["status"] == "OPTIMAL" and st["proved_by"] == "zero cost" and st["plan_from"]
+        assert st["best_bound"] == 0.0 and st["gap"] == 0.0
+    g = synthetic.random_layered(14, seed=3)
+    sol = solve(g, "cpsat", budget=resolve_budget(g, ratio=0.85), time_limit=10, workers=1)
+    st = sol.plan.stats
+    assert st.get("plan_from") and st["objective"] > 0 and st["status"] == "FEASIBLE"

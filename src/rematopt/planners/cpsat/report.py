@@ -262,10 +262,14 @@ def fallback(graph_name: str, outside: Outside, stats: dict[str, Any], reason: s
     staged plan, so the gap says how much better one could be; the plan
     itself may lie outside that space (greedy's may beat every staged plan).
     The rounded-down model's plan is a staged plan: where it meets the bound
-    it is the optimum (OPTIMAL)."""
+    it is the optimum (OPTIMAL). So is a plan that costs nothing, in any
+    space (xla-remat's moves fit some budgets with no recompute at all)."""
     r = outside.replay
+    if stats.get("objective_kind") == "overhead" and outside.objective == 0:
+        lower, lower_by = 0.0, "zero cost"
     bound = None if lower is None else min(lower, outside.objective)
-    proven = outside.name == ROUNDED_DOWN and bound is not None and bound >= outside.objective
+    proven = (outside.name == ROUNDED_DOWN or lower_by == "zero cost") and bound is not None \
+        and bound >= outside.objective
     stats.update(peak_bytes=r.peak_bytes, compute_cost=r.compute_cost, transfer_bytes=r.transfer_bytes,
                  space_status=stats.get("space_status", stats["status"]),
                  status="OPTIMAL" if proven else "FEASIBLE", plan_from=outside.plan.planner,
