@@ -94,6 +94,10 @@ def test_the_batch_hint_is_the_warm_starts_best_fast_plan():
     spec = {"graph_sha256": "h", "budget_ratio": 0.5, "options": {}}
     assert batch.best_hint(rows, spec)["planner"] == "c"  # d misses the budget; c is cheapest, then least transfer
     assert batch.best_hint(rows, {**spec, "options": {"objective": "peak"}})["planner"] == "a"
+    # without offload a plan with transfers is no hint cpsat can use, however cheap
+    cheap_offload = [row("e", 2.0, 10, 90), row("a", 5.0, 0, 90)]
+    assert batch.best_hint(cheap_offload, spec)["planner"] == "a"
+    assert batch.best_hint(cheap_offload, {**spec, "options": {"offload": True}})["planner"] == "e"
     figs = [(r["planner"], Figures(r["compute_cost"], r["transfer_bytes"], r["peak_bytes"])) for r in rows]
     assert best_within(figs, 100)[0] == "c" and best_within(figs, 100, by_peak=True)[0] == "a"
 

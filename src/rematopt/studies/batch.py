@@ -542,13 +542,18 @@ def plan_batch(inputs: list[GraphInput], planner_names: list[str], ratios: list[
 
 def best_hint(rows: Iterable[dict[str, Any]], spec: dict[str, Any]) -> dict[str, Any] | None:
     """The best fast plan of the spec's (graph, budget), ranked as cpsat's own
-    warm start ranks them (:func:`~rematopt.planners.cpsat.warm_start.best_within`)."""
+    warm start ranks them (:func:`~rematopt.planners.cpsat.warm_start.best_within`),
+    among those the spec's settings admit: without offload, none with host
+    transfers (keras_gemma_l2_w32 at 0.5 got jax-offload-dots' plan, which
+    cpsat could not use, and answered UNKNOWN where jax-nothing-saveable's fit)."""
     from ..planners.cpsat.warm_start import Figures, best_within
 
+    offload = bool(spec["options"].get("offload"))
     fits = [(row, Figures(row["compute_cost"], row["transfer_bytes"] or 0, row["peak_bytes"])) for row in rows
             if row["graph_sha256"] == spec["graph_sha256"] and row["budget_ratio"] == spec["budget_ratio"]
             and row["planner"] not in EXACT and row["status"] in ("OPTIMAL", "FEASIBLE")
-            and row.get("plan_path") and row["budget"] is not None and row["peak_bytes"] <= row["budget"]]
+            and row.get("plan_path") and row["budget"] is not None and row["peak_bytes"] <= row["budget"]
+            and (offload or not row["transfer_bytes"])]
     best = best_within(fits, None, by_peak=spec["options"].get("objective") == "peak")
     return None if best is None else best[0]
 
