@@ -480,6 +480,19 @@ class _Pass:
                     self.eligible[c] = self.blockable[c] = False
                 self.remat_moves.add(c)
 
+    def _hide(self, start: int, links: list, stop: int, seconds: float) -> int:
+        """The item reached from ``start`` along ``links`` (next or previous)
+        once ``seconds`` of compute lie between, or the last before ``stop``
+        or the end: where a transfer of that length is hidden."""
+        at, spent = start, 0.0
+        while spent < seconds:
+            step = links[at]
+            if step is None or step == stop:
+                break
+            at = step
+            spent += self._time(at)
+        return at
+
     def _offload(self, b: int) -> None:
         """XLA's OffloadInstruction: the copy to the host right after b, the
         copy back before b's first unplaced consumer, started early enough
@@ -492,24 +505,12 @@ class _Pass:
         to_host = b_bytes / self.opts.bandwidth_to_host
         from_host = b_bytes / self.opts.bandwidth_from_host
         # the copy to the host is done after enough compute from b (the first item not counted)
-        done, spent = b, 0.0
-        while spent < to_host:
-            nx = self.nxt[done]
-            if nx is None or nx == first:
-                break
-            done = nx
-            spent += self._time(done)
+        done = self._hide(b, self.nxt, first, to_host)
         placed = [u for u in self.users[b] if self.placed[u]]
         last_read = max(placed, key=lambda u: self.seq[u]) if placed else b
         stop = last_read if self._precedes(done, last_read) else done
         # the copy back starts early enough before `first`, not before `stop`
-        at, spent = first, 0.0
-        while spent < from_host:
-            pv = self.prv[at]
-            if pv is None or pv == stop:
-                break
-            at = pv
-            spent += self._time(at)
+        at = self._hide(first, self.prv, stop, from_host)
         h = self._new_item(self.node[b], "prefetch", [])
         self.offload_of[h] = b
         self.host_copy[b] = h
