@@ -64,9 +64,11 @@ def beaten_from_outside(sol) -> bool:
     """Whether cpsat proved its space's optimum but returned a fast planner's
     plan that beats it (``plan_from``): OPTIMAL is never claimed over a plan
     rematopt can make. Greedy may compute nodes out of program order, which
-    no staged plan does (a 4-node graph: 0, 2 then 1, 3 without recompute)."""
+    no staged plan does (a 4-node graph: 0, 2 then 1, 3 without recompute).
+    Such a plan that costs nothing is OPTIMAL in any space (``zero cost``)."""
     st = sol.plan.stats
-    return sol.status == "FEASIBLE" and st.get("plan_from") not in (None, "cpsat") and \
+    zero = sol.status == "OPTIMAL" and st.get("proved_by") == "zero cost" and st.get("objective") == 0
+    return (sol.status == "FEASIBLE" or zero) and st.get("plan_from") not in (None, "cpsat") and \
         st.get("space_status", "OPTIMAL") == "OPTIMAL" and "beats the model's best" in st.get("reason", "")
 
 
