@@ -235,6 +235,11 @@ class Stages:
         pairs = [(s, i) for s, i in cand if self.may_compute(s, i) or self.may_prefetch(s, i)]
         return sorted(pairs, key=lambda k: (k[1], k[0])) if self.near is not None else pairs
 
+    def count_pairs(self) -> int:
+        """The (stage, value) pairs of every value's life: what a model over
+        this space, or a relaxation of it, has about one entry each for."""
+        return sum(len(self.stages(i)) for i in self.values)
+
     def count_remat_pairs(self) -> int:
         """len(remat_pairs()), counted without listing the full space's."""
         if self.near is not None:
@@ -398,7 +403,7 @@ class Formulation:
         """For each stage, (i, S variable) for every value that may be resident
         when it starts (by id), or None past DIRECT_TERMS entries."""
         ix = self.ix
-        if sum(len(ix.stages(i)) for i in ix.values) > DIRECT_TERMS:
+        if ix.count_pairs() > DIRECT_TERMS:
             return None
         kept: list[list[tuple[int, Any]]] = [[] for _ in range(ix.T)]
         for i in ix.values:

@@ -32,7 +32,7 @@ from .solution import Assignment, events, from_plan, staged_events
 from .strategy import (DONE, FULL_MODEL_PAIRS, may_start, next_depth, proof_time, returned_round, should_widen,
                        wants_emptiness_proof, wants_optimality_proof)
 from .warm_start import (FIRST, best_within, evicted_plan, fast_planners, fast_plans, lowest_peak,
-                         staged_eviction, warm_start_share, WARM_START_SHARE)
+                         staged_eviction, warm_start_share)
 
 # The gap relaxation (bounds/gaps.py) takes well under a second on the
 # benchmark graphs; this share of the limit caps it on bigger ones.
@@ -90,7 +90,7 @@ def bounded(ctx: Context) -> Plan:
     raises ``best_bound`` (``bound_by``), and one that reaches the model's
     plan proves it optimal."""
     cfg = ctx.cfg
-    big = cfg.depth is None and sum(len(ctx.full.stages(i)) for i in ctx.full.values) > FULL_MODEL_PAIRS
+    big = cfg.depth is None and ctx.full.count_pairs() > FULL_MODEL_PAIRS
     keep = AFTER_SHARE * cfg.time_limit if big else 0.0
     plan = _run(replace(ctx, cfg=replace(cfg, time_limit=cfg.time_limit - keep)))
     st = plan.stats
@@ -274,7 +274,7 @@ def warm_start(ctx: Context, model: Model, outside: Outside | None, spent: float
             found.append((model.objective_of(a), name, a))
             ctx.trace.solution("primary", model.to_units(found[-1][0]), None)
 
-    deadline = time.perf_counter() + WARM_START_SHARE * ctx.cfg.time_limit - spent
+    deadline = time.perf_counter() + warm_start_share(ctx.graph) * ctx.cfg.time_limit - spent
     if outside is not None:
         consider(from_plan(model.form, outside.plan), outside.name)
     if ctx.cfg.hint is not None or ctx.cfg.warm_start == "auto":
@@ -415,7 +415,7 @@ def _run(ctx: Context) -> Plan:
     outside, lowest = outside_plan(ctx, ctx.start + warm_start_share(g) * cfg.time_limit)
     outside_s = ctx.elapsed()
     full = ctx.full
-    full_pairs = sum(len(full.stages(i)) for i in full.values)
+    full_pairs = full.count_pairs()
     remat_cache: dict[int | None, int] = {}
 
     def remat_pairs(depth: int | None) -> int:
