@@ -16,7 +16,8 @@ from rematopt.importers import synthetic
 from rematopt.plan import Plan
 from rematopt.reference import no_remat_plan
 from rematopt.studies.batch import read_rows
-from rematopt.studies.gaps import in_staged_space, write
+from rematopt.planners.cpsat.order import in_staged_space
+from rematopt.studies.gaps import write
 
 
 def move_graph() -> Graph:

@@ -16,7 +16,9 @@ recompute cost: the objective without offload) and against cpsat's own plan:
 
 The bound holds for every plan in cpsat's staged space (first computations
 in program order, each stage computing a node at most once and in program
-order; docs/cpsat.md, "The plan space") without host transfers, so every
+order; docs/cpsat.md, "The plan space"; on graphs where cpsat searched the
+order of an outside plan's first computations, ``order_from``, that order)
+without host transfers, so every
 figure compares a heuristic with the best staged plan. A plan outside that
 space (xla-remat moves a value's first computation later; dtr may recompute
 a value twice in a stage) can cost less than the bound: it is listed, not
@@ -37,7 +39,8 @@ import pandas as pd
 
 from ..graph import Graph
 from ..importers import load as load_graph
-from ..plan import COMPUTE, PREFETCH, Plan
+from ..plan import Plan
+from ..planners.cpsat.order import in_order_of, in_staged_space
 from .batch import BatchPlan, GraphInput, plan_batch
 from .report import load_results, page_html, to_markdown
 
@@ -89,34 +92,6 @@ def jobs(inputs: list[GraphInput], ratios: Iterable[float], results: Path, time_
                       resume=resume, timeout_margin=timeout_margin, default_workers=workers)
 
 
-# -- the plan space the bound covers ----------------------------------------------------
-
-
-def in_staged_space(graph: Graph, plan: Plan) -> bool:
-    """Whether the plan lies in cpsat's staged space: first computations in
-    program order, and within each stage (ending with a first computation)
-    the computes and prefetches at strictly increasing program positions."""
-    pos = graph.position
-    stages = iter([i for i in graph.order if not graph.nodes[i].is_input])
-    expected = next(stages, None)
-    seen = [False] * graph.n
-    last = -1
-    for op, i in zip(plan.ops.tolist(), plan.nodes.tolist()):
-        if op != COMPUTE and op != PREFETCH:
-            continue
-        if pos[i] <= last or expected is None:
-            return False
-        if op == COMPUTE and not seen[i]:
-            if i != expected:
-                return False
-            seen[i] = True
-            expected = next(stages, None)
-            last = -1
-            continue
-        last = pos[i]
-    return True
-
-
 # -- the tables ------------------------------------------------------------------------
 
 
@@ -148,8 +123,8 @@ def certified(df: pd.DataFrame, results: Path) -> pd.DataFrame:
     heur["cpsat_recompute"] = cp_rc.where(cp_meets)
     heur["cpsat_overhead"] = pd.to_numeric(pd.Series(take("overhead"), index=heur.index), errors="coerce").where(
         cp_meets)
-    resolution = pd.Series(take("stats"), index=heur.index).map(_stats).map(
-        lambda d: float(d.get("cost_resolution") or 0.0))
+    cpsat_stats = pd.Series(take("stats"), index=heur.index).map(_stats)
+    resolution = cpsat_stats.map(lambda d: float(d.get("cost_resolution") or 0.0))
     heur["recompute"] = pd.to_numeric(heur.get("recompute_cost"), errors="coerce")
     heur["transfers"] = pd.to_numeric(heur["transfer_bytes"], errors="coerce").fillna(0) > 0
     h, lb, base = heur["recompute"], heur["bound"], heur["base_cost"]
@@ -160,9 +135,12 @@ def certified(df: pd.DataFrame, results: Path) -> pd.DataFrame:
     # every compared plan's space: staged and below the bound, the bound is
     # wrong; outside it, excess <= speaks of the best staged plan, not the best
     heur["staged"] = None
-    for path, rows in heur[comparable].groupby("graph_file"):
-        graph = load_graph(path)
-        heur.loc[rows.index, "staged"] = [_staged(results, graph, p) for p in rows["plan_path"]]
+    cp_plan = pd.Series(take("plan_path"), index=heur.index)
+    graphs: dict[str, Graph] = {}
+    for (path, _), rows in heur[comparable].groupby(["graph_file", "budget_ratio"]):
+        graph = graphs.setdefault(path, load_graph(path))
+        space = _space(results, graph, cpsat_stats.loc[rows.index[0]], cp_plan.loc[rows.index[0]])
+        heur.loc[rows.index, "staged"] = [_staged(results, space, p) for p in rows["plan_path"]]
     heur["wrong_bound"] = below & (heur["staged"] == True)  # noqa: E712  (None: no plan file to check)
     counted = comparable & ~below
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -177,12 +155,28 @@ def certified(df: pd.DataFrame, results: Path) -> pd.DataFrame:
     return heur
 
 
-def _staged(results: Path, graph: Graph, plan_path: Any) -> bool | None:
-    """Whether the plan file lies in the staged space (None: no plan file)."""
+def _plan_file(results: Path, plan_path: Any) -> Path | None:
     if not isinstance(plan_path, str):
         return None
     plan_file = Path(plan_path) if Path(plan_path).is_absolute() else results / plan_path
-    return in_staged_space(graph, Plan.load(plan_file)) if plan_file.exists() else None
+    return plan_file if plan_file.exists() else None
+
+
+def _space(results: Path, graph: Graph, stats: dict[str, Any], plan_path: Any) -> Graph:
+    """The graph in the order of the staged space cpsat's bound covers: its
+    own plan's order of first computations where it searched another order
+    than the program's (``order_from``)."""
+    plan_file = _plan_file(results, plan_path)
+    if not stats.get("order_from") or plan_file is None:
+        return graph
+    return in_order_of(graph, Plan.load(plan_file))
+
+
+def _staged(results: Path, graph: Graph, plan_path: Any) -> bool | None:
+    """Whether the plan file lies in the staged space over ``graph.order``
+    (None: no plan file)."""
+    plan_file = _plan_file(results, plan_path)
+    return None if plan_file is None else in_staged_space(graph, Plan.load(plan_file))
 
 
 def _pct(x: float) -> float:

@@ -24,6 +24,7 @@ from .backends import STATUS, LpBackend
 from .model import (Model, OutOfTime, Stages, cap_units, cost_resolution, integer_scale, memory_unit,
                     overhead_cap_units, peak_floor_units)
 from .bounds import AFTER, BOUNDS, PROOFS, Question, WholeBound, ask
+from .order import search_order
 from .report import ROUNDED_DOWN, Outcome, Outside, gap, report, report_unbuilt, whole_units
 from .search import Context, Lowest, Round, make_model, solve_model, solve_round, tie_break, whole_bound_of
 from .settings import Settings, max_recomputes
@@ -92,7 +93,15 @@ def bounded(ctx: Context) -> Plan:
     cfg = ctx.cfg
     big = cfg.depth is None and ctx.full.count_pairs() > FULL_MODEL_PAIRS
     keep = AFTER_SHARE * cfg.time_limit if big else 0.0
-    plan = _run(replace(ctx, cfg=replace(cfg, time_limit=cfg.time_limit - keep)))
+    rounds = replace(ctx, cfg=replace(cfg, time_limit=cfg.time_limit - keep))
+    found = outside_plan(rounds, rounds.start + warm_start_share(ctx.graph) * rounds.cfg.time_limit)
+    ordered = search_order(ctx.graph, found[0].plan if found[0] is not None else None)
+    if ordered is not None and not ctx.stop.requested:  # the rounds and the bounds in the outside plan's order
+        ctx = replace(context(ordered, cfg), start=ctx.start, trace=ctx.trace, stop=ctx.stop)
+        rounds = replace(ctx, cfg=rounds.cfg)
+    plan = _run(rounds, found)
+    if ordered is not None:
+        plan.stats = Stats.from_dict({**plan.stats, "order_from": found[0].name})
     st = plan.stats
     if keep and st.get("reason"):  # the user's limit, not the rounds' share of it
         plan.stats = st = Stats.from_dict({**st, "reason": st["reason"].replace(
@@ -409,10 +418,11 @@ def export(ctx: Context, model: Model, path: str) -> None:
     Path(path).with_suffix(".mps").write_text(lp.backend.export())
 
 
-def _run(ctx: Context) -> Plan:
+def _run(ctx: Context, found: tuple[Outside | None, Lowest | None] | None = None) -> Plan:
+    """The rounds, from the outside plan ``found`` (made here if None)."""
     cfg, g = ctx.cfg, ctx.graph
     # a valid plan before any model is built (the GPT decoder's takes 9 s)
-    outside, lowest = outside_plan(ctx, ctx.start + warm_start_share(g) * cfg.time_limit)
+    outside, lowest = found or outside_plan(ctx, ctx.start + warm_start_share(g) * cfg.time_limit)
     outside_s = ctx.elapsed()
     full = ctx.full
     full_pairs = full.count_pairs()
