@@ -165,3 +165,22 @@ def test_the_report_says_whose_plans_the_exact_rows_hold(tmp_path):
     assert exact_origin_lines(load_results(tmp_path)) == [
         "The exact planner ran with 120 s per job: its rows hold its own plan on 1 of 2 instances it met; on the "
         "others a fast planner's plan that it did not beat: move r=0.8 (xla-remat)."]
+
+
+def test_plans_are_staged_in_the_order_cpsat_searched(tmp_path):
+    """cpsat searched xla-remat's order (``order_from``; its plan is the
+    moved one): there the moved plan is staged and the program-order one,
+    which computes p before c, is not."""
+    g = move_graph()
+    g_file = tmp_path / "move.json"
+    g.save(g_file)
+    no_remat_plan(g).save(tmp_path / "staged.json")
+    solve(g, "xla-remat", budget=25).plan.save(tmp_path / "moved.json")
+    rows = [row(g_file, "cpsat", "FEASIBLE", 8, bound=6, plan="moved.json", stats={"order_from": "xla-remat"}),
+            row(g_file, "a", "FEASIBLE", 10, plan="staged.json"),
+            row(g_file, "f", "FEASIBLE", 12, plan="moved.json")]
+    with open(tmp_path / "results.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    write(tmp_path, tmp_path / "report", ["rematopt study gaps ..."])
+    staged = pd.read_csv(tmp_path / "report" / "certified.csv").set_index("planner")["staged"]
+    assert staged["a"] == "no" and staged["f"] == "yes"
