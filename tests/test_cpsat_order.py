@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 
-from rematopt.graph import Graph
 from rematopt.planners.cpsat import order
 from rematopt.planners.cpsat.order import first_computations, in_order_of, in_staged_space, search_order
 from rematopt.reference import no_remat_peak, no_remat_plan

@@ -342,7 +342,7 @@ def bench(what: str, sizes: str, graphs: str | None, ratios: str | None, time_li
 
         names = tuple(graphs.split(",")) if graphs else BOUNDS_GRAPHS
         rows = bounds_rows(names, tuple(float(r) for r in (ratios or "0.9,0.8").split(",")), time_limit, bound_limit,
-                           workers, Path(folder))
+                           workers, Path(folder), Console(stderr=True).print)
         Console(width=max(Console().width, 200)).print(bounds_table(rows, time_limit, bound_limit, workers))
         return
     graphs = graphs or ("gpt12,gpt24,gpt48,gpt96,gpt48_fused,gpt_scan48,gpt480,decoder480,random_layered_n500,"
@@ -358,7 +358,7 @@ def bench(what: str, sizes: str, graphs: str | None, ratios: str | None, time_li
         if not set(settings) <= {"auto", "on", "off"}:
             raise RematoptError(f"bench scale: --lns takes auto, on, off or a list of them, got {lns!r}")
         rows = scale_rows(tuple(graphs.split(",")), tuple(float(r) for r in ratios.split(",")), time_limit, workers,
-                          Path(folder), settings)
+                          Path(folder), settings, Console(stderr=True).print)
         Console(width=max(Console().width, 180)).print(scale_table(rows, time_limit, workers))
         return
     if what == "peak":

@@ -7,6 +7,7 @@ import math
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 from rich.table import Table
 
@@ -278,11 +279,13 @@ def scale_graph(name: str, folder: Path) -> Path:
 
 
 def scale_rows(names: tuple[str, ...], ratios: tuple[float, ...], time_limit: float, workers: int,
-               folder: Path, lns: tuple[str, ...] = ("auto",)) -> list[dict]:
+               folder: Path, lns: tuple[str, ...] = ("auto",),
+               progress: Callable[[str], None] | None = None) -> list[dict]:
     """cpsat at each budget ratio of each instance, each run in its own
     process (its wall time, build included, and peak memory), against the
     best heuristic plan within the budget (dtr, greedy, chen-*, the JAX
-    policies) run here; once per ``--lns`` setting in ``lns``."""
+    policies) run here; once per ``--lns`` setting in ``lns``. Each row
+    is told to ``progress`` in a line as it is done."""
     import json
     import subprocess
     import sys
@@ -313,13 +316,21 @@ def scale_rows(names: tuple[str, ...], ratios: tuple[float, ...], time_limit: fl
                 rows.append({"graph": name, "nodes": graph.n, "ratio": ratio, "lns": setting,
                              "best_heuristic": min(fits, default=None), "dtr": dtr, "stats": st, "wall_s": wall,
                              "over_limit_s": wall - time_limit, "rss_gib": rss / 2**20})
+                if progress:
+                    progress(f"{name} at {ratio:g}: cpsat {_pct(st.get('overhead'))}% ({st['status']}), dtr "
+                             f"{_pct(dtr)}%, {wall:.0f} s")
     return rows
+
+
+def _space(st: dict) -> str:
+    """The order of the staged space cpsat searched (planners/cpsat/order.py)."""
+    return f"{st['order_from']}'s" if st.get("order_from") else "program"
 
 
 def scale_table(rows: list[dict], time_limit: float, workers: int) -> Table:
     """The rows of :func:`scale_rows` as a table."""
     table = Table(title=f"cpsat at scale: {time_limit:g} s limit, {workers} workers")
-    for col in ("graph", "nodes", "ratio", "lns", "best fast plan %", "dtr %", "status", "first s", "cpsat %",
+    for col in ("graph", "nodes", "ratio", "lns", "best fast plan %", "dtr %", "status", "order", "first s", "cpsat %",
                 "vs best", "vs dtr", "bound %", "bound by", "gap %", "lns windows (improved)", "wall s", "over limit s",
                 "RSS GiB", "reason"):
         table.add_column(col, justify="right")
@@ -334,7 +345,7 @@ def scale_table(rows: list[dict], time_limit: float, workers: int) -> Table:
         bound = None if st.get("best_bound") is None or not st.get("base_cost") else st["best_bound"] / st["base_cost"]
         table.add_row(row["graph"], f"{row['nodes']:,}", f"{row['ratio']:g}", row.get("lns", "auto"),
                       "" if best is None else f"{100 * best[0]:.3f} ({best[1]})",
-                      "" if dtr is None else f"{100 * dtr:.3f}", st["status"],
+                      "" if dtr is None else f"{100 * dtr:.3f}", st["status"], _space(st),
                       _secs(st.get("time_to_first_s")), "" if ours is None else f"{100 * ours:.3f}", versus, vs_dtr,
                       "" if bound is None else f"{100 * bound:.3f}", str(st.get("bound_by") or ""),
                       _pct(st.get("gap")), "" if not ran else f"{ran['windows']} ({ran['improved']})",
@@ -365,13 +376,15 @@ def bench_graph(name: str, folder: Path) -> Path:
 
 
 def bounds_rows(names: tuple[str, ...], ratios: tuple[float, ...], time_limit: float, bound_limit: float,
-                workers: int, folder: Path) -> list[dict]:
+                workers: int, folder: Path, progress: Callable[[str], None] | None = None) -> list[dict]:
     """Per graph and budget ratio: cpsat's plan, bound (``bound_by``) and
     gap in ``time_limit``, and each bound of the table (``cpsat.bounds``)
     asked alone for ``bound_limit`` seconds (value in cost units, seconds,
-    status), all in the same process."""
+    status) over the staged space cpsat searched (its order), all in the
+    same process; each row told to ``progress`` as it is done."""
     from ..planners.cpsat import run
     from ..planners.cpsat.bounds import BOUNDS, ask
+    from ..planners.cpsat.order import in_order_of
     from ..planners.cpsat.report import whole_units
     from ..planners.cpsat.settings import Settings
     from ..reference import resolve_budget
@@ -388,12 +401,16 @@ def bounds_rows(names: tuple[str, ...], ratios: tuple[float, ...], time_limit: f
                         lp_bound=False)
             row = {"graph": Path(name).stem, "nodes": graph.n, "ratio": ratio, "base": base, "stats": sol.plan.stats,
                    "wall_s": time.perf_counter() - began, "bounds": {}}
-            ctx = run.context(graph, Settings.parse(budget, {"workers": workers}))
+            space = in_order_of(graph, sol.plan) if sol.plan.stats.get("order_from") else graph
+            ctx = run.context(space, Settings.parse(budget, {"workers": workers}))
             q = run.question(ctx)
             for level in BOUNDS:
-                r = ask(graph, q, level, time_limit=bound_limit, workers=workers, ix=ctx.full)
+                r = ask(space, q, level, time_limit=bound_limit, workers=workers, ix=ctx.full)
                 row["bounds"][level] = (r.status, whole_units(ctx, q.unit, r.bound), r.seconds)
             rows.append(row)
+            if progress:
+                progress(f"{row['graph']} at {ratio:g}: cpsat {_pct(sol.plan.stats.get('gap'))}% gap, "
+                         f"{row['wall_s']:.0f} s")
     return rows
 
 
@@ -403,7 +420,7 @@ def bounds_table(rows: list[dict], time_limit: float, bound_limit: float, worker
 
     table = Table(title=f"whole-space bounds: cpsat {time_limit:g} s, each bound alone {bound_limit:g} s, "
                         f"{workers} workers (% of the base cost; seconds)")
-    for col in ("graph", "nodes", "ratio", "cpsat %", "bound %", "bound by", "gap %", *BOUNDS, "wall s"):
+    for col in ("graph", "nodes", "ratio", "order", "cpsat %", "bound %", "bound by", "gap %", *BOUNDS, "wall s"):
         table.add_column(col, justify="right")
     for row in rows:
         st, base = row["stats"], row["base"]
@@ -412,7 +429,7 @@ def bounds_table(rows: list[dict], time_limit: float, bound_limit: float, worker
         for level in BOUNDS:
             status, value, seconds = row["bounds"][level]
             cells.append(status if value is None else f"{pct(value)} ({seconds:.0f} s{'' if status == 'OPTIMAL' else ', ' + status.lower()})")
-        table.add_row(row["graph"], f"{row['nodes']:,}", f"{row['ratio']:g}", pct(st.get("objective")),
+        table.add_row(row["graph"], f"{row['nodes']:,}", f"{row['ratio']:g}", _space(st), pct(st.get("objective")),
                       pct(st.get("best_bound")), str(st.get("bound_by") or ""), _pct(st.get("gap")), *cells,
                       f"{row['wall_s']:.1f}")
     return table
