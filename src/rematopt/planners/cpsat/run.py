@@ -33,7 +33,7 @@ from .solution import Assignment, events, from_plan, staged_events
 from .strategy import (DONE, FULL_MODEL_PAIRS, may_start, next_depth, proof_time, returned_round, should_widen,
                        wants_emptiness_proof, wants_optimality_proof)
 from .warm_start import (FIRST, best_within, evicted_plan, fast_planners, fast_plans, lowest_peak,
-                         staged_eviction, warm_start_share)
+                         staged_eviction, warm_start_share, without_dead)
 
 # The gap relaxation (bounds/gaps.py) takes well under a second on the
 # benchmark graphs; this share of the limit caps it on bigger ones.
@@ -170,6 +170,7 @@ def outside_plan(ctx: Context, deadline: float) -> tuple[Outside | None, Lowest 
                 ctx.trace.solution("primary", o.objective, None)
 
         plans = heuristic_plans(ctx, deadline=deadline, on_plan=on_record)
+        plans += without_dead(g, plans)
     name = "hint" if cfg.hint is not None else None
     if cfg.hint is None and cfg.warm_start == "auto":  # nothing to search from otherwise: more time than the share
         plans += deeper_eviction(ctx, plans, ctx.start + EVICTION_SHARE * cfg.time_limit)

@@ -15,6 +15,7 @@ from ...graph import Graph
 from ...plan import Plan
 from ...simulate import Replay, simulate
 from .. import available, get, options_class
+from ..dead_code import without_dead_computations
 from ..options import names
 
 if TYPE_CHECKING:
@@ -98,6 +99,22 @@ def fast_plans(graph: Graph, budget: int | None, options: dict[str, Any] | None 
             if on_plan is not None:
                 on_plan(p, r)
     return plans
+
+
+def without_dead(graph: Graph, plans: list[tuple[Plan, Replay]]) -> list[tuple[Plan, Replay]]:
+    """Each plan with its unread computations dropped (:mod:`..dead_code`),
+    where that drops any, named ``<planner>+dce``: a staged plan computes a
+    value only the backward reads at its program position too; dropped, the
+    value is first computed where it is read (XLA's move), which no staged
+    plan in program order does, so on large graphs cpsat then searches that
+    plan's order (:mod:`.order`)."""
+    found = []
+    for p, r in plans:
+        moved = without_dead_computations(graph, p)
+        if len(moved) < len(p):
+            moved.planner = f"{p.planner}+dce"
+            found.append((moved, simulate(graph, moved)))
+    return found
 
 
 def names_left(planners: Sequence[str] | None, after: str) -> list[str]:

@@ -1,0 +1,94 @@
+"""Dropping computations nobody reads (planners/dead_code.py): the plan
+stays valid, never costs or peaks more, and what it drops is exactly the
+unread work."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from rematopt.graph import Graph, Node
+from rematopt.plan import COMPUTE, Plan
+from rematopt.planners.dead_code import without_dead_computations
+from rematopt.reference import no_remat_peak
+from rematopt.simulate import simulate
+from rematopt.solve import solve
+
+from cpsat_cases import cases
+
+
+def graph() -> Graph:
+    """x -> p -> q, x -> c -> d; out reads d and q: p and q are read only at the end."""
+    spec = [("x", 1, 0, [], {"kind": "input", "persistent": True}), ("p", 10, 5, ["x"], {}),
+            ("q", 10, 3, ["p"], {}), ("c", 20, 1, ["x"], {}), ("d", 1, 1, ["c"], {}),
+            ("out", 1, 1, ["d", "q"], {"output": True})]
+    ids = {s[0]: i for i, s in enumerate(spec)}
+    return Graph("dead", [Node(i, n, bytes=b, cost=c, **f) for i, (n, b, c, _, f) in enumerate(spec)],
+                 [(ids[p], i) for i, s in enumerate(spec) for p in s[3]])
+
+
+def plan_of(g: Graph, seq: list[tuple[str, str]]) -> Plan:
+    return Plan.from_events(g.name, "test", [(op, g.node_by_name(n).id) for op, n in seq])
+
+
+def names(g: Graph, plan: Plan) -> list[tuple[str, str]]:
+    ops = ("compute", "free", "offload", "prefetch")
+    return [(ops[o], g.nodes[i].name) for o, i in zip(plan.ops.tolist(), plan.nodes.tolist())]
+
+
+def test_an_unread_chain_moves_to_its_reader():
+    """p and q computed in program order, q freed unread and p freed after
+    q: both computed again before out. The first two computations go (q's
+    first, which read p, is what made p's first read), costing 8 less."""
+    g = graph()
+    staged = plan_of(g, [("compute", "p"), ("compute", "q"), ("free", "q"), ("free", "p"), ("compute", "c"),
+                         ("compute", "d"), ("free", "c"), ("compute", "p"), ("compute", "q"), ("free", "p"),
+                         ("compute", "out")])
+    moved = without_dead_computations(g, staged)
+    assert names(g, moved) == [("compute", "c"), ("compute", "d"), ("free", "c"), ("compute", "p"),
+                               ("compute", "q"), ("free", "p"), ("compute", "out")]
+    before, after = simulate(g, staged), simulate(g, moved)
+    assert before.valid and after.valid
+    assert after.recompute_cost == before.recompute_cost - 8 == 0
+    assert after.peak_bytes <= before.peak_bytes
+
+
+def test_a_last_computation_stays_even_unread():
+    """A node nobody reads is still computed once (every compute node must be)."""
+    g = graph()
+    plan = plan_of(g, [("compute", "p"), ("compute", "q"), ("free", "p"), ("compute", "c"), ("compute", "d"),
+                       ("free", "c"), ("compute", "out")])
+    assert names(g, without_dead_computations(g, plan)) == names(g, plan)
+
+
+def test_offloads_read_and_unread_prefetches_go():
+    g = graph()
+    plan = plan_of(g, [("compute", "p"), ("offload", "p"), ("free", "p"), ("compute", "c"), ("compute", "d"),
+                       ("free", "c"), ("prefetch", "p"), ("free", "p"), ("prefetch", "p"), ("compute", "q"),
+                       ("free", "p"), ("compute", "out")])
+    moved = without_dead_computations(g, plan)
+    assert names(g, moved) == [e for k, e in enumerate(names(g, plan)) if k not in (6, 7)]
+    assert simulate(g, moved).valid and simulate(g, moved).transfer_bytes < simulate(g, plan).transfer_bytes
+
+
+@pytest.mark.parametrize("planner", ["greedy", "dtr", "chen-greedy", "xla-remat", "cpsat"])
+def test_never_worse_on_random_graphs(planner):
+    """Every planner's plan on tiny random graphs: the result replays, costs
+    and peaks no more, computes every node, drops only computations and
+    frees, and is its own result again."""
+    rng = random.Random(7)
+    opts = {"cpsat": dict(time_limit=5, workers=1, warm_start="none", lp_bound=False)}.get(planner, {})
+    for g, _ in cases(6, every=False, count=30, seed=11):
+        budget = rng.randint((no_remat_peak(g) * 2) // 3, no_remat_peak(g))
+        sol = solve(g, planner, budget=budget, check_budget=False, **opts)
+        if not len(sol.plan):
+            continue
+        moved = without_dead_computations(g, sol.plan)
+        before, after = simulate(g, sol.plan), simulate(g, moved)
+        assert after.valid, after.error
+        assert after.recompute_cost <= before.recompute_cost and after.peak_bytes <= before.peak_bytes
+        assert set(moved.ops.tolist()) <= set(sol.plan.ops.tolist())
+        assert (moved.ops == COMPUTE).sum() <= (sol.plan.ops == COMPUTE).sum()
+        again = without_dead_computations(g, moved)
+        assert again.ops.tolist() == moved.ops.tolist() and again.nodes.tolist() == moved.nodes.tolist()
