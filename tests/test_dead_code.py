@@ -92,3 +92,23 @@ def test_never_worse_on_random_graphs(planner):
         assert (moved.ops == COMPUTE).sum() <= (sol.plan.ops == COMPUTE).sum()
         again = without_dead_computations(g, moved)
         assert again.ops.tolist() == moved.ops.tolist() and again.nodes.tolist() == moved.nodes.tolist()
+
+
+def test_cpsat_returns_its_plan_without_unread_computations():
+    """cpsat's unproven plan with an unread computation comes back as the
+    outside plan ``cpsat+dce`` when cheaper; within the budget only; and a
+    plan with nothing to drop leaves the outside plan as it was."""
+    from rematopt.planners.cpsat.run import cleaned, context
+    from rematopt.planners.cpsat.settings import Settings
+
+    g = graph()
+    staged = plan_of(g, [("compute", "p"), ("compute", "q"), ("free", "q"), ("free", "p"), ("compute", "c"),
+                         ("compute", "d"), ("free", "c"), ("compute", "p"), ("compute", "q"), ("free", "p"),
+                         ("compute", "out")])
+    ctx = context(g, Settings.parse(simulate(g, staged).peak_bytes, {}))
+    found = cleaned(ctx, staged, None)
+    assert found.name == "cpsat+dce" and found.objective == 0 and simulate(g, found.plan).valid
+    assert cleaned(ctx, found.plan, None) is None  # nothing left to drop
+    assert cleaned(ctx, found.plan, found) is found
+    tight = context(g, Settings.parse(simulate(g, found.plan).peak_bytes - 1, {}))
+    assert cleaned(tight, staged, None) is None  # over the budget: not admitted

@@ -19,6 +19,7 @@ from ...plan import Plan
 from ...reference import no_remat_peak, peak_lower_bound
 from ...simulate import Replay, simulate
 from ...stats import Stats
+from ..dead_code import without_dead_computations
 from . import lns, peak
 from .backends import STATUS, LpBackend
 from .model import (Model, OutOfTime, Stages, cap_units, cost_resolution, integer_scale, memory_unit,
@@ -295,6 +296,24 @@ def warm_start(ctx: Context, model: Model, outside: Outside | None, spent: float
     return a, name
 
 
+def cleaned(ctx: Context, plan: Plan, outside: Outside | None) -> Outside | None:
+    """The better of ``outside`` and the model's plan ``plan`` without its
+    unread computations (:mod:`..dead_code`, named ``cpsat+dce``): a staged
+    plan computes a value at its stage even when nothing reads it before it
+    is freed (random_layered_n1000 at 0.8: 4.80% with them, 3.06% without).
+    Without them the plan lies outside the staged space, so the report
+    returns it as an outside plan that beats the model's best: FEASIBLE,
+    the bounds still those of the staged space. Asked only of plans not
+    proven optimal: a proof over the staged space is what a user asked for
+    there, and an outside plan would turn it into FEASIBLE."""
+    moved = without_dead_computations(ctx.graph, plan)
+    if len(moved) == len(plan):
+        return outside
+    moved.planner = "cpsat+dce"
+    o = admit(ctx, moved, simulate(ctx.graph, moved), moved.planner)
+    return o if o is not None and (outside is None or o.objective < outside.objective) else outside
+
+
 def plan_pairs(ix: Stages, plan: Plan) -> dict[int, set[int]]:
     """The re-materialisations of ``plan`` per stage."""
     staged = staged_events(ix, plan)
@@ -543,6 +562,8 @@ def _run(ctx: Context, found: tuple[Outside | None, Lowest | None] | None = None
         rival = best_admitted(ctx, rivals + ([(outside.plan, outside.replay)] if outside else []))
         if rival is not None and (outside is None or rival.objective < outside.objective):
             outside = rival
+    if best is not None and not (lower is not None and done.objective <= lower):  # a proven optimum stays
+        outside = cleaned(ctx, events(model.form, best), outside)
     lp, lp_skipped = None, None
     if cfg.lp_bound and not empty and not (whole is not None and whole.status == "INFEASIBLE"):
         if model.variables > LP_MAX_VARIABLES:
