@@ -101,7 +101,7 @@ def test_cpsat_returns_its_plan_without_unread_computations():
     from rematopt.planners.cpsat.run import cleaned, context
     from rematopt.planners.cpsat.settings import Settings
 
-    g = graph()
+    g = graph()  # cleaned() itself: the run asks it from REORDER_MIN_NODES nodes on
     staged = plan_of(g, [("compute", "p"), ("compute", "q"), ("free", "q"), ("free", "p"), ("compute", "c"),
                          ("compute", "d"), ("free", "c"), ("compute", "p"), ("compute", "q"), ("free", "p"),
                          ("compute", "out")])

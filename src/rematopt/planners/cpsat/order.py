@@ -14,7 +14,9 @@ best fast plan lies outside the program-order space, cpsat searches the
 staged space of that plan's order instead. Every claim of the run (gap,
 OPTIMAL) is then over that space, and the stats say which (``order_from``).
 Below REORDER_MIN_NODES the program order stays: there the rounds prove
-optima in it, which another order could lose.
+optima in it, which another order could lose. From that size on, the run's
+own plan also comes back without its unread computations
+(:func:`..run.cleaned`).
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from .backends import STATUS, LpBackend
 from .model import (Model, OutOfTime, Stages, cap_units, cost_resolution, integer_scale, memory_unit,
                     overhead_cap_units, peak_floor_units)
 from .bounds import AFTER, BOUNDS, PROOFS, Question, WholeBound, ask
-from .order import search_order
+from .order import REORDER_MIN_NODES, search_order
 from .report import ROUNDED_DOWN, Outcome, Outside, gap, report, report_unbuilt, whole_units
 from .search import Context, Lowest, Round, make_model, solve_model, solve_round, tie_break, whole_bound_of
 from .settings import Settings, max_recomputes
@@ -33,8 +33,8 @@ from .signals import Interrupt, Trace, deferred_sigint
 from .solution import Assignment, events, from_plan, staged_events
 from .strategy import (DONE, FULL_MODEL_PAIRS, may_start, next_depth, proof_time, returned_round, should_widen,
                        wants_emptiness_proof, wants_optimality_proof)
-from .warm_start import (FIRST, best_within, evicted_plan, fast_planners, fast_plans, lowest_peak,
-                         staged_eviction, warm_start_share, without_dead)
+from .warm_start import (FIRST, MODEL_MAX_NODES, best_within, evicted_plan, fast_planners, fast_plans,
+                         lowest_peak, staged_eviction, warm_start_share, without_dead)
 
 # The gap relaxation (bounds/gaps.py) takes well under a second on the
 # benchmark graphs; this share of the limit caps it on bigger ones.
@@ -288,7 +288,9 @@ def warm_start(ctx: Context, model: Model, outside: Outside | None, spent: float
     deadline = time.perf_counter() + warm_start_share(ctx.graph) * ctx.cfg.time_limit - spent
     if outside is not None:
         consider(from_plan(model.form, outside.plan), outside.name)
-    if ctx.cfg.hint is not None or ctx.cfg.warm_start == "auto":
+    # its deadline is checked between rounds, and one round took 3 minutes on
+    # the 84,084-node decoder (a limit of 120 s ended at 279 s)
+    if (ctx.cfg.hint is not None or ctx.cfg.warm_start == "auto") and ctx.graph.n < MODEL_MAX_NODES:
         consider(staged_eviction(model.form, deadline=deadline), "staged-eviction")
     if not found:
         return None, None
@@ -303,9 +305,10 @@ def cleaned(ctx: Context, plan: Plan, outside: Outside | None) -> Outside | None
     is freed (random_layered_n1000 at 0.8: 4.80% with them, 3.06% without).
     Without them the plan lies outside the staged space, so the report
     returns it as an outside plan that beats the model's best: FEASIBLE,
-    the bounds still those of the staged space. Asked only of plans not
-    proven optimal: a proof over the staged space is what a user asked for
-    there, and an outside plan would turn it into FEASIBLE."""
+    the bounds still those of the staged space. Asked only where the run
+    may search moved orders (:mod:`.order`, graphs of REORDER_MIN_NODES
+    and more) and of plans not proven optimal: on smaller graphs the
+    rounds prove optima, and an outside plan would turn them into FEASIBLE."""
     moved = without_dead_computations(ctx.graph, plan)
     if len(moved) == len(plan):
         return outside
@@ -562,7 +565,7 @@ def _run(ctx: Context, found: tuple[Outside | None, Lowest | None] | None = None
         rival = best_admitted(ctx, rivals + ([(outside.plan, outside.replay)] if outside else []))
         if rival is not None and (outside is None or rival.objective < outside.objective):
             outside = rival
-    if best is not None and not (lower is not None and done.objective <= lower):  # a proven optimum stays
+    if best is not None and g.n >= REORDER_MIN_NODES and not (lower is not None and done.objective <= lower):
         outside = cleaned(ctx, events(model.form, best), outside)
     lp, lp_skipped = None, None
     if cfg.lp_bound and not empty and not (whole is not None and whole.status == "INFEASIBLE"):
