@@ -313,7 +313,7 @@ def import_nodelink(file: str, output: str) -> None:
                 default="simulator")
 @click.option("--sizes", default="10000,100000,2000000", show_default=True, help="Event counts to time.")
 @click.option("--graphs", default=None, help="scale: the instances (default: gpt12, gpt24, gpt48, gpt96, "
-              "gpt48_fused, gpt_scan48, gpt480, decoder480, random_layered_n500, random_layered_n1000); bounds: "
+              "gpt48_fused, gpt_scan48, gpt576, decoder480, random_layered_n500, random_layered_n1000); bounds: "
               "graphs by name (default: random_layered_n250, n500, n1000, gpt_l2_w64, gpt48).")
 @click.option("--ratios", default=None, help="scale, bounds: budget ratios (default: 0.9,0.8,0.7,0.6; bounds: 0.9,0.8).")
 @click.option("--time-limit", type=float, default=120.0, show_default=True,
@@ -345,7 +345,7 @@ def bench(what: str, sizes: str, graphs: str | None, ratios: str | None, time_li
                            workers, Path(folder), Console(stderr=True).print)
         Console(width=max(Console().width, 200)).print(bounds_table(rows, time_limit, bound_limit, workers))
         return
-    graphs = graphs or ("gpt12,gpt24,gpt48,gpt96,gpt48_fused,gpt_scan48,gpt480,decoder480,random_layered_n500,"
+    graphs = graphs or ("gpt12,gpt24,gpt48,gpt96,gpt48_fused,gpt_scan48,gpt576,decoder480,random_layered_n500,"
                         "random_layered_n1000")
     ratios = ratios or "0.9,0.8,0.7,0.6"
     if what == "scale":

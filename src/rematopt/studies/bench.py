@@ -227,7 +227,8 @@ def _secs(x: float | None) -> str:
 
 # The instances of the scale benchmark (issues 15 and 25): JAX training steps
 # of the decoder at 12 to 96 layers (Python loop; at 48 also fused, and the
-# lax.scan stack unrolled) and at 480 layers (99,940 nodes), a generated
+# lax.scan stack unrolled), at 480 layers (84,084 nodes since views merge
+# into their sources; 99,940 before) and 576 (about 100,000), a generated
 # chain of 480 decoder blocks of 16 heads (99,847 nodes), and Moccasin-style
 # random layered graphs.
 # name -> (kind, what, fused, size): size is the layers, blocks or nodes.
@@ -237,6 +238,7 @@ SCALE = {
     "gpt48": ("jax", "models.gpt:factory", False, 48),
     "gpt96": ("jax", "models.gpt:factory", False, 96),
     "gpt480": ("jax", "models.gpt:factory", False, 480),
+    "gpt576": ("jax", "models.gpt:factory", False, 576),
     "gpt48_fused": ("jax", "models.gpt:factory", True, 48),
     "gpt_scan48": ("jax", "models.gpt_scan:factory", False, 48),
     "decoder480": ("decoder", 16, False, 480),
