@@ -84,7 +84,9 @@ def run(graph: Graph, cfg: Settings) -> Plan:
 
 
 def bounded(ctx: Context) -> Plan:
-    """The overhead run: the rounds, then the bounds asked after them
+    """The overhead run: the outside plan, the order of the staged space
+    (:func:`.order.search_order`: the program's, or on large graphs the
+    outside plan's when it moves computations), the rounds, then the bounds asked after them
     (:data:`bounds.AFTER`) in the time they leave, which is at least
     AFTER_SHARE of the limit where the automatic rounds cannot search the
     whole staged space (more than FULL_MODEL_PAIRS pairs): their bound, not
