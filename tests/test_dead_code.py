@@ -28,8 +28,8 @@ def graph() -> Graph:
                  [(ids[p], i) for i, s in enumerate(spec) for p in s[3]])
 
 
-def plan_of(g: Graph, seq: list[tuple[str, str]]) -> Plan:
-    return Plan.from_events(g.name, "test", [(op, g.node_by_name(n).id) for op, n in seq])
+def plan_of(g: Graph, seq: list[tuple[str, str]], planner: str = "test") -> Plan:
+    return Plan.from_events(g.name, planner, [(op, g.node_by_name(n).id) for op, n in seq])
 
 
 def names(g: Graph, plan: Plan) -> list[tuple[str, str]]:
@@ -104,7 +104,7 @@ def test_cpsat_returns_its_plan_without_unread_computations():
     g = graph()  # cleaned() itself: the run asks it from REORDER_MIN_NODES nodes on
     staged = plan_of(g, [("compute", "p"), ("compute", "q"), ("free", "q"), ("free", "p"), ("compute", "c"),
                          ("compute", "d"), ("free", "c"), ("compute", "p"), ("compute", "q"), ("free", "p"),
-                         ("compute", "out")])
+                         ("compute", "out")], planner="cpsat")  # as the model's plans are named
     ctx = context(g, Settings.parse(simulate(g, staged).peak_bytes, {}))
     found = cleaned(ctx, staged, None)
     assert found.name == "cpsat+dce" and found.objective == 0 and simulate(g, found.plan).valid

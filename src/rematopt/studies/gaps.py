@@ -136,11 +136,11 @@ def certified(df: pd.DataFrame, results: Path) -> pd.DataFrame:
     # wrong; outside it, excess <= speaks of the best staged plan, not the best
     heur["staged"] = None
     cp_plan = pd.Series(take("plan_path"), index=heur.index)
-    graphs: dict[str, Graph] = {}
-    for (path, _), rows in heur[comparable].groupby(["graph_file", "budget_ratio"]):
-        graph = graphs.setdefault(path, load_graph(path))
-        space = _space(results, graph, cpsat_stats.loc[rows.index[0]], cp_plan.loc[rows.index[0]])
-        heur.loc[rows.index, "staged"] = [_staged(results, space, p) for p in rows["plan_path"]]
+    for path, of_graph in heur[comparable].groupby("graph_file"):
+        graph = load_graph(path)
+        for _, rows in of_graph.groupby("budget_ratio"):
+            space = _space(results, graph, cpsat_stats.loc[rows.index[0]], cp_plan.loc[rows.index[0]])
+            heur.loc[rows.index, "staged"] = [_staged(results, space, p) for p in rows["plan_path"]]
     heur["wrong_bound"] = below & (heur["staged"] == True)  # noqa: E712  (None: no plan file to check)
     counted = comparable & ~below
     with np.errstate(divide="ignore", invalid="ignore"):

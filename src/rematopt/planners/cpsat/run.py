@@ -19,7 +19,6 @@ from ...plan import Plan
 from ...reference import no_remat_peak, peak_lower_bound
 from ...simulate import Replay, simulate
 from ...stats import Stats
-from ..dead_code import without_dead_computations
 from . import lns, peak
 from .backends import STATUS, LpBackend
 from .model import (Model, OutOfTime, Stages, cap_units, cost_resolution, integer_scale, memory_unit,
@@ -173,7 +172,7 @@ def outside_plan(ctx: Context, deadline: float) -> tuple[Outside | None, Lowest 
                 ctx.trace.solution("primary", o.objective, None)
 
         plans = heuristic_plans(ctx, deadline=deadline, on_plan=on_record)
-        plans += without_dead(g, plans)
+        plans += without_dead(g, [p for p, _ in plans])
     name = "hint" if cfg.hint is not None else None
     if cfg.hint is None and cfg.warm_start == "auto":  # nothing to search from otherwise: more time than the share
         plans += deeper_eviction(ctx, plans, ctx.start + EVICTION_SHARE * cfg.time_limit)
@@ -311,12 +310,8 @@ def cleaned(ctx: Context, plan: Plan, outside: Outside | None) -> Outside | None
     may search moved orders (:mod:`.order`, graphs of REORDER_MIN_NODES
     and more) and of plans not proven optimal: on smaller graphs the
     rounds prove optima, and an outside plan would turn them into FEASIBLE."""
-    moved = without_dead_computations(ctx.graph, plan)
-    if len(moved) == len(plan):
-        return outside
-    moved.planner = "cpsat+dce"
-    o = admit(ctx, moved, simulate(ctx.graph, moved), moved.planner)
-    return o if o is not None and (outside is None or o.objective < outside.objective) else outside
+    found = [o for p, r in without_dead(ctx.graph, [plan]) if (o := admit(ctx, p, r, p.planner)) is not None]
+    return found[0] if found and (outside is None or found[0].objective < outside.objective) else outside
 
 
 def plan_pairs(ix: Stages, plan: Plan) -> dict[int, set[int]]:

@@ -101,15 +101,15 @@ def fast_plans(graph: Graph, budget: int | None, options: dict[str, Any] | None 
     return plans
 
 
-def without_dead(graph: Graph, plans: list[tuple[Plan, Replay]]) -> list[tuple[Plan, Replay]]:
+def without_dead(graph: Graph, plans: Sequence[Plan]) -> list[tuple[Plan, Replay]]:
     """Each plan with its unread computations dropped (:mod:`..dead_code`),
-    where that drops any, named ``<planner>+dce``: a staged plan computes a
-    value only the backward reads at its program position too; dropped, the
-    value is first computed where it is read (XLA's move), which no staged
-    plan in program order does, so on large graphs cpsat then searches that
-    plan's order (:mod:`.order`)."""
+    where that drops any, named ``<planner>+dce``, with its replay: a staged
+    plan computes a value only the backward reads at its program position
+    too; dropped, the value is first computed where it is read (XLA's move),
+    which no staged plan in program order does, so on large graphs cpsat
+    then searches that plan's order (:mod:`.order`)."""
     found = []
-    for p, r in plans:
+    for p in plans:
         moved = without_dead_computations(graph, p)
         if len(moved) < len(p):
             moved.planner = f"{p.planner}+dce"
