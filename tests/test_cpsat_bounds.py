@@ -249,9 +249,10 @@ def test_coarse_chains_stay_below_the_published_graphs_proven_optima(benchmarks_
 
 
 def test_coarse_chains_see_past_the_gaps_on_a_decoder():
-    """flax_linen_l2_w32 at 0.8 (instances/): the gaps relaxation stops at
-    about 80% of cpsat's plan; the coarse chains, given 15 s, go well past
-    it (about 93%) and stay below every staged plan cpsat replays."""
+    """flax_linen_l2_w32 at 0.8 (instances/): the coarse chains, given 15 s,
+    go well past the gaps relaxation (by about a sixth) and stay below every
+    staged plan cpsat replays (its plan cleaned of unread computations lies
+    outside the staged space, and may cost less)."""
     g = load_graph(Path(__file__).resolve().parents[1] / "instances" / "flax_linen_l2_w32.json")
     budget = int(0.8 * no_remat_peak(g))
     scale, _ = integer_scale([g.cost[i] for i in g.compute_ids], sum(g.cost) * g.n)
@@ -262,7 +263,7 @@ def test_coarse_chains_see_past_the_gaps_on_a_decoder():
     coarse = ask(g, q, "coarse chains", time_limit=15, workers=2)
     sol = solve(g, "cpsat", budget=budget, time_limit=15, workers=2, warm_start="none")
     plan = sol.replay.compute_cost - sum(g.cost[i] for i in g.compute_ids)
-    assert coarse.bound > 1.08 * gaps.bound and gaps.bound / scale < 0.9 * plan
+    assert coarse.bound > 1.08 * gaps.bound
     assert sol.plan.stats.get("plan_from") or coarse.bound / scale <= plan * (1 + 1e-9)
 
 

@@ -36,7 +36,8 @@ def ctrl_c() -> None:
 
 def check(sol, rounds: int) -> None:
     st = sol.plan.stats
-    assert st["interrupted"] and sol.status == "FEASIBLE"
+    # the incumbent cleaned of unread computations may cost nothing, which proves it
+    assert st["interrupted"] and (sol.status == "FEASIBLE" or st.get("proved_by") == "zero cost")
     assert sol.replay.valid and sol.replay.peak_bytes <= sol.budget
     assert len(st["rounds"]) == rounds
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the caller's handler is back
@@ -151,7 +152,10 @@ def test_ctrl_c_after_the_peak_search_returns_its_plan(graph, monkeypatch):
     sol = solve(graph, "cpsat", hint=no_remat_plan(graph), **OPTS)
     check(sol, rounds=1)
     st = sol.plan.stats
-    assert st["warm_start"] == "peak search" and st["objective"] == st["hint_objective"]
+    assert st["warm_start"] == "peak search"
+    # that plan, or the same cleaned of the computations nobody reads (cheaper)
+    assert st["objective"] == st["hint_objective"] or (st["plan_from"] == "cpsat+dce"
+                                                       and st["objective"] < st["hint_objective"])
 
 
 def test_ctrl_c_during_a_solve_in_another_thread_is_the_callers(graph, monkeypatch):

@@ -170,7 +170,10 @@ def test_cpsat_with_lns_on_returns_a_plan_at_least_as_good_within_the_limit():
     info = st["lns"]
     assert info["windows"] >= 1 and info["objective_after"] <= info["objective_before"]
     assert info["objective_before"] == rounds[-1]["objective"]
-    assert st["objective"] == info["objective_after"] == sol.replay.recompute_cost
+    assert st["objective"] == sol.replay.recompute_cost
+    # LNS's plan, or the same cleaned of the computations nobody reads (cheaper)
+    assert st["objective"] == info["objective_after"] or (st["plan_from"] == "cpsat+dce"
+                                                          and st["objective"] < info["objective_after"])
     off = solve(g, "cpsat", budget_ratio=0.8, time_limit=2, workers=1, lp_bound=False, recompute_depth=1,
                 lns="off")
     assert "lns" not in off.plan.stats

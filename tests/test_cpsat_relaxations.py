@@ -188,6 +188,7 @@ def test_a_restricted_solve_claims_the_whole_space_only_when_the_bound_meets_it(
     monkeypatch.setattr(strategy, "FULL_MODEL_PAIRS", 0)
     monkeypatch.setattr(strategy, "FULL_ROUND_PAIRS", 0)  # no full round either
     monkeypatch.setattr(strategy, "DOUBLING_SHARE", 1.0)  # an empty depth-1 space is followed by depth 2
+    monkeypatch.setattr(run, "cleaned", lambda ctx, plan, outside: outside)  # the staged plan, not cleaned
     seen = set()
     for seed, ratio in ((1, 0.9), (1, 0.8), (6, 0.9)):
         g = synthetic.random_layered(16, seed=seed)
@@ -293,6 +294,7 @@ def test_a_starved_full_round_leaves_the_proven_rounds_plan_and_lends_its_bound(
             m.setattr(run, "wants_optimality_proof", lambda *a: False)  # no proof between rounds
             m.setattr(search, "solve_model", starve)
             m.setattr(run, "fast_plans", lambda *a, **k: [])  # this is about the rounds alone
+            m.setattr(run, "cleaned", lambda ctx, plan, outside: outside)  # and their staged plan
             sol = solve(g, "cpsat", budget_ratio=ratio, time_limit=20, workers=1, warm_start="none")
         st = sol.plan.stats
         last, proven = st["rounds"][-1], [r for r in st["rounds"] if r["status"] == "OPTIMAL"]

@@ -11,7 +11,7 @@ import pytest
 from rematopt.graph import Graph, Node
 from rematopt.plan import COMPUTE, Plan
 from rematopt.planners.dead_code import without_dead_computations
-from rematopt.reference import no_remat_peak
+from rematopt.reference import no_remat_peak, peak_lower_bound
 from rematopt.simulate import simulate
 from rematopt.solve import solve
 
@@ -101,7 +101,7 @@ def test_cpsat_returns_its_plan_without_unread_computations():
     from rematopt.planners.cpsat.run import cleaned, context
     from rematopt.planners.cpsat.settings import Settings
 
-    g = graph()  # cleaned() itself: the run asks it from REORDER_MIN_NODES nodes on
+    g = graph()  # cleaned() itself
     staged = plan_of(g, [("compute", "p"), ("compute", "q"), ("free", "q"), ("free", "p"), ("compute", "c"),
                          ("compute", "d"), ("free", "c"), ("compute", "p"), ("compute", "q"), ("free", "p"),
                          ("compute", "out")], planner="cpsat")  # as the model's plans are named
@@ -112,3 +112,39 @@ def test_cpsat_returns_its_plan_without_unread_computations():
     assert cleaned(ctx, found.plan, found) is found
     tight = context(g, Settings.parse(simulate(g, found.plan).peak_bytes - 1, {}))
     assert cleaned(tight, staged, None) is None  # over the budget: not admitted
+
+
+def test_an_unproven_run_returns_its_plan_cleaned_and_a_proven_one_as_proven(monkeypatch):
+    """At any size: a run whose plan is not proven optimal returns it cleaned
+    where that is cheaper (``cpsat+dce``, FEASIBLE, replaying to the figures
+    reported, the staged bound below it); a proven optimum comes back as
+    the staged plan it is."""
+    from rematopt.importers import synthetic
+    from rematopt.planners.cpsat import run, search, strategy
+
+    solve_model = search.solve_model
+
+    def starve(ctx, model, phase, limit, stop_at=None):  # the full round gets no time: unproven
+        return solve_model(ctx, model, phase, 1e-3 if phase == "primary" and model.depth is None else limit, stop_at)
+
+    g = synthetic.random_layered(16, seed=3)  # 16 nodes: its depth-2 optimum computes values nobody reads
+    with monkeypatch.context() as m:
+        m.setattr(strategy, "FULL_MODEL_PAIRS", 0)
+        m.setattr(run, "wants_optimality_proof", lambda *a: False)
+        m.setattr(search, "solve_model", starve)
+        m.setattr(run, "fast_plans", lambda *a, **k: [])
+        sol = solve(g, "cpsat", budget_ratio=0.9, time_limit=20, workers=1, warm_start="none")
+    st = sol.plan.stats
+    assert st["status"] == "FEASIBLE" and st["plan_from"] == "cpsat+dce"
+    assert st["objective"] < st["rounds"][-1]["objective"]
+    assert st["objective"] == pytest.approx(sol.replay.compute_cost - sum(g.cost[i] for i in g.compute_ids))
+    assert st["best_bound"] <= st["objective"]
+    proven = 0
+    for seed in range(6):
+        h = synthetic.random_layered(12, seed=seed)
+        budget = (peak_lower_bound(h) + no_remat_peak(h)) // 2
+        done = solve(h, "cpsat", budget=budget, time_limit=20, workers=1).plan.stats
+        if done["status"] == "OPTIMAL":
+            proven += 1
+            assert done.get("plan_from") != "cpsat+dce"
+    assert proven

@@ -24,7 +24,7 @@ from .backends import STATUS, LpBackend
 from .model import (Model, OutOfTime, Stages, cap_units, cost_resolution, integer_scale, memory_unit,
                     overhead_cap_units, peak_floor_units)
 from .bounds import AFTER, BOUNDS, PROOFS, Question, WholeBound, ask
-from .order import REORDER_MIN_NODES, search_order
+from .order import search_order
 from .report import ROUNDED_DOWN, Outcome, Outside, gap, report, report_unbuilt, whole_units
 from .search import Context, Lowest, Round, make_model, solve_model, solve_round, tie_break, whole_bound_of
 from .settings import Settings, max_recomputes
@@ -562,7 +562,7 @@ def _run(ctx: Context, found: tuple[Outside | None, Lowest | None] | None = None
         rival = best_admitted(ctx, rivals + ([(outside.plan, outside.replay)] if outside else []))
         if rival is not None and (outside is None or rival.objective < outside.objective):
             outside = rival
-    if best is not None and g.n >= REORDER_MIN_NODES and not (lower is not None and done.objective <= lower):
+    if best is not None and not (lower is not None and done.objective <= lower):
         outside = cleaned(ctx, events(model.form, best), outside)
     lp, lp_skipped = None, None
     if cfg.lp_bound and not empty and not (whole is not None and whole.status == "INFEASIBLE"):

@@ -127,8 +127,13 @@ def _relaxation(graph: Graph, q: Question, shape: "_Lifetimes", deadline: float 
 COARSE_PAIRS = 20_000
 # Entries one recompute past a value's life: a dropped value's producers are
 # kept or recomputed for it, theirs are free. As strong as every horizon on
-# gpt_l2_w64 (3.85% against 3.87% on 56 stages) and random_layered_n250
-# (3.06% against 2.99% on 32), with half the variables.
+# gpt_l2_w64 (3.85% against 3.87% on 56 stages), with half the variables.
+# Not where the whole chains model (every stage, every horizon) fits in
+# COARSE_PAIRS: then that model is solved, as strong as any coarser one at
+# its optimum and stronger in the time on random_layered_n250 at 0.8 (2.91%
+# of the base cost in 15 s, against 2.64% with one hop; 40 s: 3.00% and
+# 2.70%; gpt_l2_w64 at 0.8: 4.05% either way; random_layered_n500 at 0.9:
+# 0.234% against 0.261%, one hop's model proven at 28 s).
 COARSE_HOPS = 1
 COARSE_MIN_ROWS = 4
 
@@ -138,7 +143,8 @@ def coarse_bound(graph: Graph, q: Question, how: How) -> WholeBound:
     (:func:`spread`), each value's entries one recompute past its life:
     fewer memory checks and coarser intervals, so a weaker relaxation whose
     bound CP-SAT proves where the whole chains model's it does not. First
-    on as many stages as COARSE_PAIRS pairs allow, then on twice as many
+    on as many stages as COARSE_PAIRS pairs allow (the whole chains model
+    where it fits, see COARSE_HOPS), then on twice as many
     while each is solved to optimality in the time left; the best bound of
     them all (an INFEASIBLE one shows the whole staged space empty)."""
     began = time.perf_counter()
@@ -147,7 +153,11 @@ def coarse_bound(graph: Graph, q: Question, how: How) -> WholeBound:
         shape = _Lifetimes(graph, level="chains", offload=q.offload, unit=q.unit, cap=_floor(q), deadline=deadline)
     except OutOfTime:
         return WholeBound("UNKNOWN", None, time.perf_counter() - began)
-    best, status, rows = None, "UNKNOWN", _rows_within(shape, COARSE_PAIRS)
+    if shape.pairs <= COARSE_PAIRS:  # the whole chains model is small: it is the first model and the last
+        rows = len(shape.critical)
+    else:
+        rows = _rows_within(shape, COARSE_PAIRS)
+    best, status = None, "UNKNOWN"
     while deadline - time.perf_counter() > 0.2:
         try:
             m, goal = _relaxation(graph, q, shape, deadline)
