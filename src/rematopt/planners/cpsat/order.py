@@ -14,9 +14,10 @@ best fast plan lies outside the program-order space, cpsat searches the
 staged space of that plan's order instead. Every claim of the run (gap,
 OPTIMAL) is then over that space, and the stats say which (``order_from``).
 Below REORDER_MIN_NODES the program order stays: there the rounds prove
-optima in it, which another order could lose. From that size on, the run's
-own plan also comes back without its unread computations
-(:func:`..run.cleaned`).
+optima in it, which another order could lose, and the bounds are weaker in
+a moved order (random_layered_n250 at 0.8, the order of cpsat's plan
+cleaned: coarse chains 1.81% of the base cost in 20 s, 2.66% in program
+order).
 """
 
 from __future__ import annotations
