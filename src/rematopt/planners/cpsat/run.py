@@ -309,8 +309,8 @@ def cleaned(ctx: Context, plan: Plan, outside: Outside | None) -> Outside | None
     model's best: FEASIBLE, the bounds still those of the staged space (its
     gap then says how much cheaper any staged plan could be). Asked only of
     plans not proven optimal: a proven optimum is returned as such."""
-    found = [o for p, r in without_dead(ctx.graph, [plan]) if (o := admit(ctx, p, r, p.planner)) is not None]
-    return found[0] if found and (outside is None or found[0].objective < outside.objective) else outside
+    found = best_admitted(ctx, without_dead(ctx.graph, [plan]))
+    return found if found is not None and (outside is None or found.objective < outside.objective) else outside
 
 
 def plan_pairs(ix: Stages, plan: Plan) -> dict[int, set[int]]:
