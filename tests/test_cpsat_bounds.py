@@ -1,4 +1,4 @@
-"""The whole-space bounds added for issue 24 (``cpsat.bounds``): the chains
+"""The whole-space bounds added for issue 24 (``staged.bounds``): the chains
 relaxation on subsets of the critical stages and with entries cut a few
 recomputes past a value's life, and the coarse-to-fine bound made of them
 (``coarse chains``), asked after the rounds. Each is checked against the
@@ -24,8 +24,8 @@ from rematopt.graph import Graph, Node
 from rematopt.importers import load as load_graph
 from rematopt.importers import synthetic
 from rematopt.planners.cpsat import run, strategy
-from rematopt.planners.cpsat.bounds import AFTER, BOUNDS, Question, ask, chains
-from rematopt.planners.cpsat.model import cap_units, integer_scale, memory_unit
+from rematopt.planners.staged.bounds import AFTER, BOUNDS, Question, ask, chains
+from rematopt.planners.staged.model import cap_units, integer_scale, memory_unit
 from rematopt.reference import no_remat_peak, peak_lower_bound
 
 # (rows, hops): every critical stage, one of them, two, with entries cut at 0, 1, 2 recomputes or none

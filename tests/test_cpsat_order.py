@@ -1,5 +1,5 @@
 """cpsat in the order of an outside plan's first computations
-(planners/cpsat/order.py): the order is the plan's, its staged space holds
+(planners/staged/order.py): the order is the plan's, its staged space holds
 the plan, and every claim made in it holds against exhaustive search over
 that space."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from rematopt.planners.cpsat import order
-from rematopt.planners.cpsat.order import first_computations, in_order_of, in_staged_space, search_order
+from rematopt.planners.staged import order
+from rematopt.planners.staged.order import first_computations, in_order_of, in_staged_space, search_order
 from rematopt.reference import no_remat_peak, no_remat_plan
 from rematopt.simulate import simulate
 from rematopt.solve import solve

@@ -1,4 +1,4 @@
-"""The relaxations of ``cpsat.bounds`` (gaps alone, and with recompute
+"""The relaxations of ``staged.bounds`` (gaps alone, and with recompute
 chains, and with a recompute's slot memory): lower bounds for the whole staged space, checked against exhaustive
 search and the full model, and how ``cpsat`` uses them to claim whole-space
 optimality from a depth-restricted solve."""
@@ -15,9 +15,9 @@ from rematopt import solve
 from rematopt.graph import Graph
 from rematopt.importers import synthetic
 from rematopt.planners.cpsat import run, search, strategy
-from rematopt.planners.cpsat.bounds import chains
-from rematopt.planners.cpsat.model import integer_scale
-from rematopt.planners.cpsat.bounds import BOUNDS, Question, ask
+from rematopt.planners.staged.bounds import chains
+from rematopt.planners.staged.model import integer_scale
+from rematopt.planners.staged.bounds import BOUNDS, Question, ask
 from rematopt.reference import no_remat_peak, peak_lower_bound
 
 from brute_force import min_cost, min_peak

@@ -12,9 +12,9 @@ from ortools.sat.python import cp_model
 from rematopt import solve
 from rematopt.importers import synthetic
 from rematopt.planners.cpsat import run, search, signals
-from rematopt.planners.cpsat.backends import CpSatBackend
-from rematopt.planners.cpsat.model import Formulation
-from rematopt.planners.cpsat.solution import events, from_plan
+from rematopt.planners.staged.backends import CpSatBackend
+from rematopt.planners.staged.model import Formulation
+from rematopt.planners.staged.solution import events, from_plan
 from rematopt.planners.cpsat.warm_start import (best_within, fast_planners, fast_plans, lowest_peak,
                                                 staged_eviction)
 from rematopt.reference import no_remat_plan, resolve_budget

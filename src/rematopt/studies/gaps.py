@@ -40,7 +40,7 @@ import pandas as pd
 from ..graph import Graph
 from ..importers import load as load_graph
 from ..plan import Plan
-from ..planners.cpsat.order import in_order_of, in_staged_space
+from ..planners.staged.order import in_order_of, in_staged_space
 from .batch import BatchPlan, GraphInput, plan_batch
 from .report import load_results, page_html, to_markdown
 

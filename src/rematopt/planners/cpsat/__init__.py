@@ -1,8 +1,8 @@
-"""``cpsat``: the exact planner. Builds the staged model of
-:mod:`.model` (formulation: ``docs/cpsat.md``), solves it in rounds with
-CP-SAT from a warm start (:mod:`.search`, chosen by :mod:`.strategy`),
-bounds the whole staged space from below (:mod:`.bounds`) and
-reports what was proven (:mod:`.report`).
+"""``cpsat``: the exact planner. Solves the staged model of
+:mod:`..staged` (formulation: ``docs/cpsat.md``) in rounds with CP-SAT
+from a warm start (:mod:`.search`, chosen by :mod:`.strategy`), asks the
+staged space's bounds (:mod:`..staged.bounds`) and reports what was
+proven (:mod:`.report`).
 
 Objectives: ``overhead`` (default with a budget) minimises recompute plus
 transfer cost with every memory check <= budget; ``peak`` (default without a

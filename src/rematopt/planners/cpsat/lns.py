@@ -30,11 +30,12 @@ from ortools.sat import cp_model_pb2
 from ortools.sat.python import cp_model
 
 from ...simulate import simulate
-from .backends import STATUS, stopped_early, tune
-from .model import Model
+from ..staged.backends import STATUS, stopped_early, tune
+from ..staged.backends import solver_takes_ctrl_c
+from ..staged.model import Model
+from ..staged.solution import Assignment, events
 from .search import Context, Round
-from .signals import Interrupt, solver_takes_ctrl_c
-from .solution import Assignment, events
+from .signals import Interrupt
 
 # With ``--lns auto``, LNS follows the rounds when the returned round's model
 # has at least this many variables, and a round that LNS will follow

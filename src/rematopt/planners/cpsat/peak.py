@@ -22,8 +22,8 @@ from ...plan import Plan
 from ...reference import peak_lower_bound
 from ...simulate import simulate
 from ...stats import Stats
-from .model import memory_unit, overhead_cap_units, peak_floor_units
-from .bounds import AFTER, PROBES, Question, ask
+from ..staged.bounds import AFTER, PROBES, Question, ask
+from ..staged.model import memory_unit, overhead_cap_units, peak_floor_units
 from .report import gap
 from .search import Context
 from .settings import max_recomputes

@@ -14,11 +14,11 @@ from ...plan import Plan
 from ...reference import peak_lower_bound
 from ...simulate import Replay, cost_of_counts, simulate
 from ...stats import Stats
-from .backends import STATUS
-from .model import Model
-from .bounds import Question, WholeBound
+from ..staged.backends import STATUS
+from ..staged.bounds import Question, WholeBound
+from ..staged.model import Model
+from ..staged.solution import Assignment, events
 from .search import Context, Round
-from .solution import Assignment, events
 
 # The level a proof names for the full model with sizes rounded down (run.rounded_down_proof).
 ROUNDED_DOWN = "rounded-down model"

@@ -19,17 +19,17 @@ from ...plan import Plan
 from ...reference import no_remat_peak, peak_lower_bound
 from ...simulate import Replay, simulate
 from ...stats import Stats
+from ..staged.backends import STATUS, LpBackend
+from ..staged.bounds import AFTER, BOUNDS, PROOFS, Question, WholeBound, ask
+from ..staged.model import (Model, OutOfTime, Stages, cap_units, cost_resolution, integer_scale, memory_unit,
+                            overhead_cap_units, peak_floor_units)
+from ..staged.order import search_order
+from ..staged.solution import Assignment, events, from_plan, staged_events
 from . import lns, peak
-from .backends import STATUS, LpBackend
-from .model import (Model, OutOfTime, Stages, cap_units, cost_resolution, integer_scale, memory_unit,
-                    overhead_cap_units, peak_floor_units)
-from .bounds import AFTER, BOUNDS, PROOFS, Question, WholeBound, ask
-from .order import search_order
 from .report import ROUNDED_DOWN, Outcome, Outside, gap, report, report_unbuilt, whole_units
 from .search import Context, Lowest, Round, make_model, solve_model, solve_round, tie_break, whole_bound_of
 from .settings import Settings, max_recomputes
 from .signals import Interrupt, Trace, deferred_sigint
-from .solution import Assignment, events, from_plan, staged_events
 from .strategy import (DONE, FULL_MODEL_PAIRS, may_start, next_depth, proof_time, returned_round, should_widen,
                        wants_emptiness_proof, wants_optimality_proof)
 from .warm_start import (FIRST, MODEL_MAX_NODES, best_within, evicted_plan, fast_planners, fast_plans,

@@ -17,11 +17,11 @@ from ...errors import PlannerError
 from ...graph import Graph
 from ...plan import Plan
 from ...reference import no_remat_peak
-from .backends import CpSatBackend, stopped_early, tune
-from .model import Model, OutOfTime, Stages, add_tie_break, build
+from ..staged.backends import CpSatBackend, solver_takes_ctrl_c, stopped_early, tune
+from ..staged.model import Model, OutOfTime, Stages, add_tie_break, build
+from ..staged.solution import Assignment, events, from_plan
 from .settings import Settings, max_recomputes
-from .signals import Interrupt, SolutionCallback, Trace, live_progress, solver_takes_ctrl_c
-from .solution import Assignment, events, from_plan
+from .signals import Interrupt, SolutionCallback, Trace, live_progress
 
 # A round with no plan to start from searches this share of the time left
 # (at least MIN_ROUND_S) before it looks for any plan within the budget by

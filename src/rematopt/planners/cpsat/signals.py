@@ -99,27 +99,6 @@ def deferred_sigint(stop: Interrupt) -> Iterator[None]:
 
 
 @contextmanager
-def solver_takes_ctrl_c(params: Any, enabled: bool = True) -> Iterator[None]:
-    """During one CP-SAT solve, let a Ctrl-C stop the search with its best
-    solution (a Python handler would only run once solve() returns), then
-    put the caller's SIGINT handler back (CP-SAT leaves the default one,
-    which kills the process). Main thread only: CP-SAT's handler lives in
-    the thread that installs it, and a SIGINT reaching the main thread while
-    a worker thread's solve has it installed aborts the process
-    (std::bad_function_call; measured with a cpsat solve in a thread)."""
-    main = threading.current_thread() is threading.main_thread()
-    params.catch_sigint_signal = enabled and main
-    if not main:
-        yield
-        return
-    previous = signal.getsignal(signal.SIGINT)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-@contextmanager
 def live_progress(trace: Trace, enabled: bool) -> Iterator[None]:
     """Elapsed time, incumbent, bound and gap on stderr while the solver runs."""
     if not enabled:

@@ -19,8 +19,8 @@ from ..dead_code import without_dead_computations
 from ..options import names
 
 if TYPE_CHECKING:
-    from .solution import Assignment
-    from .model import Formulation
+    from ..staged.solution import Assignment
+    from ..staged.model import Formulation
 
 P = TypeVar("P")
 # Planners that are not fast, or that would recurse (exact searches
@@ -107,7 +107,7 @@ def without_dead(graph: Graph, plans: Sequence[Plan]) -> list[tuple[Plan, Replay
     plan computes a value only the backward reads at its program position
     too; dropped, the value is first computed where it is read (XLA's move),
     which no staged plan in program order does, so on large graphs cpsat
-    then searches that plan's order (:mod:`.order`)."""
+    then searches that plan's order (:mod:`..staged.order`)."""
     found = []
     for p in plans:
         moved = without_dead_computations(graph, p)
@@ -182,7 +182,7 @@ def staged_eviction(form: "Formulation", max_rounds: int = 10_000,
     covered. None if it gets stuck or runs past ``deadline`` (a
     ``time.perf_counter()`` value: on a 2,000-node decoder a round takes
     seconds)."""
-    from .solution import canonical
+    from ..staged.solution import canonical
 
     ix, g, size = form.ix, form.graph, form.size
     pos = ix.pos
@@ -271,8 +271,8 @@ EVICTION_DEPTHS = (2, 3)
 def evicted_plan(graph: Graph, budget: int, deadline: float) -> Plan | None:
     """Staged eviction's plan in the depth-2 space, else depth 3 (the model's
     index only, no solver), or None (stuck, or past ``deadline``)."""
-    from .model import Formulation, OutOfTime
-    from .solution import events
+    from ..staged.model import Formulation, OutOfTime
+    from ..staged.solution import events
 
     for depth in EVICTION_DEPTHS:
         try:
