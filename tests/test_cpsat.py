@@ -395,7 +395,7 @@ def test_a_restricted_space_is_widened_only_for_a_hint_better_than_its_own():
     than staged eviction's plan inside the depth-1 space: the space is not
     widened (a wider space is a harder one) and the round starts from the
     better hint."""
-    from rematopt.planners.staged.model import Stages
+    from rematopt.planners.staged.stages import Stages
     from rematopt.planners.staged.solution import staged_events
 
     g = synthetic.random_layered(16, seed=1)

@@ -25,7 +25,7 @@ from rematopt.importers import load as load_graph
 from rematopt.importers import synthetic
 from rematopt.planners.cpsat import run, strategy
 from rematopt.planners.staged.bounds import AFTER, BOUNDS, Question, ask, chains
-from rematopt.planners.staged.model import cap_units, integer_scale, memory_unit
+from rematopt.planners.staged.units import cap_units, integer_scale, memory_unit
 from rematopt.reference import no_remat_peak, peak_lower_bound
 
 # (rows, hops): every critical stage, one of them, two, with entries cut at 0, 1, 2 recomputes or none
@@ -34,7 +34,7 @@ SHAPES = [(None, 0), (None, 1), (1, None), (2, 1), (2, 0), (3, 2)]
 
 def question(g: Graph, budget: int | None, offload: bool = False, per_byte: int = 0, objective: str = "overhead",
              overhead_cap: int | None = None, max_recomputes: int | None = None) -> Question:
-    """Integer costs; memory in the graph's unit, sizes and cap rounded down as run.question does."""
+    """Integer costs; memory in the graph's unit, sizes and cap rounded down as the run's question does."""
     unit = memory_unit(g)[0]
     cap = cap_units(g, unit, budget if budget is not None else sum(g.bytes))
     floor = max(0, (peak_lower_bound(g) - g.persistent_bytes) // unit)
@@ -178,7 +178,7 @@ def test_a_coarse_to_fine_schedule_stays_below_the_optimum(monkeypatch):
 
 def test_real_valued_costs_floored_keep_the_bound_below_the_optimum():
     """Costs k/3 at a cost scale of 10, where none is an integer: floored
-    (as ``Context.relaxation_costs`` does when the scale is inexact), every
+    (as ``staged.bounds.question`` does when the scale is inexact), every
     shape and the coarse bound, divided by the scale, stay at or below the
     exhaustive optimum of the real costs (the integer optimum / 3)."""
     for g, rng in cases(6, every=False, count=12, seed=2405):

@@ -17,7 +17,8 @@ from rematopt.graph import Graph, Node
 from rematopt.importers import synthetic
 from rematopt.planners.cpsat import run
 from rematopt.planners.staged.bounds.gaps import gap_runs
-from rematopt.planners.staged.model import OutOfTime, Stages
+from rematopt.planners.staged.model import OutOfTime
+from rematopt.planners.staged.stages import Stages
 from rematopt.planners.staged.bounds import Question, ask
 from rematopt.reference import no_remat_peak, peak_lower_bound
 
@@ -161,7 +162,7 @@ def test_what_no_plan_can_meet_is_infeasible_and_a_loose_budget_costs_nothing():
 
 
 def test_questions_asked_before_the_model_match_the_models(monkeypatch):
-    """run.question is asked before any model exists; it must say what the
+    """run.run_question is asked before any model exists; it must say what the
     model built afterwards holds (unit, cap, overhead cap, clone cap, peak floor)."""
     seen: dict = {}
     relaxation, make_model = run.relaxation, run.make_model

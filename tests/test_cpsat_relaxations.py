@@ -16,7 +16,7 @@ from rematopt.graph import Graph
 from rematopt.importers import synthetic
 from rematopt.planners.cpsat import run, search, strategy
 from rematopt.planners.staged.bounds import chains
-from rematopt.planners.staged.model import integer_scale
+from rematopt.planners.staged.units import integer_scale
 from rematopt.planners.staged.bounds import BOUNDS, Question, ask
 from rematopt.reference import no_remat_peak, peak_lower_bound
 

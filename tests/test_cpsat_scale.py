@@ -9,7 +9,8 @@ from ortools.sat.python import cp_model
 
 from rematopt.planners.staged import model as model_mod
 from rematopt.planners.staged.backends import CpSatBackend
-from rematopt.planners.staged.model import Stages, build
+from rematopt.planners.staged.model import build
+from rematopt.planners.staged.stages import Stages
 from rematopt.planners.staged.solution import Assignment, events
 from rematopt.simulate import simulate
 

@@ -384,11 +384,8 @@ def bounds_rows(names: tuple[str, ...], ratios: tuple[float, ...], time_limit: f
     asked alone for ``bound_limit`` seconds (value in cost units, seconds,
     status) over the staged space cpsat searched (its order), all in the
     same process; each row told to ``progress`` as it is done."""
-    from ..planners.cpsat import run
-    from ..planners.staged.bounds import BOUNDS, ask
+    from ..planners.staged.bounds import BOUNDS, bound
     from ..planners.staged.order import in_order_of
-    from ..planners.cpsat.report import whole_units
-    from ..planners.cpsat.settings import Settings
     from ..reference import resolve_budget
     from ..solve import solve
 
@@ -404,11 +401,9 @@ def bounds_rows(names: tuple[str, ...], ratios: tuple[float, ...], time_limit: f
             row = {"graph": Path(name).stem, "nodes": graph.n, "ratio": ratio, "base": base, "stats": sol.plan.stats,
                    "wall_s": time.perf_counter() - began, "bounds": {}}
             space = in_order_of(graph, sol.plan) if sol.plan.stats.get("order_from") else graph
-            ctx = run.context(space, Settings.parse(budget, {"workers": workers}))
-            q = run.question(ctx)
             for level in BOUNDS:
-                r = ask(space, q, level, time_limit=bound_limit, workers=workers, ix=ctx.full)
-                row["bounds"][level] = (r.status, whole_units(ctx, q.unit, r.bound), r.seconds)
+                r = bound(space, budget, level, time_limit=bound_limit, workers=workers)
+                row["bounds"][level] = (r.status, r.value, r.seconds)
             rows.append(row)
             if progress:
                 progress(f"{row['graph']} at {ratio:g}: cpsat {_pct(sol.plan.stats.get('gap'))}% gap, "

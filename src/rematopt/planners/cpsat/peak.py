@@ -23,10 +23,9 @@ from ...reference import peak_lower_bound
 from ...simulate import simulate
 from ...stats import Stats
 from ..staged.bounds import AFTER, PROBES, Question, ask
-from ..staged.model import memory_unit, overhead_cap_units, peak_floor_units
+from ..staged.units import memory_unit
 from .report import gap
 from .search import Context
-from .settings import max_recomputes
 from .signals import Trace
 
 # The usual rounds get this share of the limit, the bisection the rest. The
@@ -99,7 +98,7 @@ def run(ctx: Context, rounds: Callable[[Context], Plan], admit: Callable[..., An
         if bound is not None and bound > lo_bytes:
             lo_bytes, by = bound, level
     probes: list[Probe] = []
-    q0 = question(ctx, u)
+    q0 = ctx.question("overhead", None)  # the cap set per probe
     lo, top = u.of_bound(lo_bytes), u.of_cap(hi_bytes - 1)
     while lo <= top and ctx.left() > 0.5 and not ctx.stop.requested and u.bytes(lo) < hi_bytes:
         cap = (lo + top) // 2
@@ -137,11 +136,7 @@ def after_bounds(ctx: Context, u: Units, peak: int, lower: int, limit: float
     if peak <= lower or limit < 0.5:
         return []
     g, cfg = ctx.graph, ctx.cfg
-    cost, transfer = ctx.relaxation_costs()
-    model_cost = [round(c * ctx.scale) for c in g.cost]
-    cap = None if cfg.max_overhead is None else overhead_cap_units(model_cost, g, cfg.max_overhead)
-    q = Question("peak", u.unit, 0, cost, transfer, cfg.offload, cap, max_recomputes(cfg, len(g.compute_ids)),
-                 peak_floor_units(g, u.unit, up=False))
+    q = ctx.question("peak", None)
     deadline = time.perf_counter() + limit
     found = []
     for level in AFTER:
@@ -166,18 +161,6 @@ def initial_bound(g: Graph, st: dict[str, Any]) -> tuple[int, str]:
     if st.get("best_bound") is not None and st["best_bound"] > b:
         return math.ceil(st["best_bound"]), "model"
     return math.ceil(b), name
-
-
-def question(ctx: Context, u: Units) -> Question:
-    """What the relaxations are asked at a cap (``cap_units`` set per probe):
-    any plan within the overhead and clone caps, in the model's integers
-    (costs floored when the scale is inexact, so the relaxation stays one)."""
-    g, cfg = ctx.graph, ctx.cfg
-    cost, transfer = ctx.relaxation_costs()
-    model_cost = [round(c * ctx.scale) for c in g.cost]  # the cap is the model's (Formulation.int_cost)
-    cap = None if cfg.max_overhead is None else overhead_cap_units(model_cost, g, cfg.max_overhead)
-    return Question("overhead", u.unit, 0, cost, transfer, cfg.offload, cap,
-                    max_recomputes(cfg, len(g.compute_ids)), 0)
 
 
 def decide(ctx: Context, q0: Question, u: Units, cap: int, limit: float, rounds: Callable[[Context], Plan],

@@ -18,6 +18,7 @@ from ..staged.backends import STATUS
 from ..staged.bounds import Question, WholeBound
 from ..staged.model import Model
 from ..staged.solution import Assignment, events
+from ..staged.units import objective_units
 from .search import Context, Round
 
 # The level a proof names for the full model with sizes rounded down (run.rounded_down_proof).
@@ -94,7 +95,7 @@ def report(o: Outcome) -> Plan:
         "gap": None, "time_to_first_s": ctx.trace.first, "time_to_best_s": ctx.trace.best,
         "primary_s": o.primary_s, "variables": model.variables, "constraints": model.constraints,
         "build_s": o.build_s, "recompute_depth": "full" if solved_depth is None else solved_depth,
-        "cost_scale": ctx.scale, "cost_scale_exact": ctx.exact, "cost_resolution": ctx.resolution,
+        "cost_scale": ctx.cost.scale, "cost_scale_exact": ctx.cost.exact, "cost_resolution": ctx.cost.resolution,
         "memory_unit_bytes": model.form.unit, "memory_unit_exact": model.form.memory_exact,
         "offload": cfg.offload, "warm_start": o.hint_source,
         "hint_objective": model.to_units(o.hint_objective) if o.hint_objective is not None else None,
@@ -190,7 +191,7 @@ def report(o: Outcome) -> Plan:
         stats["space_gap"] = gap(objective, stats["space_bound"])
     if stats["best_bound"] is not None and cfg.objective == "overhead":
         # bounds on rounded costs hold for the true ones up to the rounding
-        stats["best_bound"] = max(0.0, stats["best_bound"] - ctx.resolution / 2)
+        stats["best_bound"] = max(0.0, stats["best_bound"] - ctx.cost.resolution / 2)
     if stats["best_bound"] is not None:
         b = min(stats["best_bound"], objective)
         stats["best_bound"] = b
@@ -208,7 +209,7 @@ def report_unbuilt(ctx: Context, outside: Outside | None, whole: WholeBound, q: 
         "status": "UNKNOWN", "reason": f"the time limit ({ctx.cfg.time_limit:g} s) ran out while building the "
                                        "first model", "objective_kind": ctx.cfg.objective,
         "time_to_first_s": ctx.trace.first, "time_to_best_s": ctx.trace.best, "interrupted": ctx.stop.requested,
-        "cost_scale": ctx.scale, "cost_scale_exact": ctx.exact, "cost_resolution": ctx.resolution, "rounds": [],
+        "cost_scale": ctx.cost.scale, "cost_scale_exact": ctx.cost.exact, "cost_resolution": ctx.cost.resolution, "rounds": [],
         "warm_start": None if outside is None else outside.name,
         "gap_relaxation": {"status": whole.status, "seconds": whole.seconds,
                            "bound": None if whole.bound is None else whole_units(ctx, q.unit, whole.bound)}}
@@ -221,13 +222,9 @@ def report_unbuilt(ctx: Context, outside: Outside | None, whole: WholeBound, q: 
 
 
 def whole_units(ctx: Context, unit: int, value: int | None) -> float | None:
-    """A whole-space bound (model integers) in the objective's units: cost
-    units less half the rounding resolution, or bytes."""
-    if value is None:
-        return None
-    if ctx.cfg.objective == "overhead":
-        return max(0.0, value / ctx.scale - ctx.resolution / 2)
-    return float(value * unit + ctx.graph.persistent_bytes)
+    """A whole-space bound (model integers) in the run's objective's units
+    (:func:`..staged.units.objective_units`)."""
+    return objective_units(ctx.graph, ctx.cfg.objective, ctx.cost, unit, value)
 
 
 def lower_source(o: Outcome) -> str:

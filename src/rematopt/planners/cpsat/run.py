@@ -21,10 +21,12 @@ from ...simulate import Replay, simulate
 from ...stats import Stats
 from ..staged.backends import STATUS, LpBackend
 from ..staged.bounds import AFTER, BOUNDS, PROOFS, Question, WholeBound, ask
-from ..staged.model import (Model, OutOfTime, Stages, cap_units, cost_resolution, integer_scale, memory_unit,
-                            overhead_cap_units, peak_floor_units)
+from ..staged.limits import Limits
+from ..staged.model import Model, OutOfTime
 from ..staged.order import search_order
-from ..staged.solution import Assignment, events, from_plan, staged_events
+from ..staged.solution import Assignment, events, from_plan, plan_pairs
+from ..staged.stages import Stages
+from ..staged.units import cost_scale
 from . import lns, peak
 from .report import ROUNDED_DOWN, Outcome, Outside, gap, report, report_unbuilt, whole_units
 from .search import Context, Lowest, Round, make_model, solve_model, solve_round, tie_break, whole_bound_of
@@ -110,7 +112,7 @@ def bounded(ctx: Context) -> Plan:
             f"time limit ({cfg.time_limit - keep:g} s)", f"time limit ({cfg.time_limit:g} s)")})
     if ctx.stop.requested or st["status"] in ("OPTIMAL", "INFEASIBLE") or st.get("gap") == 0 or ctx.left() < MIN_AFTER_S:
         return plan
-    q = question(ctx)
+    q = run_question(ctx)
     found = dict(st)
     for level in AFTER:
         r = relaxation(ctx, q, level, ctx.left() - 0.1)
@@ -134,21 +136,11 @@ def bounded(ctx: Context) -> Plan:
 
 def context(graph: Graph, cfg: Settings) -> Context:
     """What every round of a solve starting now shares: the full staged
-    space and the cost scale, fine enough for every cost a plan may pay (a
-    value's recomputes, one per stage it lives in at most, and with offload
-    its prefetches and its one offload)."""
+    space and the cost scale (:func:`..staged.units.cost_scale`)."""
     start = time.perf_counter()
     full = Stages(graph, cfg.offload)
-    values = set(full.values)  # a list: membership in it took 37 s on a 100,000-node graph
-    lives = [len(full.stages(i)) if i in values else 1 for i in range(graph.n)]
-    costs = [graph.cost[i] for i in graph.compute_ids]
-    repeats = [lives[i] for i in graph.compute_ids]
-    if cfg.offload:
-        costs += [b * cfg.transfer_cost_per_byte for b in graph.bytes]
-        repeats += [k + 1 for k in lives]
-    scale, exact = integer_scale(costs, sum(c * k for c, k in zip(costs, repeats)))
-    resolution = 0.0 if exact else cost_resolution(costs, scale, repeats)
-    return Context(graph, cfg, scale, exact, resolution, full, start, Trace(start), Interrupt())
+    return Context(graph, cfg, cost_scale(graph, full, cfg.transfer_cost_per_byte), full, start, Trace(start),
+                   Interrupt())
 
 
 def outside_plan(ctx: Context, deadline: float) -> tuple[Outside | None, Lowest | None]:
@@ -264,11 +256,11 @@ def admit(ctx: Context, plan: Plan, r: Replay, name: str) -> Outside | None:
     """``plan`` with its replay and primary objective, if it is valid and
     honours every setting: the budget, offload (none unless allowed), the
     clone bound and the overhead cap."""
-    cfg, g = ctx.cfg, ctx.graph
+    cfg, n = ctx.cfg, len(ctx.graph.compute_ids)
     overhead = r.recompute_cost + r.transfer_bytes * cfg.transfer_cost_per_byte
-    if (r.valid and (cfg.budget is None or r.peak_bytes <= cfg.budget) and (cfg.offload or not r.transfer_bytes)
-            and (not cfg.max_clone_expansion or r.compute_events <= cfg.max_clone_expansion * len(g.compute_ids))
-            and (cfg.max_overhead is None or overhead <= cfg.max_overhead * r.base_cost)):
+    limits = Limits(cfg.budget, max_recomputes(cfg, n), None if cfg.max_overhead is None
+                    else cfg.max_overhead * r.base_cost, cfg.offload)
+    if r.valid and limits.admit(r.peak_bytes, r.compute_events - n, overhead, r.transfer_bytes):
         return Outside(plan, r, overhead if cfg.objective == "overhead" else float(r.peak_bytes), name)
     return None
 
@@ -313,31 +305,11 @@ def cleaned(ctx: Context, plan: Plan, outside: Outside | None) -> Outside | None
     return found if found is not None and (outside is None or found.objective < outside.objective) else outside
 
 
-def plan_pairs(ix: Stages, plan: Plan) -> dict[int, set[int]]:
-    """The re-materialisations of ``plan`` per stage."""
-    staged = staged_events(ix, plan)
-    pairs: dict[int, set[int]] = {}
-    for s, i in (staged[0] | staged[1]) if staged else ():
-        if s != ix.first[i]:
-            pairs.setdefault(s, set()).add(i)
-    return pairs
-
-
-def question(ctx: Context) -> Question:
-    """What the relaxations are asked, in the integers of the model
-    :func:`make_model` builds (costs floored when the scale is inexact, so the
-    optimum stays a bound on the costs the model optimises): known before
-    any model is built, so the gaps bound is there even when none is built
-    in time."""
-    g, cfg = ctx.graph, ctx.cfg
-    unit = memory_unit(g)[0]
-    top = cfg.budget if cfg.budget is not None else no_remat_peak(g)
-    int_cost, int_transfer = ctx.relaxation_costs()
-    cap = None
-    if cfg.objective == "peak" and cfg.max_overhead is not None:
-        cap = overhead_cap_units([round(c * ctx.scale) for c in g.cost], g, cfg.max_overhead)
-    return Question(cfg.objective, unit, cap_units(g, unit, top), int_cost, int_transfer, cfg.offload,
-                    cap, max_recomputes(cfg, len(g.compute_ids)), peak_floor_units(g, unit, up=False))
+def run_question(ctx: Context) -> Question:
+    """What the relaxations of the run are asked: its objective under its
+    budget (the peak objective: under the no-remat peak)."""
+    cfg = ctx.cfg
+    return ctx.question(cfg.objective, cfg.budget if cfg.budget is not None else no_remat_peak(ctx.graph))
 
 
 def relaxation(ctx: Context, q: Question, level: str, limit: float, below: int | None = None) -> WholeBound:
@@ -421,7 +393,7 @@ def rounded_down_proof(ctx: Context, done: Round | None, lower: int | None, outs
 def lp_bound(ctx: Context, depth: int | None, also: dict[int, set[int]] | None, limit: float) -> float | None:
     """The LP relaxation of the same formulation, in the objective's units."""
     overhead = ctx.cfg.objective == "overhead"
-    lp = make_model(ctx, depth, also, backend=LpBackend(ctx.scale if overhead else 1.0))
+    lp = make_model(ctx, depth, also, backend=LpBackend(ctx.cost.scale if overhead else 1.0))
     value = lp.backend.solve(limit)
     if value is None or overhead:
         return value
@@ -457,7 +429,7 @@ def _run(ctx: Context, found: tuple[Outside | None, Lowest | None] | None = None
     built_in_time = True
     # the gaps bound first: it needs no model, and a big graph's first model
     # may not be built in time
-    q = question(ctx)
+    q = run_question(ctx)
     whole = relaxation(ctx, q, "gaps", min(GAP_BOUND_SHARE * cfg.time_limit, ctx.left()))
     lower = whole.bound
     history: list[Round] = []

@@ -18,8 +18,11 @@ from ...graph import Graph
 from ...plan import Plan
 from ...reference import no_remat_peak
 from ..staged.backends import CpSatBackend, solver_takes_ctrl_c, stopped_early, tune
-from ..staged.model import Model, OutOfTime, Stages, add_tie_break, build
+from ..staged.bounds import Question, question
+from ..staged.model import Model, OutOfTime, add_tie_break, build
 from ..staged.solution import Assignment, events, from_plan
+from ..staged.stages import Stages
+from ..staged.units import Scale
 from .settings import Settings, max_recomputes
 from .signals import Interrupt, SolutionCallback, Trace, live_progress
 
@@ -48,14 +51,12 @@ MIN_ROUND_S = 5.0
 @dataclass(frozen=True)
 class Context:
     """What every round of one solve shares: the graph, the settings, the
-    cost scale (and what rounding to it may cost: ``resolution``, cost
-    units), the full staged space, the clock, the trace, and the Ctrl-C flag."""
+    cost scale (:class:`..staged.units.Scale`), the full staged space, the
+    clock, the trace, and the Ctrl-C flag."""
 
     graph: Graph
     cfg: Settings
-    scale: int
-    exact: bool
-    resolution: float
+    cost: Scale
     full: Stages
     start: float
     trace: Trace
@@ -67,14 +68,14 @@ class Context:
     def left(self) -> float:
         return self.cfg.time_limit - self.elapsed()
 
-    def relaxation_costs(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """Node and transfer costs in model integers for the relaxations: the
-        model's own (rounded) when the scale is exact, else floored, so a
-        relaxation's optimum stays a bound on the true costs."""
-        g, per_byte = self.graph, self.cfg.transfer_cost_per_byte
-        to_int = round if self.exact else math.floor
-        return (tuple(to_int(c * self.scale) for c in g.cost),
-                tuple(to_int(b * per_byte * self.scale) for b in g.bytes))
+    def question(self, objective: str, cap_bytes: int | None) -> Question:
+        """What this solve's relaxations are asked (:func:`..staged.bounds.question`):
+        ``objective`` under ``cap_bytes``, within the run's caps."""
+        cfg = self.cfg
+        return question(self.graph, objective, self.cost, per_byte=cfg.transfer_cost_per_byte,
+                        offload=cfg.offload, cap_bytes=cap_bytes,
+                        max_overhead=cfg.max_overhead if cfg.objective == "peak" else None,
+                        max_recomputes=max_recomputes(cfg, len(self.graph.compute_ids)))
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,7 @@ def make_model(ctx: Context, depth: int | None, also: dict[int, set[int]] | None
     top = cfg.budget if cfg.budget is not None else no_remat_peak(g)
     return build(g, backend if backend is not None else CpSatBackend(),
                  objective="peak" if fit else cfg.objective, mem_cap_bytes=None if fit else top,
-                 offload=cfg.offload, transfer_cost_per_byte=cfg.transfer_cost_per_byte, cost_scale=ctx.scale,
+                 offload=cfg.offload, transfer_cost_per_byte=cfg.transfer_cost_per_byte, cost_scale=ctx.cost.scale,
                  depth=depth, also=also if depth is not None else None,
                  max_recomputes=max_recomputes(cfg, len(g.compute_ids)),
                  max_overhead=None if fit or cfg.objective != "peak" else cfg.max_overhead,

@@ -103,7 +103,8 @@ def solved(chain: Chain, k: int, deadline: float, workers: int = 1, depth: int |
     from ortools.sat.python import cp_model
 
     from ..staged.backends import CpSatBackend, tune
-    from ..staged.model import INF, OutOfTime, build, integer_scale
+    from ..staged.model import INF, OutOfTime, build
+    from ..staged.units import integer_scale
     from ..staged.solution import Assignment, events
 
     st = chain.stages[k]
