@@ -23,7 +23,7 @@ from rematopt import solve
 from rematopt.graph import Graph, Node
 from rematopt.importers import load as load_graph
 from rematopt.importers import synthetic
-from rematopt.planners.cpsat import run, strategy
+from rematopt.planners.cpsat.tuning import Tuning
 from rematopt.planners.staged.bounds import AFTER, BOUNDS, Question, ask, chains
 from rematopt.planners.staged.units import cap_units, integer_scale, memory_unit
 from rematopt.reference import no_remat_peak, peak_lower_bound
@@ -199,16 +199,15 @@ def test_a_run_reports_the_bound_after_its_rounds_below_every_replayed_plan(monk
     after them raise ``best_bound`` (``bound_by``) only to values at or
     below the exhaustive optimum and the replayed plan, and OPTIMAL only
     where the plan is the optimum."""
-    monkeypatch.setattr(strategy, "FULL_MODEL_PAIRS", 0)
-    monkeypatch.setattr(strategy, "FULL_ROUND_PAIRS", 0)
-    monkeypatch.setattr(run, "wants_optimality_proof", lambda *a: False)
+    # depth rounds, no full round, and no time for the relaxations' proofs between them
+    tuning = Tuning(full_model_pairs=0, full_round_pairs=0, proof_share=0.0)
     asked = 0
     for g, rng in cases(6, every=False, count=10, seed=2406):
         budget = budget_between(g, rng)
         expect = min_cost(g, budget)
         real = with_costs(g, [1 / 3] * g.n)
         sol = solve(real, "cpsat", budget=budget, time_limit=20, workers=1, seed=1, lp_bound=False,
-                    warm_start="none", recompute_depth=1)
+                    warm_start="none", recompute_depth=1, tuning=tuning)
         st = sol.plan.stats
         after = [p for p in st.get("relaxation_proofs", []) if p["level"] in AFTER]
         asked += bool(after)

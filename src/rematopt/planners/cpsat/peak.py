@@ -24,26 +24,11 @@ from ...simulate import simulate
 from ...stats import Stats
 from ..staged.bounds import AFTER, PROBES, Question, ask
 from ..staged.units import memory_unit
+from .clock import Clock
 from .report import gap
 from .search import Context
 from .signals import Trace
 
-# The usual rounds get this share of the limit, the bisection the rest. The
-# probes' overhead searches find lower peaks where an overhead cap binds
-# (mobilenet_train within 10%: the rounds reach 11.3 GB in 24 s, two probes
-# 7.7 GB in 18 s); the rounds where they must find the plan first
-# (random_layered_n100 within 10%: 34,320 B with 30% of 60 s, 30,640 B
-# with 50%, the bound the same 26,2xx B).
-ROUNDS_SHARE = 0.5
-# The bounds asked after the rounds get this share of what the rounds leave;
-# the bisection the rest.
-AFTER_SHARE = 0.3
-# A probe gets this share of the time left, at least MIN_PROBE_S.
-PROBE_SHARE = 0.35
-MIN_PROBE_S = 2.0
-# Shares of a probe's time the relaxations may take (each stops at its first
-# solution, so a feasible one returns at once); the overhead search the rest.
-LEVEL_SHARE = {"gaps": 0.1, "chains": 0.2, "slots": 0.2}
 # "Any plan at all" to a relaxation (as run.ANY_PLAN).
 ANY_PLAN = 2**60
 
@@ -83,17 +68,17 @@ class Units:
 
 
 def run(ctx: Context, rounds: Callable[[Context], Plan], admit: Callable[..., Any]) -> Plan:
-    """The peak run: ``rounds`` (run._run) for ROUNDS_SHARE of the limit,
-    then the bisection for the rest, from the rounds' plan and bound.
-    ``admit`` (run.admit) says whether a plan honours every setting."""
-    cfg, g = ctx.cfg, ctx.graph
-    first = rounds(replace(ctx, cfg=replace(cfg, time_limit=ROUNDS_SHARE * cfg.time_limit)))
+    """The peak run: ``rounds`` (run._run) for ``peak_rounds_share`` of the
+    limit (:mod:`.tuning`), then the bisection for the rest, from the rounds'
+    plan and bound. ``admit`` (run.admit) says whether a plan honours every setting."""
+    cfg, g, t = ctx.cfg, ctx.graph, ctx.tuning
+    first = rounds(replace(ctx, clock=ctx.clock.until(ctx.clock.at(t.peak_rounds_share))))
     if first.stats.get("peak_bytes") is None:
         return first
     u = Units(memory_unit(g)[0], g.persistent_bytes)
     lo_bytes, by = initial_bound(g, first.stats)
     best, hi_bytes = first, first.stats["peak_bytes"]
-    asked = after_bounds(ctx, u, hi_bytes, lo_bytes, AFTER_SHARE * ctx.left())
+    asked = after_bounds(ctx, u, hi_bytes, lo_bytes, t.peak_after_share * ctx.left())
     for level, status, seconds, bound in asked:
         if bound is not None and bound > lo_bytes:
             lo_bytes, by = bound, level
@@ -102,7 +87,7 @@ def run(ctx: Context, rounds: Callable[[Context], Plan], admit: Callable[..., An
     lo, top = u.of_bound(lo_bytes), u.of_cap(hi_bytes - 1)
     while lo <= top and ctx.left() > 0.5 and not ctx.stop.requested and u.bytes(lo) < hi_bytes:
         cap = (lo + top) // 2
-        limit = min(ctx.left(), max(MIN_PROBE_S, PROBE_SHARE * ctx.left()))
+        limit = min(ctx.left(), max(t.min_probe_s, t.probe_share * ctx.left()))
         probe, found = decide(ctx, q0, u, cap, limit, rounds, admit)
         probes.append(probe)
         if probe.bound_bytes is not None and u.of_bound(probe.bound_bytes) > lo:
@@ -181,7 +166,8 @@ def decide(ctx: Context, q0: Question, u: Units, cap: int, limit: float, rounds:
 
     for level in PROBES:
         r = ask(g, q, level, below=below, workers=cfg.workers, seed=cfg.seed,
-                time_limit=min(deadline - time.perf_counter(), LEVEL_SHARE[level] * limit), interruptible=True)
+                time_limit=min(deadline - time.perf_counter(), ctx.tuning.probe_level_share[level] * limit),
+                interruptible=True)
         if r.interrupted:
             ctx.stop.requested = True
             return probe("unknown", None), None
@@ -192,10 +178,10 @@ def decide(ctx: Context, q0: Question, u: Units, cap: int, limit: float, rounds:
     left = deadline - time.perf_counter()
     if left < 0.5:
         return probe("unknown", None), None
-    now = time.perf_counter()
-    sub = replace(ctx, start=now, trace=Trace(now),
-                  cfg=replace(cfg, objective="overhead", budget=u.bytes(cap), max_overhead=None, time_limit=left,
-                              lp_bound=False, log_path=None, progress=False, export_model=None))
+    clock = Clock.starting_now(left)
+    sub = replace(ctx, clock=clock, trace=Trace(clock.start),
+                  cfg=replace(cfg, objective="overhead", budget=u.bytes(cap), max_overhead=None, lp_bound=False,
+                              log_path=None, progress=False, export_model=None))
     found = rounds(sub)
     st = found.stats
     if st.get("peak_bytes") is not None:

@@ -28,32 +28,20 @@ from ..staged.solution import Assignment, events, from_plan, plan_pairs
 from ..staged.stages import Stages
 from ..staged.units import cost_scale
 from . import lns, peak
+from .clock import Clock
 from .report import ROUNDED_DOWN, Outcome, Outside, gap, report, report_unbuilt, whole_units
 from .search import Context, Lowest, Round, make_model, solve_model, solve_round, tie_break, whole_bound_of
 from .settings import Settings, max_recomputes
 from .signals import Interrupt, Trace, deferred_sigint
-from .strategy import (DONE, FULL_MODEL_PAIRS, may_start, next_depth, proof_time, returned_round, should_widen,
+from .strategy import (DONE, may_start, next_depth, proof_time, returned_round, should_widen,
                        wants_emptiness_proof, wants_optimality_proof)
 from .warm_start import (FIRST, MODEL_MAX_NODES, best_within, evicted_plan, fast_planners, fast_plans,
                          lowest_peak, staged_eviction, warm_start_share, without_dead)
 
-# The gap relaxation (bounds/gaps.py) takes well under a second on the
-# benchmark graphs; this share of the limit caps it on bigger ones.
-GAP_BOUND_SHARE = 0.1
-# When no fast plan fits, staged eviction in a deeper space may take the
-# warm start up to this share of the limit (random_layered_n1000 at 0.8: the
-# fast planners 24 s on a loaded machine, eviction at depth 2 13 s more).
-EVICTION_SHARE = 0.45
 # Bisection steps of the peak objective's budget sweep (:func:`budget_sweep`).
 SWEEP_STEPS = 8
 # "Any plan at all" to a relaxation proof: an objective no plan reaches.
 ANY_PLAN = 2**60
-# Where the rounds cannot search the whole staged space, they leave this
-# share of the limit to the bounds asked after them (bounds.AFTER), and
-# those run only with at least MIN_AFTER_S left. gpt_l2_w64 at 0.8, 120 s:
-# ... (measured below in docs/cpsat.md, "Whole-space bounds").
-AFTER_SHARE = 0.25
-MIN_AFTER_S = 1.0
 # Building the LP of a bigger model takes longer than its bound is worth
 # (about 20 s on the 2,090-node decoder's depth-1 model).
 LP_MAX_VARIABLES = 40_000
@@ -89,28 +77,24 @@ def bounded(ctx: Context) -> Plan:
     (:func:`.order.search_order`: the program's, or on large graphs the
     outside plan's when it moves computations), the rounds, then the bounds asked after them
     (:data:`bounds.AFTER`) in the time they leave, which is at least
-    AFTER_SHARE of the limit where the automatic rounds cannot search the
-    whole staged space (more than FULL_MODEL_PAIRS pairs): their bound, not
+    ``after_share`` of the limit where the automatic rounds cannot search the
+    whole staged space (more than ``full_model_pairs`` pairs): their bound, not
     the rounds' search, is what closes the gap there. Each bound that beats the run's
     raises ``best_bound`` (``bound_by``), and one that reaches the model's
     plan proves it optimal."""
-    cfg = ctx.cfg
-    big = cfg.depth is None and ctx.full.count_pairs() > FULL_MODEL_PAIRS
-    keep = AFTER_SHARE * cfg.time_limit if big else 0.0
-    rounds = replace(ctx, cfg=replace(cfg, time_limit=cfg.time_limit - keep))
-    found = outside_plan(rounds, rounds.start + warm_start_share(ctx.graph) * rounds.cfg.time_limit)
-    ordered = search_order(ctx.graph, found[0].plan if found[0] is not None else None)
+    cfg, t = ctx.cfg, ctx.tuning
+    big = cfg.depth is None and ctx.full.count_pairs() > t.full_model_pairs
+    rounds = replace(ctx, clock=ctx.clock.until(ctx.clock.end - (t.after_share * ctx.clock.limit if big else 0.0)))
+    found = outside_plan(rounds, rounds.clock.at(warm_start_share(ctx.graph, t)))
+    ordered = search_order(ctx.graph, found[0].plan if found[0] is not None else None, t.reorder_min_nodes)
     if ordered is not None and not ctx.stop.requested:  # the rounds and the bounds in the outside plan's order
-        ctx = replace(context(ordered, cfg), start=ctx.start, trace=ctx.trace, stop=ctx.stop)
-        rounds = replace(ctx, cfg=rounds.cfg)
+        ctx = replace(context(ordered, cfg), clock=ctx.clock, trace=ctx.trace, stop=ctx.stop)
+        rounds = replace(ctx, clock=rounds.clock)
     plan = _run(rounds, found)
     if ordered is not None:
         plan.stats = Stats.from_dict({**plan.stats, "order_from": found[0].name})
     st = plan.stats
-    if keep and st.get("reason"):  # the user's limit, not the rounds' share of it
-        plan.stats = st = Stats.from_dict({**st, "reason": st["reason"].replace(
-            f"time limit ({cfg.time_limit - keep:g} s)", f"time limit ({cfg.time_limit:g} s)")})
-    if ctx.stop.requested or st["status"] in ("OPTIMAL", "INFEASIBLE") or st.get("gap") == 0 or ctx.left() < MIN_AFTER_S:
+    if ctx.stop.requested or st["status"] in ("OPTIMAL", "INFEASIBLE") or st.get("gap") == 0 or ctx.left() < t.min_after_s:
         return plan
     q = run_question(ctx)
     found = dict(st)
@@ -137,9 +121,9 @@ def bounded(ctx: Context) -> Plan:
 def context(graph: Graph, cfg: Settings) -> Context:
     """What every round of a solve starting now shares: the full staged
     space and the cost scale (:func:`..staged.units.cost_scale`)."""
-    start = time.perf_counter()
+    clock = Clock.starting_now(cfg.time_limit)
     full = Stages(graph, cfg.offload)
-    return Context(graph, cfg, cost_scale(graph, full, cfg.transfer_cost_per_byte), full, start, Trace(start),
+    return Context(graph, cfg, cost_scale(graph, full, cfg.transfer_cost_per_byte), full, clock, Trace(clock.start),
                    Interrupt())
 
 
@@ -167,7 +151,7 @@ def outside_plan(ctx: Context, deadline: float) -> tuple[Outside | None, Lowest 
         plans += without_dead(g, [p for p, _ in plans])
     name = "hint" if cfg.hint is not None else None
     if cfg.hint is None and cfg.warm_start == "auto":  # nothing to search from otherwise: more time than the share
-        plans += deeper_eviction(ctx, plans, ctx.start + EVICTION_SHARE * cfg.time_limit)
+        plans += deeper_eviction(ctx, plans, ctx.clock.at(ctx.tuning.eviction_share))
     low = lowest_peak(plans)
     lowest = None if low is None else Lowest(low[0], low[1].peak_bytes)
     outside = best_admitted(ctx, plans, name)
@@ -278,7 +262,7 @@ def warm_start(ctx: Context, model: Model, outside: Outside | None, spent: float
             found.append((model.objective_of(a), name, a))
             ctx.trace.solution("primary", model.to_units(found[-1][0]), None)
 
-    deadline = time.perf_counter() + warm_start_share(ctx.graph) * ctx.cfg.time_limit - spent
+    deadline = time.perf_counter() + warm_start_share(ctx.graph, ctx.tuning) * ctx.clock.limit - spent
     if outside is not None:
         consider(from_plan(model.form, outside.plan), outside.name)
     # its deadline is checked between rounds, and one round took 3 minutes on
@@ -332,7 +316,7 @@ def relaxation_proof(ctx: Context, q: Question, model: Model, best: Assignment |
     depth 1; the full model took 8 s). Returns the attempts, the whole-space
     lower bound raised by what they prove, and whether the space is empty."""
     obj = model.objective_of(best) if best is not None else ANY_PLAN + 1
-    deadline = time.perf_counter() + proof_time(ctx.elapsed(), ctx.cfg.time_limit, proof_s)
+    deadline = time.perf_counter() + proof_time(ctx.elapsed(), ctx.clock.limit, proof_s, ctx.tuning)
     attempts: list[Proof] = []
     empty = False
     for level in PROOFS:
@@ -411,9 +395,9 @@ def export(ctx: Context, model: Model, path: str) -> None:
 
 def _run(ctx: Context, found: tuple[Outside | None, Lowest | None] | None = None) -> Plan:
     """The rounds, from the outside plan ``found`` (made here if None)."""
-    cfg, g = ctx.cfg, ctx.graph
+    cfg, g, t = ctx.cfg, ctx.graph, ctx.tuning
     # a valid plan before any model is built (the GPT decoder's takes 9 s)
-    outside, lowest = found or outside_plan(ctx, ctx.start + warm_start_share(g) * cfg.time_limit)
+    outside, lowest = found or outside_plan(ctx, ctx.clock.at(warm_start_share(g, t)))
     outside_s = ctx.elapsed()
     full = ctx.full
     full_pairs = full.count_pairs()
@@ -430,7 +414,7 @@ def _run(ctx: Context, found: tuple[Outside | None, Lowest | None] | None = None
     # the gaps bound first: it needs no model, and a big graph's first model
     # may not be built in time
     q = run_question(ctx)
-    whole = relaxation(ctx, q, "gaps", min(GAP_BOUND_SHARE * cfg.time_limit, ctx.left()))
+    whole = relaxation(ctx, q, "gaps", min(t.gap_bound_share * ctx.clock.limit, ctx.left()))
     lower = whole.bound
     history: list[Round] = []
     stopped_round: Round | None = None  # Ctrl-C before a round's search: its hint
@@ -440,7 +424,7 @@ def _run(ctx: Context, found: tuple[Outside | None, Lowest | None] | None = None
     hint_source = hint_obj = None
     model: Model | None = None  # the last one built
     while True:
-        depth = next_depth(cfg.depth, history, full_pairs, remat_pairs)
+        depth = next_depth(cfg.depth, history, full_pairs, remat_pairs, t)
         if depth == DONE:
             break
         if history:
@@ -464,7 +448,7 @@ def _run(ctx: Context, found: tuple[Outside | None, Lowest | None] | None = None
                     break
             proven = last.best is not None and lower is not None and last.objective <= lower
             if ctx.stop.requested or proven or not may_start(depth, last, ctx.stop.requested, ctx.elapsed(),
-                                                             cfg.time_limit, proof_s, full_pairs):
+                                                             ctx.clock.limit, proof_s, full_pairs, t):
                 break
         try:
             prev = events(history[-1].model.form, history[-1].best) if history and history[-1].best else None
@@ -541,7 +525,7 @@ def _run(ctx: Context, found: tuple[Outside | None, Lowest | None] | None = None
             lp_skipped = f"model has {model.variables:,} variables (> {LP_MAX_VARIABLES:,})"
         else:  # the LP of the model solved (the whole space's LP takes minutes on n100)
             try:
-                lp = lp_bound(ctx, model.depth, model.form.ix.also, max(1.0, cfg.time_limit / 4))
+                lp = lp_bound(ctx, model.depth, model.form.ix.also, max(1.0, ctx.clock.limit / 4))
             except OutOfTime:
                 lp_skipped = "the time limit ran out while building the LP"
     if cfg.log_path:

@@ -17,6 +17,7 @@ from ...simulate import Replay, simulate
 from .. import available, get, options_class
 from ..dead_code import without_dead_computations
 from ..options import names
+from .tuning import Tuning
 
 if TYPE_CHECKING:
     from ..staged.solution import Assignment
@@ -123,19 +124,15 @@ def names_left(planners: Sequence[str] | None, after: str) -> list[str]:
     return order[order.index(after) + 1:] if after in order else []
 
 
-# The warm start (outside plan and staged eviction) may use this share of the
-# time limit, the search the rest ...
-WARM_START_SHARE = 0.25
-# ... and past MODEL_MAX_NODES nodes, where no model is built in the time
-# left anyway (the 99,847-node chain's depth-1 model is not built in 120 s),
-# the fast planners (rotor above all) take this share.
-LARGE_WARM_START_SHARE = 0.6
+# Past this many nodes no model is built in the time left anyway (the
+# 99,847-node chain's depth-1 model is not built in 120 s): the fast
+# planners (rotor above all) take a larger share (:mod:`.tuning`).
 MODEL_MAX_NODES = 40_000
 
 
-def warm_start_share(graph: Graph) -> float:
+def warm_start_share(graph: Graph, tuning: Tuning) -> float:
     """The share of the time limit the fast planners may take before the first model."""
-    return WARM_START_SHARE if graph.n < MODEL_MAX_NODES else LARGE_WARM_START_SHARE
+    return tuning.warm_start_share if graph.n < MODEL_MAX_NODES else tuning.large_warm_start_share
 
 
 class Figures(NamedTuple):
