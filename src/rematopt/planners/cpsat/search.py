@@ -22,7 +22,7 @@ from ..staged.bounds import Question, question
 from ..staged.model import Model, OutOfTime, add_tie_break, build
 from ..staged.solution import Assignment, events, from_plan
 from ..staged.stages import Stages
-from ..staged.units import Scale
+from ..staged.units import Scale, proof_overhead_cap
 from .clock import Clock
 from .settings import Settings, max_recomputes
 from .signals import Interrupt, SolutionCallback, Trace, live_progress
@@ -61,6 +61,10 @@ class Context:
                         offload=cfg.offload, cap_bytes=cap_bytes,
                         max_overhead=cfg.max_overhead if cfg.objective == "peak" else None,
                         max_recomputes=max_recomputes(cfg, len(self.graph.compute_ids)))
+
+    def proof_cap(self, rounded: bool = False) -> int | None:
+        """``--max-overhead`` as a proof must read it (:func:`..staged.units.proof_overhead_cap`)."""
+        return proof_overhead_cap(self.graph, self.cost, self.cfg.max_overhead, rounded)
 
 
 @dataclass(frozen=True)
@@ -122,6 +126,7 @@ def make_model(ctx: Context, depth: int | None, also: dict[int, set[int]] | None
                  depth=depth, also=also if depth is not None else None,
                  max_recomputes=max_recomputes(cfg, len(g.compute_ids)),
                  max_overhead=None if fit or cfg.objective != "peak" else cfg.max_overhead,
+                 overhead_cap=ctx.proof_cap(rounded=True) if round_down else None,
                  deadline=ctx.clock.end, round_down=round_down)
 
 

@@ -126,6 +126,23 @@ def cost_scale(graph: Graph, full: Stages, per_byte: float) -> Scale:
     return Scale(scale, exact, 0.0 if exact else cost_resolution(costs, scale, repeats))
 
 
+def proof_overhead_cap(graph: Graph, scale: Scale, max_overhead: float | None, rounded: bool = False
+                       ) -> int | None:
+    """``--max-overhead`` x base cost in model integers as a proof must
+    read it: no less than any plan within the true cap costs in the
+    proof's integers (floored costs, the relaxations': at most the true
+    cost x scale; costs ``rounded`` to nearest, the rounded-down model's:
+    up to resolution x scale / 2 more), so the cap only widens the
+    feasible set. The rounds' cap on the rounded costs' sum
+    (:func:`overhead_cap_units`) may cut off a plan within the
+    true cap where the scale is not exact."""
+    if max_overhead is None:
+        return None
+    base = math.fsum(graph.cost[i] * scale.scale for i in graph.compute_ids)
+    slack = scale.resolution * scale.scale / 2 if rounded else 0.0
+    return math.floor(max_overhead * base * (1 + 1e-12) + slack + 1e-9)
+
+
 def objective_units(graph: Graph, objective: str, scale: Scale, unit: int, value: int | None) -> float | None:
     """A whole-space bound (model integers) in the objective's units: cost
     units less half the rounding resolution, or bytes."""

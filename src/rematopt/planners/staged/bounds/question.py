@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ....graph import Graph
-from ..units import Scale, cap_units, int_costs, memory_unit, overhead_cap_units, peak_floor_units
+from ..units import Scale, cap_units, int_costs, memory_unit, peak_floor_units, proof_overhead_cap
 
 if TYPE_CHECKING:
     from ..stages import Stages
@@ -71,12 +71,11 @@ def question(graph: Graph, objective: str, scale: Scale, *, per_byte: float, off
     ``cap_bytes`` (None: 0 units, as a peak question has it), in the integers
     of the model :func:`..model.build` makes at ``scale`` (costs floored
     when the scale is inexact, so the optimum stays a bound on the costs the
-    model optimises), the overhead cap (``max_overhead`` x base cost) in the
-    model's own rounded costs. Known before any model is built, so a bound
-    is there even when none is built in time."""
+    model optimises), the overhead cap (``max_overhead`` x base cost) as a
+    proof must read it (:func:`..units.proof_overhead_cap`). Known before
+    any model is built, so a bound is there even when none is built in time."""
     unit = memory_unit(graph)[0]
     cost, transfer = int_costs(graph, scale.scale, per_byte, floor=not scale.exact)
-    cap = None if max_overhead is None else overhead_cap_units(int_costs(graph, scale.scale, 0.0)[0], graph,
-                                                               max_overhead)
+    cap = proof_overhead_cap(graph, scale, max_overhead)
     return Question(objective, unit, 0 if cap_bytes is None else cap_units(graph, unit, cap_bytes), cost, transfer,
                     offload, cap, max_recomputes, peak_floor_units(graph, unit, up=False))
