@@ -25,9 +25,9 @@ from ...stats import Stats
 from ..staged.bounds import AFTER, PROBES, Question, ask
 from ..staged.units import memory_unit
 from .clock import Clock
-from .report import gap
 from .search import Context
 from .signals import Trace
+from .verdict import Bound, Source, reaching, verdict
 
 # "Any plan at all" to a relaxation (as run.ANY_PLAN).
 ANY_PLAN = 2**60
@@ -41,7 +41,7 @@ class Probe:
 
     cap_bytes: int
     verdict: str
-    by: str | None
+    by: str | None  # "no": the Source that proved it; "yes": where the plan was found
     peak_bytes: int | None
     bound_bytes: int | None
     seconds: float
@@ -81,7 +81,7 @@ def run(ctx: Context, rounds: Callable[[Context], Plan], admit: Callable[..., An
     asked = after_bounds(ctx, u, hi_bytes, lo_bytes, t.peak_after_share * ctx.left())
     for level, status, seconds, bound in asked:
         if bound is not None and bound > lo_bytes:
-            lo_bytes, by = bound, level
+            lo_bytes, by = bound, Source(level)
     probes: list[Probe] = []
     q0 = ctx.question("overhead", None)  # the cap set per probe
     lo, top = u.of_bound(lo_bytes), u.of_cap(hi_bytes - 1)
@@ -134,17 +134,17 @@ def after_bounds(ctx: Context, u: Units, peak: int, lower: int, limit: float
     return found
 
 
-def initial_bound(g: Graph, st: dict[str, Any]) -> tuple[int, str]:
+def initial_bound(g: Graph, st: dict[str, Any]) -> tuple[int, Source]:
     """The rounds' lower bound (bytes) and what proved it: the working set,
     the gaps relaxation, a chains or slots proof, or the full model."""
-    found = [(peak_lower_bound(g), "working set")]
+    found = [(peak_lower_bound(g), Source.WORKING_SET)]
     relax = st.get("gap_relaxation") or {}
     if relax.get("bound") is not None:
-        found.append((relax["bound"], "gaps"))
-    found += [(p["bound"], p["level"]) for p in st.get("relaxation_proofs", []) if p.get("bound") is not None]
+        found.append((relax["bound"], Source.GAPS))
+    found += [(p["bound"], Source(p["level"])) for p in st.get("relaxation_proofs", []) if p.get("bound") is not None]
     b, name = max(found, key=lambda x: x[0])
     if st.get("best_bound") is not None and st["best_bound"] > b:
-        return math.ceil(st["best_bound"]), "model"
+        return math.ceil(st["best_bound"]), Source.MODEL
     return math.ceil(b), name
 
 
@@ -172,7 +172,7 @@ def decide(ctx: Context, q0: Question, u: Units, cap: int, limit: float, rounds:
             ctx.stop.requested = True
             return probe("unknown", None), None
         if r.status == "INFEASIBLE" or (r.bound is not None and r.bound > below):
-            return probe("no", level, bound=u.bytes(cap + 1)), None
+            return probe("no", Source(level), bound=u.bytes(cap + 1)), None
         if r.status == "SKIPPED":
             break
     left = deadline - time.perf_counter()
@@ -190,14 +190,12 @@ def decide(ctx: Context, q0: Question, u: Units, cap: int, limit: float, rounds:
             found.stats = Stats.from_dict({**found.stats, "objective": r.peak_bytes, "objective_kind": "peak"})
             where = f"{st['plan_from']}'s plan" if st.get("plan_from") else st.get("space")
             return probe("yes", where, peak=r.peak_bytes), found
-    if st["status"] == "INFEASIBLE":
-        reason = st.get("reason", "")
-        level = next((lv for word, lv in (("gap", "gaps"), ("chains", "chains"), ("slots", "slots"))
-                      if f"the {word} relaxation" in reason), "model")
-        return probe("no", level, bound=u.bytes(cap + 1)), None
+    if st["status"] == "INFEASIBLE":  # the staged space empty at that budget: proved by a relaxation, or the model
+        by = Source(st["proved_by"])
+        return probe("no", by if by in PROBES else Source.MODEL, bound=u.bytes(cap + 1)), None
     cap_cost = None if cfg.max_overhead is None else cfg.max_overhead * sum(g.cost[i] for i in g.compute_ids)
     if cap_cost is not None and st.get("best_bound") is not None and st["best_bound"] > cap_cost * (1 + 1e-9):
-        return probe("no", "model", bound=u.bytes(cap + 1)), None
+        return probe("no", Source.MODEL, bound=u.bytes(cap + 1)), None
     return probe("unknown", None), None
 
 
@@ -213,16 +211,12 @@ def restate(p: Plan, first: Plan) -> None:
     p.stats = Stats.from_dict(d)
 
 
-def finish(p: Plan, lo_bytes: int, by: str, probes: list[Probe]) -> Plan:
+def finish(p: Plan, lo_bytes: int, by: Source, probes: list[Probe]) -> Plan:
     """Status, bound and gap from the bisection's bound (``bound_by`` names
     what proved it: the working set, a relaxation, or the model), and the probes."""
-    st = dict(p.stats)
-    peak = st["peak_bytes"]
-    bound = min(lo_bytes, peak)
-    st.update(best_bound=bound, gap=gap(peak, bound), bound_by=by, peak_probes=[asdict(x) for x in probes],
-              status="OPTIMAL" if bound >= peak else "FEASIBLE")
-    st.pop("proved_by", None)
-    if bound >= peak:
-        st["proved_by"] = by
+    st = {k: v for k, v in p.stats.items() if k != "proved_by"}
+    bound = Bound(lo_bytes, by)
+    st.update(verdict(st["peak_bytes"], [bound], reaching(st["peak_bytes"], bound)).stats(),
+              peak_probes=[asdict(x) for x in probes])
     p.stats = Stats.from_dict(st)
     return p

@@ -20,13 +20,10 @@ from ..staged.bounds import Question, WholeBound
 from ..staged.model import Model
 from ..staged.solution import Assignment, events
 from ..staged.units import objective_units
+from . import verdict
 from .search import Context, Round
+from .verdict import Bound, Source, gap, reaching
 
-# The level a proof names for the full model with sizes rounded down (run.rounded_down_proof).
-ROUNDED_DOWN = "rounded-down model"
-# What ``optimal_in`` and ``infeasible_in`` name: every valid plan under the
-# settings, or only the staged space (of the order ``order_from`` names).
-ALL_PLANS, STAGED = "all plans", "staged space"
 
 
 @dataclass(frozen=True)
@@ -117,38 +114,38 @@ def report(o: Outcome) -> Plan:
     if o.proofs:
         stats["relaxation_proofs"] = [asdict(p) for p in o.proofs]
     proven_whole = best is not None and o.lower is not None and model.objective_of(best) <= o.lower
-    trivial = 0.0 if cfg.objective == "overhead" else float(peak_lower_bound(g))
+    trivial = (Bound(0.0, Source.TRIVIAL) if cfg.objective == "overhead"
+               else Bound(float(peak_lower_bound(g)), Source.WORKING_SET))
+    own = stats.pop("best_bound")  # the rounds' own bound: of the space they solved
     restricted = solved_depth is not None and cfg.depth is None
     if restricted:
         # The default asked about the whole staged space, but only a
         # depth-restricted subspace was solved: its optimum and bound say
         # nothing about the whole space; the relaxations' bound does.
-        stats.update(space=space_name(model, o.outside), space_status=stats["status"],
-                     space_bound=stats["best_bound"], best_bound=None)
+        stats.update(space=space_name(model, o.outside), space_status=stats["status"], space_bound=own)
         if stats["status"] == "OPTIMAL":
             stats["status"] = "OPTIMAL" if proven_whole else "FEASIBLE"
     else:
         stats["space"] = "staged" if solved_depth is None else space_name(model, o.outside)
+    bounds: list[Bound] = []
     if best is not None and o.lower is not None and (restricted or solved_depth is None):
         # a whole-space bound (the relaxation's, or the trivial one) under
-        # the full model's own, whichever is higher
-        found = [(model.to_units(o.lower), lower_source(o)),
-                 (trivial, "working set" if cfg.objective == "peak" else "trivial")]
-        if stats["best_bound"] is not None:
-            found.append((stats["best_bound"], "model"))
-        stats["best_bound"], stats["bound_by"] = max(found, key=lambda x: x[0])  # ties: the relaxation
+        # the full model's own, whichever is higher (ties: the relaxation)
+        bounds = [Bound(model.to_units(o.lower), lower_source(o)), trivial]
+        if not restricted and own is not None:
+            bounds.append(Bound(own, Source.MODEL))
         if proven_whole:
             stats["status"] = "OPTIMAL"
     elif restricted and best is not None:
-        stats["best_bound"], stats["bound_by"] = trivial, "working set" if cfg.objective == "peak" else "trivial"
-    elif stats["best_bound"] is not None:  # no relaxation answered in time: the full model's own bound
-        stats["bound_by"] = "model"
+        bounds = [trivial]
+    elif own is not None:  # no relaxation answered in time: the full model's own bound
+        bounds = [Bound(own, Source.MODEL)]
     if gap_infeasible:  # no model solved, so no LP of it either
         stats["reason"] = "the gap relaxation of the staged space is infeasible: no staged plan meets the budget"
     elif o.empty:
         what = o.proofs[-1].level
         what = f"the staged model with sizes rounded down to its {model.form.unit:,} B memory unit" \
-            if what == ROUNDED_DOWN else f"the {what} relaxation of the staged space"
+            if what == Source.ROUNDED_DOWN else f"the {what} relaxation of the staged space"
         stats["reason"] = f"{what} is infeasible: no staged plan meets the budget"
     elif cfg.lp_bound and o.lp_skipped:
         stats["lp_bound"] = None
@@ -173,10 +170,11 @@ def report(o: Outcome) -> Plan:
         if o.outside is not None:  # the model's space is empty, the budget is not
             lower = None if gap_infeasible or o.empty else whole_units(ctx, model.form.unit, o.lower)
             reason = (f"only the model with sizes rounded down to its {model.form.unit:,} B memory unit holds "
-                      "a plan within the budget" if o.outside.name == ROUNDED_DOWN else None)
+                      "a plan within the budget" if o.outside.name == Source.ROUNDED_DOWN else None)
             return fallback(g.name, o.outside, stats, reason, lower=lower, lower_by=lower_source(o))
         if stats["status"] == "INFEASIBLE":
-            stats["proved_by"] = "gaps" if gap_infeasible else o.proofs[-1].level if o.empty else "model"
+            stats["proved_by"] = (Source.GAPS if gap_infeasible else o.proofs[-1].level if o.empty
+                                  else Source.MODEL).value
         return no_plan(g.name, stats["status"], **{k: v for k, v in stats.items() if k != "status"})
     form = model.form
     p = events(form, best)
@@ -193,15 +191,12 @@ def report(o: Outcome) -> Plan:
     if restricted and stats["space_bound"] is not None:
         stats["space_bound"] = min(stats["space_bound"], objective)
         stats["space_gap"] = gap(objective, stats["space_bound"])
-    if stats["best_bound"] is not None and cfg.objective == "overhead":
+    top = max(bounds, key=lambda b: b.value, default=None)  # ties: the first
+    if top is not None and cfg.objective == "overhead":
         # bounds on rounded costs hold for the true ones up to the rounding
-        stats["best_bound"] = max(0.0, stats["best_bound"] - ctx.cost.resolution / 2)
-    if stats["best_bound"] is not None:
-        b = min(stats["best_bound"], objective)
-        stats["best_bound"] = b
-        stats["gap"] = gap(objective, b)
-    if stats["status"] == "OPTIMAL":
-        stats["proved_by"] = stats.get("bound_by", "model")
+        top = Bound(max(0.0, top.value - ctx.cost.resolution / 2), top.source)
+    proved = (top.source if top is not None else Source.MODEL) if stats["status"] == "OPTIMAL" else None
+    stats.update(verdict.verdict(objective, [top] if top is not None else [], proved).stats())
     return Plan(g.name, "cpsat", p.ops, p.nodes, Stats.from_dict(stats))
 
 
@@ -218,10 +213,11 @@ def report_unbuilt(ctx: Context, outside: Outside | None, whole: WholeBound, q: 
         "gap_relaxation": {"status": whole.status, "seconds": whole.seconds,
                            "bound": None if whole.bound is None else whole_units(ctx, q.unit, whole.bound)}}
     if whole.status == "INFEASIBLE":
-        stats.update(status="INFEASIBLE", proved_by="gaps", reason="the gap relaxation of the staged space is "
-                                                                   "infeasible: no staged plan meets the budget")
+        stats.update(status="INFEASIBLE", proved_by=Source.GAPS.value,
+                     reason="the gap relaxation of the staged space is infeasible: no staged plan meets the budget")
     if outside is not None:
-        return fallback(ctx.graph.name, outside, stats, stats["reason"], whole_units(ctx, q.unit, whole.bound), "gaps")
+        return fallback(ctx.graph.name, outside, stats, stats["reason"], whole_units(ctx, q.unit, whole.bound),
+                        Source.GAPS)
     return no_plan(ctx.graph.name, "UNKNOWN", **{k: v for k, v in stats.items() if k != "status"})
 
 
@@ -231,13 +227,13 @@ def whole_units(ctx: Context, unit: int, value: int | None) -> float | None:
     return objective_units(ctx.graph, ctx.cfg.objective, ctx.cost, unit, value)
 
 
-def lower_source(o: Outcome) -> str:
+def lower_source(o: Outcome) -> Source:
     """Which mechanism gave the whole-space lower bound ``o.lower``: the
     gaps relaxation, a chains or slots proof, or the full model."""
     if o.lower is None or (o.whole is not None and o.whole.bound == o.lower):
-        return "gaps"
+        return Source.GAPS
     bound = o.model.to_units(o.lower)
-    return next((p.level for p in o.proofs if p.bound == bound), "model")
+    return next((p.level for p in o.proofs if p.bound == bound), Source.MODEL)
 
 
 def round_row(r: Round) -> dict[str, Any]:
@@ -257,7 +253,7 @@ def space_name(model: Model, outside: Outside | None) -> str:
 
 
 def fallback(graph_name: str, outside: Outside, stats: dict[str, Any], reason: str | None = None,
-             lower: float | None = None, lower_by: str | None = None) -> Plan:
+             lower: float | None = None, lower_by: Source | None = None) -> Plan:
     """Hand back the plan from outside the model: never less than the hint.
     Marked as such. ``lower`` (objective units, by ``lower_by``) bounds every
     staged plan, so the gap says how much better one could be; the plan
@@ -266,64 +262,37 @@ def fallback(graph_name: str, outside: Outside, stats: dict[str, Any], reason: s
     it is the optimum (OPTIMAL). So is a plan that costs nothing, in any
     space (xla-remat's moves fit some budgets with no recompute at all)."""
     r = outside.replay
+    bound = None if lower is None else Bound(lower, lower_by)
     if stats.get("objective_kind") == "overhead" and outside.objective == 0:
-        lower, lower_by = 0.0, "zero cost"
-    bound = None if lower is None else min(lower, outside.objective)
-    proven = (outside.name == ROUNDED_DOWN or lower_by == "zero cost") and bound is not None \
-        and bound >= outside.objective
+        bound = Bound(0.0, Source.ZERO_COST)
+    proved = reaching(outside.objective, bound,
+                      outside.name == Source.ROUNDED_DOWN or (bound is not None and bound.source == Source.ZERO_COST))
     stats.update(peak_bytes=r.peak_bytes, compute_cost=r.compute_cost, transfer_bytes=r.transfer_bytes,
-                 space_status=stats.get("space_status", stats["status"]),
-                 status="OPTIMAL" if proven else "FEASIBLE", plan_from=outside.plan.planner,
-                 objective=outside.objective, best_bound=bound,
-                 gap=None if bound is None else gap(outside.objective, bound),
-                 reason=reason or "no plan found in the model's space")
-    if bound is not None:
-        stats["bound_by"] = lower_by
-    if proven:
-        stats["proved_by"] = lower_by
+                 space_status=stats.get("space_status", stats["status"]), plan_from=outside.plan.planner,
+                 objective=outside.objective, reason=reason or "no plan found in the model's space")
+    stats.update(verdict.verdict(outside.objective, [bound] if bound is not None else [], proved).stats())
     return Plan(graph_name, "cpsat", outside.plan.ops, outside.plan.nodes, Stats.from_dict(stats))
 
 
 def over_all_plans(graph: Graph, budget: int | None, objective: str, offload: bool, plan: Plan) -> Plan:
     """``plan`` with its status speaking of every valid plan under the run's
-    settings. The model, the relaxations and the bisection prove things of
-    the staged space only, and plans outside it exist (a plan cleaned of
-    unread computations, one that computes in another order, or a node twice
-    in a stage): the 14-node fuzz case's staged optimum costs 6 where dtr's
-    cleaned plan costs 2. So ``OPTIMAL`` stands only where a bound that holds
-    for every plan reaches the plan (``zero cost``: it recomputes and moves
-    nothing; ``working set`` or ``pinned values``: its peak is
-    :func:`~rematopt.reference.pinned_bound`), and ``INFEASIBLE`` only below
-    that bound; a staged-space verdict
-    becomes ``FEASIBLE`` (a plan) or ``UNKNOWN`` (none), and ``optimal_in`` /
-    ``infeasible_in`` say where the claim holds: "all plans" or "staged space"."""
-    st = dict(plan.stats)
-    staged = st["status"]
-    if staged in ("OPTIMAL", "INFEASIBLE"):
-        st["optimal_in" if staged == "OPTIMAL" else "infeasible_in"] = STAGED
+    settings (:func:`.verdict.over_all_plans`), from the bounds every plan
+    obeys: ``zero cost`` (a plan that recomputes and moves nothing), and
+    :func:`~rematopt.reference.pinned_bound` on every plan's peak, which
+    proves a plan at it optimal and a budget below it infeasible."""
+    st = plan.stats
+    pinned = Bound(pinned_bound(graph, offload), peak_bound_source(graph, offload))
+    universal = None
     if st.get("peak_bytes") is not None:
-        universal = ("zero cost" if objective == "overhead" and st.get("objective") == 0 else
-                     peak_bound_name(graph, offload) if objective == "peak"
-                     and st["peak_bytes"] <= pinned_bound(graph, offload) else None)
-        if universal is not None:
-            st.update(status="OPTIMAL", optimal_in=ALL_PLANS, proved_by=universal, bound_by=universal,
-                      best_bound=st["peak_bytes"] if objective == "peak" else 0.0, gap=0.0)
-        elif staged == "OPTIMAL":
-            st["status"] = "FEASIBLE"
-    elif staged == "INFEASIBLE" and budget is not None and budget < pinned_bound(graph, offload):
-        st.update(status="INFEASIBLE", infeasible_in=ALL_PLANS, proved_by=peak_bound_name(graph, offload),
-                  reason=f"no plan meets the budget: every plan holds {pinned_bound(graph, offload):,} bytes at "
-                         "once (a node's working set with the values that cannot be made again and are still read)")
-    elif staged == "INFEASIBLE":
-        st["status"] = "UNKNOWN"
-    plan.stats = Stats.from_dict(st)
+        if objective == "overhead" and st.get("objective") == 0:
+            universal = Bound(0.0, Source.ZERO_COST)
+        elif objective == "peak" and st["peak_bytes"] <= pinned.value:
+            universal = Bound(st["peak_bytes"], pinned.source)
+    empty_below = pinned if budget is not None and budget < pinned.value else None
+    plan.stats = Stats.from_dict(verdict.over_all_plans(dict(st), universal, empty_below))
     return plan
 
 
-def peak_bound_name(graph: Graph, offload: bool) -> str:
+def peak_bound_source(graph: Graph, offload: bool) -> Source:
     """What the bound on every plan's peak rests on: the working set, or the pinned values as well."""
-    return "working set" if pinned_bound(graph, offload) == peak_lower_bound(graph) else "pinned values"
-
-
-def gap(objective: float, bound: float) -> float:
-    return 0.0 if objective == bound else (objective - bound) / abs(objective)
+    return Source.WORKING_SET if pinned_bound(graph, offload) == peak_lower_bound(graph) else Source.PINNED_VALUES

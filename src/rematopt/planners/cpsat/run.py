@@ -29,12 +29,13 @@ from ..staged.stages import Stages
 from ..staged.units import cost_scale
 from . import lns, peak
 from .clock import Clock
-from .report import ROUNDED_DOWN, Outcome, Outside, gap, over_all_plans, report, report_unbuilt, whole_units
+from .report import Outcome, Outside, over_all_plans, report, report_unbuilt, whole_units
 from .search import Context, Lowest, Round, make_model, solve_model, solve_round, tie_break, whole_bound_of
 from .settings import Settings, max_recomputes
 from .signals import Interrupt, Trace, deferred_sigint
 from .strategy import (DONE, may_start, next_depth, proof_time, returned_round, should_widen,
                        wants_emptiness_proof, wants_optimality_proof)
+from .verdict import Bound, Source, reaching, verdict
 from .warm_start import (FIRST, MODEL_MAX_NODES, best_within, evicted_plan, fast_planners, fast_plans,
                          lowest_peak, staged_eviction, warm_start_share, without_dead)
 
@@ -52,7 +53,7 @@ class Proof:
     """One relaxation asked whether any staged plan beats ``below`` (units;
     None: whether any plan meets the budget at all)."""
 
-    level: str
+    level: Source
     below: float | None
     status: str
     seconds: float
@@ -100,19 +101,19 @@ def bounded(ctx: Context) -> Plan:
     found = dict(st)
     for level in AFTER:
         r = relaxation(ctx, q, level, ctx.left() - 0.1)
-        proof = Proof(level, None, r.status, r.seconds, ctx.elapsed(), whole_units(ctx, q.unit, r.bound))
+        proof = Proof(Source(level), None, r.status, r.seconds, ctx.elapsed(), whole_units(ctx, q.unit, r.bound))
         found["relaxation_proofs"] = [*found.get("relaxation_proofs", []), asdict(proof)]
         objective = found.get("objective")
         if r.status == "INFEASIBLE" and objective is None:  # no staged plan meets the budget
-            found.update(status="INFEASIBLE", proved_by=level, reason=f"the {level} relaxation of the staged "
-                                                                      "space is infeasible: no staged plan meets the budget")
+            found.update(status="INFEASIBLE", proved_by=proof.level.value, reason=f"the {level} relaxation of the "
+                                                                                  "staged space is infeasible: no "
+                                                                                  "staged plan meets the budget")
             break
         if objective is None or proof.bound is None or proof.bound <= (found.get("best_bound") or 0.0):
             continue
-        found.update(best_bound=min(proof.bound, objective), bound_by=level)
-        found["gap"] = gap(objective, found["best_bound"])
-        if proof.bound >= objective and not found.get("plan_from"):
-            found.update(status="OPTIMAL", proved_by=level)
+        bound = Bound(proof.bound, proof.level)  # above the run's: it decides (a plan from outside stays unproven)
+        found.update(verdict(objective, [bound], reaching(objective, bound, not found.get("plan_from"))).stats())
+        if found["status"] == "OPTIMAL":
             break
     plan.stats = Stats.from_dict(found)
     return plan
@@ -327,12 +328,12 @@ def relaxation_proof(ctx: Context, q: Question, model: Model, best: Assignment |
         r = relaxation(ctx, q, level, left, below=obj - 1)
         if best is None:
             empty = r.status == "INFEASIBLE"
-            attempts.append(Proof(level, None, r.status, r.seconds, ctx.elapsed(), None))
+            attempts.append(Proof(Source(level), None, r.status, r.seconds, ctx.elapsed(), None))
             continue
         found = obj if r.status == "INFEASIBLE" else r.bound
         if found is not None:
             lower = max(lower or 0, min(found, obj))
-        attempts.append(Proof(level, model.to_units(obj - 1), r.status, r.seconds, ctx.elapsed(),
+        attempts.append(Proof(Source(level), model.to_units(obj - 1), r.status, r.seconds, ctx.elapsed(),
                               None if found is None else model.to_units(min(found, obj))))
     return attempts, lower, empty
 
@@ -366,10 +367,10 @@ def rounded_down_proof(ctx: Context, done: Round | None, lower: int | None, outs
         lower = bound if lower is None else max(lower, bound)
     if r.values is not None:
         plan = events(down.form, Assignment.from_values(down.form, lambda v: r.values[v.index]))
-        found = admit(ctx, plan, simulate(ctx.graph, plan), ROUNDED_DOWN)
+        found = admit(ctx, plan, simulate(ctx.graph, plan), Source.ROUNDED_DOWN.value)
         if found is not None and (outside is None or found.objective < outside.objective):
             outside = found
-    proof = Proof(ROUNDED_DOWN, None, STATUS.get(r.status, "UNKNOWN"), time.perf_counter() - began,
+    proof = Proof(Source.ROUNDED_DOWN, None, STATUS.get(r.status, "UNKNOWN"), time.perf_counter() - began,
                   ctx.elapsed(), None if bound is None else down.to_units(bound))
     return proof, lower, empty, outside
 
