@@ -8,8 +8,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ortools.sat.python import cp_model
-
 from ...graph import Graph
 from ...plan import Plan
 from ...reference import peak_lower_bound, pinned_bound
@@ -71,28 +69,21 @@ def report(o: Outcome) -> Plan:
     """The returned plan with its stats (see the module docstring)."""
     ctx, model, g, cfg = o.ctx, o.model, o.ctx.graph, o.ctx.cfg
     chosen = o.done or (o.history[-1] if o.history else None)
-    status = chosen.status if chosen is not None else cp_model.UNKNOWN
-    bound = chosen.bound if chosen is not None else None
-    solved_depth = chosen.depth if chosen is not None else model.depth
-    gap_infeasible = o.whole is not None and o.whole.status == "INFEASIBLE"
-    if gap_infeasible:
-        status = cp_model.INFEASIBLE
-    if gap_infeasible or o.empty:
-        solved_depth = None
     best, stopped = o.best, ctx.stop.requested
-    unproven_empty = False
-    if not model.form.memory_exact:
-        # sizes rounded up: the model's optimum, bound and emptiness speak of
-        # the plans that fit it, not of all plans; only the relaxations and
-        # the rounded-down model (sizes rounded down) bound the whole space
-        status = cp_model.FEASIBLE if status == cp_model.OPTIMAL else status
-        bound = None
-        if status == cp_model.INFEASIBLE and not (gap_infeasible or o.empty):
-            status, unproven_empty = cp_model.UNKNOWN, True
+    gap_infeasible = o.whole is not None and o.whole.status == "INFEASIBLE"
+    proven_whole = best is not None and o.lower is not None and model.objective_of(best) <= o.lower
+    claim = verdict.staged(STATUS.get(chosen.status, "UNKNOWN") if chosen is not None else "UNKNOWN",
+                           chosen.depth if chosen is not None else model.depth, gaps_empty=gap_infeasible,
+                           shown_empty=o.empty, memory_exact=model.form.memory_exact, automatic=cfg.depth is None,
+                           has_plan=best is not None, proven_whole=proven_whole)
+    solved_depth, restricted = claim.depth, claim.restricted
+    # the rounds' own bound, of the space they solved (with sizes rounded up, of no space)
+    own = (model.to_units(chosen.bound) if best is not None and chosen.bound is not None
+           and model.form.memory_exact else None)
     rounds = [round_row(r) for r in o.history]
     stats: dict[str, Any] = {
-        "status": STATUS.get(status, "UNKNOWN"), "objective_kind": cfg.objective,
-        "objective": None, "best_bound": model.to_units(bound) if best is not None and bound is not None else None,
+        "status": claim.status, "objective_kind": cfg.objective,
+        "objective": None, "best_bound": None,
         "gap": None, "time_to_first_s": ctx.trace.first, "time_to_best_s": ctx.trace.best,
         "primary_s": o.primary_s, "variables": model.variables, "constraints": model.constraints,
         "build_s": o.build_s, "recompute_depth": "full" if solved_depth is None else solved_depth,
@@ -113,18 +104,10 @@ def report(o: Outcome) -> Plan:
                                    "bound": None if o.whole.bound is None else model.to_units(o.whole.bound)}
     if o.proofs:
         stats["relaxation_proofs"] = [asdict(p) for p in o.proofs]
-    proven_whole = best is not None and o.lower is not None and model.objective_of(best) <= o.lower
     trivial = (Bound(0.0, Source.TRIVIAL) if cfg.objective == "overhead"
                else Bound(float(peak_lower_bound(g)), Source.WORKING_SET))
-    own = stats.pop("best_bound")  # the rounds' own bound: of the space they solved
-    restricted = solved_depth is not None and cfg.depth is None
-    if restricted:
-        # The default asked about the whole staged space, but only a
-        # depth-restricted subspace was solved: its optimum and bound say
-        # nothing about the whole space; the relaxations' bound does.
-        stats.update(space=space_name(model, o.outside), space_status=stats["status"], space_bound=own)
-        if stats["status"] == "OPTIMAL":
-            stats["status"] = "OPTIMAL" if proven_whole else "FEASIBLE"
+    if restricted:  # its optimum and bound say nothing about the whole space; the relaxations' bound does
+        stats.update(space=space_name(model, o.outside), space_status=claim.space_status, space_bound=own)
     else:
         stats["space"] = "staged" if solved_depth is None else space_name(model, o.outside)
     bounds: list[Bound] = []
@@ -134,8 +117,6 @@ def report(o: Outcome) -> Plan:
         bounds = [Bound(model.to_units(o.lower), lower_source(o)), trivial]
         if not restricted and own is not None:
             bounds.append(Bound(own, Source.MODEL))
-        if proven_whole:
-            stats["status"] = "OPTIMAL"
     elif restricted and best is not None:
         bounds = [trivial]
     elif own is not None:  # no relaxation answered in time: the full model's own bound
@@ -153,15 +134,14 @@ def report(o: Outcome) -> Plan:
     elif cfg.lp_bound:
         stats["lp_bound"] = o.lp_bound
     if best is None:
-        if status == cp_model.INFEASIBLE and solved_depth is not None and not gap_infeasible:
-            stats["status"] = "UNKNOWN"  # only a restricted space was shown empty
+        if claim.restricted_empty:
             stats["reason"] = (f"no plan recomputes within {solved_depth} producer hops of each stage's "
                                "node; try --recompute-depth full")
-        elif unproven_empty:
+        elif claim.unproven_empty:
             stats["reason"] = (f"no plan of the model, whose sizes are rounded up to its {model.form.unit:,} B "
                                "memory unit, meets the budget, and the time ran out before the sizes rounded "
                                "down decided whether one does")
-        elif status == cp_model.UNKNOWN:
+        elif claim.status == "UNKNOWN":
             empty = [r["recompute_depth"] for r in rounds
                      if r["status"] == "INFEASIBLE" and r["recompute_depth"] != "full"]
             why = "stopped by Ctrl-C" if stopped else "the time limit ran out"

@@ -70,6 +70,53 @@ class Verdict:
         return out
 
 
+@dataclass(frozen=True)
+class Staged:
+    """What the rounds and the proofs showed of the staged space, before a
+    plan is read: the status (OPTIMAL, FEASIBLE, INFEASIBLE, UNKNOWN), the
+    space it speaks of (``depth``; None: the whole staged space), and why
+    there may be no plan."""
+
+    status: str
+    depth: int | None
+    restricted: bool  # the automatic rounds solved only a depth-restricted space
+    space_status: str | None  # then: that space's own status
+    restricted_empty: bool  # only a depth-restricted space was shown empty
+    unproven_empty: bool  # the model (sizes rounded up) holds no plan; the whole space undecided
+
+
+def staged(round_status: str, round_depth: int | None, *, gaps_empty: bool, shown_empty: bool,
+           memory_exact: bool, automatic: bool, has_plan: bool, proven_whole: bool) -> Staged:
+    """The staged claim from the facts: the returned round's status and
+    depth, whether the gaps relaxation (``gaps_empty``) or a later proof
+    (``shown_empty``) showed the whole staged space empty, whether the model
+    counted memory exactly, whether the depth was the automatic one, whether
+    a plan was found and a whole-space bound reaches it (``proven_whole``)."""
+    status = "INFEASIBLE" if gaps_empty else round_status
+    depth = None if gaps_empty or shown_empty else round_depth
+    unproven_empty = False
+    if not memory_exact:
+        # sizes rounded up: the model's optimum and emptiness speak of the
+        # plans that fit it, not of all plans; only the relaxations and the
+        # rounded-down model (sizes rounded down) bound the whole space
+        status = "FEASIBLE" if status == "OPTIMAL" else status
+        if status == "INFEASIBLE" and not (gaps_empty or shown_empty):
+            status, unproven_empty = "UNKNOWN", True
+    restricted = depth is not None and automatic
+    space_status = status if restricted else None
+    if restricted and status == "OPTIMAL" and not proven_whole:
+        # the default asked about the whole staged space, but only a
+        # depth-restricted subspace was solved: its optimum says nothing
+        # about the whole space; the relaxations' bound does
+        status = "FEASIBLE"
+    if proven_whole and (restricted or depth is None):
+        status = "OPTIMAL"
+    restricted_empty = not has_plan and status == "INFEASIBLE" and depth is not None and not gaps_empty
+    if restricted_empty:
+        status = "UNKNOWN"
+    return Staged(status, depth, restricted, space_status, restricted_empty, unproven_empty)
+
+
 def gap(objective: float, bound: float) -> float:
     """How far ``objective`` may be from the optimum, as a share of it."""
     return 0.0 if objective == bound else (objective - bound) / abs(objective)
