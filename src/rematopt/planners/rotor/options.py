@@ -104,8 +104,8 @@ def solved(chain: Chain, k: int, deadline: float, workers: int = 1, depth: int |
 
     from ..staged.backends import CpSatBackend, tune
     from ..staged.model import INF, OutOfTime, build
-    from ..staged.units import integer_scale
     from ..staged.solution import Assignment, events
+    from ..staged.units import integer_scale
 
     st = chain.stages[k]
     sg = subgraph(chain, k)
