@@ -1,7 +1,12 @@
 """What a cpsat run shows while it solves, and how it takes Ctrl-C: the
 trace of incumbents and bounds (``--log``), the solution callback that
 records them, the live progress line, and the SIGINT handling that lets a
-Ctrl-C end the run with its best plan instead of killing it."""
+Ctrl-C end the run with its best plan instead of killing it.
+
+A process that starts with SIGINT ignored (a background job of a
+non-interactive shell) cannot be interrupted, and cpsat keeps it so: it
+installs no handler and does not let CP-SAT catch SIGINT, and the run ends at
+its time limit or proof (:func:`..staged.backends.sigint_ignored`)."""
 
 from __future__ import annotations
 
@@ -13,6 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from ortools.sat.python import cp_model
+
+from ..staged.backends import sigint_ignored
 
 
 @dataclass
@@ -83,8 +90,9 @@ class Interrupt:
 @contextmanager
 def deferred_sigint(stop: Interrupt) -> Iterator[None]:
     """While the block runs, SIGINT sets ``stop.requested`` instead of
-    raising (main thread only: elsewhere signals cannot be handled)."""
-    if threading.current_thread() is not threading.main_thread():
+    raising (main thread only: elsewhere signals cannot be handled; SIGINT
+    ignored stays ignored)."""
+    if threading.current_thread() is not threading.main_thread() or sigint_ignored():
         yield
         return
 

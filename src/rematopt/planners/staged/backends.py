@@ -84,6 +84,13 @@ def stopped_early(solver: cp_model.CpSolver, status: int, limit: float,
             and solver.wall_time < 0.9 * limit - 0.5)
 
 
+def sigint_ignored() -> bool:
+    """SIGINT is ignored, as in a process started in the background (where
+    Python installs no handler of its own): whoever chose that wants no
+    Ctrl-C to reach the process, so cpsat leaves SIGINT alone."""
+    return signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+
+
 @contextmanager
 def solver_takes_ctrl_c(params: Any, enabled: bool = True) -> Iterator[None]:
     """During one CP-SAT solve, let a Ctrl-C stop the search with its best
@@ -92,10 +99,11 @@ def solver_takes_ctrl_c(params: Any, enabled: bool = True) -> Iterator[None]:
     which kills the process). Main thread only: CP-SAT's handler lives in
     the thread that installs it, and a SIGINT reaching the main thread while
     a worker thread's solve has it installed aborts the process
-    (std::bad_function_call; measured with a cpsat solve in a thread)."""
+    (std::bad_function_call; measured with a cpsat solve in a thread).
+    Not where SIGINT is ignored (:func:`sigint_ignored`)."""
     main = threading.current_thread() is threading.main_thread()
-    params.catch_sigint_signal = enabled and main
-    if not main:
+    params.catch_sigint_signal = enabled and main and not sigint_ignored()
+    if not params.catch_sigint_signal:
         yield
         return
     previous = signal.getsignal(signal.SIGINT)
