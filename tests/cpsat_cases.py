@@ -72,6 +72,37 @@ def beaten_from_outside(sol) -> bool:
         st.get("space_status", "OPTIMAL") == "OPTIMAL" and "beats the model's best" in st.get("reason", "")
 
 
+def staged_status(sol) -> str:
+    """cpsat's verdict over the staged space, which ``brute_force.min_cost``
+    searches: OPTIMAL where ``optimal_in`` names it (or all plans),
+    INFEASIBLE where ``infeasible_in`` does, else the status. The status
+    itself speaks of every plan (:func:`check_claim`)."""
+    st = sol.plan.stats
+    return "OPTIMAL" if st.get("optimal_in") else "INFEASIBLE" if st.get("infeasible_in") else sol.status
+
+
+def check_claim(g, sol) -> None:
+    """OPTIMAL and INFEASIBLE hold for every valid plan: OPTIMAL only where
+    the plan reaches a bound that every plan obeys (it costs nothing, or it
+    peaks at the working-set bound), INFEASIBLE only below that bound; a
+    staged-space verdict is FEASIBLE or UNKNOWN with ``optimal_in`` /
+    ``infeasible_in`` "staged space"."""
+    st = sol.plan.stats
+    if sol.status == "OPTIMAL":
+        assert st["optimal_in"] == "all plans"
+        if st.get("objective_kind", "overhead") == "overhead":
+            # nothing recomputed, and transfers (if any) free at the run's price
+            assert sol.replay.recompute_cost == 0 and st["objective"] == 0 and st["proved_by"] == "zero cost"
+        else:
+            assert sol.replay.peak_bytes == peak_lower_bound(g) and st["proved_by"] == "working set"
+    elif st.get("optimal_in") is not None:
+        assert sol.status == "FEASIBLE" and st["optimal_in"] == "staged space"
+    if sol.status == "INFEASIBLE":
+        assert st["infeasible_in"] == "all plans" and st["proved_by"] == "working set"
+    elif st.get("infeasible_in") is not None:
+        assert sol.status == "UNKNOWN" and st["infeasible_in"] == "staged space" and not sol.has_plan
+
+
 def staged_optimum(sol) -> float | None:
     """The staged space's proven optimum of a full-space solve (the full
     round's objective), whether or not a plan from outside the space beat it
