@@ -29,6 +29,10 @@ class Stats(Mapping):
     time_to_best_s: float | None = None  # seconds to the returned plan
     reason: str | None = None  # why there is no plan, or why this plan
     plan_from: str | None = None  # the planner whose plan was returned, when another one's
+    # Where a proof holds: "all plans" (status OPTIMAL / INFEASIBLE), or a
+    # smaller space an exact planner searched ("staged space": FEASIBLE / UNKNOWN)
+    optimal_in: str | None = None
+    infeasible_in: str | None = None
     budget_bytes: int | None = None  # set by solve()
     wall_s: float | None = None  # set by solve()
     details: Mapping[str, Any] = field(default_factory=dict)  # planner-specific extras

@@ -207,7 +207,7 @@ def _proven(rounds: list[dict]) -> str:
 def _whole(st: dict) -> str:
     """What proved the plan optimal over the whole staged space: a
     bound (``cpsat.bounds``) and when, or the full model itself."""
-    if st["status"] != "OPTIMAL":
+    if not st.get("optimal_in"):
         return ""
     proof = next((p for p in st.get("relaxation_proofs", []) if p["status"] == "INFEASIBLE"), None)
     if proof is not None:
