@@ -9,6 +9,7 @@ the CLI."""
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -126,3 +127,37 @@ def test_an_empty_staged_space_is_not_infeasible_through_the_cli():
     loose = json.loads(rematopt("solve", *args, "--budget", PEAK_CAP_BUDGETS[1]).stdout)
     assert loose["status"] == "OPTIMAL" and loose["optimal_in"] == "all plans"
     assert loose["peak_bytes"] == PEAK_CAP_BUDGETS[0]
+
+
+def test_a_proofs_overhead_cap_admits_every_plan_within_the_true_cap():
+    """Every constraint of an emptiness proof must only widen the feasible
+    set. Where costs span so many orders that no power of ten makes them
+    integers, the model rounds them; a plan within the true cap (its true
+    recompute cost at most cap x base) must stay within the cap a proof asks
+    for: the relaxations' (costs floored) and the rounded-down model's
+    (costs rounded to nearest). The rounds' own cap, on the rounded costs'
+    sum, cuts some of these plans off: a proof must not use it."""
+    import random
+
+    from rematopt import Graph, Node
+    from rematopt.planners.cpsat.model import overhead_cap_units
+    from rematopt.planners.cpsat.run import context
+    from rematopt.planners.cpsat.settings import Settings
+
+    rng = random.Random(3)
+    cut_by_the_rounds_cap = 0
+    for k in range(200):
+        n = rng.randint(3, 8)
+        nodes = [Node(i, f"v{i}", bytes=1, cost=10 ** rng.uniform(-13, 2) * (1 + rng.random())) for i in range(n)]
+        g = Graph(f"real{k}", nodes, [(i, i + 1) for i in range(n - 1)])
+        # a plan that recomputes a few nodes, and the cap at exactly its cost: at the edge
+        events = rng.sample(range(n), rng.randint(1, n - 1))
+        cap = math.fsum(g.cost[i] for i in events) / math.fsum(g.cost)
+        ctx = context(g, Settings.parse(None, {"objective": "peak", "max_overhead": cap, "workers": 1}))
+        if ctx.exact or math.fsum(g.cost[i] for i in events) > cap * math.fsum(g.cost):
+            continue
+        assert sum(math.floor(g.cost[i] * ctx.scale) for i in events) <= ctx.proof_cap()
+        rounded = sum(round(g.cost[i] * ctx.scale) for i in events)
+        assert rounded <= ctx.proof_cap(rounded=True)
+        cut_by_the_rounds_cap += rounded > overhead_cap_units([round(c * ctx.scale) for c in g.cost], g, cap)
+    assert cut_by_the_rounds_cap > 0

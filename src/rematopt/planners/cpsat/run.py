@@ -22,7 +22,7 @@ from ...stats import Stats
 from . import lns, peak
 from .backends import STATUS, LpBackend
 from .model import (Model, OutOfTime, Stages, cap_units, cost_resolution, integer_scale, memory_unit,
-                    overhead_cap_units, peak_floor_units)
+                    peak_floor_units)
 from .bounds import AFTER, BOUNDS, PROOFS, Question, WholeBound, ask
 from .order import search_order
 from .report import ROUNDED_DOWN, Outcome, Outside, gap, over_all_plans, report, report_unbuilt, whole_units
@@ -333,9 +333,7 @@ def question(ctx: Context) -> Question:
     unit = memory_unit(g)[0]
     top = cfg.budget if cfg.budget is not None else no_remat_peak(g)
     int_cost, int_transfer = ctx.relaxation_costs()
-    cap = None
-    if cfg.objective == "peak" and cfg.max_overhead is not None:
-        cap = overhead_cap_units([round(c * ctx.scale) for c in g.cost], g, cfg.max_overhead)
+    cap = ctx.proof_cap() if cfg.objective == "peak" else None
     return Question(cfg.objective, unit, cap_units(g, unit, top), int_cost, int_transfer, cfg.offload,
                     cap, max_recomputes(cfg, len(g.compute_ids)), peak_floor_units(g, unit, up=False))
 
