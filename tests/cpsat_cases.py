@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 
 from rematopt.graph import Graph, Node
-from rematopt.reference import no_remat_peak, peak_lower_bound
+from rematopt.reference import no_remat_peak, peak_lower_bound, pinned_bound
 
 from brute_force import exhaustive_dags
 
@@ -84,7 +84,8 @@ def staged_status(sol) -> str:
 def check_claim(g, sol) -> None:
     """OPTIMAL and INFEASIBLE hold for every valid plan: OPTIMAL only where
     the plan reaches a bound that every plan obeys (it costs nothing, or it
-    peaks at the working-set bound), INFEASIBLE only below that bound; a
+    peaks at :func:`~rematopt.reference.pinned_bound`), INFEASIBLE only below
+    that bound; a
     staged-space verdict is FEASIBLE or UNKNOWN with ``optimal_in`` /
     ``infeasible_in`` "staged space"."""
     st = sol.plan.stats
@@ -94,11 +95,13 @@ def check_claim(g, sol) -> None:
             # nothing recomputed, and transfers (if any) free at the run's price
             assert sol.replay.recompute_cost == 0 and st["objective"] == 0 and st["proved_by"] == "zero cost"
         else:
-            assert sol.replay.peak_bytes == peak_lower_bound(g) and st["proved_by"] == "working set"
+            assert sol.replay.peak_bytes == pinned_bound(g, bool(st.get("offload")))
+            assert st["proved_by"] in ("working set", "pinned values")
     elif st.get("optimal_in") is not None:
         assert sol.status == "FEASIBLE" and st["optimal_in"] == "staged space"
     if sol.status == "INFEASIBLE":
-        assert st["infeasible_in"] == "all plans" and st["proved_by"] == "working set"
+        assert st["infeasible_in"] == "all plans" and st["proved_by"] in ("working set", "pinned values")
+        assert sol.budget < pinned_bound(g, bool(st.get("offload")))
     elif st.get("infeasible_in") is not None:
         assert sol.status == "UNKNOWN" and st["infeasible_in"] == "staged space" and not sol.has_plan
 

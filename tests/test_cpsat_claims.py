@@ -59,6 +59,23 @@ def test_every_claim_holds_for_every_plan_on_tiny_graphs(n, count):
     assert beaten >= count // 4
 
 
+def test_the_pinned_values_bound_every_plans_peak():
+    """``pinned_bound`` is at most the lowest peak of any plan (the
+    exhaustive search over every plan; with offload allowed, offloadable
+    values are not pinned, a lower bound still), and on some graphs above
+    the working-set bound."""
+    from rematopt.reference import peak_lower_bound, pinned_bound
+
+    above = 0
+    for n in (4, 5):
+        for g, _ in cases(n, every=False, count=60, seed=70 + n):
+            sums = sorted({sum(g.bytes[i] for i in range(g.n) if m >> i & 1) for m in range(1 << g.n)})
+            lowest = next(b for b in sums if min_cost_any_plan(g, b) is not None)
+            assert peak_lower_bound(g) <= pinned_bound(g, offload=True) <= pinned_bound(g) <= lowest
+            above += pinned_bound(g) > peak_lower_bound(g)
+    assert above
+
+
 def rivals(g, budget):
     """Every fast planner's plan at ``budget`` and each cleaned of its unread
     computations, with replays: plans another run of the same settings makes."""

@@ -79,3 +79,15 @@ class Stats(Mapping):
 
 TYPED_ORDER = tuple(f.name for f in fields(Stats) if f.name != "details")  # as the plan file writes them
 TYPED = frozenset(TYPED_ORDER)
+
+
+def verdict(stats: Mapping[str, Any]) -> str:
+    """The status as a table shows it, with a proof that holds only in a
+    smaller space than every plan: ``FEASIBLE (optimal in staged space)``,
+    ``UNKNOWN (infeasible in staged space)``."""
+    status = stats.get("status") or "UNKNOWN"
+    for claim, word in (("optimal_in", "optimal"), ("infeasible_in", "infeasible")):
+        space = stats.get(claim)
+        if space and space != "all plans":
+            return f"{status} ({word} in {space})"
+    return status

@@ -78,8 +78,8 @@ def run(graph: Graph, cfg: Settings) -> Plan:
     ctx = context(graph, cfg)
     with deferred_sigint(ctx.stop):
         if cfg.objective == "peak":  # the rounds, then the bisection that proves the peak
-            return over_all_plans(graph, peak.run(ctx, _run, admit))
-        return over_all_plans(graph, bounded(ctx))
+            return over_all_plans(graph, cfg.budget, cfg.objective, cfg.offload, peak.run(ctx, _run, admit))
+        return over_all_plans(graph, cfg.budget, cfg.objective, cfg.offload, bounded(ctx))
 
 
 def bounded(ctx: Context) -> Plan:
