@@ -258,21 +258,25 @@ def over_all_plans(graph: Graph, budget: int | None, objective: str, offload: bo
     """``plan`` with its status speaking of every valid plan under the run's
     settings (:func:`.verdict.over_all_plans`), from the bounds every plan
     obeys: ``zero cost`` (a plan that recomputes and moves nothing), and
-    :func:`~rematopt.reference.pinned_bound` on every plan's peak, which
-    proves a plan at it optimal and a budget below it infeasible."""
+    :func:`no_plan_peaks_below` a peak, which proves a plan at it optimal and
+    a budget below it infeasible."""
     st = plan.stats
-    pinned = Bound(pinned_bound(graph, offload), peak_bound_source(graph, offload))
     universal = None
     if st.get("peak_bytes") is not None:
-        if objective == "overhead" and st.get("objective") == 0:
-            universal = Bound(0.0, Source.ZERO_COST)
-        elif objective == "peak" and st["peak_bytes"] <= pinned.value:
-            universal = Bound(st["peak_bytes"], pinned.source)
-    empty_below = pinned if budget is not None and budget < pinned.value else None
+        if objective == "overhead":
+            universal = Bound(0.0, Source.ZERO_COST) if st.get("objective") == 0 else None
+        else:
+            by = no_plan_peaks_below(graph, offload, st["peak_bytes"])
+            universal = None if by is None else Bound(st["peak_bytes"], by)
+    by = None if budget is None else no_plan_peaks_below(graph, offload, budget + 1)
+    empty_below = None if by is None else Bound(pinned_bound(graph, offload), by)
     plan.stats = Stats.from_dict(verdict.over_all_plans(dict(st), universal, empty_below))
     return plan
 
 
-def peak_bound_source(graph: Graph, offload: bool) -> Source:
-    """What the bound on every plan's peak rests on: the working set, or the pinned values as well."""
-    return Source.WORKING_SET if pinned_bound(graph, offload) == peak_lower_bound(graph) else Source.PINNED_VALUES
+def no_plan_peaks_below(graph: Graph, offload: bool, peak: int) -> Source | None:
+    """What shows that no valid plan peaks below ``peak`` bytes, if anything:
+    the working-set bound, or the pinned values' (:func:`~rematopt.reference.pinned_bound`)."""
+    if peak <= peak_lower_bound(graph):
+        return Source.WORKING_SET
+    return Source.PINNED_VALUES if peak <= pinned_bound(graph, offload) else None

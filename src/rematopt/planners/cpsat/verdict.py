@@ -160,7 +160,7 @@ def over_all_plans(stats: dict[str, Any], universal: Bound | None, empty_below: 
     elif staged == "INFEASIBLE" and empty_below is not None:
         st.update(status="INFEASIBLE", infeasible_in=ALL_PLANS, proved_by=empty_below.source.value,
                   reason=f"no plan meets the budget: every plan holds {int(empty_below.value):,} bytes at "
-                         "once (a node's working set with the values that cannot be made again and are still read)")
+                         "once (a node's working set, with the values that cannot be made again and are read later)")
     elif staged == "INFEASIBLE":
         st["status"] = "UNKNOWN"
     return st
