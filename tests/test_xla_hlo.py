@@ -14,7 +14,6 @@ from rematopt.xla.hlo import parse_shape  # noqa: E402
 from rematopt.xla.kernels import kernels  # noqa: E402
 
 GPU_DIR = Path(__file__).resolve().parents[2] / "shared" / "gpu" / "h200_gpt8"
-CPU_OPTIONS = {"xla_cpu_enable_concurrency_optimized_scheduler": False}
 
 
 def _step(w, x):
@@ -25,7 +24,7 @@ def _step(w, x):
 @pytest.fixture(scope="module")
 def compiled():
     args = (jnp.ones((64, 48)), jnp.ones((32, 64)))
-    return jax.jit(jax.value_and_grad(_step)).lower(*args).compile(compiler_options=CPU_OPTIONS)
+    return jax.jit(jax.value_and_grad(_step)).lower(*args).compile()
 
 
 @pytest.fixture(scope="module")

@@ -76,10 +76,68 @@ class CompiledMemory:
         }
 
 
-def compiled_memory(module: HloModule) -> CompiledMemory:
-    """Peak memory of the module's entry schedule, and what is live at the peak."""
+def compiled_memory(module: HloModule, backend: str | None = None) -> CompiledMemory:
+    """Peak memory of the module's entry schedule, and what is live at the peak, counted as XLA
+    counts it on ``backend`` ("cpu", "gpu", "tpu"; by default the one the module was compiled for,
+    :func:`backend_of`)."""
+    backend = backend or backend_of(module)
     walk = _Walk(module, module.entry.name, entry=True)
-    return walk.result()
+    return walk.result("allocations" if backend == "cpu" else "pinned")
+
+
+def backend_of(module: HloModule) -> str:
+    """"gpu" where the module launches GPU kernels (cuBLAS / cuDNN calls, Triton fusions, GPU
+    backend configs), "cpu" otherwise."""
+    for comp in module.computations.values():
+        for inst in comp.instructions:
+            if inst.custom_call_target.startswith(("__cublas", "__cudnn", "__triton")):
+                return "gpu"
+            raw = inst.attrs.get("backend_config", "")
+            if "operation_queue_id" in raw or "fusion_backend_config" in raw:
+                return "gpu"
+    return "cpu"
+
+
+def _cpu_allocations(span: dict[int, tuple[int, int]], shares: dict[int, list[int]], outputs: dict[int, int],
+                     out_at: dict[int, int], sizes: dict[int, int], end: int,
+                     operands: dict[int, list[int]]) -> set[int]:
+    """The temporaries XLA's CPU buffer assignment houses in the outputs' allocations.
+
+    XLA gives each output its own allocation (an output is live from its definition to the end)
+    and, taking buffers largest first (ties: the earlier defined first), puts a temporary into an
+    allocation it fits in when its live range overlaps nothing already there (touching only where
+    it writes into a dying operand's memory), trying its operands' allocations first, then the
+    others smallest first. The rest go to the heap simulator, whose size this walk takes as their
+    peak. Returns the housed temporaries."""
+    allocations = sorted(outputs, key=lambda b: (-outputs[b], out_at[b]))  # creation order: largest first
+    held: dict[int, list[int]] = {a: [] for a in allocations}
+    home: dict[int, int] = {a: a for a in allocations}
+    ranges = dict(span)
+    ranges.update((a, (out_at[a], end)) for a in allocations)
+
+    def fits(b: int, a: int) -> bool:
+        first, last = ranges[b]
+        for v in [a, *held[a]]:
+            s, e = ranges[v]
+            if last < s or first > e:
+                continue
+            if (e == first and v in shares.get(b, ())) or (last == s and b in shares.get(v, ())):
+                continue
+            return False
+        return True
+
+    housed: set[int] = set()
+    for b in sorted(span, key=lambda b: (-sizes[b], span[b][0], b)):
+        if not sizes[b]:
+            continue
+        tried = [home[o] for o in operands.get(b, []) if o in home]
+        for a in [*dict.fromkeys(tried), *reversed(allocations)]:
+            if sizes[b] <= outputs[a] and fits(b, a):
+                held[a].append(b)
+                home[b] = a
+                housed.add(b)
+                break
+    return housed
 
 
 class _Walk:
@@ -174,11 +232,13 @@ class _Walk:
             used.update(self.of.get(operand, {}).values())
         return used
 
-    def result(self) -> CompiledMemory:
+    def ranges(self) -> tuple[dict[int, tuple[int, int]], dict[int, list[int]], set[int], set[int], list[int]]:
+        """Each temporary's live range ``(first, last)`` in schedule positions; ``{new: donors}``
+        where an elementwise kernel may write ``new`` into a dying operand's memory; the pinned output buffers; the parameters; and what nested bodies
+        add at each position."""
         schedule = self.comp.instructions
-        root = self.comp.root
-        pinned = set(self.of.get(root.name, {}).values()) if self.entry else set()
-        params = {b.id for b in self.buffers if b.kind == "parameter"}
+        pinned = set(self.of.get(self.comp.root.name, {}).values())
+        params = {b.id for b in self.buffers if b.kind in ("parameter", "caller")}
         last_use: dict[int, int] = {}
         defined_at: dict[int, int] = {}
         for pos, inst in enumerate(schedule):
@@ -186,73 +246,110 @@ class _Walk:
                 defined_at.setdefault(b, pos)
             for b in self._uses(inst):
                 last_use[b] = pos
-        if not self.entry:  # what the body passes out lives in the caller's buffers
-            pinned = set(self.of.get(root.name, {}).values())
-
-        sizes = {b.id: b.bytes for b in self.buffers}
-        param_bytes = sum(sizes[b] for b in params)
-        out_bytes = sum(sizes[b] for b in pinned if b not in params) if self.entry else 0
-        if self.entry and root.shape.is_tuple:
-            out_bytes += POINTER_BYTES * sum(root.shape.tuple_tables)
-        fixed = param_bytes + out_bytes
-        live: set[int] = set()
-        current = 0
-        peak, peak_pos, peak_live = -1, 0, set()
-        timeline = []
+        span: dict[int, tuple[int, int]] = {}
+        shares: dict[int, list[int]] = {}
+        nested = []
         for pos, inst in enumerate(schedule):
-            new = [b for b in set(self.of[inst.name].values())
+            nested.append(self._nested_peak(inst))
+            new = [b for b in dict.fromkeys(self.of[inst.name].values())
                    if defined_at.get(b) == pos and b not in params and b not in pinned]
-            dying = {b for b in self._uses(inst) if last_use.get(b) == pos and b in live}
+            dying = {b for b in self._uses(inst) if last_use.get(b) == pos and b not in params and b not in pinned}
             for b in new:
-                donor = self._share(inst, b, dying)
-                if donor is not None:
-                    dying.discard(donor)
-                    live.discard(donor)
-                    current -= sizes[donor]
-                    self.shared_into[b] = donor
-                live.add(b)
-                current += sizes[b]
-            nested = self._nested_peak(inst)
-            here = fixed + current + nested
-            timeline.append(here)
-            if here > peak:
-                peak, peak_pos, peak_live = here, pos, set(live)
-            for b in dying:
-                live.discard(b)
-                current -= sizes[b]
-            for b in new:  # written and never read
-                if b not in last_use and b in live:
-                    live.discard(b)
-                    current -= sizes[b]
-        shown = [self.buffers[b] for b in peak_live | (pinned - params) | params]
-        shown = [b for b in shown if b.bytes]
-        shown = [Buffer(b.id, b.instruction, b.index, b.bytes, "output" if b.id in pinned and b.kind == "temp"
-                        else b.kind, b.op_name, b.source) for b in shown]
-        shown.sort(key=lambda b: -b.bytes)
+                span[b] = (pos, last_use.get(b, pos))
+                donors = self._donors(inst, b, dying)
+                if donors:
+                    shares[b] = donors
+        return span, shares, pinned, params, nested
+
+    def result(self, outputs: str = "pinned") -> CompiledMemory:
+        """``outputs="pinned"``: outputs own their memory from the start (XLA's GPU figure);
+        ``"allocations"``: XLA's CPU accounting, where a temporary may live in an output's allocation
+        before the output is written (see :func:`_cpu_allocations`)."""
+        schedule = self.comp.instructions
+        span, shares, pinned, params, nested = self.ranges()
+        sizes = {b.id: b.bytes for b in self.buffers}
+        param_bytes = sum(sizes[b] for b in params) if self.entry else 0
+        out_bytes = sum(sizes[b] for b in pinned if b not in params) if self.entry else 0
+        if self.entry and self.comp.root.shape.is_tuple:
+            out_bytes += POINTER_BYTES * sum(self.comp.root.shape.tuple_tables)
+        housed: set[int] = set()
+        if outputs == "allocations" and self.entry:
+            outs = pinned - params
+            housed = _cpu_allocations(span, shares, {b: sizes[b] for b in outs}, self._defined_positions(outs),
+                                      sizes, len(schedule), self._operand_buffers())
+        delta = [0] * (len(schedule) + 1)
+        for b, (first, last) in span.items():
+            if b in housed:
+                continue
+            delta[first] += sizes[b]
+            delta[last + 1] -= sizes[b]
+        taken: set[int] = set()
+        for b, donors in shares.items():  # the two occupy one buffer where they meet
+            donor = next((d for d in donors if d not in housed and d not in taken), None)
+            if b not in housed and donor is not None:
+                taken.add(donor)
+                first = span[b][0]
+                delta[first] -= sizes[b]
+                delta[first + 1] += sizes[b]
+        fixed = param_bytes + out_bytes
+        current, timeline = 0, []
+        for pos in range(len(schedule)):
+            current += delta[pos]
+            timeline.append(fixed + current + nested[pos])
+        peak_pos = max(range(len(timeline)), key=timeline.__getitem__) if timeline else 0
+        peak = timeline[peak_pos] if timeline else fixed
+        live_ids = {b for b, (first, last) in span.items() if first <= peak_pos <= last and b not in housed}
+        if self.entry:
+            live_ids |= pinned | params
+        shown = []
+        for b in live_ids:
+            buf = self.buffers[b]
+            if buf.bytes:
+                kind = "output" if b in pinned and buf.kind == "temp" else buf.kind
+                shown.append(Buffer(buf.id, buf.instruction, buf.index, buf.bytes, kind, buf.op_name, buf.source))
+        shown.sort(key=lambda b: (-b.bytes, b.id))
         return CompiledMemory(
             peak_bytes=max(peak, fixed), peak_index=peak_pos,
             peak_instruction=schedule[peak_pos].name if schedule else "",
             parameter_bytes=param_bytes, output_bytes=out_bytes, temp_peak_bytes=max(peak - fixed, 0),
             live=shown, timeline=timeline)
 
-    def _share(self, inst: Instruction, new: int, dying: set[int]) -> int | None:
-        """A dying operand buffer of the same shape the elementwise kernel may write into."""
+    def _operand_buffers(self) -> dict[int, list[int]]:
+        """buffer -> the buffers its instruction reads (XLA first tries those allocations)."""
+        out: dict[int, list[int]] = {}
+        for inst in self.comp.instructions:
+            used = sorted(self._uses(inst))
+            for b in self.of[inst.name].values():
+                out.setdefault(b, used)
+        return out
+
+    def _defined_positions(self, ids: set[int]) -> dict[int, int]:
+        out = {}
+        for pos, inst in enumerate(self.comp.instructions):
+            for b in self.of[inst.name].values():
+                if b in ids:
+                    out.setdefault(b, pos)
+        return out
+
+    def _donors(self, inst: Instruction, new: int, dying: set[int]) -> list[int]:
+        """The dying operand buffers of the same shape that the elementwise kernel may write into."""
         if not dying or not _may_write_into_operand(self.module, inst):
-            return None
+            return []
         out = self.buffers[new]
         leaf = inst.shape.leaf_at(out.index)
-        for number, operand in enumerate(inst.operands):
+        found = []
+        for operand in inst.operands:
             view = self.comp.by_name.get(operand)
-            if view is None:
+            if view is None or leaf is None:
                 continue
             for idx, b in self.of.get(operand, {}).items():
-                if b in dying and self.buffers[b].kind == "temp" and self.buffers[b].bytes == out.bytes:
-                    vleaf = view.shape.leaf_at(idx)
-                    if vleaf is not None and leaf is not None and vleaf.dims == leaf.dims and vleaf.dtype == leaf.dtype:
-                        return b
-        return None
+                vleaf = view.shape.leaf_at(idx)
+                if (b in dying and b not in found and self.buffers[b].kind == "temp" and vleaf is not None
+                        and vleaf.dims == leaf.dims and vleaf.dtype == leaf.dtype):
+                    found.append(b)
+        return found
 
-    def _nested_peak(self, inst: Instruction) -> int:
+    def _nested_peak(self, inst: Instruction) -> int:  # noqa: D401
         """What a while / conditional / call body allocates beyond its operands, at its own peak."""
         if inst.opcode not in ("while", "conditional", "call") or self.depth > 16:
             return 0
