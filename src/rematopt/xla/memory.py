@@ -100,16 +100,16 @@ def backend_of(module: HloModule) -> str:
 
 def _cpu_allocations(span: dict[int, tuple[int, int]], shares: dict[int, list[int]], outputs: dict[int, int],
                      out_at: dict[int, int], sizes: dict[int, int], end: int,
-                     operands: dict[int, list[int]]) -> set[int]:
+                     operands: dict[int, list[int]], post_order: dict[int, int]) -> set[int]:
     """The temporaries XLA's CPU buffer assignment houses in the outputs' allocations.
 
     XLA gives each output its own allocation (an output is live from its definition to the end)
     and, taking buffers largest first (ties: the earlier defined first), puts a temporary into an
     allocation it fits in when its live range overlaps nothing already there (touching only where
     it writes into a dying operand's memory), trying its operands' allocations first, then the
-    others smallest first. The rest go to the heap simulator, whose size this walk takes as their
-    peak. Returns the housed temporaries."""
-    allocations = sorted(outputs, key=lambda b: (-outputs[b], out_at[b]))  # creation order: largest first
+    others smallest first. The rest go to the heap simulator; this walk takes their live peak
+    for its size (a lower bound: the packing may leave gaps). Returns the housed temporaries."""
+    allocations = sorted(outputs, key=lambda b: (-outputs[b], post_order[b], b))  # creation order
     held: dict[int, list[int]] = {a: [] for a in allocations}
     home: dict[int, int] = {a: a for a in allocations}
     ranges = dict(span)
@@ -127,7 +127,7 @@ def _cpu_allocations(span: dict[int, tuple[int, int]], shares: dict[int, list[in
         return True
 
     housed: set[int] = set()
-    for b in sorted(span, key=lambda b: (-sizes[b], span[b][0], b)):
+    for b in sorted(span, key=lambda b: (-sizes[b], post_order[b], b)):
         if not sizes[b]:
             continue
         tried = [home[o] for o in operands.get(b, []) if o in home]
@@ -276,7 +276,8 @@ class _Walk:
         if outputs == "allocations" and self.entry:
             outs = pinned - params
             housed = _cpu_allocations(span, shares, {b: sizes[b] for b in outs}, self._defined_positions(outs),
-                                      sizes, len(schedule), self._operand_buffers())
+                                      sizes, len(schedule), self._operand_buffers(), self._post_order())
+        self.housed = housed
         delta = [0] * (len(schedule) + 1)
         for b, (first, last) in span.items():
             if b in housed:
@@ -313,6 +314,29 @@ class _Walk:
             peak_instruction=schedule[peak_pos].name if schedule else "",
             parameter_bytes=param_bytes, output_bytes=out_bytes, temp_peak_bytes=max(peak - fixed, 0),
             live=shown, timeline=timeline)
+
+    def _post_order(self) -> dict[int, int]:
+        """buffer -> its instruction's position in a post order from the root (XLA breaks ties
+        between buffers of one size by it)."""
+        by, order, seen = self.comp.by_name, {}, set()
+        roots = [self.comp.root] + [i for i in self.comp.instructions if i is not self.comp.root]
+        for start in roots:
+            stack = [(start, False)]
+            while stack:
+                inst, done = stack.pop()
+                if done:
+                    order.setdefault(inst.name, len(order))
+                    continue
+                if inst.name in seen:
+                    continue
+                seen.add(inst.name)
+                stack.append((inst, True))
+                stack.extend((by[o], False) for o in reversed(inst.operands) if o in by and o not in seen)
+        out: dict[int, int] = {}
+        for inst in self.comp.instructions:
+            for b in self.of[inst.name].values():
+                out.setdefault(b, order.get(inst.name, 0))
+        return out
 
     def _operand_buffers(self) -> dict[int, list[int]]:
         """buffer -> the buffers its instruction reads (XLA first tries those allocations)."""
