@@ -457,3 +457,24 @@ def test_each_fault_the_fuzz_found_stays_fixed(check):
 
 def test_every_known_fault_has_a_case():
     assert set(KNOWN) <= set(CASES)
+
+
+# Faults of the fast planners that campaigns found (issue 37), each fixed, on
+# its minimal graph: file -> the fuzz setting that failed on it.
+FAST_CASES = {
+    "rotor_already_resident.json": "rotor",  # recomputed an output where it was resident
+    "jax_names_unoffloadable.json": "jax-names offload",  # offloaded a value that may not be offloaded
+}
+
+
+@pytest.mark.parametrize("name", FAST_CASES)
+def test_each_fast_planner_fault_stays_fixed(name):
+    """The setting that failed, at budgets from the working-set bound to the
+    no-remat peak: every invariant kept, a plan at the peak."""
+    from rematopt import load
+
+    g = load(FUZZ_DATA / name)
+    ((planner, label, options),) = [s for s in fuzzing.fast_settings() if s[1] == FAST_CASES[name]]
+    runs = [fuzzing.run_one(g, planner, label, b, options) for b in fuzzing.budgets(g, [k / 8 for k in range(9)])]
+    assert all(r is not None for r in runs) and runs[-1].sol.has_plan
+    no_new_violations(fuzzing.violations_of(g, runs))
