@@ -301,7 +301,7 @@ def base_row(spec: dict[str, Any]) -> dict[str, Any]:
         "budget_ratio": spec["budget_ratio"], "planner": spec["planner"],
         "options": json.dumps(spec["options"], sort_keys=True, default=str),
         "status": "ERROR", "peak_bytes": None, "compute_cost": None, "base_cost": None,
-        "overhead": None, "transfer_bytes": None, "gap": None, "bound": None, "wall_s": None,
+        "overhead": None, "transfer_bytes": None, "gap": None, "bound": None, "optimal_in": None, "wall_s": None,
         "time_to_first_s": None, "time_to_best_s": None, "job_s": None,
         "rematopt_version": _version("rematopt"), "ortools_version": _version("ortools"),
         "has_plan": False, "plan_path": None, "log_path": spec.get("log_path"),
@@ -318,8 +318,8 @@ def _version(package: str) -> str | None:
 
 # Row columns read from the planner's Stats (column -> field); the figures of
 # the plan itself come from its replay.
-STAT_COLUMNS = {"bound": "best_bound", "gap": "gap", "time_to_first_s": "time_to_first_s",
-                "time_to_best_s": "time_to_best_s"}
+STAT_COLUMNS = {"bound": "best_bound", "gap": "gap", "optimal_in": "optimal_in",
+                "time_to_first_s": "time_to_first_s", "time_to_best_s": "time_to_best_s"}
 
 
 def solution_row(spec: dict[str, Any], sol: "Solution") -> dict[str, Any]:
