@@ -440,6 +440,7 @@ CASES = {
     "settings[overhead cap, real costs]": lambda: _runs("overhead_cap_rounded_away.json", [75497472],
                                                         [f"cpsat peak overhead<={fuzzing.MAX_OVERHEAD:g}"]),
     "optimal beaten[cleaned plan]": _beaten_by_cleaned,
+    "crash[nothing to compute]": lambda: _runs("nothing_to_compute.json", [12, 20], True),
     "infeasible[peak]": _infeasible_under_a_cap,
 }
 
