@@ -304,6 +304,7 @@ def check_run(graph: Graph, run: Run) -> list[Violation]:
     status = sol.status
     if status not in STATUSES:
         out.append(Violation("status", who, f"unknown status {status!r}"))
+    out += check_scope(run)
     if sol.replay is None:
         if status not in ("INFEASIBLE", "UNKNOWN") or len(sol.plan):
             out.append(Violation("status", who, f"status {status} with {len(sol.plan)} events but no replay"))
@@ -331,6 +332,20 @@ def check_run(graph: Graph, run: Run) -> list[Violation]:
     if twice:
         out.append(Violation("once", who, f"unrecomputable nodes computed more than once: {twice}"))
     out += check_settings(graph, run, replay)
+    return out
+
+
+def check_scope(run: Run) -> list[Violation]:
+    """cpsat's OPTIMAL and INFEASIBLE speak of every valid plan, and say so
+    (``optimal_in`` / ``infeasible_in``); a proof in a smaller space comes
+    with FEASIBLE or UNKNOWN (docs/cpsat.md, "What OPTIMAL means")."""
+    if run.planner != "cpsat":
+        return []
+    out = []
+    for status, claim in (("OPTIMAL", "optimal_in"), ("INFEASIBLE", "infeasible_in")):
+        space = run.stats.get(claim)
+        if (run.sol.status == status) != (space == "all plans"):
+            out.append(Violation("scope", _who(run), f"status {run.sol.status} with {claim} {space!r}"))
     return out
 
 
