@@ -54,7 +54,7 @@ def check(g, expect, sol, proven: bool = True) -> None:
     if proven:
         assert staged_status(sol) == "OPTIMAL", st["peak_probes"]
         assert sol.replay.peak_bytes == expect or (st.get("plan_from") and sol.replay.peak_bytes < expect)
-        assert st["bound_by"] in ("working set", "model", *BOUNDS)
+        assert st["bound_by"] in ("working set", "pinned values", "model", *BOUNDS)
 
 
 @pytest.mark.parametrize("n,count", [(4, 12), (5, 12), (6, 5)])

@@ -118,6 +118,7 @@ def test_a_round_with_no_start_finds_its_plan_by_minimising_the_peak(monkeypatch
     monkeypatch.setattr(search, "solve_model", starved)
     monkeypatch.setattr(run, "warm_start", lambda ctx, model, outside, spent: (None, None))
     monkeypatch.setattr(run, "fast_plans", lambda *a, **k: [])  # this is about the staged space alone
+    monkeypatch.setattr(run, "cleaned", lambda ctx, plan, outside: outside)
     seen = {"OPTIMAL": 0, "INFEASIBLE": 0}
     for k, (g, rng) in enumerate(cases(5, every=False, count=80, seed=11)):
         budget, per_byte = budget_between(g, rng), k % 2

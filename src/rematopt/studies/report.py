@@ -172,7 +172,7 @@ EXACT_STATS = ("space", "space_status", "space_gap", "warm_start", "plan_from")
 
 def exact_table(df: pd.DataFrame) -> pd.DataFrame:
     """The exact planner's runs: size, status, time, gap to its own bound."""
-    cols = ["graph", "nodes", "budget_ratio", "planner", "status", "overhead", "gap", "wall_s",
+    cols = ["graph", "nodes", "budget_ratio", "planner", "status", "optimal_in", "overhead", "gap", "wall_s",
             "time_to_first_s", "time_to_best_s", "hint_from", *EXACT_STATS]
     ex = df[df["exact"]]
     stats = ex.get("stats", pd.Series(index=ex.index, dtype=object)).map(_options)

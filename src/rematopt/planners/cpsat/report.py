@@ -295,37 +295,41 @@ def over_all_plans(graph: Graph, budget: int | None, objective: str, offload: bo
     in a stage): the 14-node fuzz case's staged optimum costs 6 where dtr's
     cleaned plan costs 2. So ``OPTIMAL`` stands only where a bound that holds
     for every plan reaches the plan (``zero cost``: it recomputes and moves
-    nothing; ``working set`` or ``pinned values``: its peak is
-    :func:`~rematopt.reference.pinned_bound`), and ``INFEASIBLE`` only below
-    that bound; a staged-space verdict
-    becomes ``FEASIBLE`` (a plan) or ``UNKNOWN`` (none), and ``optimal_in`` /
-    ``infeasible_in`` say where the claim holds: "all plans" or "staged space"."""
+    nothing; or :func:`no_plan_peaks_below` its peak), ``INFEASIBLE`` only
+    where that bound passes the budget; a staged-space verdict becomes
+    ``FEASIBLE`` (a plan) or ``UNKNOWN`` (none), and ``optimal_in`` /
+    ``infeasible_in`` say where a claim holds: "all plans" or "staged space"."""
     st = dict(plan.stats)
     staged = st["status"]
     if staged in ("OPTIMAL", "INFEASIBLE"):
         st["optimal_in" if staged == "OPTIMAL" else "infeasible_in"] = STAGED
     if st.get("peak_bytes") is not None:
-        universal = ("zero cost" if objective == "overhead" and st.get("objective") == 0 else
-                     peak_bound_name(graph, offload) if objective == "peak"
-                     and st["peak_bytes"] <= pinned_bound(graph, offload) else None)
+        universal = (("zero cost" if st.get("objective") == 0 else None) if objective == "overhead" else
+                     no_plan_peaks_below(graph, offload, st["peak_bytes"]))
         if universal is not None:
             st.update(status="OPTIMAL", optimal_in=ALL_PLANS, proved_by=universal, bound_by=universal,
                       best_bound=st["peak_bytes"] if objective == "peak" else 0.0, gap=0.0)
         elif staged == "OPTIMAL":
             st["status"] = "FEASIBLE"
-    elif staged == "INFEASIBLE" and budget is not None and budget < pinned_bound(graph, offload):
-        st.update(status="INFEASIBLE", infeasible_in=ALL_PLANS, proved_by=peak_bound_name(graph, offload),
-                  reason=f"no plan meets the budget: every plan holds {pinned_bound(graph, offload):,} bytes at "
-                         "once (a node's working set with the values that cannot be made again and are still read)")
     elif staged == "INFEASIBLE":
-        st["status"] = "UNKNOWN"
+        by = None if budget is None else no_plan_peaks_below(graph, offload, budget + 1)
+        if by is None:
+            st["status"] = "UNKNOWN"
+        else:
+            st.update(status="INFEASIBLE", infeasible_in=ALL_PLANS, proved_by=by,
+                      reason=f"no plan meets the budget: every plan holds {pinned_bound(graph, offload):,} bytes "
+                             "at once (a node's working set, with the values that cannot be made again and are "
+                             "read later)")
     plan.stats = Stats.from_dict(st)
     return plan
 
 
-def peak_bound_name(graph: Graph, offload: bool) -> str:
-    """What the bound on every plan's peak rests on: the working set, or the pinned values as well."""
-    return "working set" if pinned_bound(graph, offload) == peak_lower_bound(graph) else "pinned values"
+def no_plan_peaks_below(graph: Graph, offload: bool, peak: int) -> str | None:
+    """What shows that no valid plan peaks below ``peak`` bytes, if anything:
+    the working-set bound, or the pinned values' (:func:`~rematopt.reference.pinned_bound`)."""
+    if peak <= peak_lower_bound(graph):
+        return "working set"
+    return "pinned values" if peak <= pinned_bound(graph, offload) else None
 
 
 def gap(objective: float, bound: float) -> float:
