@@ -336,15 +336,12 @@ def check_run(graph: Graph, run: Run) -> list[Violation]:
 
 
 def check_scope(run: Run) -> list[Violation]:
-    """cpsat's OPTIMAL and INFEASIBLE speak of every valid plan, and say so
-    (``optimal_in`` / ``infeasible_in``); a proof in a smaller space comes
-    with FEASIBLE or UNKNOWN (docs/cpsat.md, "What OPTIMAL means")."""
-    if run.planner != "cpsat":
-        return []
+    """OPTIMAL and INFEASIBLE, and they only, say they speak of every valid
+    plan (``optimal_in`` / ``infeasible_in`` "all plans")."""
     out = []
     for status, claim in (("OPTIMAL", "optimal_in"), ("INFEASIBLE", "infeasible_in")):
         space = run.stats.get(claim)
-        if (run.sol.status == status) != (space == "all plans"):
+        if (run.sol.status == status) != (space == ALL_PLANS):
             out.append(Violation("scope", _who(run), f"status {run.sol.status} with {claim} {space!r}"))
     return out
 
@@ -354,7 +351,7 @@ def check_settings(graph: Graph, run: Run, replay) -> list[Violation]:
     start, round): no transfer without offload, the clone bound, the overhead cap."""
     who, o, out = _who(run), run.options, []
     moves = [e for e in run.sol.plan.ops.tolist() if e in (OFFLOAD, PREFETCH)]
-    if run.planner in CLAIMANTS and not run.offload and moves:
+    if "offload" in planners.options(run.planner) and not run.offload and moves:
         src = run.stats.get("plan_from", "?")
         out.append(Violation("settings[offload]", who, f"{len(moves)} offload/prefetch events without offload "
                                                        f"(plan_from {src!r})"))
@@ -421,18 +418,34 @@ def candidates(graph: Graph, runs: list[Run]) -> tuple[list[Candidate], list[Vio
     return out, bad
 
 
-# Planners whose statuses are claims about a space: cpsat's about every plan
-# (docs/cpsat.md, "What OPTIMAL means"), jax-names' about name policies.
-CLAIMANTS = ("cpsat", "jax-names")
+# Where a claim holds (Stats.optimal_in / infeasible_in): OPTIMAL and
+# INFEASIBLE, of any planner, speak of every valid plan (docs/cpsat.md, "What
+# OPTIMAL means"); a proof in a smaller space comes with FEASIBLE or UNKNOWN.
+ALL_PLANS = "all plans"
+POLICY_SPACE = "policy space"  # jax-names' name policies
 
 
-def _in_space(run: Run, c: Candidate) -> bool:
-    """Whether ``c`` is in the space ``run``'s claims speak of: any plan for
-    cpsat; for jax-names, a policy's plan (not cleaned) of the same or a
-    smaller policy space (global policies are per-layer ones)."""
-    if run.planner == "cpsat":
+def claims(run: Run) -> list[tuple[str, str]]:
+    """The run's claims as (``optimal`` or ``infeasible``, the space it holds in)."""
+    if run.error is not None:
+        return []
+    out = []
+    for claim, field_ in (("optimal", "optimal_in"), ("infeasible", "infeasible_in")):
+        space = run.stats.get(field_)
+        if space is not None:
+            out.append((claim, space))
+    return out
+
+
+def _in_space(space: str, run: Run, c: Candidate) -> bool:
+    """Whether ``c`` lies in ``space``, as far as the fuzz can tell: every
+    plan does in "all plans"; a jax-names plan (not cleaned) of the same or a
+    smaller policy space (global policies are per-layer ones) in "policy
+    space"; a staged space is not checked (whether a plan is staged is the
+    model's to say)."""
+    if space == ALL_PLANS:
         return True
-    return (c.run.planner == "jax-names" and not c.cleaned
+    return (space == POLICY_SPACE and run.planner == c.run.planner == "jax-names" and not c.cleaned
             and c.run.options.get("per_layer", False) <= run.options.get("per_layer", False))
 
 
@@ -441,8 +454,6 @@ def _admits(graph: Graph, run: Run, c: Candidate) -> bool:
     budget, no transfers unless offload is allowed, within its clone bound and
     overhead cap (that is, found at the same or a tighter setting, or
     cleaned from such a plan)."""
-    if not _in_space(run, c):
-        return False
     r = c.replay
     if run.budget is not None and r.peak_bytes > run.budget:
         return False
@@ -460,52 +471,51 @@ def _cost_class(graph: Graph) -> str:
 
 
 def check_across(graph: Graph, runs: list[Run], plans: list[Candidate]) -> list[Violation]:
-    """A claimant's OPTIMAL is not beaten by any plan in its space and its
-    feasible set (found at the same or a tighter setting, cleaned plans
-    included); its INFEASIBLE is not contradicted by one; its OPTIMAL costs
-    do not rise with the budget (same settings)."""
+    """An optimum is not beaten by any plan in its space and its feasible
+    set (found at the same or a tighter setting, cleaned plans included); an
+    infeasibility is not contradicted by one; optimal costs do not rise with
+    the budget (same settings, same space)."""
     out: list[Violation] = []
+    optima: dict[tuple[str, str], list[Run]] = {}
     for run in runs:
-        if run.planner not in CLAIMANTS or run.error is not None:
-            continue
-        admitted = [c for c in plans if _admits(graph, run, c)]
-        if run.sol.status == "INFEASIBLE" and admitted:
-            c = admitted[0]
-            out.append(Violation(f"infeasible[{run.objective}]", _who(run),
-                                 f"{c.label} at budget {c.run.budget} has a plan within it "
-                                 f"(peak {c.replay.peak_bytes}, cost {c.replay.compute_cost!r})"))
-        if run.sol.status != "OPTIMAL":
-            continue
-        mine = run.sol.replay
-        if run.objective == "overhead":
-            tol = _resolution(run) + REL_TOL * abs(mine.compute_cost)
-            better = [c for c in admitted if c.replay.compute_cost < mine.compute_cost - tol]
-            key = lambda c: c.replay.compute_cost  # noqa: E731
-        else:
-            better = [c for c in admitted if c.replay.peak_bytes < mine.peak_bytes]
-            key = lambda c: c.replay.peak_bytes  # noqa: E731
-        if better:
-            c = min(better, key=key)
-            kind = "peak" if run.objective == "peak" else f"overhead, {_cost_class(graph)}"
-            if any(b.cleaned for b in better):  # a plan outside the staged space (issue 37)
-                kind = "cleaned plan"
-            out.append(Violation(f"optimal beaten[{kind}]", _who(run),
-                                 f"OPTIMAL cost {mine.compute_cost!r} peak {mine.peak_bytes}; {c.label} at "
-                                 f"budget {c.run.budget}: cost {c.replay.compute_cost!r} "
-                                 f"peak {c.replay.peak_bytes} transfer {c.replay.transfer_bytes}"))
-    by_label: dict[str, list[Run]] = {}
-    for run in runs:
-        if (run.planner in CLAIMANTS and run.error is None and run.sol.status == "OPTIMAL"
-                and run.objective == "overhead"):
-            by_label.setdefault(run.label, []).append(run)
-    for label, rs in by_label.items():
+        for claim, space in claims(run):
+            admitted = [c for c in plans if _in_space(space, run, c) and _admits(graph, run, c)]
+            where = "" if space == ALL_PLANS else f", {space}"
+            if claim == "infeasible" and admitted:
+                c = admitted[0]
+                out.append(Violation(f"infeasible[{run.objective}{where}]", _who(run),
+                                     f"{c.label} at budget {c.run.budget} has a plan within it "
+                                     f"(peak {c.replay.peak_bytes}, cost {c.replay.compute_cost!r})"))
+            if claim != "optimal":
+                continue
+            if run.objective == "overhead":
+                optima.setdefault((run.label, space), []).append(run)
+            mine = run.sol.replay
+            if run.objective == "overhead":
+                tol = _resolution(run) + REL_TOL * abs(mine.compute_cost)
+                better = [c for c in admitted if c.replay.compute_cost < mine.compute_cost - tol]
+                key = lambda c: c.replay.compute_cost  # noqa: E731
+            else:
+                better = [c for c in admitted if c.replay.peak_bytes < mine.peak_bytes]
+                key = lambda c: c.replay.peak_bytes  # noqa: E731
+            if better:
+                c = min(better, key=key)
+                kind = "peak" if run.objective == "peak" else f"overhead, {_cost_class(graph)}"
+                if any(b.cleaned for b in better):  # a plan outside the staged space (issue 37)
+                    kind = "cleaned plan"
+                out.append(Violation(f"optimal beaten[{kind}{where}]", _who(run),
+                                     f"optimal cost {mine.compute_cost!r} peak {mine.peak_bytes} ({space}); "
+                                     f"{c.label} at budget {c.run.budget}: cost {c.replay.compute_cost!r} "
+                                     f"peak {c.replay.peak_bytes} transfer {c.replay.transfer_bytes}"))
+    for (label, space), rs in optima.items():
         rs.sort(key=lambda r: r.budget)
         for lo, hi in zip(rs, rs[1:]):
             tol = _resolution(lo) + _resolution(hi) + REL_TOL * abs(lo.sol.replay.compute_cost)
             if hi.sol.replay.compute_cost > lo.sol.replay.compute_cost + tol:
-                out.append(Violation(f"monotone[{_cost_class(graph)}]", label,
-                                     f"OPTIMAL cost {lo.sol.replay.compute_cost!r} at budget {lo.budget} but "
-                                     f"{hi.sol.replay.compute_cost!r} at budget {hi.budget}"))
+                where = "" if space == ALL_PLANS else f", {space}"
+                out.append(Violation(f"monotone[{_cost_class(graph)}{where}]", label,
+                                     f"optimal cost {lo.sol.replay.compute_cost!r} at budget {lo.budget} but "
+                                     f"{hi.sol.replay.compute_cost!r} at budget {hi.budget} ({space})"))
     return out
 
 
