@@ -105,7 +105,8 @@ def header() -> str:
 def graphs(draw, max_nodes: int = 30) -> Graph:
     """A random rematopt graph using every feature of the format: inputs (some
     persistent), outputs, unrecomputable and unoffloadable nodes, recompute
-    marks, phases (absent, in two blocks, or interleaved), ids that differ
+    marks, phases (absent, in two blocks, or interleaved), chains (Rotor's
+    shape: forward, then its gradients in reverse), ids that differ
     from program positions, and sizes from bytes to 64 TiB. Costs are integers or
     roofline-like seconds: most within up to six orders of magnitude above a
     floor from 1e-12 to 1e-6 s, a few from 1e-3 to 10 s. A third of the graphs
@@ -114,8 +115,11 @@ def graphs(draw, max_nodes: int = 30) -> Graph:
     n = draw(st.integers(1, max_nodes))
     perm = draw(st.permutations(range(n)))  # perm[t]: id of the node at program position t
     inputs = set(draw(st.lists(st.integers(0, n - 1), max_size=min(3, n))))  # all of them: nothing to compute
-    phases = draw(st.sampled_from(["none", "blocks", "mixed"]))
-    cut = draw(st.integers(1, n))
+    # a quarter are training steps shaped as Rotor's chains, with a few extra edges
+    # (rotor declines most random graphs: no chain)
+    chain = draw(st.integers(0, 3)) == 0
+    phases = "blocks" if chain else draw(st.sampled_from(["none", "blocks", "mixed"]))
+    cut = (n + 1) // 2 if chain else draw(st.integers(1, n))
     real_costs = draw(st.booleans())
     lo = draw(st.integers(-12, -6))  # roofline-like: most costs within 0..6 orders above 10^lo, a few large
     span = draw(st.integers(0, 6))
@@ -148,7 +152,9 @@ def graphs(draw, max_nodes: int = 30) -> Graph:
         if named and kind == "compute" and nodes[-1].phase == "forward" and draw(st.booleans()):
             nodes[-1].extra["checkpoint_name"] = draw(st.sampled_from(NAMES))
         if kind == "compute" and t:
-            for p in draw(st.lists(st.integers(0, t - 1), max_size=3, unique=True)):
+            # in a chain, position t reads t - 1, and a backward one its forward counterpart
+            steps = {t - 1, *([2 * cut - 1 - t] if chain and t >= cut else [])} if chain else set()
+            for p in steps | set(draw(st.lists(st.integers(0, t - 1), max_size=1 if chain else 3, unique=True))):
                 edges.append((perm[p], perm[t]))
     meta = {"cost_unit": "s" if real_costs else "unit", "real_costs": real_costs}
     return Graph("fuzz", nodes, edges, order=list(perm), meta=meta)
