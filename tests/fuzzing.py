@@ -51,13 +51,11 @@ QUICK: dict[str, dict[str, Any]] = {
 # CASES hold each one's minimal graph), so the entry goes once the planner
 # keeps it. The five found on the first campaign (offload without --offload,
 # peak-mode OPTIMAL beaten by greedy, and three from costs rounded away) and
-# issue 37's two (an OPTIMAL beaten by a cleaned plan, an INFEASIBLE proved
-# on a rounded-down model under an overhead cap) are kept now; their cases
-# stay in test_fuzz as regression tests.
-KNOWN: dict[str, str] = {
-    "crash[nothing to compute]": "cpsat on a graph of inputs only: 'stats details may not hold typed fields: "
-                                 "optimal_in' (the claims branch's Stats)",
-}
+# issue 37's three (an OPTIMAL beaten by a cleaned plan, an INFEASIBLE proved
+# on a rounded-down model under an overhead cap, a crash on a graph with
+# nothing to compute) are kept now; their cases stay in test_fuzz as
+# regression tests.
+KNOWN: dict[str, str] = {}
 
 
 # -- seeds ---------------------------------------------------------------------
