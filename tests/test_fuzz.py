@@ -479,3 +479,19 @@ def test_each_fast_planner_fault_stays_fixed(name):
     runs = [fuzzing.run_one(g, planner, label, b, options) for b in fuzzing.budgets(g, [k / 8 for k in range(9)])]
     assert all(r is not None for r in runs) and runs[-1].sol.has_plan
     no_new_violations(fuzzing.violations_of(g, runs))
+
+
+# Graphs on which issue 37's first campaign found cpsat claims that other
+# plans contradicted (kept since claims' fix): file -> budgets, cpsat setting.
+CLAIM_CASES = {
+    # OPTIMAL costs rising with the budget: the tight budget's plan, cleaned, recomputes nothing
+    "optimal_rising_beside_cleaned.json": ([127121523879483, 127122472048372], "cpsat"),
+    # a peak-mode OPTIMAL above xla-remat's plan at a tighter budget (its moves are outside the staged space)
+    "peak_optimal_beaten_by_moves.json": ([235044958, 368435644], "cpsat peak"),
+}
+
+
+@pytest.mark.parametrize("name", CLAIM_CASES)
+def test_claims_the_campaign_contradicted_now_hold(name):
+    budget_list, label = CLAIM_CASES[name]
+    no_new_violations(_runs(name, budget_list, [label], limit=fuzzing.CPSAT["time_limit"]))
