@@ -11,7 +11,7 @@ import warnings
 import click
 
 from ..errors import RematoptError
-from . import batch, core, jax, mlir, peak, study
+from . import batch, core, jax, mlir, peak, study, xla
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -22,7 +22,7 @@ def cli() -> None:
 
 for command in (core.inspect, core.simulate_cmd, core.solve_cmd, core.generate, core.bench, core.import_group,
                 core.export_group, batch.batch_cmd, batch.report_cmd, jax.jax_measure, jax.jax_policies,
-                peak.pareto_cmd, peak.max_batch_cmd, study.study_group):
+                peak.pareto_cmd, peak.max_batch_cmd, study.study_group, xla.xla_group):
     cli.add_command(command)
 for group, commands in ((core.import_group, (jax.import_jax, mlir.import_mlir_cmd)),
                         (core.export_group, (jax.export_jax_policy, mlir.export_mlir_cmd))):

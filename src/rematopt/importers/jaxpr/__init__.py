@@ -15,7 +15,7 @@ from .step import Step, to_graph, trace_program, trace_step
 
 
 def trace_grad(loss_fn: Callable, *example_args: Any, argnums: int | Sequence[int] = 0,
-               name: str | None = None, fuse: bool = False, device: str = DEFAULT_DEVICE,
+               name: str | None = None, fuse: bool | str = False, device: str = DEFAULT_DEVICE,
                persistent_params: bool = True, meta: dict | None = None, unroll: bool = True,
                kwargs: dict | None = None) -> Graph:
     """The graph of one training step, ``jax.value_and_grad(loss_fn, argnums)(*example_args, **kwargs)``.
@@ -30,6 +30,16 @@ def trace_grad(loss_fn: Callable, *example_args: Any, argnums: int | Sequence[in
     arguments a scan slices become one input node per slice) unless ``unroll``
     is false, which keeps each loop one opaque node.
 
+    ``fuse`` says what a node is: one equation (False); a consumer with the cheap
+    elementwise producers a fixed table folds into it (True); or what XLA's kernels
+    materialize (``"xla"``): the step is compiled once for the default backend with
+    each equation under a scope naming it, every equation whose result a kernel
+    writes heads a node, the others join each node whose kernel computes them
+    (free, and never kept alone), and nodes come in XLA's schedule order. The
+    graph's ``meta.groups`` records the equations of each node and ``meta.xla``
+    what XLA said about the compile (``apply_plan`` does not run plans of these
+    graphs yet).
+
     Raises ImportFailure if the function cannot be traced or its loss is not a
     float scalar.
     """
@@ -38,7 +48,7 @@ def trace_grad(loss_fn: Callable, *example_args: Any, argnums: int | Sequence[in
                     [d and persistent_params for d in step.diff_leaves], meta)
 
 
-def trace(fn: Callable, *example_args: Any, name: str | None = None, fuse: bool = False,
+def trace(fn: Callable, *example_args: Any, name: str | None = None, fuse: bool | str = False,
           device: str = DEFAULT_DEVICE, meta: dict | None = None, unroll: bool = True) -> Graph:
     """The graph of ``fn(*example_args)`` taken as it is (no phases); loops as in :func:`trace_grad`."""
     step = trace_program(fn, example_args, fuse, unroll)
