@@ -291,6 +291,9 @@ def improve(model: Model, start: Assignment, *, deadline: float, workers: int, s
     only), every other window is a value's cone instead (:func:`cone`):
     values and their whole lives, however far apart their stages."""
     began = time.perf_counter()
+    if deadline - began < tuning.min_window_s:  # no window would start: build nothing
+        before = model.objective_of(start)
+        return Result(start, before, before, (), False, 0.0)
     hood = Neighbourhoods(model)
     T = hood.T
     best, best_obj = start, model.objective_of(start)
