@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from ...errors import ImportFailure
-from .flatten import Const, bind
+from .flatten import Const, aval_bytes, bind
 from .step import Step
 
 TAG = "rmq"
@@ -210,6 +210,7 @@ def compiled_groups(step: Step) -> tuple[list[list[int]], dict]:
             stored.add(step.root_of(r))
     stored |= {v for e in eqns if e.effectful for v in e.outs}
     heads = {producer[v] for v in stored if v in producer} - set(step.view_eqns)
+    step.stored = frozenset(stored)
     groups = []
     for h in sorted(heads):
         members, todo = {h}, [h]
@@ -251,6 +252,10 @@ def xla_memory(step: Step, nodes: list, edges: list[tuple[int, int]]) -> list[in
     from ...xla.memory import _cpu_allocations
 
     base = list(range(len(nodes)))
+    for i, g in enumerate(step.groups):  # of several results, the ones XLA writes
+        outs = step.flat.eqns[g[-1]].outs
+        if len(outs) > 1 and any(v in step.stored for v in outs):
+            nodes[step.node_of_group(i)].bytes = sum(aval_bytes(step.flat.avals[v]) for v in outs if v in step.stored)
     node_of = {g[-1]: step.node_of_group(i) for i, g in enumerate(step.groups)}
     member_of: dict[int, int] = {}
     for i, g in enumerate(step.groups):
