@@ -54,6 +54,8 @@ def test_memory_as_xla_allocates_it(graphs):
     held = {v.extra["allocation_of"]: v for v in compiled.nodes if "allocation_of" in v.extra}
     outputs = [v for v in compiled.nodes if v.output]
     assert sorted(held) == sorted(v.id for v in outputs)
+    step_nodes = compiled.meta["xla"]["step_nodes"]
+    assert step_nodes == len(compiled.meta["groups"]) + len(ARGS) and min(held.values(), key=lambda v: v.id).id >= step_nodes
     assert all(held[v.id].persistent and held[v.id].is_input and v.bytes == 0 for v in outputs)
     assert sorted(v.bytes for v in held.values()) == sorted(v.bytes for v in unfused.nodes if v.output)
     # the temporaries XLA makes beyond one per equation (here a transposed copy for the backward

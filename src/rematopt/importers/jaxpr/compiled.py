@@ -252,6 +252,8 @@ def xla_memory(step: Step, nodes: list, edges: list[tuple[int, int]]) -> list[in
     from ...xla.memory import _cpu_allocations
 
     base = list(range(len(nodes)))
+    if step.compiled is not None:  # the nodes that are the step's inputs and groups (an exporter's)
+        step.compiled["step_nodes"] = len(base)
     for i, g in enumerate(step.groups):  # of several results, the ones XLA writes
         outs = step.flat.eqns[g[-1]].outs
         if len(outs) > 1 and any(v in step.stored for v in outs):
