@@ -12,8 +12,10 @@ traced backward equations.
 
 XLA would merge a recomputation with the identical forward computation (CSE)
 and so undo it; like ``jax.checkpoint``'s ``prevent_cse``, the inputs of each
-recomputation go through ``lax.optimization_barrier``, here together with the
-backward value the plan computes just before it, to pin it in place. XLA's CPU
+recomputed region (consecutive recomputed units of the plan's backward pass)
+go through one ``lax.optimization_barrier``, here together with the backward
+value the plan computes just before it, to pin it in place; inside a region
+XLA fuses the recomputation into the kernels that read it. XLA's CPU
 pipeline drops the barriers before CSE, for ``jax.checkpoint`` as for this
 (measured in ``reports/jax_measure/README.md``).
 """
@@ -216,10 +218,10 @@ def _planned_step(step: Step, fates: Fates, scan: bool = True) -> tuple[Callable
         todo.extend(recompute[node])
     # The backward pass runs in the plan's order (a valid plan computes every
     # backward node, and every node of the closure, after its backward pass
-    # starts). Each recomputation's inputs pass through an optimization barrier
-    # together with the backward value computed just before it, so that XLA,
-    # where it keeps the barriers, neither merges the recomputation with the
-    # forward computation (CSE) nor hoists it ahead of that point.
+    # starts). Each recomputed region's inputs pass through one optimization
+    # barrier together with the backward value computed just before it, so that
+    # XLA, where it keeps the barriers, neither merges the recomputation with the
+    # forward computation (CSE) nor hoists it ahead of that point (:func:`regions`).
     order = [i for i in fates.schedule if i in recompute or phase_of[i] == "backward"]
     rec_inputs = sorted({r for ins in recompute.values() for r in ins if prod[r] not in recompute})
     read_after = {r for r in bwd_reads if prod[r] not in recompute}
@@ -250,6 +252,7 @@ def _planned_step(step: Step, fates: Fates, scan: bool = True) -> tuple[Callable
                       {root(r) for r in grad_refs if not isinstance(r, Const)}, lambda v: (), "backward", notes)
         if any(isinstance(it, Run) for it in rolled):
             backward_pass = rolled
+    backward_pass = regions(backward_pass)
 
     def piece(leaves, k):
         j, s = sources[k]
@@ -320,6 +323,25 @@ def _planned_step(step: Step, fates: Fates, scan: bool = True) -> tuple[Callable
 
     f.defvjp(f_fwd, f_bwd, symbolic_zeros=True)
     return f, list(notes.values())
+
+
+def regions(items: list) -> list:
+    """``items`` (a backward pass) with each run of consecutive recomputed
+    units merged into one unit: a recomputed region behind one barrier, as
+    ``jax.checkpoint`` places them. A barrier's operands are materialized, so a
+    barrier per recomputed op keeps XLA from fusing the recomputation into the
+    kernels that read it (measured on an H200, ``../shared/gpu/README.md``: 513
+    kernels became 757 and the bytes they move rose from 101.5 to 155.6 GB)."""
+    out: list = []
+    for it in items:
+        if isinstance(it, Run):
+            it.body = regions(it.body)
+            out.append(it)
+        elif it.recompute and out and isinstance(out[-1], Unit) and out[-1].recompute and out[-1].loop == it.loop:
+            out[-1] = Unit(out[-1].node, out[-1].eqns + it.eqns, True, it.loop)
+        else:
+            out.append(it)
+    return out
 
 
 def _first_reader_order(group_of: dict, phase_of: dict, recompute: dict, inputs_of: Callable, prod: dict,
