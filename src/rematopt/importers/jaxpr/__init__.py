@@ -15,7 +15,7 @@ from .step import Step, to_graph, trace_program, trace_step
 
 
 def trace_grad(loss_fn: Callable, *example_args: Any, argnums: int | Sequence[int] = 0,
-               name: str | None = None, fuse: bool = False, device: str = DEFAULT_DEVICE,
+               name: str | None = None, fuse: bool | str = False, device: str = DEFAULT_DEVICE,
                persistent_params: bool = True, meta: dict | None = None, unroll: bool = True,
                kwargs: dict | None = None) -> Graph:
     """The graph of one training step, ``jax.value_and_grad(loss_fn, argnums)(*example_args, **kwargs)``.
@@ -38,7 +38,7 @@ def trace_grad(loss_fn: Callable, *example_args: Any, argnums: int | Sequence[in
                     [d and persistent_params for d in step.diff_leaves], meta)
 
 
-def trace(fn: Callable, *example_args: Any, name: str | None = None, fuse: bool = False,
+def trace(fn: Callable, *example_args: Any, name: str | None = None, fuse: bool | str = False,
           device: str = DEFAULT_DEVICE, meta: dict | None = None, unroll: bool = True) -> Graph:
     """The graph of ``fn(*example_args)`` taken as it is (no phases); loops as in :func:`trace_grad`."""
     step = trace_program(fn, example_args, fuse, unroll)

@@ -45,7 +45,7 @@ class Step:
     ct_id: int | None = None          # the loss cotangent (not a node: the constant 1)
     argnums: tuple[int, ...] = ()
     groups: list[list[int]] = field(default_factory=list)  # equation indices per compute node
-    fused: bool = False
+    fused: bool | str = False        # False, True (the table of cheap ops), "xla" (learned from XLA)
     dead: int = 0                     # equations dropped because nothing reads their results
     unrolled: bool = False            # loops were unrolled (:mod:`.unroll`)
     # Per flat leaf: (leaf of the caller's arguments, slice index) when unrolling
@@ -109,7 +109,7 @@ def _unrolled(fn: Callable, args: Sequence, what: str):
 
 
 def trace_step(loss_fn: Callable, args: Sequence, argnums: int | Sequence[int] = 0,
-               fuse: bool = False, unroll_loops: bool = True, kwargs: dict | None = None) -> Step:
+               fuse: bool | str = False, unroll_loops: bool = True, kwargs: dict | None = None) -> Step:
     """Trace ``jax.value_and_grad(loss_fn, argnums)(*args, **kwargs)`` as
     forward + backward (keyword arguments are inputs, never differentiated),
     with static loops unrolled unless ``unroll_loops`` is false. A step with
@@ -166,7 +166,7 @@ def trace_step(loss_fn: Callable, args: Sequence, argnums: int | Sequence[int] =
     return step
 
 
-def trace_program(fn: Callable, args: Sequence, fuse: bool = False, unroll_loops: bool = True) -> Step:
+def trace_program(fn: Callable, args: Sequence, fuse: bool | str = False, unroll_loops: bool = True) -> Step:
     """Trace ``fn(*args)`` as it is: no phases, no residuals; static loops
     unrolled unless ``unroll_loops`` is false."""
     unrolled = _unrolled(fn, args, "the function") if unroll_loops else None
@@ -244,9 +244,13 @@ def _find_views(step: Step) -> None:
                                      and step.root_of(r) in named and r not in after_name)
 
 
-def _groups(step: Step, fuse: bool) -> list[list[int]]:
+def _groups(step: Step, fuse: bool | str) -> list[list[int]]:
     eqns = step.flat.eqns
     ks = [k for k in range(len(eqns)) if k not in step.view_eqns]
+    if fuse == "xla":
+        from .compiled import compiled_groups
+
+        return compiled_groups(step)
     if not fuse:
         return [[k] for k in ks]
     # Values that must stay visible: program results and residuals.
@@ -310,8 +314,9 @@ def to_graph(step: Step, name: str, device: str = costmodel.DEFAULT_DEVICE,
         nid = step.node_of_group(g)
         head = flat.eqns[members[-1]]
         op = head.prim.name
+        inside = {v for k in members for v in flat.eqns[k].outs}  # (a member may also sit in other groups)
         srcs = sorted({prod[r] for k in members for r in flat.eqns[k].ins
-                       if not isinstance(r, Const) and r in prod and prod[r] != nid})
+                       if not isinstance(r, Const) and r in prod and prod[r] != nid and step.root_of(r) not in inside})
         edges.extend((s, nid) for s in srcs)
         node = Node(nid, name=f"{op}.{nid}", op=op, bytes=sum(aval_bytes(flat.avals[v]) for v in head.outs),
                     cost=_group_seconds(step, members, dev), phase=head.phase,
@@ -367,6 +372,7 @@ def to_graph(step: Step, name: str, device: str = costmodel.DEFAULT_DEVICE,
         "device_source": dev.source,
         "argnums": list(step.argnums),
         "fuse": step.fused,
+        **({"groups": step.groups} if step.fused == "xla" else {}),
         "unroll": step.unrolled,
         "args": [f"{n}: {_short(flat.avals[v])}" for n, v in zip(step.arg_names, step.arg_ids)],
         "equations": len(flat.eqns),

@@ -1,0 +1,152 @@
+"""The kernels a compiled module launches, in schedule order, with what each reads, writes and computes.
+
+One :class:`Kernel` per instruction of the entry schedule that runs code on the device: a fusion, a
+library call (cuBLAS GEMM, cuDNN, oneDNN / YNNPACK custom calls), a copy, a lone dot or elementwise op.
+Layout-only and bookkeeping instructions (bitcast, get-tuple-element, tuple, parameter, constant,
+optimization-barrier) launch nothing. While loops, conditionals and calls contribute the kernels of
+the computations they run, each marked with the loop's trip count where XLA printed it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .hlo import HloModule, Instruction
+
+NOT_KERNELS = frozenset({
+    "bitcast", "get-tuple-element", "tuple", "parameter", "constant", "opt-barrier", "optimization-barrier",
+    "after-all", "add-dependency", "partition-id", "replica-id", "domain",
+})
+CONTROL = frozenset({"while", "conditional", "call", "async-start", "async-done"})
+# Data movement or layout only: no arithmetic per element.
+NO_FLOPS = frozenset({
+    "parameter", "constant", "broadcast", "bitcast", "reshape", "transpose", "copy", "slice", "dynamic-slice",
+    "dynamic-update-slice", "concatenate", "pad", "gather", "scatter", "tuple", "get-tuple-element", "iota",
+    "reverse", "bitcast-convert", "convert", "copy-start", "copy-done", "custom-call", "fusion", "while",
+    "conditional", "call", "opt-barrier", "optimization-barrier", "after-all", "rng-get-and-update-state",
+})
+# Library GEMM calls whose result is a tuple (output, workspace): the workspace is scratch, not output.
+WORKSPACE_TARGETS = ("__cublas", "__cudnn")
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str
+    kind: str  # "fusion:kLoop", "custom-call:__cublas$lt$matmul", "copy", "dot", ...
+    bytes_read: int  # each distinct operand once
+    bytes_written: int
+    flops: int
+    op_names: tuple[str, ...]  # the program's equations it came from, in first-seen order
+    trip_count: int = 1  # how many times it runs per step (inside a while loop: the loop's known trip count)
+    computation: str = ""
+
+
+def kernels(module: HloModule) -> list[Kernel]:
+    """The entry schedule's kernels, descending into while / conditional / call bodies."""
+    out: list[Kernel] = []
+    _collect(module, module.entry.name, 1, out, set())
+    return out
+
+
+def _collect(module: HloModule, computation: str, trips: int, out: list[Kernel], stack: set[str]) -> None:
+    if computation in stack or computation not in module.computations:
+        return
+    stack = stack | {computation}
+    comp = module.computations[computation]
+    for inst in comp.instructions:
+        if inst.opcode in NOT_KERNELS:
+            continue
+        if inst.opcode in CONTROL:
+            n = trips * (known_trip_count(inst) or 1) if inst.opcode == "while" else trips
+            for called in inst.called:
+                _collect(module, called, n, out, stack)
+            continue
+        out.append(_kernel(module, comp.by_name, inst, trips))
+
+
+def known_trip_count(inst: Instruction) -> int | None:
+    """The trip count XLA printed for a while loop (``known_trip_count`` in its backend config)."""
+    n = inst.backend_config().get("known_trip_count", {}).get("n")
+    return int(n) if n is not None else None
+
+
+def _kernel(module: HloModule, scope: dict[str, Instruction], inst: Instruction, trips: int) -> Kernel:
+    inner = module.fused_instructions(inst) if inst.opcode == "fusion" else []
+    kind = inst.opcode
+    if inst.opcode == "fusion":
+        kind = f"fusion:{inst.fusion_kind}"
+    elif inst.opcode == "custom-call":
+        kind = f"custom-call:{inst.custom_call_target}"
+    read = sum(scope[o].bytes for o in dict.fromkeys(inst.operands) if o in scope)
+    written = written_bytes(inst)
+    flops = sum(instruction_flops(i) for i in inner) if inner else instruction_flops(inst)
+    names = [i.metadata.op_name for i in [inst, *inner] if i.metadata.op_name]
+    return Kernel(inst.name, kind, read, written, flops, tuple(dict.fromkeys(names)), trips, inst.computation)
+
+
+def written_bytes(inst: Instruction) -> int:
+    """Output bytes, without a library GEMM's workspace leaf."""
+    if inst.opcode == "custom-call" and inst.custom_call_target.startswith(WORKSPACE_TARGETS) and inst.shape.is_tuple:
+        return sum(leaf.bytes for leaf in inst.shape.leaves[:-1])
+    return inst.shape.bytes
+
+
+def instruction_flops(inst: Instruction) -> int:
+    """Dots and convolutions from their shapes (2 per multiply-add); reductions one per input element;
+    other arithmetic one per output element; data movement none."""
+    if inst.opcode == "dot":
+        return 2 * inst.shape.leaves[0].elements * _contracted(inst)
+    if inst.opcode == "custom-call":
+        return _gemm_flops(inst)
+    if inst.opcode == "convolution":
+        return 2 * inst.shape.leaves[0].elements * _conv_window(inst)
+    if inst.opcode in ("reduce", "reduce-window"):
+        half = max(1, len(inst.operand_shapes) // 2)  # operands: inputs, then as many init values
+        return sum(s.leaves[0].elements for s in inst.operand_shapes[:half] if s.leaves)
+    if inst.opcode in NO_FLOPS:
+        return 0
+    return sum(leaf.elements for leaf in inst.shape.leaves)
+
+
+def _operand_dims(inst: Instruction, number: int) -> tuple[int, ...] | None:
+    if number < len(inst.operand_shapes) and inst.operand_shapes[number].leaves:
+        return inst.operand_shapes[number].leaves[0].dims
+    return None
+
+
+def _contracted(inst: Instruction) -> int:
+    """Product of the lhs contracting dimensions, read from the operand shapes recorded on the dot."""
+    dims = [int(d) for d in inst.attrs.get("lhs_contracting_dims", "{}").strip("{}").split(",") if d.strip()]
+    lhs = _operand_dims(inst, 0)
+    if lhs is None:
+        return 1
+    n = 1
+    for d in dims:
+        n *= lhs[d]
+    return n
+
+
+def _gemm_flops(inst: Instruction) -> int:
+    config = inst.backend_config().get("gemm_backend_config")
+    lhs = _operand_dims(inst, 0)
+    if not config or lhs is None:
+        return 0
+    dims = config.get("dot_dimension_numbers", {}).get("lhs_contracting_dimensions", [])
+    n = 1
+    for d in dims:
+        n *= lhs[int(d)]
+    return 2 * inst.shape.leaves[0].elements * n
+
+
+def _conv_window(inst: Instruction) -> int:
+    """Multiply-adds per output element: kernel window times input features per group."""
+    rhs = _operand_dims(inst, 1)
+    labels = inst.attrs.get("dim_labels", "")
+    if rhs is None or "_" not in labels:
+        return 1
+    kernel_labels = labels.split("_")[1].split("->")[0]
+    n = 1
+    for label, size in zip(kernel_labels, rhs):
+        if label != "o":  # everything but the output feature dimension is summed over
+            n *= size
+    return n
