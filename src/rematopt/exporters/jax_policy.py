@@ -116,7 +116,9 @@ def apply_plan(loss_fn: Callable, graph: Graph, plan: Plan, scan: bool = True) -
         raise PlanError(f"plan for {graph.name}: invalid{where}: {replay.error}")
     fates = residual_fates(graph, plan)
     argnums = tuple(graph.meta.get("argnums", (0,)))
-    fuse = bool(graph.meta.get("fuse", False))
+    fuse = graph.meta.get("fuse", False)
+    fuse = fuse if fuse == "xla" else bool(fuse)
+    groups = graph.meta.get("groups") if fuse == "xla" else None  # as traced: no second compile
     unroll = bool(graph.meta.get("unroll", False))  # graphs from before unrolling existed were not unrolled
     built: dict[Any, Callable] = {}
 
@@ -125,7 +127,7 @@ def apply_plan(loss_fn: Callable, graph: Graph, plan: Plan, scan: bool = True) -
         leaves, tree = jax.tree_util.tree_flatten((*args, kwargs))
         key = (tree, tuple((np.shape(x), str(jax.numpy.result_type(x))) for x in leaves))
         if key not in built:
-            step = trace_step(loss_fn, args, argnums, fuse, unroll, kwargs)
+            step = trace_step(loss_fn, args, argnums, fuse, unroll, kwargs, groups)
             check_matches(step, graph)
             built[key], planned.loops = _planned_step(step, fates, scan)
             for note in planned.loops:
@@ -204,7 +206,10 @@ def _planned_step(step: Step, fates: Fates, scan: bool = True) -> tuple[Callable
     # Recompute closure: forward nodes the backward pass needs and the plan
     # does not save, back to saved values and arguments. Values are named by
     # their roots: a view is made again where it is read.
-    bwd = [e for k, e in enumerate(eqns) if e.phase == "backward" and k not in step.view_eqns]
+    # (the backward nodes' equations: with fuse="xla" a forward equation XLA fuses into a backward
+    # kernel is one of them, computed again there for free)
+    bwd = [eqns[k] for k in sorted({k for node, members in group_of.items() if phase_of[node] == "backward"
+                                    for k in members}) if k not in step.view_eqns]
     bwd_made = {v for e in bwd for v in e.outs}
     bwd_reads = {root(r) for e in bwd for r in e.ins
                  if not isinstance(r, Const) and root(r) not in bwd_made and root(r) != step.ct_id}
