@@ -57,19 +57,22 @@ class Model:
 MODELS = {
     "gpt": Model("gpt", "models.gpt:factory", {"layers": 8, "width": 256, "heads": 8, "seq": 256, "batch": 4,
                                                "vocab": 512},
-                 {"layers": 4, "width": 64, "heads": 4, "seq": 64, "batch": 4, "vocab": 256}),
+                 {"layers": 4, "width": 64, "heads": 4, "seq": 256, "batch": 8, "vocab": 256}),
     "unet": Model("unet", "models.unet:factory", {"depth": 3, "channels": 16, "image": 64, "batch": 4},
-                  {"depth": 2, "channels": 8, "image": 32, "batch": 2}),
+                  {"depth": 2, "channels": 8, "image": 64, "batch": 4}),
     "flax_linen": Model("flax_linen", "models.flax_linen:factory",
                         {"layers": 4, "width": 128, "heads": 4, "seq": 128, "vocab": 256, "batch": 4},
-                        {"layers": 2, "width": 32, "heads": 2, "seq": 32, "vocab": 64, "batch": 2}),
+                        {"layers": 2, "width": 32, "heads": 2, "seq": 128, "vocab": 64, "batch": 8}),
     "keras_llama": Model("keras_llama", "models.keras_lm:factory",
                          {"backbone": "llama", "layers": 4, "width": 128, "heads": 4, "kv_heads": 2, "hidden": 256,
                           "seq": 128, "vocab": 256, "batch": 4},
                          {"backbone": "llama", "layers": 2, "width": 32, "heads": 4, "kv_heads": 2, "hidden": 64,
-                          "seq": 32, "vocab": 64, "batch": 2}),
+                          "seq": 128, "vocab": 64, "batch": 8}),
 }
 DEFAULT_MODELS = tuple(MODELS)
+# not a default: the smallest step, for checking the bench itself
+MODELS["mlp"] = Model("mlp", "models.mlp:factory", {"layers": 8, "width": 512, "batch": 256},
+                      {"layers": 3, "width": 32, "in_dim": 16, "batch": 16})
 
 
 @dataclass
@@ -155,26 +158,28 @@ def _options(spec: dict) -> dict:
 
 
 def plan_step(spec: dict) -> dict:
-    """Trace the step, plan it at each ratio; the graph and plans saved under ``spec["dir"]``."""
+    """Trace the step on XLA's compiled groups (``fuse="xla"``) and run ``--verify xla``'s closed loop
+    (:func:`rematopt.xla.verify.verify`, no stock candidates: the bench measures those itself) at
+    each ratio; the graph and each ratio's chosen plan saved under ``spec["dir"]``."""
     from ..jax import load_factory, trace_grad
-    from ..reference import no_remat_peak
-    from ..solve import solve
+    from ..xla.verify import verify
 
     fn, args = load_factory(spec["model"], **spec["config"])
-    graph = trace_grad(fn, *args, name=spec["label"], fuse=spec["fuse"], device=spec["device"])
+    graph = trace_grad(fn, *args, name=spec["label"], fuse="xla", device=spec["device"])
     folder = Path(spec["dir"])
     graph.save(folder / "graph.json")
-    out = {"graph_peak": no_remat_peak(graph), "nodes": graph.n, "plans": {}}
+    out = {"nodes": graph.n, "plans": {}}
     for ratio in spec["ratios"]:
-        sol = solve(graph, "cpsat", budget_ratio=ratio, time_limit=spec["time_limit"], workers=2, lp_bound=False,
-                    check_budget=False)
-        if sol.replay is None:
-            out["plans"][str(ratio)] = {"status": sol.plan.stats.status}
+        v = verify(fn, args, graph, "cpsat", ratio, time_limit=spec["time_limit"], stock={})
+        c = v.chosen
+        if c.plan is None:
+            out["plans"][str(ratio)] = {"status": "no plan"}
             continue
         path = folder / f"plan_{ratio}.json"
-        sol.plan.save(path)
-        out["plans"][str(ratio)] = {"status": sol.plan.stats.status, "path": str(path),
-                                    "peak": sol.replay.peak_bytes, "overhead": sol.replay.overhead}
+        c.plan.save(path)
+        out["plans"][str(ratio)] = {"status": f"{c.status}, {'fits' if c.fits else 'misses'} after {v.rounds} "
+                                              f"round{'s' * (v.rounds != 1)}",
+                                    "path": str(path), "peak": c.predicted_peak, "overhead": c.overhead}
     return out
 
 
@@ -208,16 +213,16 @@ def run_bench(models: tuple[str, ...] = DEFAULT_MODELS, quick: bool = False, run
     cwd = cwd or Path.cwd()
     runs = runs or (3 if quick else 7)
     ratios = ratios or (QUICK_RATIOS if quick else RATIOS)
-    time_limit = time_limit or (5.0 if quick else 30.0)
+    time_limit = time_limit or (30.0 if quick else 120.0)  # --verify xla: tracing, compiles and rounds
     env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {CPU_SCHEDULER}".strip(),
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])}
     backend = _worker({"probe": True, "cwd": str(cwd)}, env, 120).get("backend", "cpu")
     profile = {"cpu": "cpu", "gpu": "h200", "tpu": "tpu-v4"}.get(backend, "cpu")
     bench = Bench(backend, profile)
-    bench.planning = ("cpsat plans on the graph traced per equation (fuse=False: apply_plan does not yet take a "
-                      "graph traced with fuse='xla'), budget r x the graph's no-remat peak, applied with "
-                      "apply_plan; the compiled peak then says whether it fits r x the compiled plain peak "
-                      "(--verify xla, which would correct the budget, is not on this branch yet)")
+    bench.planning = ("cpsat on the graph traced with fuse='xla' (nodes as XLA's compiled plain step makes "
+                      "them) under --verify xla's closed loop (rematopt.xla.verify, stock policies left out: "
+                      "they are rows of their own): the planning budget is bisected until the applied plan's "
+                      "compiled peak fits r x the compiled plain peak, within the time limit")
     if backend == "cpu":
         bench.notes.append(f"CPU rows run under XLA_FLAGS={CPU_SCHEDULER} (the memory-minimizing scheduler).")
     try:
@@ -271,7 +276,7 @@ def _bench_model(bench: Bench, model: Model, config: dict, runs: int, ratios: tu
             slop = _slop(plain, ratio)
             row(f"xla-gpu@{ratio} (slop {slop})", "xla-gpu", ratio, slop=slop)
     planned = _worker({**base, "plan_dir": str(work), "label": model.label, "ratios": list(ratios),
-                       "time_limit": time_limit, "fuse": False}, env, timeout)
+                       "time_limit": time_limit}, env, timeout)
     if "error" in planned:
         bench.notes.append(f"{model.label}: planning failed: {planned['error']}")
         progress(f"{model.label:12} planning failed: {planned['error']}")
@@ -285,7 +290,7 @@ def _bench_model(bench: Bench, model: Model, config: dict, runs: int, ratios: tu
         r = row(f"rematopt@{ratio}", "rematopt", ratio, graph=str(work / "graph.json"), plan=p["path"])
         if r is not None:
             r.predicted_peak, r.predicted_overhead = p["peak"], p["overhead"]
-            r.note = f"cpsat {p['status']}, graph of {planned['nodes']} nodes"
+            r.note = f"--verify xla: cpsat {p['status']}, graph of {planned['nodes']} nodes"
 
 
 def _slop(plain: Row, ratio: float) -> int:
