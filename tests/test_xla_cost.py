@@ -90,3 +90,19 @@ def test_calibration_prices_the_measured_step_at_its_time_and_keeps_the_balance(
     assert "a test step" in cal.source
     with pytest.raises(ValueError):
         calibrate(dev, step, 0.0, "nothing")
+
+
+def test_a_graph_traced_on_xlas_kernels_costs_what_the_compiled_step_does():
+    """fuse="xla": each node costs the kernels writing it, so the nodes add up to the compiled
+    step's kernels (within 5%: the tagged compile of the tracer and the user's compile differ by a
+    few copies), where pricing each equation alone overstates the step."""
+    from models import gpt
+    from rematopt.jax import trace_grad
+
+    fn, args = gpt.factory(layers=2, width=32, heads=2, seq=32, batch=2, vocab=64)
+    compiled = step_cost(jax.jit(jax.value_and_grad(fn)).lower(*args).compile().as_text(), device("cpu"))
+    on_kernels = trace_grad(fn, *args, fuse="xla", device="cpu")
+    per_equation = trace_grad(fn, *args, device="cpu")
+    assert "kernels" in on_kernels.meta["cost_from"] and "kernels" not in per_equation.meta["cost_from"]
+    assert sum(n.cost for n in on_kernels.nodes) == pytest.approx(compiled.seconds, rel=0.05)
+    assert sum(n.cost for n in per_equation.nodes) > 1.5 * compiled.seconds

@@ -39,7 +39,7 @@ POLICIES = ("nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveab
 RATIOS = (0.8, 0.6, 0.5)
 # --quick (under 5 minutes on the 2-core machine): fewer rows, each a process of about 10 s there
 QUICK_POLICIES = {"layer": ("nothing_saveable", "dots_saveable"), "step": ("dots_saveable",)}
-QUICK_RATIOS = (0.5,)
+QUICK_RATIOS = (0.8,)
 # XLA's GPU memory limit is (0.8 x device memory - inputs - outputs) x slop / 100 (issue 36).
 GPU_LIMIT_SHARE = 0.8
 
@@ -213,7 +213,7 @@ def run_bench(models: tuple[str, ...] = DEFAULT_MODELS, quick: bool = False, run
     cwd = cwd or Path.cwd()
     runs = runs or (3 if quick else 7)
     ratios = ratios or (QUICK_RATIOS if quick else RATIOS)
-    time_limit = time_limit or (30.0 if quick else 120.0)  # --verify xla: tracing, compiles and rounds
+    time_limit = time_limit or (60.0 if quick else 120.0)  # --verify xla: tracing, compiles and rounds
     env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {CPU_SCHEDULER}".strip(),
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])}
     backend = _worker({"probe": True, "cwd": str(cwd)}, env, 120).get("backend", "cpu")
