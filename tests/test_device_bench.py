@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_verdict_takes_the_fastest_baseline_that_fits_and_says_where_the_plan_misses():
-    b = Bench("cpu", "cpu", [
+    b = Bench("cpu", "cpu", ratios=(0.8, 0.5), rows=[
         Row("m", "plain", "plain", compiled_peak=100, step_ms=10.0, step_ms_spread=0.01),
         Row("m", "layer:a", "layer", compiled_peak=70, step_ms=14.0),
         Row("m", "layer:b", "layer", compiled_peak=50, step_ms=20.0),

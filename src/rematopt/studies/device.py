@@ -160,26 +160,47 @@ def _options(spec: dict) -> dict:
 def plan_step(spec: dict) -> dict:
     """Trace the step on XLA's compiled groups (``fuse="xla"``) and run ``--verify xla``'s closed loop
     (:func:`rematopt.xla.verify.verify`, no stock candidates: the bench measures those itself) at
-    each ratio; the graph and each ratio's chosen plan saved under ``spec["dir"]``."""
+    each ratio; the graph and each ratio's chosen plan saved under ``spec["dir"]``. Where the loop
+    fails, plain cpsat on the per-equation graph at r x its no-remat peak, and the note says why."""
     from ..jax import load_factory, trace_grad
+    from ..solve import solve
     from ..xla.verify import verify
 
     fn, args = load_factory(spec["model"], **spec["config"])
-    graph = trace_grad(fn, *args, name=spec["label"], fuse="xla", device=spec["device"])
     folder = Path(spec["dir"])
-    graph.save(folder / "graph.json")
-    out = {"nodes": graph.n, "plans": {}}
+    out: dict = {"plans": {}}
+    graph = None
     for ratio in spec["ratios"]:
-        v = verify(fn, args, graph, "cpsat", ratio, time_limit=spec["time_limit"], stock={})
+        path = folder / f"plan_{ratio}.json"
+        try:
+            if graph is None:
+                graph = trace_grad(fn, *args, name=spec["label"], fuse="xla", device=spec["device"])
+            v = verify(fn, args, graph, "cpsat", ratio, time_limit=spec["time_limit"], stock={})
+        except Exception as e:  # the loop's failure is a finding of the bench, reported on the row
+            why = f"--verify xla failed ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})"
+            fallback = trace_grad(fn, *args, name=spec["label"], device=spec["device"])
+            sol = solve(fallback, "cpsat", budget_ratio=ratio, time_limit=spec["time_limit"] / 2, workers=2,
+                        lp_bound=False, check_budget=False)
+            if sol.replay is None:
+                out["plans"][str(ratio)] = {"status": f"{why}; cpsat: {sol.plan.stats.status}"}
+                continue
+            fallback.save(folder / f"graph_{ratio}.json")
+            sol.plan.save(path)
+            out["plans"][str(ratio)] = {"status": f"{why}; cpsat {sol.plan.stats.status} on the per-equation graph "
+                                                  f"at r x its peak", "path": str(path),
+                                        "graph": str(folder / f"graph_{ratio}.json"), "nodes": fallback.n,
+                                        "peak": sol.replay.peak_bytes, "overhead": sol.replay.overhead}
+            continue
         c = v.chosen
         if c.plan is None:
-            out["plans"][str(ratio)] = {"status": "no plan"}
+            out["plans"][str(ratio)] = {"status": "--verify xla: no plan"}
             continue
-        path = folder / f"plan_{ratio}.json"
+        graph.save(folder / "graph.json")
         c.plan.save(path)
-        out["plans"][str(ratio)] = {"status": f"{c.status}, {'fits' if c.fits else 'misses'} after {v.rounds} "
-                                              f"round{'s' * (v.rounds != 1)}",
-                                    "path": str(path), "peak": c.predicted_peak, "overhead": c.overhead}
+        out["plans"][str(ratio)] = {"status": f"--verify xla: cpsat {c.status}, {'fits' if c.fits else 'misses'} "
+                                              f"after {v.rounds} round{'s' * (v.rounds != 1)}",
+                                    "path": str(path), "graph": str(folder / "graph.json"), "nodes": graph.n,
+                                    "peak": c.predicted_peak, "overhead": c.overhead}
     return out
 
 
@@ -189,7 +210,8 @@ def _worker(spec: dict, env: dict, timeout: float) -> dict:
                          text=True, env=env, cwd=spec["cwd"], timeout=timeout)
     lines = run.stdout.strip().splitlines()
     if run.returncode != 0 or not lines:
-        last = [ln for ln in run.stderr.strip().splitlines() if ln.strip()]
+        last = [ln for ln in run.stderr.strip().splitlines()  # the exception's line, not JAX's traceback note
+                if ln.strip() and not ln.startswith(("For simplicity, JAX", "-----"))]
         return {"error": (last[-1] if last else f"exit status {run.returncode}")[:300]}
     return json.loads(lines[-1])
 
@@ -203,6 +225,7 @@ class Bench:
     rows: list[Row] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     planning: str = ""
+    ratios: tuple[float, ...] = RATIOS
 
 
 def run_bench(models: tuple[str, ...] = DEFAULT_MODELS, quick: bool = False, runs: int | None = None,
@@ -218,7 +241,7 @@ def run_bench(models: tuple[str, ...] = DEFAULT_MODELS, quick: bool = False, run
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])}
     backend = _worker({"probe": True, "cwd": str(cwd)}, env, 120).get("backend", "cpu")
     profile = {"cpu": "cpu", "gpu": "h200", "tpu": "tpu-v4"}.get(backend, "cpu")
-    bench = Bench(backend, profile)
+    bench = Bench(backend, profile, ratios=ratios)
     bench.planning = ("cpsat on the graph traced with fuse='xla' (nodes as XLA's compiled plain step makes "
                       "them) under --verify xla's closed loop (rematopt.xla.verify, stock policies left out: "
                       "they are rows of their own): the planning budget is bisected until the applied plan's "
@@ -285,12 +308,12 @@ def _bench_model(bench: Bench, model: Model, config: dict, runs: int, ratios: tu
         p = planned["plans"].get(str(ratio), {})
         if "path" not in p:
             bench.rows.append(Row(model.label, f"rematopt@{ratio}", "rematopt", ratio,
-                                  note=f"no plan ({p.get('status', 'not run')})"))
+                                  note=f"no plan: {p.get('status', 'not run')}"))
             continue
-        r = row(f"rematopt@{ratio}", "rematopt", ratio, graph=str(work / "graph.json"), plan=p["path"])
+        r = row(f"rematopt@{ratio}", "rematopt", ratio, graph=p["graph"], plan=p["path"])
         if r is not None:
             r.predicted_peak, r.predicted_overhead = p["peak"], p["overhead"]
-            r.note = f"--verify xla: cpsat {p['status']}, graph of {planned['nodes']} nodes"
+            r.note = f"{p['status']}, graph of {p['nodes']} nodes"
 
 
 def _slop(plain: Row, ratio: float) -> int:
@@ -339,7 +362,7 @@ def verdict(bench: Bench) -> list[dict]:
             continue
         peak = plain[0].compiled_peak
         tol = noise(bench, model) or 0.0
-        for ratio in sorted({r.budget_ratio for r in rows if r.budget_ratio}, reverse=True):
+        for ratio in sorted(set(bench.ratios) | {r.budget_ratio for r in rows if r.budget_ratio}, reverse=True):
             budget = ratio * peak
             fits = [r for r in rows if r.kind != "rematopt" and r.compiled_peak and r.compiled_peak <= budget
                     and r.step_ms]
