@@ -373,7 +373,8 @@ def verdict(bench: Bench) -> list[dict]:
             entry["plan_fits"] = bool(ours and ours.compiled_peak and ours.compiled_peak <= budget)
             if best and entry["plan_fits"]:
                 entry["time_ratio"] = ours.step_ms / best.step_ms
-                entry["verdict"] = ("at or below the baseline" if entry["time_ratio"] <= 1 + tol
+                entry["verdict"] = ("at or below the baseline" if entry["time_ratio"] <= 1
+                                    else "slower, within the noise" if entry["time_ratio"] <= 1 + tol
                                     else "slower than the baseline")
             elif entry["plan_fits"]:
                 entry["verdict"] = "fits where no baseline does"
