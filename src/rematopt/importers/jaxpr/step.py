@@ -47,6 +47,7 @@ class Step:
     argnums: tuple[int, ...] = ()
     groups: list[list[int]] = field(default_factory=list)  # equation indices per compute node
     fused: bool | str = False        # False, True (the table of cheap ops), "xla" (learned from XLA)
+    compiled: dict | None = None      # fuse="xla": what XLA said about the compiled step
     dead: int = 0                     # equations dropped because nothing reads their results
     unrolled: bool = False            # loops were unrolled (:mod:`.unroll`)
     # Per flat leaf: (leaf of the caller's arguments, slice index) when unrolling
@@ -75,7 +76,10 @@ class Step:
         for g, members in enumerate(self.groups):
             for k in members:
                 for v in self.flat.eqns[k].outs:
-                    prod[v] = self.node_of_group(g)
+                    prod.setdefault(v, self.node_of_group(g))
+        for g, members in enumerate(self.groups):  # an equation heading a node is that node's
+            for v in self.flat.eqns[members[-1]].outs:  # (``fuse="xla"`` may also copy it into others)
+                prod[v] = self.node_of_group(g)
         prod.update((v, prod[r]) for v, r in self.root.items() if r in prod)  # not the cotangent's views
         return prod
 
@@ -253,7 +257,8 @@ def _groups(step: Step, fuse: bool | str) -> list[list[int]]:
     if fuse == "xla":
         from .compiled import compiled_groups
 
-        return compiled_groups(step)
+        groups, step.compiled = compiled_groups(step)
+        return groups
     if not fuse:
         return [[k] for k in ks]
     # Values that must stay visible: program results and residuals.
@@ -379,7 +384,7 @@ def to_graph(step: Step, name: str, device: str = costmodel.DEFAULT_DEVICE,
         "device_source": dev.source,
         "argnums": list(step.argnums),
         "fuse": step.fused,
-        **({"groups": step.groups} if step.fused == "xla" else {}),
+        **({"groups": step.groups, "xla": step.compiled} if step.fused == "xla" else {}),
         "unroll": step.unrolled,
         "args": [f"{n}: {_short(flat.avals[v])}" for n, v in zip(step.arg_names, step.arg_ids)],
         "equations": len(flat.eqns),
