@@ -136,3 +136,50 @@ def exhaustive_dags(n: int):
     for mask in range(1 << len(pairs)):
         yield [pairs[b] for b in range(len(pairs)) if mask >> b & 1]
 
+
+
+def min_cost_any_plan(graph: Graph, budget: int) -> tuple[int, int] | None:
+    """(recompute cost, peak) of the lexicographically best plan of *any*
+    kind, without offload: every event sequence the simulator accepts, in any
+    order, a node computed any number of times (not only the staged space
+    that :func:`min_cost` searches). Dijkstra over (device set, set computed
+    once) with the same lexicographic labels; a free costs nothing, so it is
+    a move of its own. What ``OPTIMAL`` claims (every valid plan) is checked
+    against this."""
+    n, nodes, size = graph.n, graph.nodes, graph.bytes
+    cost = [int(c) for c in graph.cost]
+    preds = [sum(1 << p for p in graph.preds[i]) for i in range(n)]
+    pinned = sum(1 << v.id for v in nodes if v.persistent)
+    outputs = sum(1 << v.id for v in nodes if v.output)
+    every = sum(1 << i for i in graph.compute_ids)
+    computable = [i for i in graph.compute_ids]
+
+    def mem(d: int) -> int:
+        return sum(size[i] for i in range(n) if d >> i & 1)
+
+    d0 = sum(1 << i for i in graph.initial_resident)
+    if mem(d0) > budget:
+        return None
+    start = (d0, 0)
+    best = {start: (0, mem(d0))}
+    heap = [((0, mem(d0)), start)]
+    while heap:
+        label, state = heapq.heappop(heap)
+        if best.get(state) != label:
+            continue
+        (c, peak), (d, done) = label, state
+        if done == every and d & outputs == outputs:
+            return label
+        moves = [((c, peak), (d & ~(1 << i), done)) for i in range(n) if d >> i & 1 and not pinned >> i & 1]
+        for i in computable:
+            again = bool(done >> i & 1)
+            if d >> i & 1 or d & preds[i] != preds[i] or (again and not nodes[i].recomputable):
+                continue
+            m = mem(d) + size[i]
+            if m <= budget:
+                moves.append(((c + (cost[i] if again else 0), max(peak, m)), (d | 1 << i, done | 1 << i)))
+        for new, st in moves:
+            if st not in best or new < best[st]:
+                best[st] = new
+                heapq.heappush(heap, (new, st))
+    return None

@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 
 from rematopt.graph import Graph, Node
-from rematopt.reference import no_remat_peak, peak_lower_bound
+from rematopt.reference import no_remat_peak, peak_lower_bound, pinned_bound
 
 from brute_force import exhaustive_dags
 
@@ -70,6 +70,40 @@ def beaten_from_outside(sol) -> bool:
     zero = sol.status == "OPTIMAL" and st.get("proved_by") == "zero cost" and st.get("objective") == 0
     return (sol.status == "FEASIBLE" or zero) and st.get("plan_from") not in (None, "cpsat") and \
         st.get("space_status", "OPTIMAL") == "OPTIMAL" and "beats the model's best" in st.get("reason", "")
+
+
+def staged_status(sol) -> str:
+    """cpsat's verdict over the staged space, which ``brute_force.min_cost``
+    searches: OPTIMAL where ``optimal_in`` names it (or all plans),
+    INFEASIBLE where ``infeasible_in`` does, else the status. The status
+    itself speaks of every plan (:func:`check_claim`)."""
+    st = sol.plan.stats
+    return "OPTIMAL" if st.get("optimal_in") else "INFEASIBLE" if st.get("infeasible_in") else sol.status
+
+
+def check_claim(g, sol) -> None:
+    """OPTIMAL and INFEASIBLE hold for every valid plan: OPTIMAL only where
+    the plan reaches a bound that every plan obeys (it costs nothing, or it
+    peaks at :func:`~rematopt.reference.pinned_bound`), INFEASIBLE only below
+    that bound; a
+    staged-space verdict is FEASIBLE or UNKNOWN with ``optimal_in`` /
+    ``infeasible_in`` "staged space"."""
+    st = sol.plan.stats
+    if sol.status == "OPTIMAL":
+        assert st["optimal_in"] == "all plans"
+        if st.get("objective_kind", "overhead") == "overhead":
+            # nothing recomputed, and transfers (if any) free at the run's price
+            assert sol.replay.recompute_cost == 0 and st["objective"] == 0 and st["proved_by"] == "zero cost"
+        else:
+            assert sol.replay.peak_bytes == pinned_bound(g, bool(st.get("offload")))
+            assert st["proved_by"] in ("working set", "pinned values")
+    elif st.get("optimal_in") is not None:
+        assert sol.status == "FEASIBLE" and st["optimal_in"] == "staged space"
+    if sol.status == "INFEASIBLE":
+        assert st["infeasible_in"] == "all plans" and st["proved_by"] in ("working set", "pinned values")
+        assert sol.budget < pinned_bound(g, bool(st.get("offload")))
+    elif st.get("infeasible_in") is not None:
+        assert sol.status == "UNKNOWN" and st["infeasible_in"] == "staged space" and not sol.has_plan
 
 
 def staged_optimum(sol) -> float | None:

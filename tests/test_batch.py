@@ -332,7 +332,8 @@ def test_cli_bad_input_is_one_line_and_exit_2(graph_dir, tmp_path, args, problem
 
 
 INTERRUPTED = """
-import sys
+import signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C raises, however the suite was started
 from rematopt import planners
 from rematopt.studies import batch
 planners.REGISTRY["fake-hang"] = "fakeplanners:hang"
@@ -370,6 +371,24 @@ def test_ctrl_c_keeps_finished_rows_ends_workers_and_resume_runs_the_rest(fakes,
     inputs, _ = batch.load_inputs([graph_dir])
     rest = batch.plan_batch(inputs, ["no-remat", "fake-hang"], [1.0], out, resume=True)
     assert sorted(s["planner"] for s in rest.specs) == ["fake-hang", "fake-hang"]
+
+
+def test_workers_take_the_hard_timeouts_sigint_where_the_batch_ignores_it(fakes, tmp_path, monkeypatch):
+    """A batch started with SIGINT ignored (a background job) passes that on to
+    its workers; they take SIGINT again, so a hung planner stopped at the hard
+    timeout still ends with its own row, not SIGKILL."""
+    import signal
+
+    path = tmp_path / "chain.json"
+    chain(5).save(path)
+    monkeypatch.setattr(batch, "STOP_GRACE_S", 2.0)
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        (row,), _ = run([path], ["fake-hang"], [1.0], tmp_path / "res", options={"time_limit": 0.1},
+                        timeout_margin=6)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert row["status"] == "TIMEOUT" and row["error"] == "stopped at the hard timeout (6.1 s); no plan"
 
 
 def test_mlir_inputs_run_like_any_graph(tmp_path):

@@ -2,7 +2,8 @@
 a cpsat run (the search, the warm start, the peak search, the build of a
 deeper round, a relaxation proof between rounds), ends the run with the best
 plan so far, which the simulator replays. Solved in another thread, cpsat
-leaves Ctrl-C to the caller."""
+leaves Ctrl-C to the caller; where SIGINT is ignored, it stays ignored.
+Each test sets up the SIGINT handling it tests (:func:`sigint_raises`)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,16 @@ from rematopt.importers import synthetic
 from rematopt.reference import no_remat_plan
 
 OPTS = dict(budget_ratio=0.8, time_limit=60, workers=1, lp_bound=False)
+
+
+@pytest.fixture(autouse=True)
+def sigint_raises():
+    """Python's own SIGINT handler (KeyboardInterrupt), as an interactive
+    process starts with, whatever this worker started with (a background job
+    starts with SIGINT ignored) and whatever an earlier test left."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
 
 
 @pytest.fixture
@@ -190,3 +201,24 @@ def test_ctrl_c_during_a_solve_in_another_thread_is_the_callers(graph, monkeypat
     assert sol.status in ("OPTIMAL", "FEASIBLE") and not sol.plan.stats["interrupted"]
     assert sol.replay.valid and sol.replay.peak_bytes <= sol.budget
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_where_sigint_is_ignored_it_stays_ignored_and_the_run_goes_on(graph, monkeypatch):
+    """Started with SIGINT ignored (a background job), cpsat installs no
+    handler and CP-SAT does not catch it: a SIGINT during the search changes
+    nothing, and the run ends as it would have (its time limit or proof)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    original = signals.SolutionCallback.on_solution_callback
+    during = []
+
+    def first_solution_then_ctrl_c(self):
+        original(self)
+        if not during:
+            during.append(signal.getsignal(signal.SIGINT))
+            ctrl_c()
+
+    monkeypatch.setattr(signals.SolutionCallback, "on_solution_callback", first_solution_then_ctrl_c)
+    sol = solve(graph, "cpsat", **dict(OPTS, time_limit=5))
+    assert during == [signal.SIG_IGN] and not sol.plan.stats["interrupted"]
+    assert sol.status in ("OPTIMAL", "FEASIBLE") and sol.replay.valid and sol.replay.peak_bytes <= sol.budget
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN

@@ -90,7 +90,7 @@ def test_a_name_the_backward_reads_before_it_is_left_to_recomputation(mlp_pair):
     with pytest.raises(PlanError, match="also reads before checkpoint_name tags it"):
         policy_table(named, no_remat_plan(named))
     sol = solve(named, "jax-names", budget_ratio=0.85, price=False)
-    assert sol.status == "OPTIMAL" and set(sol.plan.stats["policy"]) == {"proj"}
+    assert sol.plan.stats["optimal_in"] in ("policy space", "all plans") and set(sol.plan.stats["policy"]) == {"proj"}
     pol = policy(named, sol.plan)
     saved = [r for r in saved_residuals(jax.checkpoint(tagged, policy=pol), *args)
              if not r.source.startswith("from the argument")]

@@ -35,7 +35,8 @@ def row(graph, planner, status, cost, peak, base, bound=None, budget=100, ratio=
 @pytest.fixture
 def results(tmp_path):
     """Three (graph, budget) instances with references worked out by hand:
-    a: cpsat proves 110 optimal -> greedy 121 is 10% off, dtr misses the budget;
+    a: cpsat proves 110 optimal in its staged space -> greedy 121 is 10% off,
+       dtr misses the budget;
     b: cpsat finds 230 with bound 20 over base 200 -> reference 220: greedy 264
        is 20% off, dtr 231 is 5% off; c: no exact run -> base cost 100 is the
        reference, greedy 150 is 50% off."""
@@ -45,7 +46,8 @@ def results(tmp_path):
     (d / "logs" / "b.csv").write_text("phase,elapsed_s,incumbent,bound\nprimary,0.5,40,5\nprimary,1.0,,12\n"
                                      "primary,2.0,30,20\nsecondary,2.5,99,99\n")
     log = ResultsLog(d / RESULTS)
-    for r in [row("fam_n10", "cpsat", "OPTIMAL", 110, 100, 100, bound=10, log_path="logs/missing.csv"),
+    for r in [row("fam_n10", "cpsat", "FEASIBLE", 110, 100, 100, bound=10, log_path="logs/missing.csv",
+                  optimal_in="staged space"),
               row("fam_n10", "greedy", "FEASIBLE", 121, 90, 100),
               row("fam_n10", "dtr", "OVER_BUDGET", 100, 120, 100),
               row("other_b4", "cpsat", "FEASIBLE", 230, 100, 200, bound=20, log_path="logs/b.csv", wall_s=30.0),
@@ -74,6 +76,17 @@ def test_gaps_against_the_optimum_or_the_best_bound(results):
     assert t.loc[("greedy", "(all)"), "vs optimum"] == 1
     assert t.loc[("dtr", "fam"), "within budget"] == 0 and math.isnan(t.loc[("dtr", "fam"), "median gap %"])
     assert "cpsat" not in t.index.get_level_values("planner")
+
+
+def test_an_optimal_row_from_before_optimal_in_reads_as_the_staged_space(results):
+    """Rows written before ``optimal_in`` existed said OPTIMAL of the staged
+    space; a row of now says OPTIMAL only with ``optimal_in`` "all plans"."""
+    log = ResultsLog(results / RESULTS)
+    log.append(row("third_d3", "cpsat", "OPTIMAL", 120, 100, 100, bound=20))
+    log.append(row("fam_n10", "cpsat", "OPTIMAL", 100, 100, 100, bound=0, optimal_in="all plans", key="fam-again"))
+    df = report.load_results(results).set_index("key")
+    assert df.loc["third_d3-cpsat-0.8", "optimal_in"] == "staged space"
+    assert df.loc["fam-again", "optimal_in"] == "all plans" and df.loc["fam_n10-cpsat-0.8", "optimal_in"] == "staged space"
 
 
 def test_exact_infeasible_beside_a_plan_within_budget_is_flagged(results):
@@ -122,7 +135,7 @@ def test_tables_figures_and_a_self_contained_index(results, tmp_path):
     assert not re.search(r'src="(?!data:)', html)  # nothing outside the file
     budgets = pd.read_csv(out / "budgets.md", sep="|", skipinitialspace=True).iloc[1:]
     cells = dict(zip(budgets.iloc[:, 1].str.strip(), budgets.iloc[:, 3].str.strip()))  # graph -> cpsat overhead
-    assert cells["fam_n10"] == "10.00% *" and cells["other_b4"] == "15.00%"
+    assert cells["fam_n10"] == "10.00% s*" and cells["other_b4"] == "15.00%"
     status = pd.read_csv(out / "status_counts.csv").set_index("planner")
     assert status.loc["dtr", "CRASH"] == 1 and status.loc["greedy", "FEASIBLE"] == 3
 

@@ -46,6 +46,7 @@ def main(out: Path, names: list[str]) -> None:
     import jax
 
     from rematopt.jax import apply_plan, trace_grad
+    from rematopt.reference import no_remat_peak
     from rematopt.solve import solve
 
     out.mkdir(parents=True, exist_ok=True)
@@ -63,6 +64,11 @@ def main(out: Path, names: list[str]) -> None:
             compiled = jax.jit(jax.value_and_grad(f)).lower(*args).compile()
             (out / f"{name}_{variant}.hlo").write_text(compiled.as_text())
             record[f"{name}_{variant}"] = stats_dict(compiled)
+        xla_graph = trace_grad(fn, *args, name=name, fuse="xla")
+        record[f"{name}_graphs"] = {
+            "unfused": {"nodes": graph.n, "no_remat_peak": no_remat_peak(graph)},
+            "xla": {"nodes": xla_graph.n, "no_remat_peak": no_remat_peak(xla_graph), "meta": xla_graph.meta["xla"]},
+        }
     record["_xla_flags"] = __import__("os").environ.get("XLA_FLAGS", "")
     (out / "stats.json").write_text(json.dumps(record, indent=1))
 

@@ -1,6 +1,8 @@
 """rematopt for JAX programs (``pip install rematopt[jax]``).
 
-- :func:`trace_grad` / :func:`trace`: a training step or any function as a graph;
+- :func:`trace_grad` / :func:`trace`: a training step or any function as a graph
+  (a primitive rematopt has no table entry for is priced from its shapes, and
+  :class:`GuessedPrimitive` warns once per primitive);
 - :func:`apply_plan`: a plan back into JAX as a loss function whose gradient
   keeps, offloads and recomputes what the plan says (loops the plan treats
   alike stay scanned; :class:`UnrolledLoop` warns where they cannot);
@@ -23,6 +25,7 @@ from .exporters.jax_measure import Measurement, measure
 from .exporters.jax_loops import LoopNote
 from .exporters.jax_policy import Fates, UnrolledLoop, apply_plan, residual_fates
 from .importers.jaxpr import trace, trace_grad
+from .importers.jaxpr.primitives import GuessedPrimitive
 
 
 def load_factory(spec: str, **config: Any) -> tuple[Callable, tuple]:
@@ -51,5 +54,5 @@ def load_factory(spec: str, **config: Any) -> tuple[Callable, tuple]:
     return fn, tuple(args) if isinstance(args, (tuple, list)) else (args,)
 
 
-__all__ = ["Fates", "LoopNote", "Measurement", "UnrolledLoop", "apply_plan", "load_factory", "measure", "policy",
-           "policy_table", "residual_fates", "trace", "trace_grad"]
+__all__ = ["Fates", "GuessedPrimitive", "LoopNote", "Measurement", "UnrolledLoop", "apply_plan", "load_factory",
+           "measure", "policy", "policy_table", "residual_fates", "trace", "trace_grad"]

@@ -29,6 +29,10 @@ class Stats(Mapping):
     time_to_best_s: float | None = None  # seconds to the returned plan
     reason: str | None = None  # why there is no plan, or why this plan
     plan_from: str | None = None  # the planner whose plan was returned, when another one's
+    # Where a proof holds: "all plans" (status OPTIMAL / INFEASIBLE), or a
+    # smaller space an exact planner searched ("staged space": FEASIBLE / UNKNOWN)
+    optimal_in: str | None = None
+    infeasible_in: str | None = None
     budget_bytes: int | None = None  # set by solve()
     wall_s: float | None = None  # set by solve()
     details: Mapping[str, Any] = field(default_factory=dict)  # planner-specific extras
@@ -75,3 +79,15 @@ class Stats(Mapping):
 
 TYPED_ORDER = tuple(f.name for f in fields(Stats) if f.name != "details")  # as the plan file writes them
 TYPED = frozenset(TYPED_ORDER)
+
+
+def verdict(stats: Mapping[str, Any]) -> str:
+    """The status as a table shows it, with a proof that holds only in a
+    smaller space than every plan: ``FEASIBLE (optimal in staged space)``,
+    ``UNKNOWN (infeasible in staged space)``."""
+    status = stats.get("status") or "UNKNOWN"
+    for claim, word in (("optimal_in", "optimal"), ("infeasible_in", "infeasible")):
+        space = stats.get(claim)
+        if space and space != "all plans":
+            return f"{status} ({word} in {space})"
+    return status

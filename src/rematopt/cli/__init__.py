@@ -24,6 +24,7 @@ from . import batch  # noqa: E402,F401
 from . import jax as _jax  # noqa: E402,F401
 from . import peak  # noqa: E402,F401
 from . import study  # noqa: E402,F401
+from . import xla  # noqa: E402,F401
 
 
 def _warn_one_line(message, category, filename, lineno, file=None, line=None) -> None:

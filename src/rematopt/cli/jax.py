@@ -39,7 +39,9 @@ _device_option = click.option("--device", type=click.Choice(_DEVICES), default="
 
 @import_group.command(name="jax")
 @click.argument("spec", metavar="MODULE:FACTORY")
-@click.option("--fuse", is_flag=True, help="Fold cheap elementwise equations into their consumers (XLA-like).")
+@click.option("--fuse", type=click.Choice(["table", "xla"]), is_flag=False, flag_value="table", default=None,
+              help="Nodes as XLA materializes them: 'xla' learns it from the compiled plain step (each kernel "
+                   "mapped back to its equations); 'table' (a bare --fuse) folds the ops a fixed table calls cheap.")
 @click.option("--no-unroll", is_flag=True,
               help="Keep each scan / static while loop one opaque node (default: one node per iteration's op).")
 @_device_option
@@ -47,7 +49,7 @@ _device_option = click.option("--device", type=click.Choice(_DEVICES), default="
 @click.option("--argnums", default="0", show_default=True, help="Differentiated arguments, e.g. 0 or 0,1.")
 @_set_option
 @click.option("--output", "-o", type=click.Path(dir_okay=False), required=True)
-def import_jax(spec: str, fuse: bool, no_unroll: bool, device: str, name: str | None, argnums: str,
+def import_jax(spec: str, fuse: str | None, no_unroll: bool, device: str, name: str | None, argnums: str,
                settings: tuple[str, ...], output: str) -> None:
     """Trace FACTORY's training step, jax.value_and_grad(loss_fn)(*example_args), as a graph.
 
@@ -58,7 +60,7 @@ def import_jax(spec: str, fuse: bool, no_unroll: bool, device: str, name: str | 
     config = _config(settings)
     fn, args = load_factory(spec, **config)
     nums = _argnums(argnums)
-    g = trace_grad(fn, *args, argnums=nums, fuse=fuse, device=device,
+    g = trace_grad(fn, *args, argnums=nums, fuse={None: False, "table": True}.get(fuse, fuse), device=device,
                    name=name or spec.partition(":")[0].rsplit(".", 1)[-1],
                    meta={"model": spec, "config": config}, unroll=not no_unroll)
     g.save(output)

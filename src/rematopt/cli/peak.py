@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..errors import RematoptError
+from ..stats import verdict
 from .core import emit_json, load_graph_arg, parse_bytes
 from . import cli
 
@@ -48,7 +49,7 @@ def pareto_cmd(graph: str, points: int, time_limit: float, workers: int, out: st
         table.add_row(r["planner"], "" if r["max_overhead"] is None else f"{100 * r['max_overhead']:.2f}",
                       f"{r['peak_bytes']:,}", f"{100 * r['overhead']:.2f}",
                       "" if r["bound_bytes"] is None else f"{int(r['bound_bytes']):,}",
-                      "" if r["gap"] is None else f"{100 * r['gap']:.2f}", r["status"], r["bound_by"])
+                      "" if r["gap"] is None else f"{100 * r['gap']:.2f}", verdict(r), r["bound_by"])
     Console(width=max(Console().width, 120)).print(table)
 
 

@@ -301,7 +301,7 @@ def base_row(spec: dict[str, Any]) -> dict[str, Any]:
         "budget_ratio": spec["budget_ratio"], "planner": spec["planner"],
         "options": json.dumps(spec["options"], sort_keys=True, default=str),
         "status": "ERROR", "peak_bytes": None, "compute_cost": None, "base_cost": None,
-        "overhead": None, "transfer_bytes": None, "gap": None, "bound": None, "wall_s": None,
+        "overhead": None, "transfer_bytes": None, "gap": None, "bound": None, "optimal_in": None, "wall_s": None,
         "time_to_first_s": None, "time_to_best_s": None, "job_s": None,
         "rematopt_version": _version("rematopt"), "ortools_version": _version("ortools"),
         "has_plan": False, "plan_path": None, "log_path": spec.get("log_path"),
@@ -318,8 +318,8 @@ def _version(package: str) -> str | None:
 
 # Row columns read from the planner's Stats (column -> field); the figures of
 # the plan itself come from its replay.
-STAT_COLUMNS = {"bound": "best_bound", "gap": "gap", "time_to_first_s": "time_to_first_s",
-                "time_to_best_s": "time_to_best_s"}
+STAT_COLUMNS = {"bound": "best_bound", "gap": "gap", "optimal_in": "optimal_in",
+                "time_to_first_s": "time_to_first_s", "time_to_best_s": "time_to_best_s"}
 
 
 def solution_row(spec: dict[str, Any], sol: "Solution") -> dict[str, Any]:
@@ -565,8 +565,10 @@ def run_batch(batch: BatchPlan, out: str | Path, jobs: int = 1, executor: str = 
     dask cluster (``executor="dask"``, ``scheduler`` = its address), append
     each row the moment its job ends, and derive the tables at the end.
     Returns the rows written by this run. Ctrl-C ends the running workers; the
-    rows already written stay. At the end (Ctrl-C too) the log is compacted, so
-    a rerun job's new row replaces its old one."""
+    rows already written stay (started with SIGINT ignored, as a background
+    job is, the batch takes no Ctrl-C; its workers' hard timeouts still work).
+    At the end (Ctrl-C too) the log is compacted, so a rerun job's new row
+    replaces its old one."""
     out = Path(out).resolve()
     (out / "plans").mkdir(parents=True, exist_ok=True)
     log = ResultsLog(out / RESULTS)
@@ -654,7 +656,14 @@ def _executor(kind: str, scheduler: str | None, jobs: int):
 
 
 def _child_main(argv: list[str]) -> None:
-    """Worker entry point: ``python -m rematopt.studies.batch SPEC_JSON ROW_JSON``."""
+    """Worker entry point: ``python -m rematopt.studies.batch SPEC_JSON ROW_JSON``.
+
+    SIGINT raises KeyboardInterrupt here whatever the batch's own disposition:
+    a batch started with SIGINT ignored (a background job) cannot be
+    interrupted itself, but its workers inherit that, and the SIGINT of the
+    hard timeout must still reach them (:func:`_stop`; in their own session,
+    nothing else sends them one)."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     spec_file, row_file = map(Path, argv)
     row = run_job(json.loads(spec_file.read_text()))
     tmp = row_file.with_suffix(".tmp")

@@ -16,6 +16,7 @@ from ..importers import load as load_graph
 from ..importers.synthetic import chain
 from ..plan import Plan, PlanBuilder
 from ..simulate import simulate
+from ..stats import verdict
 
 # The checkout, and the published graphs beside it (../shared/benchmarks).
 REPO = Path(__file__).resolve().parents[3]
@@ -159,10 +160,10 @@ def cpsat_table(ratios: tuple[float, ...] = (0.9, 0.8), time_limit: float = 60.0
             st = sol.plan.stats
             if sol.replay is None:
                 note = st.get("reason", "")
-                table.add_row(graph.name, f"{ratio:g}", st["status"], "", "", "", "", "", "", "",
+                table.add_row(graph.name, f"{ratio:g}", verdict(st), "", "", "", "", "", "", "",
                               f"{sol.wall_s:.1f}", "", "", note[:60])
                 continue
-            table.add_row(graph.name, f"{ratio:g}", st["status"], f"{100 * sol.replay.overhead:.3f}",
+            table.add_row(graph.name, f"{ratio:g}", verdict(st), f"{100 * sol.replay.overhead:.3f}",
                           _pct(st.get("gap")), st.get("space", ""), st.get("space_status", st["status"]),
                           _pct(st.get("space_gap", st.get("gap"))), _secs(st.get("time_to_first_s")),
                           _secs(st.get("time_to_best_s")), f"{sol.wall_s:.1f}",
@@ -192,7 +193,7 @@ def peak_table(caps: tuple[float | None, ...] = (None, 0.1), time_limit: float =
             st = sol.plan.stats
             probes = st.get("peak_probes", [])
             tally = "/".join(str(sum(p["verdict"] == v for p in probes)) for v in ("yes", "no", "unknown"))
-            table.add_row(g.name, str(g.n), "none" if cap is None else f"{100 * cap:g}%", st["status"],
+            table.add_row(g.name, str(g.n), "none" if cap is None else f"{100 * cap:g}%", verdict(st),
                           f"{sol.replay.peak_bytes:,}", f"{math.ceil(st['best_bound']):,}", _pct(st.get("gap")),
                           str(st.get("bound_by", "")), tally, f"{100 * sol.replay.overhead:.2f}", f"{sol.wall_s:.1f}")
     return table
@@ -207,7 +208,7 @@ def _proven(rounds: list[dict]) -> str:
 def _whole(st: dict) -> str:
     """What proved the plan optimal over the whole staged space: a
     bound (``cpsat.bounds``) and when, or the full model itself."""
-    if st["status"] != "OPTIMAL":
+    if not st.get("optimal_in"):
         return ""
     proof = next((p for p in st.get("relaxation_proofs", []) if p["status"] == "INFEASIBLE"), None)
     if proof is not None:
@@ -347,7 +348,7 @@ def scale_table(rows: list[dict], time_limit: float, workers: int) -> Table:
         bound = None if st.get("best_bound") is None or not st.get("base_cost") else st["best_bound"] / st["base_cost"]
         table.add_row(row["graph"], f"{row['nodes']:,}", f"{row['ratio']:g}", row.get("lns", "auto"),
                       "" if best is None else f"{100 * best[0]:.3f} ({best[1]})",
-                      "" if dtr is None else f"{100 * dtr:.3f}", st["status"], _space(st),
+                      "" if dtr is None else f"{100 * dtr:.3f}", verdict(st), _space(st),
                       _secs(st.get("time_to_first_s")), "" if ours is None else f"{100 * ours:.3f}", versus, vs_dtr,
                       "" if bound is None else f"{100 * bound:.3f}", str(st.get("bound_by") or ""),
                       _pct(st.get("gap")), "" if not ran else f"{ran['windows']} ({ran['improved']})",

@@ -112,11 +112,11 @@ def proven_curve(results_dir: Path, out: Path) -> dict[str, str] | None:
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     ex = df[df["planner"] == "cpsat"].sort_values("overhead")
     mb = 1 / 2**20
-    proven = (ex["status"] == "OPTIMAL").to_numpy()
+    proven = ex["optimal_in"].notna().to_numpy()  # over all plans, or at least the staged space
     ax.step(100 * ex["overhead"], ex["peak_bytes"] * mb, where="post", color="black", lw=0.8)
     ax.vlines(100 * ex["overhead"], ex["bound_bytes"] * mb, ex["peak_bytes"] * mb, color="black", lw=2, alpha=0.4)
     ax.scatter(100 * ex["overhead"][proven], ex["peak_bytes"][proven] * mb, color="black", s=40,
-               label="cpsat, proven", zorder=3)
+               label="cpsat, proven (in the staged space at least)", zorder=3)
     ax.scatter(100 * ex["overhead"][~proven], ex["peak_bytes"][~proven] * mb, facecolors="white",
                edgecolors="black", s=40, label="cpsat, bar to its bound", zorder=3)
     heur = df[df["planner"] != "cpsat"]
@@ -191,10 +191,11 @@ def exact_time(df: pd.DataFrame, out: Path) -> dict[str, str] | None:
     fig.tight_layout()
     fig.savefig(out / "exact_time.png", dpi=110)
     plt.close(fig)
-    opt = ex[ex["status"] == "OPTIMAL"]
+    opt = ex[ex["optimal_in"].notna()]
     largest = f", the largest with {int(opt['nodes'].max())} nodes" if len(opt) else ""
+    largest += f"; {int((ex['status'] == 'OPTIMAL').sum())} of them over all plans, the others over the staged space"
     space = ex.get("stats", pd.Series(index=ex.index, dtype=object)).map(_stats).map(lambda d: d.get("space_status"))
-    sub = int(((ex["status"] != "OPTIMAL") & (space == "OPTIMAL")).sum())
+    sub = int((ex["optimal_in"].isna() & (space == "OPTIMAL")).sum())
     if sub:
         largest += f" (and {sub} more optimal within the restricted plan space it solved)"
     return {"file": "exact_time.png", "title": "Exact-solver time against graph size",

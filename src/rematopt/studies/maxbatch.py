@@ -177,7 +177,7 @@ def decide(g: Graph, pool: list[Plan], memory: int, max_overhead: float | None, 
     bound = st.get("best_bound")
     if max_overhead is None:
         return ("no" if bound is not None and bound > memory else "unknown"), None, None
-    if st.get("status") == "INFEASIBLE":
+    if st.get("infeasible_in"):  # all plans, or the staged space
         return "no", None, None
     base = sum(g.cost[i] for i in g.compute_ids)
     if bound is not None and bound > max_overhead * base * (1 + 1e-9) + 1e-12:

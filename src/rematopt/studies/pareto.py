@@ -33,6 +33,7 @@ class Point:
     gap: float | None = None
     status: str = ""
     bound_by: str = ""
+    optimal_in: str = ""  # "all plans", "staged space", or not proven
 
     def row(self) -> dict[str, Any]:
         return asdict(self)
@@ -61,7 +62,7 @@ def _cpsat(graph: Graph, cap: float | None, time_limit: float, workers: int) -> 
     sol = solve(graph, "cpsat", objective="peak", time_limit=time_limit, workers=workers, lp_bound=False, **opts)
     st = sol.plan.stats
     return Point("cpsat", sol.replay.peak_bytes, sol.replay.overhead, cap, st.get("best_bound"), st.get("gap"),
-                 st["status"], st.get("bound_by", ""))
+                 st["status"], st.get("bound_by", ""), st.get("optimal_in") or "")
 
 
 def heuristic_points(graph: Graph) -> list[Point]:

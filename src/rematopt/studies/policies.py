@@ -61,6 +61,7 @@ def rows(graph: Graph, ratios: list[float], time_limit: float, cpsat_time_limit:
                                                  "time_limit": time_limit, "workers": workers})
             row[key] = _figures(graph, p, budget) if len(p) else None
             row[key + " status"] = p.stats["status"]
+            row[key + " proven in"] = p.stats.get("optimal_in") or p.stats.get("infeasible_in")
         for name, fates in PRESETS.items():
             fates = {k: f for k, f in fates.items() if k in glob.groups}
             row[name] = _figures(graph, policy_plan(glob, fates, budget, "preset"), budget)
@@ -71,6 +72,7 @@ def rows(graph: Graph, ratios: list[float], time_limit: float, cpsat_time_limit:
                                           "lp_bound": False})
             row["cpsat"] = _figures(graph, p, budget) if len(p) else None
             row["cpsat_status"] = p.stats.get("status")
+            row["cpsat proven in"] = p.stats.get("optimal_in") or p.stats.get("infeasible_in")
             base = simulate(graph, p).base_cost if len(p) else None
             bound = p.stats.get("best_bound")
             row["cpsat_bound"] = bound / base if bound is not None and base else None
@@ -90,9 +92,11 @@ def markdown(records: list[dict[str, Any]]) -> str:
         head = ["ratio", "budget B", *searches] + (["cpsat (unconstrained)", "cpsat bound"] if has_cpsat else [])
         lines += [f"### {graph}: the best policies", "", _row(head + ["target"]), _row(["---"] * (len(head) + 1))]
         for r in mine:
-            cells = [str(r["ratio"]), f"{r['budget']:,}"] + [_cell(r[k], r[k + " status"]) for k in searches]
+            cells = [str(r["ratio"]), f"{r['budget']:,}"] + [_cell(r[k], r[k + " status"], r[k + " proven in"])
+                                                             for k in searches]
             if has_cpsat:
-                cells += [_cell(r.get("cpsat"), r.get("cpsat_status")), _pct(r.get("cpsat_bound"))]
+                cells += [_cell(r.get("cpsat"), r.get("cpsat_status"), r.get("cpsat proven in")),
+                          _pct(r.get("cpsat_bound"))]
             lines.append(_row(cells + [_target(r)]))
         lines += ["", f"### {graph}: MaxText's presets and JAX's policies", "", _row(["ratio", *fixed]),
                   _row(["---"] * (len(fixed) + 1))]
@@ -116,17 +120,20 @@ def _target(r: dict[str, Any]) -> str:
         if fitting:
             verdicts.append(best is not None and best["overhead"] <= min(fitting) + 1e-12)
         else:
-            verdicts.append(best is not None or r[key + " status"] == "INFEASIBLE")
+            verdicts.append(best is not None or bool(r[key + " proven in"]))
     return "met" if all(verdicts) else "MISSED"
 
 
-def _cell(f: dict[str, Any] | None, status: str | None = None) -> str:
+def _cell(f: dict[str, Any] | None, status: str | None = None, proven: str | None = None) -> str:
+    """A search's plan; ``proven``: where its optimality, or that none fits,
+    is proven (``optimal_in`` / ``infeasible_in``: the policy space, cpsat's
+    staged space, or all plans), shown as the plain figures or "proven"."""
     if f is None:
-        return "none fits (proven)" if status == "INFEASIBLE" else f"no plan ({status})"
+        return f"none fits (proven in {proven})" if proven else f"no plan ({status})"
     text = f"{_pct(f['overhead'])} / {f['peak']:,}"
     if not f["fits"]:
         return f"over budget ({text})"
-    return text if status in (None, "OPTIMAL") else f"{text} ({status})"
+    return text if status is None or proven else f"{text} ({status})"
 
 
 def _pct(x: float | None) -> str:

@@ -1,8 +1,9 @@
 """``rematopt report``: tables, figures and an index from a batch's results.
 
 Gaps are measured on the batch objective's figure against a reference per
-(graph, budget): the exact planner's proven optimum where it has one (status
-OPTIMAL; optimal in its model), else the best lower bound known. The figure is
+(graph, budget): the exact planner's proven optimum where it has one
+(``optimal_in``: over all plans, status OPTIMAL, or over its staged space,
+which plans outside it may beat), else the best lower bound known. The figure is
 the total cost (compute cost plus transfer cost, if the options price
 transfers) under ``--objective overhead``, the peak under ``--objective
 peak``. The exact planner's bound is on its objective (recompute plus
@@ -71,6 +72,9 @@ def add_references(df: pd.DataFrame) -> pd.DataFrame:
         if col not in df:
             df[col] = np.nan
         df[col] = pd.to_numeric(df[col], errors="coerce")
+    # rows from before the field: their OPTIMAL spoke of the staged space
+    known = df.get("optimal_in", pd.Series(None, index=df.index, dtype=object))
+    df["optimal_in"] = known.where(known.notna() | (df["status"] != "OPTIMAL"), "staged space")
     options = df.get("options", pd.Series(index=df.index, dtype=object)).map(_options)
     df["objective"] = options.map(lambda o: o.get("objective") or "overhead")
     df["meets"] = df["status"].isin(MEETS) & (df["peak_bytes"] <= df["budget"])
@@ -82,7 +86,7 @@ def add_references(df: pd.DataFrame) -> pd.DataFrame:
     df["exact"] = df["planner"].isin(EXACT)
     df["metric_bound"] = np.where(by_peak, df["bound"], df["base_cost"] + df["bound"])
     group = ["graph_sha256", "budget_ratio", "objective"]
-    optimum = df[df["exact"] & (df["status"] == "OPTIMAL") & df["meets"]].groupby(group)["metric"].min()
+    optimum = df[df["exact"] & df["optimal_in"].notna() & df["meets"]].groupby(group)["metric"].min()
     bound = df[df["exact"]].groupby(group)["metric_bound"].max()
     keys = pd.MultiIndex.from_frame(df[group])
     df["optimum"] = optimum.reindex(keys).to_numpy()
@@ -102,7 +106,8 @@ def add_references(df: pd.DataFrame) -> pd.DataFrame:
 
 def _cell_overhead(row: pd.Series) -> str:
     if row["meets"]:
-        return f"{100 * row['overhead']:.2f}%" + (" *" if row["status"] == "OPTIMAL" else "")
+        proven = {"all plans": " *", "staged space": " s*"}.get(row["optimal_in"], "")
+        return f"{100 * row['overhead']:.2f}%" + proven
     if row["status"] == "OVER_BUDGET" and pd.notna(row["overhead"]):
         return f"over ({100 * row['overhead']:.2f}%)"
     return str(row["status"]).lower()
@@ -167,7 +172,7 @@ EXACT_STATS = ("space", "space_status", "space_gap", "warm_start", "plan_from")
 
 def exact_table(df: pd.DataFrame) -> pd.DataFrame:
     """The exact planner's runs: size, status, time, gap to its own bound."""
-    cols = ["graph", "nodes", "budget_ratio", "planner", "status", "overhead", "gap", "wall_s",
+    cols = ["graph", "nodes", "budget_ratio", "planner", "status", "optimal_in", "overhead", "gap", "wall_s",
             "time_to_first_s", "time_to_best_s", "hint_from", *EXACT_STATS]
     ex = df[df["exact"]]
     stats = ex.get("stats", pd.Series(index=ex.index, dtype=object)).map(_options)
@@ -237,7 +242,8 @@ def commands(results_dir: Path, command: str | None = None, setup: list[str] | N
 
 def model_infeasible(df: pd.DataFrame) -> pd.DataFrame:
     """Exact runs that report INFEASIBLE although another planner's replayed
-    plan meets the same budget: infeasible in the exact planner's model only."""
+    plan meets the same budget: a wrong claim, as INFEASIBLE speaks of every
+    plan (one empty in the staged space only is UNKNOWN)."""
     met = df[df["meets"]].groupby(["graph_sha256", "budget_ratio"])["planner"].agg(lambda p: ", ".join(sorted(p)))
     ex = df[df["exact"] & (df["status"] == "INFEASIBLE")]
     keys = pd.MultiIndex.from_frame(ex[["graph_sha256", "budget_ratio"]])
@@ -278,13 +284,13 @@ def summary_lines(df: pd.DataFrame) -> list[str]:
     if len(beat):
         which = "; ".join(f"{r.planner} on {r.graph} r={r.budget_ratio:g} ({100 * r.gap_to_ref:.3f}%)"
                           for r in beat.itertuples())
-        lines.append(f"Warning: {len(beat)} heuristic plans beat the exact planner's OPTIMAL (optimal in its model "
-                     f"only; negative gaps): {which}.")
+        lines.append(f"{len(beat)} heuristic plans beat the exact planner's optimum in its staged space (plans "
+                     f"outside it; negative gaps): {which}.")
     odd = model_infeasible(df)
     if len(odd):
         lines.append(f"Warning: the exact planner reports INFEASIBLE on {len(odd)} (graph, budget) instances where "
-                     f"another planner's replayed plan meets the budget, so those are infeasible in its model "
-                     f"only: {'; '.join(f'{r.graph} r={r.budget_ratio:g}' for r in odd.itertuples())}.")
+                     f"another planner's replayed plan meets the budget, a claim that plan refutes: "
+                     f"{'; '.join(f'{r.graph} r={r.budget_ratio:g}' for r in odd.itertuples())}.")
     return lines
 
 
@@ -293,9 +299,10 @@ def _index_md(df, title, tables, figures, commands) -> str:
              "```bash\n" + ("\n".join(commands) or "(commands not recorded)") + "\n```\n",
              "\nOverhead = (compute cost - base cost) / base cost, from the simulator's replay of each plan. "
              "Budget ratio r = floor(r x no-remat peak) bytes. Gap = (cost - reference) / reference, where the "
-             "reference is the exact planner's proven optimum (OPTIMAL, optimal in its model) or else the best "
-             "lower bound known; only plans within budget have a gap. `*` marks a proven optimum, `over (x%)` a "
-             "valid plan that misses the budget.\n", "\n## Figures\n"]
+             "reference is the exact planner's proven optimum (over all plans, or over its staged space) or else "
+             "the best lower bound known; only plans within budget have a gap. `*` marks a plan proven optimal over "
+             "all plans (status OPTIMAL), `s*` one proven optimal in the exact planner's staged space only "
+             "(`optimal_in`), `over (x%)` a valid plan that misses the budget.\n", "\n## Figures\n"]
     for fig in figures:
         parts.append(f"\n### {fig['title']}\n\n![{fig['title']}]({fig['file']})\n\n{fig['reading']}\n")
     if not figures:

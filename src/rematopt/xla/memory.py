@@ -264,7 +264,8 @@ class _Walk:
     def result(self, outputs: str = "pinned") -> CompiledMemory:
         """``outputs="pinned"``: outputs own their memory from the start (XLA's GPU figure);
         ``"allocations"``: XLA's CPU accounting, where a temporary may live in an output's allocation
-        before the output is written (see :func:`_cpu_allocations`)."""
+        before the output is written (see :func:`_cpu_allocations`); ``"defined"``: each output
+        from the kernel writing it (a graph's accounting, where an output is a value like any)."""
         schedule = self.comp.instructions
         span, shares, pinned, params, nested = self.ranges()
         sizes = {b.id: b.bytes for b in self.buffers}
@@ -284,6 +285,11 @@ class _Walk:
                 continue
             delta[first] += sizes[b]
             delta[last + 1] -= sizes[b]
+        if outputs == "defined" and self.entry:  # each output from the kernel writing it
+            at = self._defined_positions(pinned - params)
+            for b, pos in at.items():
+                delta[pos] += sizes[b]
+            out_bytes -= sum(sizes[b] for b in at)
         taken: set[int] = set()
         for b, donors in shares.items():  # the two occupy one buffer where they meet
             donor = next((d for d in donors if d not in housed and d not in taken), None)

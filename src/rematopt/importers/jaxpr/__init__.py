@@ -30,6 +30,16 @@ def trace_grad(loss_fn: Callable, *example_args: Any, argnums: int | Sequence[in
     arguments a scan slices become one input node per slice) unless ``unroll``
     is false, which keeps each loop one opaque node.
 
+    ``fuse`` says what a node is: one equation (False); a consumer with the cheap
+    elementwise producers a fixed table folds into it (True); or what XLA's kernels
+    materialize (``"xla"``): the step is compiled once for the default backend with
+    each equation under a scope naming it, every equation whose result a kernel
+    writes heads a node, the others join each node whose kernel computes them
+    (free, and never kept alone), and nodes come in XLA's schedule order. The
+    graph's ``meta.groups`` records the equations of each node and ``meta.xla``
+    what XLA said about the compile (``apply_plan`` does not run plans of these
+    graphs yet).
+
     Raises ImportFailure if the function cannot be traced or its loss is not a
     float scalar.
     """

@@ -57,20 +57,24 @@ def equation_of(op_name: str) -> int | None:
     return int(found[-1]) if found else None
 
 
-def materialized(step: Step, module, producer: dict[int, int]) -> dict[int, int]:
+def materialized(step: Step, module, producer: dict[int, int]) -> tuple[dict[int, int], set[int]]:
     """The equations whose results XLA's kernels write to memory, each with the position in the
     entry schedule of the first kernel writing it (a kernel inside a loop body: the loop's
-    position): the root of each fusion (each root operand of a multi-output fusion) and every
-    other instruction that writes a buffer. A view XLA copied counts as the value it views."""
+    position), and the values written: the root of each fusion (each root operand of a
+    multi-output fusion) and every other instruction that writes a buffer. Of an equation with
+    several results, the ones of the kernel's shape (all where none matches). A view XLA copied
+    counts as the value it views."""
     from ...xla.kernels import NOT_KERNELS
 
+    eqns = step.flat.eqns
     where = {}
     for pos, inst in enumerate(module.schedule):
         where[inst.name] = pos
         for called in inst.called:
             if inst.opcode in ("while", "conditional", "call"):
                 where.update((i.name, pos) for i in module.computations[called].instructions)
-    out: dict[int, int] = {}
+    first: dict[int, int] = {}
+    values: set[int] = set()
     for comp in module.computations.values():
         if not (comp.is_entry or _is_body(module, comp.name)):
             continue
@@ -79,10 +83,17 @@ def materialized(step: Step, module, producer: dict[int, int]) -> dict[int, int]
                 continue
             for source in _written(module, inst):
                 k = equation_of(source.metadata.op_name)
-                if k is not None:
-                    k = _root_eqn(step, k, producer)
-                    out[k] = min(out.get(k, where.get(inst.name, 0)), where.get(inst.name, 0))
-    return out
+                if k is None:
+                    continue
+                k = _root_eqn(step, k, producer)
+                at = where.get(inst.name, 0)
+                first[k] = min(first.get(k, at), at)
+                outs = eqns[k].outs
+                leaf = source.shape.leaves[0] if len(source.shape.leaves) == 1 else None
+                same = [v for v in outs if leaf is not None
+                        and tuple(getattr(step.flat.avals[v], "shape", ())) == leaf.dims]
+                values.update(same if len(outs) > 1 and same else outs)
+    return first, values
 
 
 def _is_body(module, name: str) -> bool:
@@ -116,24 +127,32 @@ def _root_eqn(step: Step, k: int, producer: dict[int, int]) -> int:
     return k
 
 
-def compiled_groups(step: Step) -> list[list[int]]:
+def compiled_groups(step: Step) -> tuple[list[list[int]], dict]:
     """One group per materialized equation: it, plus every equation it reads that XLA did not
     materialize, transitively (an equation fused into several kernels joins each of their groups).
     Program results are always materialized (XLA writes them). Groups come in XLA's schedule
     order (the order of the kernels writing them), so the graph's node order is the order XLA
-    runs the step in."""
-    compiled = compile_named(step)
+    runs the step in. Second: what XLA said about the compiled step (for the graph's meta)."""
+    import os
+
     from ...xla.hlo import parse_hlo
+    from ...xla.memory import backend_of, compiled_memory, xla_reference
+
+    compiled = compile_named(step)
+    module = parse_hlo(compiled.as_text())
+    backend = backend_of(module)
+    reference = xla_reference(compiled.memory_analysis(), backend)
+    info = {"backend": backend, "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""), "kernels_peak_bytes":
+            compiled_memory(module, backend).peak_bytes, "xla_bytes": reference.bytes, "xla_bytes_are": reference.what}
 
     eqns = step.flat.eqns
     producer = {v: k for k, e in enumerate(eqns) for v in e.outs}
-    position = materialized(step, parse_hlo(compiled.as_text()), producer)
-    heads = set(position)
+    position, stored = materialized(step, module, producer)
     for r in step.out_refs:
         if not isinstance(r, Const) and step.root_of(r) in producer:
-            heads.add(producer[step.root_of(r)])
-    heads -= set(step.view_eqns)
-    heads |= {k for k, e in enumerate(eqns) if e.effectful and k not in step.view_eqns}
+            stored.add(step.root_of(r))
+    stored |= {v for e in eqns if e.effectful for v in e.outs}
+    heads = {producer[v] for v in stored if v in producer} - set(step.view_eqns)
     groups = []
     for h in sorted(heads):
         members, todo = {h}, [h]
@@ -141,8 +160,10 @@ def compiled_groups(step: Step) -> list[list[int]]:
             for r in eqns[todo.pop()].ins:
                 if isinstance(r, Const):
                     continue
-                p = producer.get(step.root_of(r))
-                if p is not None and p not in heads and p not in members and p not in step.view_eqns:
+                v = step.root_of(r)
+                p = producer.get(v)
+                # a value no kernel stores is computed again inside each kernel reading it
+                if p is not None and v not in stored and p not in members and p not in step.view_eqns:
                     members.add(p)
                     todo.append(p)
         groups.append(sorted(members))
@@ -150,11 +171,11 @@ def compiled_groups(step: Step) -> list[list[int]]:
     # its own, as in the unfused graph
     grouped = {k for g in groups for k in g} | set(step.view_eqns)
     groups.extend([k] for k in range(len(eqns)) if k not in grouped)
-    return _schedule_order(step, groups, position, producer)
+    return _schedule_order(step, groups, position, producer, stored), info
 
 
 def _schedule_order(step: Step, groups: list[list[int]], position: dict[int, int],
-                    producer: dict[int, int]) -> list[list[int]]:
+                    producer: dict[int, int], stored: set[int]) -> list[list[int]]:
     """``groups`` topologically sorted, earliest XLA kernel first (a group XLA writes no kernel for
     goes as soon as what it reads is there)."""
     import heapq
@@ -169,7 +190,8 @@ def _schedule_order(step: Step, groups: list[list[int]], position: dict[int, int
             for r in eqns[k].ins:
                 if isinstance(r, Const):
                     continue
-                p = producer.get(step.root_of(r))
+                v = step.root_of(r)
+                p = producer.get(v)
                 if p is not None and p not in inside and p in group_of:
                     d.add(group_of[p])
         d.discard(i)

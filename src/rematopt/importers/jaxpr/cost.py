@@ -2,10 +2,11 @@
 
 FLOPs come from the equation's avals: ``dot_general`` and convolutions from
 their dimension numbers, per element for elementwise ops and reductions (the
-transcendental ones weighted), none for pure data movement. Control flow is
-costed from its body: ``scan`` as ``length`` iterations, ``while`` as one
-iteration (its trip count is not known when tracing), ``cond`` as its dearest
-branch.
+transcendental ones weighted), none for pure data movement; a primitive no
+table knows as one or the other by its shapes (:func:`.primitives.guess_kind`).
+Control flow is costed from its body: ``scan`` as ``length`` iterations,
+``while`` as one iteration (its trip count is not known when tracing), ``cond``
+as its dearest branch.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import numpy as np
 
 from .. import costmodel
 from .flatten import Const, Eqn, Flat, aval_bytes
-from .primitives import ELEMENTWISE, LAYOUT, REDUCTIONS, TAGS
+from .primitives import ELEMENTWISE, KNOWN, LAYOUT, REDUCTIONS, TAGS, guess_kind
 
 
 def fusible(op: str) -> bool:
@@ -65,9 +66,14 @@ def eqn_flops(flat: Flat, eqn: Eqn) -> float:
         rhs = in_avals[1]
         out_features = rhs.shape[eqn.params["dimension_numbers"].rhs_spec[0]]
         return costmodel.conv_flops(out_el, _elements(rhs), out_features)
-    if op in LAYOUT:
+    if op in LAYOUT or (op not in KNOWN and guessed_kind(flat, eqn) == "data movement"):
         return 0.0
     return costmodel.elementwise_flops(op, max([out_el] + [_elements(a) for a in in_avals]))
+
+
+def guessed_kind(flat: Flat, eqn: Eqn) -> str:
+    """How an equation of an unknown primitive is priced (:func:`.primitives.guess_kind`)."""
+    return guess_kind([_ref_aval(flat, r) for r in eqn.ins], [flat.avals[v] for v in eqn.outs])
 
 
 def eqn_seconds(flat: Flat, eqn: Eqn, dev: costmodel.Device) -> float:

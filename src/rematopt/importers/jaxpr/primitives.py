@@ -1,7 +1,12 @@
 """Every primitive the importer knows: how it is priced, whether re-running it is
-safe, and which ones are views of their operand. A primitive outside these
-tables is refused in one line naming it (:func:`check_known`), rather than
-priced by guess or recomputed when it might read hidden state.
+safe, and which ones are views of their operand.
+
+A primitive outside these tables (each JAX release adds some) is guessed
+rather than refused: priced from its shapes (:func:`guess_kind`), recomputable
+when it is pure (:func:`pure_unknown`: no effects, arrays in and out, no
+declared side effect), pinned otherwise. The graph names the guessed ones
+(:func:`guessed`), and each is named once per trace in a :class:`GuessedPrimitive`
+warning.
 
 Random numbers: JAX's key-based draws (``random_bits`` and the key
 operations, ``threefry2x32``, ``rng_bit_generator``) are pure functions of
@@ -13,9 +18,10 @@ hidden generator state and is not; nor is any equation with a JAX effect
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
-from ...errors import ImportFailure
+import jax
+
 from .flatten import INLINE_PARAMS
 
 # Data movement: no arithmetic, cost is bytes moved only.
@@ -36,6 +42,7 @@ ELEMENTWISE = frozenset({
     "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "lgamma", "digamma", "polygamma",
     "igamma", "igammac", "igamma_grad_a", "zeta", "bessel_i0e", "bessel_i1e", "regularized_incomplete_beta",
     "clz", "mulhi", "complex",
+    "one_minus_square",  # 1 - x**2: JAX 0.11 writes tanh's derivative with it (absent from 0.10)
 })
 REDUCTIONS = frozenset({
     "reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or", "reduce_xor",
@@ -92,27 +99,59 @@ def is_view(prim: str, params: dict, in_aval: Any, out_aval: Any) -> bool:
     return True
 
 
-def recomputable(prim: str, params: dict, effectful: bool) -> bool:
-    """Re-running it gives the same values and changes nothing else."""
+def recomputable(prim: str, params: dict, effectful: bool, avals: Iterable[Any] = ()) -> bool:
+    """Re-running it gives the same values and changes nothing else (an
+    unknown primitive: when :func:`pure_unknown`, judged on ``avals``, its
+    operands' and results')."""
     if effectful or prim in STATEFUL:
         return False
     if prim == "ffi_call" and params.get("has_side_effect", False):
         return False
-    return all(recomputable(e.primitive.name, e.params, bool(e.effects)) for j in sub_jaxprs(params)
-               for e in j.eqns)
+    if prim not in KNOWN and not pure_unknown(params, avals):
+        return False
+    return all(recomputable(e.primitive.name, e.params, bool(e.effects), _eqn_avals(e))
+               for j in sub_jaxprs(params) for e in j.eqns)
 
 
-def check_known(eqns: Any) -> None:
-    """ImportFailure naming the first primitive (and where it came from) that
-    no table above knows, looking inside loop and branch bodies too."""
+def pure_unknown(params: dict, avals: Iterable[Any]) -> bool:
+    """An effect-free unknown primitive is taken to compute its results from
+    its operands alone unless it declares a side effect or passes state that
+    is not an array (a mutable ``Ref``, a token)."""
+    if params.get("has_side_effect", False):
+        return False
+    return all(isinstance(a, jax.core.ShapedArray) for a in avals)
+
+
+def guess_kind(in_avals: list, out_avals: list) -> str:
+    """How an unknown primitive is priced: ``"elementwise"`` (per result
+    element, as ``add``) when every result has the shape of an operand, else
+    ``"data movement"`` (bytes only, as ``concatenate``)."""
+    shapes = {tuple(getattr(a, "shape", ())) for a in in_avals}
+    return "elementwise" if out_avals and all(tuple(getattr(a, "shape", ())) in shapes
+                                              for a in out_avals) else "data movement"
+
+
+class GuessedPrimitive(UserWarning):
+    """The traced program holds a primitive rematopt has no table entry for;
+    it is priced from its shapes and recomputed only if it is pure."""
+
+
+def guessed(eqns: Iterable[Any]) -> list[str]:
+    """Names of the unknown primitives among ``eqns`` and inside their loop
+    and branch bodies, in order of first appearance."""
+    names: dict[str, None] = {}
     for e in eqns:
         prim = e.prim if hasattr(e, "prim") else e.primitive
         if prim.name not in KNOWN:
-            where = getattr(e, "source", "")
-            raise ImportFailure(f"primitive {prim.name!r}{f' at {where}' if where else ''} is not one rematopt "
-                                "knows how to price or recompute (rematopt.importers.jaxpr.primitives)")
+            names.setdefault(prim.name)
         for j in sub_jaxprs(e.params):
-            check_known(j.eqns)
+            names.update(dict.fromkeys(guessed(j.eqns)))
+    return list(names)
+
+
+def _eqn_avals(e: Any) -> list:
+    """A jaxpr equation's operand and result avals."""
+    return [v.aval for v in (*e.invars, *e.outvars)]
 
 
 def sub_jaxprs(params: dict) -> Iterator[Any]:

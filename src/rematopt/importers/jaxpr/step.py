@@ -13,6 +13,7 @@ them again under a plan.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -46,6 +47,7 @@ class Step:
     argnums: tuple[int, ...] = ()
     groups: list[list[int]] = field(default_factory=list)  # equation indices per compute node
     fused: bool | str = False        # False, True (the table of cheap ops), "xla" (learned from XLA)
+    compiled: dict | None = None      # fuse="xla": what XLA said about the compiled step
     dead: int = 0                     # equations dropped because nothing reads their results
     unrolled: bool = False            # loops were unrolled (:mod:`.unroll`)
     # Per flat leaf: (leaf of the caller's arguments, slice index) when unrolling
@@ -71,7 +73,10 @@ class Step:
         for g, members in enumerate(self.groups):
             for k in members:
                 for v in self.flat.eqns[k].outs:
-                    prod[v] = self.node_of_group(g)
+                    prod.setdefault(v, self.node_of_group(g))
+        for g, members in enumerate(self.groups):  # an equation heading a node is that node's
+            for v in self.flat.eqns[members[-1]].outs:  # (``fuse="xla"`` may also copy it into others)
+                prod[v] = self.node_of_group(g)
         prod.update((v, prod[r]) for v, r in self.root.items() if r in prod)  # not the cotangent's views
         return prod
 
@@ -159,7 +164,6 @@ def trace_step(loss_fn: Callable, args: Sequence, argnums: int | Sequence[int] =
     grad_refs = flat.add(closed_bwd, res_refs + [ct_id], "backward")
     step = Step(flat, arg_ids, names, tree, diff_leaves, [loss_ref] + grad_refs, res_refs, ct_id, argnums)
     step.dead = _drop_dead(flat, step.out_refs + res_refs)
-    primitives.check_known(flat.eqns)
     _find_views(step)
     step.groups = [list(g) for g in groups] if groups is not None else _groups(step, fuse)
     step.fused = fuse
@@ -183,7 +187,6 @@ def trace_program(fn: Callable, args: Sequence, fuse: bool | str = False, unroll
     outs = flat.add(closed, arg_ids, None)
     step = Step(flat, arg_ids, names, tree, [False] * len(arg_ids), outs)
     step.dead = _drop_dead(flat, outs)
-    primitives.check_known(flat.eqns)
     _find_views(step)
     step.groups = _groups(step, fuse)
     step.fused = fuse
@@ -251,7 +254,8 @@ def _groups(step: Step, fuse: bool | str) -> list[list[int]]:
     if fuse == "xla":
         from .compiled import compiled_groups
 
-        return compiled_groups(step)
+        groups, step.compiled = compiled_groups(step)
+        return groups
     if not fuse:
         return [[k] for k in ks]
     # Values that must stay visible: program results and residuals.
@@ -268,7 +272,7 @@ def _groups(step: Step, fuse: bool | str) -> list[list[int]]:
     for k in reversed(ks):
         e = eqns[k]
         if (len(e.outs) != 1 or e.effectful or not cost.fusible(e.prim.name) or e.outs[0] in pinned
-                or not primitives.recomputable(e.prim.name, e.params, e.effectful)):
+                or not _recomputable(step.flat, e)):
             continue
         heads = {head[c] for c in users.get(e.outs[0], [])}
         if len(heads) != 1:
@@ -321,8 +325,7 @@ def to_graph(step: Step, name: str, device: str = costmodel.DEFAULT_DEVICE,
         edges.extend((s, nid) for s in srcs)
         node = Node(nid, name=f"{op}.{nid}", op=op, bytes=sum(aval_bytes(flat.avals[v]) for v in head.outs),
                     cost=_group_seconds(step, members, dev), phase=head.phase,
-                    recomputable=all(primitives.recomputable(flat.eqns[k].prim.name, flat.eqns[k].params,
-                                                             flat.eqns[k].effectful) for k in members))
+                    recomputable=all(_recomputable(flat, flat.eqns[k]) for k in members))
         crossing = [j for j, v in enumerate(head.outs) if v in residual_roots]
         if crossing:  # saved by jax.vjp (even where the backward pass never reads it)
             node.extra["residual"] = True
@@ -345,6 +348,9 @@ def to_graph(step: Step, name: str, device: str = costmodel.DEFAULT_DEVICE,
             node.extra["iteration"] = list(loops)
         if op == "name":  # a second name on a named value (see _find_views)
             node.extra["checkpoint_name"] = str(head.params["name"])
+        guessed = primitives.guessed(flat.eqns[k] for k in members)
+        if guessed:  # priced and judged by primitives.guess_kind / pure_unknown, not a table
+            node.extra["guessed"] = guessed
         nodes.append(node)
     by_node: dict[int, list[int]] = {}
     for r in residual_values:
@@ -373,7 +379,7 @@ def to_graph(step: Step, name: str, device: str = costmodel.DEFAULT_DEVICE,
         "device_source": dev.source,
         "argnums": list(step.argnums),
         "fuse": step.fused,
-        **({"groups": step.groups} if step.fused == "xla" else {}),
+        **({"groups": step.groups, "xla": step.compiled} if step.fused == "xla" else {}),
         "unroll": step.unrolled,
         "args": [f"{n}: {_short(flat.avals[v])}" for n, v in zip(step.arg_names, step.arg_ids)],
         "equations": len(flat.eqns),
@@ -381,12 +387,35 @@ def to_graph(step: Step, name: str, device: str = costmodel.DEFAULT_DEVICE,
         "nodes_unfused": step.n_inputs + len(flat.eqns) - len(step.view_eqns),
         "nodes": step.n_inputs + len(step.groups),
         "views": len(step.view_eqns),
+        "guessed_primitives": _warn_guessed(flat),
         "residuals": {"count": len(residual_values),
                       "bytes": sum(aval_bytes(flat.avals[r]) for r in residual_values),
                       "buffers": len(buffers), "buffer_bytes": sum(aval_bytes(flat.avals[r]) for r in buffers)},
     }
     info.update(meta or {})
     return Graph(name, nodes, sorted(set(edges)), None, info)
+
+
+def _recomputable(flat: Flat, e: Any) -> bool:
+    avals = [flat.avals[r] for r in (*e.ins, *e.outs) if not isinstance(r, Const)]
+    return primitives.recomputable(e.prim.name, e.params, e.effectful, avals)
+
+
+def _warn_guessed(flat: Flat) -> list[str]:
+    """The unknown primitives of the program, each named in one
+    :class:`~.primitives.GuessedPrimitive` warning saying how it was taken."""
+    names = primitives.guessed(flat.eqns)
+    for name in names:
+        first = next((e for e in flat.eqns if e.prim.name == name), None)
+        if first is None:
+            how = "inside a loop body kept whole"
+        else:
+            how = (f"{'at ' + first.source + ', ' if first.source else ''}priced as {cost.guessed_kind(flat, first)} "
+                   "from its shapes, "
+                   + ("recomputable" if _recomputable(flat, first) else "never recomputed (effects or state)"))
+        warnings.warn(primitives.GuessedPrimitive(
+            f"primitive {name!r} is in no table of rematopt.importers.jaxpr.primitives: {how}"), stacklevel=4)
+    return names
 
 
 def _group_seconds(step: Step, members: list[int], dev: costmodel.Device) -> float:

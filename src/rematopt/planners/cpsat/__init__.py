@@ -32,8 +32,10 @@ def plan(graph: Graph, budget: int | None, options: dict[str, Any]) -> Plan:
     cfg = Settings.parse(budget, options)
     if budget is not None and budget < peak_lower_bound(graph):
         return no_plan(graph.name, "INFEASIBLE", reason=f"budget {budget:,} bytes is below the lower bound "
-                                                        f"{peak_lower_bound(graph):,} bytes; no model built", proved_by="working set")
+                                                        f"{peak_lower_bound(graph):,} bytes; no model built",
+                       proved_by="working set", infeasible_in="all plans")
     if not graph.compute_ids:
         return Plan(graph.name, "cpsat", [], [],
-                    Stats(status="OPTIMAL", peak_bytes=graph.initial_bytes, compute_cost=0.0, transfer_bytes=0))
+                    Stats(status="OPTIMAL", peak_bytes=graph.initial_bytes, compute_cost=0.0, transfer_bytes=0,
+                          details={"optimal_in": "all plans", "proved_by": "zero cost"}))
     return run.run(graph, cfg)

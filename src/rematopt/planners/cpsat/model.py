@@ -700,12 +700,14 @@ class Model:
 def build(graph: Graph, backend: Backend, *, objective: str, mem_cap_bytes: int | None, offload: bool,
           transfer_cost_per_byte: float, cost_scale: int, depth: int | None = None,
           also: dict[int, set[int]] | None = None, max_recomputes: int | None = None,
-          max_overhead: float | None = None, deadline: float | None = None, round_down: bool = False) -> Model:
+          max_overhead: float | None = None, overhead_cap: int | None = None, deadline: float | None = None,
+          round_down: bool = False) -> Model:
     """The staged model with every constraint family, the side caps and the
     objective: ``overhead`` (under ``mem_cap_bytes``) or ``peak`` (with
     ``mem_cap_bytes`` None the budget is lifted; ``max_overhead`` x base
-    cost caps the overhead); sizes rounded down with ``round_down`` (see
-    :class:`Formulation`). Raises OutOfTime past ``deadline``."""
+    cost caps the overhead, in model integers ``overhead_cap`` where the
+    caller widens it for a proof); sizes rounded down with ``round_down``
+    (see :class:`Formulation`). Raises OutOfTime past ``deadline``."""
     began = time.perf_counter()
     form = Formulation(graph, backend, offload=offload, transfer_cost_per_byte=transfer_cost_per_byte,
                        cost_scale=cost_scale, mem_cap_bytes=mem_cap_bytes, depth=depth, also=also,
@@ -720,7 +722,8 @@ def build(graph: Graph, backend: Backend, *, objective: str, mem_cap_bytes: int 
         add_overhead_objective(form)
     else:
         if max_overhead is not None:
-            cap = overhead_cap_units(form.int_cost, graph, max_overhead)
+            cap = overhead_cap if overhead_cap is not None else overhead_cap_units(form.int_cost, graph,
+                                                                                   max_overhead)
             add_overhead_cap(form, cap)
         peak = add_peak_objective(form, floor)
     n_vars, n_cons = backend.size if hasattr(backend, "size") else (0, 0)

@@ -22,7 +22,7 @@ from ...plan import Plan
 from ...reference import peak_lower_bound
 from ...simulate import simulate
 from ...stats import Stats
-from .model import memory_unit, overhead_cap_units, peak_floor_units
+from .model import memory_unit, peak_floor_units
 from .bounds import AFTER, PROBES, Question, ask
 from .report import gap
 from .search import Context
@@ -138,10 +138,8 @@ def after_bounds(ctx: Context, u: Units, peak: int, lower: int, limit: float
         return []
     g, cfg = ctx.graph, ctx.cfg
     cost, transfer = ctx.relaxation_costs()
-    model_cost = [round(c * ctx.scale) for c in g.cost]
-    cap = None if cfg.max_overhead is None else overhead_cap_units(model_cost, g, cfg.max_overhead)
-    q = Question("peak", u.unit, 0, cost, transfer, cfg.offload, cap, max_recomputes(cfg, len(g.compute_ids)),
-                 peak_floor_units(g, u.unit, up=False))
+    q = Question("peak", u.unit, 0, cost, transfer, cfg.offload, ctx.proof_cap(),
+                 max_recomputes(cfg, len(g.compute_ids)), peak_floor_units(g, u.unit, up=False))
     deadline = time.perf_counter() + limit
     found = []
     for level in AFTER:
@@ -174,9 +172,7 @@ def question(ctx: Context, u: Units) -> Question:
     (costs floored when the scale is inexact, so the relaxation stays one)."""
     g, cfg = ctx.graph, ctx.cfg
     cost, transfer = ctx.relaxation_costs()
-    model_cost = [round(c * ctx.scale) for c in g.cost]  # the cap is the model's (Formulation.int_cost)
-    cap = None if cfg.max_overhead is None else overhead_cap_units(model_cost, g, cfg.max_overhead)
-    return Question("overhead", u.unit, 0, cost, transfer, cfg.offload, cap,
+    return Question("overhead", u.unit, 0, cost, transfer, cfg.offload, ctx.proof_cap(),
                     max_recomputes(cfg, len(g.compute_ids)), 0)
 
 

@@ -22,10 +22,10 @@ from ...stats import Stats
 from . import lns, peak
 from .backends import STATUS, LpBackend
 from .model import (Model, OutOfTime, Stages, cap_units, cost_resolution, integer_scale, memory_unit,
-                    overhead_cap_units, peak_floor_units)
+                    peak_floor_units)
 from .bounds import AFTER, BOUNDS, PROOFS, Question, WholeBound, ask
 from .order import search_order
-from .report import ROUNDED_DOWN, Outcome, Outside, gap, report, report_unbuilt, whole_units
+from .report import ROUNDED_DOWN, Outcome, Outside, gap, over_all_plans, report, report_unbuilt, whole_units
 from .search import Context, Lowest, Round, make_model, solve_model, solve_round, tie_break, whole_bound_of
 from .settings import Settings, max_recomputes
 from .signals import Interrupt, Trace, deferred_sigint
@@ -78,8 +78,8 @@ def run(graph: Graph, cfg: Settings) -> Plan:
     ctx = context(graph, cfg)
     with deferred_sigint(ctx.stop):
         if cfg.objective == "peak":  # the rounds, then the bisection that proves the peak
-            return peak.run(ctx, _run, admit)
-        return bounded(ctx)
+            return over_all_plans(graph, cfg.budget, cfg.objective, cfg.offload, peak.run(ctx, _run, admit))
+        return over_all_plans(graph, cfg.budget, cfg.objective, cfg.offload, bounded(ctx))
 
 
 def bounded(ctx: Context) -> Plan:
@@ -307,8 +307,8 @@ def cleaned(ctx: Context, plan: Plan, outside: Outside | None) -> Outside | None
     n250: 4.60% and 3.04%). Without them the plan lies outside the staged
     space, so the report returns it as an outside plan that beats the
     model's best: FEASIBLE, the bounds still those of the staged space (its
-    gap then says how much cheaper any staged plan could be). Asked only of
-    plans not proven optimal: a proven optimum is returned as such."""
+    gap then says how much cheaper any staged plan could be). Asked of a
+    staged optimum too: its proof does not cover the cleaned plan."""
     found = best_admitted(ctx, without_dead(ctx.graph, [plan]))
     return found if found is not None and (outside is None or found.objective < outside.objective) else outside
 
@@ -333,9 +333,7 @@ def question(ctx: Context) -> Question:
     unit = memory_unit(g)[0]
     top = cfg.budget if cfg.budget is not None else no_remat_peak(g)
     int_cost, int_transfer = ctx.relaxation_costs()
-    cap = None
-    if cfg.objective == "peak" and cfg.max_overhead is not None:
-        cap = overhead_cap_units([round(c * ctx.scale) for c in g.cost], g, cfg.max_overhead)
+    cap = ctx.proof_cap() if cfg.objective == "peak" else None
     return Question(cfg.objective, unit, cap_units(g, unit, top), int_cost, int_transfer, cfg.offload,
                     cap, max_recomputes(cfg, len(g.compute_ids)), peak_floor_units(g, unit, up=False))
 
@@ -558,10 +556,11 @@ def _run(ctx: Context, found: tuple[Outside | None, Lowest | None] | None = None
         # an optimum is never claimed over a plan rematopt itself can make:
         # without the warm start's fast plans, run them now
         rivals = heuristic_plans(ctx)
+        rivals += without_dead(g, [p for p, _ in rivals])
         rival = best_admitted(ctx, rivals + ([(outside.plan, outside.replay)] if outside else []))
         if rival is not None and (outside is None or rival.objective < outside.objective):
             outside = rival
-    if best is not None and not (lower is not None and done.objective <= lower):
+    if best is not None:  # a staged optimum too: its proof does not cover the cleaned plan
         outside = cleaned(ctx, events(model.form, best), outside)
     lp, lp_skipped = None, None
     if cfg.lp_bound and not empty and not (whole is not None and whole.status == "INFEASIBLE"):

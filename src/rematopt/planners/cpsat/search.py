@@ -76,6 +76,21 @@ class Context:
         return (tuple(to_int(c * self.scale) for c in g.cost),
                 tuple(to_int(b * per_byte * self.scale) for b in g.bytes))
 
+    def proof_cap(self, rounded: bool = False) -> int | None:
+        """``--max-overhead`` x base cost in model integers as a proof must
+        read it: no less than any plan within the true cap costs in the
+        proof's integers (floored costs, the relaxations': at most the true
+        cost x scale; costs ``rounded`` to nearest, the rounded-down model's:
+        up to resolution x scale / 2 more), so the cap only widens the
+        feasible set. The rounds' cap on the rounded costs' sum
+        (:func:`.model.overhead_cap_units`) may cut off a plan within the
+        true cap where the scale is not exact."""
+        if self.cfg.max_overhead is None:
+            return None
+        base = math.fsum(self.graph.cost[i] * self.scale for i in self.graph.compute_ids)
+        slack = self.resolution * self.scale / 2 if rounded else 0.0
+        return math.floor(self.cfg.max_overhead * base * (1 + 1e-12) + slack + 1e-9)
+
 
 @dataclass(frozen=True)
 class Lowest:
@@ -136,6 +151,7 @@ def make_model(ctx: Context, depth: int | None, also: dict[int, set[int]] | None
                  depth=depth, also=also if depth is not None else None,
                  max_recomputes=max_recomputes(cfg, len(g.compute_ids)),
                  max_overhead=None if fit or cfg.objective != "peak" else cfg.max_overhead,
+                 overhead_cap=ctx.proof_cap(rounded=True) if round_down else None,
                  deadline=ctx.start + cfg.time_limit, round_down=round_down)
 
 

@@ -1,7 +1,12 @@
 """What a cpsat run shows while it solves, and how it takes Ctrl-C: the
 trace of incumbents and bounds (``--log``), the solution callback that
 records them, the live progress line, and the SIGINT handling that lets a
-Ctrl-C end the run with its best plan instead of killing it."""
+Ctrl-C end the run with its best plan instead of killing it.
+
+A process that starts with SIGINT ignored (a background job of a
+non-interactive shell) cannot be interrupted, and cpsat keeps it so: it
+installs no handler and does not let CP-SAT catch SIGINT, and the run ends at
+its time limit or proof (:func:`sigint_ignored`)."""
 
 from __future__ import annotations
 
@@ -80,11 +85,19 @@ class Interrupt:
         self.requested = False
 
 
+def sigint_ignored() -> bool:
+    """SIGINT is ignored, as in a process started in the background (where
+    Python installs no handler of its own): whoever chose that wants no
+    Ctrl-C to reach the process, so cpsat leaves SIGINT alone."""
+    return signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+
+
 @contextmanager
 def deferred_sigint(stop: Interrupt) -> Iterator[None]:
     """While the block runs, SIGINT sets ``stop.requested`` instead of
-    raising (main thread only: elsewhere signals cannot be handled)."""
-    if threading.current_thread() is not threading.main_thread():
+    raising (main thread only: elsewhere signals cannot be handled; SIGINT
+    ignored stays ignored)."""
+    if threading.current_thread() is not threading.main_thread() or sigint_ignored():
         yield
         return
 
@@ -106,10 +119,11 @@ def solver_takes_ctrl_c(params: Any, enabled: bool = True) -> Iterator[None]:
     which kills the process). Main thread only: CP-SAT's handler lives in
     the thread that installs it, and a SIGINT reaching the main thread while
     a worker thread's solve has it installed aborts the process
-    (std::bad_function_call; measured with a cpsat solve in a thread)."""
+    (std::bad_function_call; measured with a cpsat solve in a thread).
+    Not where SIGINT is ignored (:func:`sigint_ignored`)."""
     main = threading.current_thread() is threading.main_thread()
-    params.catch_sigint_signal = enabled and main
-    if not main:
+    params.catch_sigint_signal = enabled and main and not sigint_ignored()
+    if not params.catch_sigint_signal:
         yield
         return
     previous = signal.getsignal(signal.SIGINT)

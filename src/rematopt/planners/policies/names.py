@@ -10,9 +10,12 @@ With few groups the space is enumerated: saved sets in order of recompute
 cost (which depends on the saved set alone), each checked all offloaded first
 (if that misses the budget, every split of it does), then its device subsets
 grown while they fit. With many, CP-SAT searches the decisions
-(:mod:`~rematopt.planners.policies.search`). ``OPTIMAL`` means proven over
-the policy space. Beside the policy, the stats give the unconstrained
-``cpsat`` plan and bound at the same budget (``price_of_policy``: how much
+(:mod:`~rematopt.planners.policies.search`). What the search proves holds
+over the policy space: ``optimal_in`` / ``infeasible_in`` "policy space",
+with status FEASIBLE / UNKNOWN, since a plan no policy expresses may do
+better (``price_of_policy``); ``OPTIMAL`` only where nothing can (no
+recompute, or a peak at :func:`~rematopt.reference.pinned_bound`). Beside
+the policy, the stats give the unconstrained ``cpsat`` plan and bound at the same budget (``price_of_policy``: how much
 overhead expressing the plan as a policy costs).
 """
 
@@ -27,6 +30,7 @@ from typing import Any
 from ...errors import NotApplicable
 from ...graph import Graph
 from ...plan import Plan
+from ...reference import pinned_bound
 from ...simulate import simulate
 from ...stats import Stats
 from ..options import names, option, parse
@@ -78,14 +82,30 @@ def plan(graph: Graph, budget: int | None, options: dict[str, Any]) -> Plan:
     if best is None:
         why = ("no policy in the space fits the budget" if status == "INFEASIBLE"
                else "the search ended before finding a policy within budget")
-        return Plan(graph.name, "jax-names", [], [], Stats(status=status, reason=why, best_bound=bound_units,
-                                                             details=stats))
+        return Plan(graph.name, "jax-names", [], [], Stats(
+            status="UNKNOWN", reason=why, best_bound=bound_units, details=stats,
+            infeasible_in=POLICIES if status == "INFEASIBLE" else None))
     out = policy_plan(space, policy, budget, stats=stats)
-    out.stats = replace(out.stats, status=status, best_bound=bound_units)
+    out.stats = replace(out.stats, best_bound=bound_units, **claim(graph, objective, offload, status, out.stats))
     if "cpsat_overhead" in stats and base:
         overhead = (out.stats["compute_cost"] - base) / base
         out.stats = out.stats.with_details(price_of_policy=overhead - stats["cpsat_overhead"])
     return out
+
+
+# What the search's proofs cover (Stats.optimal_in, infeasible_in).
+POLICIES = "policy space"
+
+
+def claim(graph: Graph, objective: str, offload: bool, status: str, st: Stats) -> dict[str, Any]:
+    """The status of a policy's plan over every plan: OPTIMAL where nothing
+    can beat it (it recomputes nothing, or peaks at the pinned values'
+    bound), else FEASIBLE, optimal among ``POLICIES`` when the search proved
+    it (``status`` OPTIMAL)."""
+    primary = st["compute_cost"] - math.fsum(graph.cost[i] for i in graph.compute_ids)
+    if (primary <= 0 if objective == "overhead" else st["peak_bytes"] <= pinned_bound(graph, offload)):
+        return {"status": "OPTIMAL", "optimal_in": "all plans"}
+    return {"status": "FEASIBLE", "optimal_in": POLICIES if status == "OPTIMAL" else None}
 
 
 def _figures(p: Plan) -> tuple:

@@ -1,0 +1,48 @@
+"""``rematopt xla ...``: what XLA compiled, read from its optimized HLO text."""
+
+from __future__ import annotations
+
+import click
+
+from ..sizes import human_bytes
+from . import cli
+from .core import emit_json
+
+
+@cli.group(name="xla")
+def xla_group() -> None:
+    """Read XLA's compiled program (compiled.as_text()) in rematopt's terms."""
+
+
+@xla_group.command(name="memory")
+@click.argument("hlo_file", type=click.Path(dir_okay=False))
+@click.option("--backend", type=click.Choice(["auto", "cpu", "gpu", "tpu"]), default="auto", show_default=True,
+              help="Count memory as XLA does on this backend (auto: the one the module was compiled for).")
+@click.option("--top", type=int, default=10, show_default=True, help="Live buffers to list at the peak.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (peak_bytes, where, what is live).")
+def memory_cmd(hlo_file: str, backend: str, top: int, as_json: bool) -> None:
+    """Peak memory of HLO_FILE's scheduled entry computation, where in the schedule it falls,
+    and what is live there (with each buffer's op_name and source line)."""
+    from ..xla.hlo import read_hlo
+    from ..xla.memory import backend_of, compiled_memory
+
+    module = read_hlo(hlo_file)
+    chosen = backend_of(module) if backend == "auto" else backend
+    result = compiled_memory(module, chosen)
+    compare = ("peak_memory_in_bytes" if chosen != "cpu" else
+               "temp + arguments + outputs - aliases (XLA computes no peak on CPU)")
+    if as_json:
+        emit_json({"file": hlo_file, "module": module.name, "backend": chosen, "compare_with": compare,
+                   "instructions": len(module.schedule), **result.summary()})
+        return
+    click.echo(f"{hlo_file}: {module.name} ({chosen}), {len(module.schedule)} scheduled instructions")
+    click.echo(f"peak {human_bytes(result.peak_bytes)} ({result.peak_bytes:,} B) at #{result.peak_index} "
+               f"{result.peak_instruction}: parameters {human_bytes(result.parameter_bytes)}, outputs "
+               f"{human_bytes(result.output_bytes)}, temporaries {human_bytes(result.temp_peak_bytes)}")
+    click.echo(f"XLA's own figure to compare with: {compare}")
+    temps = [b for b in result.live if b.kind == "temp"][:top]
+    if temps:
+        click.echo("largest temporaries live at the peak:")
+    for b in temps:
+        where = f"  {b.source}" if b.source else ""
+        click.echo(f"  {human_bytes(b.bytes):>10}  {b.instruction}  {b.op_name}{where}")
