@@ -117,11 +117,6 @@ def apply_plan(loss_fn: Callable, graph: Graph, plan: Plan, scan: bool = True) -
     differentiating any other argument raises PlanError (the plan holds no
     backward pass for it, so its gradient would be a silent zero).
     """
-    if graph.meta.get("fuse") == "xla":
-        # its nodes copy an equation into every kernel that recomputes it; running a plan over
-        # them (recomputations fused as XLA fuses them) is issue 35's item 3
-        raise PlanError(f"plan for {graph.name}: apply_plan does not run plans of fuse='xla' graphs yet; "
-                        "trace with fuse=False or fuse=True to apply a plan")
     replay = simulate(graph, plan)
     if not replay.valid:
         where = "" if replay.error_event is None else f" at event {replay.error_event}"
