@@ -34,21 +34,22 @@ def run(spec: str, settings: tuple[str, ...], argnums: tuple[int, ...], planner:
     config = _config(settings)
     fn, args = load_factory(spec, **config)
     say = (lambda line: click.echo(f"rematopt: {line}", err=True))
+    name = spec.partition(":")[0].rsplit(".", 1)[-1]
+    traced = trace_grad(fn, *args, argnums=argnums, name=name, meta={"model": spec, "config": config})
     try:
-        graph = trace_grad(fn, *args, argnums=argnums, fuse="xla", name=spec.partition(":")[0].rsplit(".", 1)[-1],
-                           meta={"model": spec, "config": config})
-        say(f"graph: {graph.n} nodes as XLA's compiled plain step materializes them")
+        graph, fallback = trace_grad(fn, *args, argnums=argnums, fuse="xla", name=name,
+                                     meta={"model": spec, "config": config}), traced
+        say(f"graph: {graph.n} nodes as XLA's compiled plain step materializes them (traced: {traced.n})")
     except ImportFailure as e:
         say(f"planning on the traced graph: the compiled graph failed ({e})")
-        graph = trace_grad(fn, *args, argnums=argnums, name=spec.partition(":")[0].rsplit(".", 1)[-1],
-                           meta={"model": spec, "config": config})
+        graph, fallback = traced, None
     left = (DEFAULT_TIME_LIMIT if time_limit is None else time_limit) - since_start()
     verdict = verify(fn, args, graph, planner, budget_ratio, time_limit=max(1.0, left), options=options,
-                     stock=stock_policies(fn, per_layer(spec, config)), progress=say)
+                     stock=stock_policies(fn, per_layer(spec, config)), progress=say, fallback=fallback)
     chosen = verdict.chosen
     if output and chosen.plan is not None:
         chosen.plan.save(output)
-    info = {"model": spec, "config": config, "planner": planner, "graph_nodes": graph.n, **verdict.summary(),
+    info = {"model": spec, "config": config, "planner": planner, **verdict.summary(),
             "plan": output if output and chosen.plan is not None else None}
     if as_json:
         emit_json(info)

@@ -58,12 +58,15 @@ def residual_fates(graph: Graph, plan: Plan) -> Fates:
     """Classify forward nodes by the plan's events.
 
     The backward pass starts at the plan's first compute of a backward node.
-    A forward node read from then on is *saved* if that read uses the copy
-    computed before (so it crossed the boundary), and *offloaded* if the plan
-    also offloads it; a forward node computed from then on before any such
-    read is *recomputed*. For a forward value with a backward consumer this is
-    the rule "computed once: kept (or offloaded); computed again: recomputed",
-    extended to values that a recomputation reads.
+    From then on, a forward node's first computation is still the forward
+    pass's (XLA's schedule, which ``fuse="xla"`` graphs follow, runs some
+    forward kernels after the first backward one). A forward node read by a
+    backward node or a recomputation is *saved* if that read uses a copy the
+    forward pass computed (it crossed the boundary), and *offloaded* if the
+    plan also offloads it; one computed again before any such read is
+    *recomputed*. For a forward value with a backward consumer this is the rule
+    "computed once: kept (or offloaded); computed again: recomputed", extended
+    to values that a recomputation reads.
     """
     phase = [v.phase for v in graph.nodes]
     if "backward" not in phase:
@@ -72,11 +75,15 @@ def residual_fates(graph: Graph, plan: Plan) -> Fates:
     start = next((t for t, (o, i) in enumerate(zip(ops, nodes))
                   if o == COMPUTE and phase[i] == "backward"), len(ops))
     offloaded = {i for o, i in zip(ops, nodes) if o == OFFLOAD}
+    computed = {i for o, i in zip(ops[:start], nodes[:start]) if o == COMPUTE}
     fate: dict[int, str] = {}
     preds = graph.preds
     schedule: dict[int, None] = {}
     for o, i in zip(ops[start:], nodes[start:]):
         if o != COMPUTE:
+            continue
+        if phase[i] == "forward" and i not in computed:  # the forward pass's, computed late
+            computed.add(i)
             continue
         if phase[i] == "backward" or i not in fate:
             schedule.setdefault(i)
@@ -110,11 +117,6 @@ def apply_plan(loss_fn: Callable, graph: Graph, plan: Plan, scan: bool = True) -
     differentiating any other argument raises PlanError (the plan holds no
     backward pass for it, so its gradient would be a silent zero).
     """
-    if graph.meta.get("fuse") == "xla":
-        # its nodes copy an equation into every kernel that recomputes it; running a plan over
-        # them (recomputations fused as XLA fuses them) is issue 35's item 3
-        raise PlanError(f"plan for {graph.name}: apply_plan does not run plans of fuse='xla' graphs yet; "
-                        "trace with fuse=False or fuse=True to apply a plan")
     replay = simulate(graph, plan)
     if not replay.valid:
         where = "" if replay.error_event is None else f" at event {replay.error_event}"

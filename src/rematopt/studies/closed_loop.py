@@ -45,18 +45,21 @@ def rows(names: list[str], planner: str = "cpsat", time_limit: float = 40.0, wor
         spec, config = MODELS[name]
         fn, args = load_factory(spec, **config)
         start = time.perf_counter()
+        traced = trace_grad(fn, *args)
         try:
-            graph, how = trace_grad(fn, *args, fuse="xla"), "compiled"
+            graph, fallback, how = trace_grad(fn, *args, fuse="xla"), traced, "compiled"
         except Exception as e:  # noqa: BLE001 - the table says which graph was planned on
-            graph, how = trace_grad(fn, *args), f"traced ({type(e).__name__})"
+            graph, fallback, how = traced, None, f"traced ({type(e).__name__})"
         known: dict = {}
         stock = stock_policies(fn)
         for ratio in RATIOS:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 v = verify(fn, args, graph, planner, ratio, time_limit=time_limit, options={"workers": workers},
-                           stock=stock, progress=lambda line: say(f"{name} {ratio}: {line}"), known=known)
+                           stock=stock, progress=lambda line: say(f"{name} {ratio}: {line}"), known=known,
+                           fallback=fallback)
             rec = {"model": name, "spec": spec, "config": config, "graph": how, "graph_nodes": graph.n,
+                   "traced_nodes": traced.n,
                    "planner": planner, "time_limit": time_limit, "trace_s": time.perf_counter() - start,
                    **v.summary()}
             out.append(rec)

@@ -146,12 +146,14 @@ def verify(loss_fn: Callable, args: Sequence, graph: Graph, planner: str, budget
            time_limit: float = 120.0, options: dict[str, Any] | None = None,
            stock: dict[str, Callable] | None = None, settings: flags.XlaSettings | None = None,
            progress: Callable[[str], None] | None = None,
-           known: dict[str, tuple[Compiled, str]] | None = None) -> Verdict:
+           known: dict[str, tuple[Compiled, str]] | None = None, fallback: Graph | None = None) -> Verdict:
     """The cheapest candidate whose compiled peak is within ``budget_ratio`` x
     the compiled plain step's (module docstring). ``stock``: label -> loss
     function of the stock-policy candidates (:func:`stock_policies`);
     ``known``: figures already compiled under these labels (``"plain"`` and
-    the stock labels), reused across budgets of one model."""
+    the stock labels), reused across budgets of one model; ``fallback``: the
+    graph to plan on instead when a plan of ``graph`` does not apply (the
+    traced graph, for a compiled one)."""
     from ..exporters.jax_policy import apply_plan
     from ..solve import solve
 
@@ -207,9 +209,22 @@ def verify(loss_fn: Callable, args: Sequence, graph: Graph, planner: str, budget
             if lo is not None and hi - lo < RESOLUTION * g0:
                 break
             continue
-        c, _ = compile_figures(apply_plan(loss_fn, graph, sol.plan), args, argnums, settings)
+        try:
+            c, _ = compile_figures(apply_plan(loss_fn, graph, sol.plan), args, argnums, settings)
+        except Exception as e:  # noqa: BLE001 - a plan the exporter cannot run: say so, plan elsewhere
+            say(f"round {rounds}: the plan does not apply ({type(e).__name__}: {e})"
+                + ("; planning on the traced graph" if fallback is not None else "; no more planning"))
+            if fallback is None:
+                break
+            graph, fallback = fallback, None
+            g0, lo, hi, floor = no_remat_peak(graph), None, no_remat_peak(graph), 0
+            b = int(g0 * budget / plain.peak_bytes)
+            tried.clear()
+            continue
         fits = c.peak_bytes <= budget
-        candidates.append(Candidate(f"{planner} plan (planning budget {human_bytes(b)})", "plan", c, fits, b,
+        where = "compiled" if graph.meta.get("fuse") == "xla" else "traced"
+        candidates.append(Candidate(f"{planner} plan, {where} graph (planning budget {human_bytes(b)})", "plan", c,
+                                    fits, b,
                                     sol.replay.peak_bytes, sol.replay.overhead, sol.status, sol.plan))
         say(f"round {rounds}: planning budget {human_bytes(b)}: predicted {human_bytes(sol.replay.peak_bytes)}, "
             f"XLA peak {human_bytes(c.peak_bytes)} ({'fits' if fits else 'misses'})")
