@@ -187,11 +187,15 @@ def verify(loss_fn: Callable, args: Sequence, graph: Graph, planner: str, budget
     floor = 0               # largest planning budget the planner found no plan for
     b = int(g0 * budget / plain.peak_bytes)  # the same share of the graph's peak
     tried: set[int] = set()
+    began: float | None = None  # when the previous round began
     while rounds < MAX_ROUNDS and b > floor and b not in tried:
         tried.add(b)
-        left = time_limit - (time.perf_counter() - start)
-        if left <= 0:
+        now = time.perf_counter()
+        last_round = 0.0 if began is None else now - began
+        left = time_limit - (now - start)
+        if left <= last_round:  # a round takes about as long as the one before: it would not end in time
             break
+        began = now
         per_round = left / (MAX_ROUNDS - rounds)
         opts = dict(options)
         if "time_limit" in _planner_options(planner):
