@@ -55,7 +55,7 @@ def test_bounds_rows_hold_every_bound_below_the_replayed_plan(tmp_path, monkeypa
     """bench bounds: each bound of the table, asked alone, is at most the
     cost of cpsat's replayed plan (a bound above it is a wrong bound), and
     the table names every bound."""
-    from rematopt.planners.cpsat.bounds import BOUNDS
+    from rematopt.planners.staged.bounds import BOUNDS
 
     monkeypatch.setitem(bench.SCALE, "random_layered_n30", ("random", None, False, 30))
     rows = bench.bounds_rows(("random_layered_n30",), (0.8,), time_limit=3, bound_limit=2, workers=1,

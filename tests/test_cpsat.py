@@ -18,6 +18,7 @@ from rematopt import solve
 from rematopt.graph import Graph, Node
 from rematopt.importers import synthetic
 from rematopt.planners.cpsat import plan as cpsat_plan
+from rematopt.planners.cpsat.tuning import Tuning
 from rematopt.reference import no_remat_peak, peak_lower_bound, working_set_bound
 
 from brute_force import min_cost, min_peak
@@ -338,20 +339,17 @@ def test_never_worse_than_a_hint_from_outside_the_models_space():
 
 
 @pytest.mark.parametrize("length, frac, depths", [(10, 0.0, [1, 2, "full"]), (16, 0.2, [1, 2, 4])])
-def test_empty_restricted_spaces_double_the_depth(monkeypatch, length, frac, depths):
+def test_empty_restricted_spaces_double_the_depth(length, frac, depths):
     """A training chain near its working-set bound needs long recompute
     chains: while a round's space holds no plan the depth doubles, until the
     doubled space would hold more than half of the full space's
     re-materialisations (10 layers: depth 4 has 132 of 210; 16 layers: depth
     8 has 392 of 528); then the full space. The first space with a plan is
     solved to its optimum, as a solve restricted to that depth finds it."""
-    from rematopt.planners.cpsat import strategy
-
-    monkeypatch.setattr(strategy, "FULL_MODEL_PAIRS", 0)
     g = synthetic.linear_training(length)
     lo, hi = peak_lower_bound(g), no_remat_peak(g)
     budget = lo + int((hi - lo) * frac)
-    sol = solve(g, "cpsat", budget=budget, **dict(FAST, time_limit=10))
+    sol = solve(g, "cpsat", budget=budget, **dict(FAST, time_limit=10, tuning=Tuning(full_model_pairs=0)))
     st = sol.plan.stats
     rounds = st["rounds"][:len(depths)]  # up to the first space with a plan
     assert [r["recompute_depth"] for r in rounds] == depths
@@ -401,8 +399,8 @@ def test_a_restricted_space_is_widened_only_for_a_hint_better_than_its_own():
     than staged eviction's plan inside the depth-1 space: the space is not
     widened (a wider space is a harder one) and the round starts from the
     better hint."""
-    from rematopt.planners.cpsat.model import Stages
-    from rematopt.planners.cpsat.solution import staged_events
+    from rematopt.planners.staged.stages import Stages
+    from rematopt.planners.staged.solution import staged_events
 
     g = synthetic.random_layered(16, seed=1)
     outside = solve(g, "dtr", budget_ratio=0.9)

@@ -1,4 +1,4 @@
-"""The whole-space bounds added for issue 24 (``cpsat.bounds``): the chains
+"""The whole-space bounds added for issue 24 (``staged.bounds``): the chains
 relaxation on subsets of the critical stages and with entries cut a few
 recomputes past a value's life, and the coarse-to-fine bound made of them
 (``coarse chains``), asked after the rounds. Each is checked against the
@@ -23,9 +23,9 @@ from rematopt import solve
 from rematopt.graph import Graph, Node
 from rematopt.importers import load as load_graph
 from rematopt.importers import synthetic
-from rematopt.planners.cpsat import run, strategy
-from rematopt.planners.cpsat.bounds import AFTER, BOUNDS, Question, ask, chains
-from rematopt.planners.cpsat.model import cap_units, integer_scale, memory_unit
+from rematopt.planners.cpsat.tuning import Tuning
+from rematopt.planners.staged.bounds import AFTER, BOUNDS, Question, ask, chains
+from rematopt.planners.staged.units import cap_units, integer_scale, memory_unit
 from rematopt.reference import no_remat_peak, peak_lower_bound
 
 # (rows, hops): every critical stage, one of them, two, with entries cut at 0, 1, 2 recomputes or none
@@ -34,7 +34,7 @@ SHAPES = [(None, 0), (None, 1), (1, None), (2, 1), (2, 0), (3, 2)]
 
 def question(g: Graph, budget: int | None, offload: bool = False, per_byte: int = 0, objective: str = "overhead",
              overhead_cap: int | None = None, max_recomputes: int | None = None) -> Question:
-    """Integer costs; memory in the graph's unit, sizes and cap rounded down as run.question does."""
+    """Integer costs; memory in the graph's unit, sizes and cap rounded down as the run's question does."""
     unit = memory_unit(g)[0]
     cap = cap_units(g, unit, budget if budget is not None else sum(g.bytes))
     floor = max(0, (peak_lower_bound(g) - g.persistent_bytes) // unit)
@@ -178,7 +178,7 @@ def test_a_coarse_to_fine_schedule_stays_below_the_optimum(monkeypatch):
 
 def test_real_valued_costs_floored_keep_the_bound_below_the_optimum():
     """Costs k/3 at a cost scale of 10, where none is an integer: floored
-    (as ``Context.relaxation_costs`` does when the scale is inexact), every
+    (as ``staged.bounds.question`` does when the scale is inexact), every
     shape and the coarse bound, divided by the scale, stay at or below the
     exhaustive optimum of the real costs (the integer optimum / 3)."""
     for g, rng in cases(6, every=False, count=12, seed=2405):
@@ -199,16 +199,15 @@ def test_a_run_reports_the_bound_after_its_rounds_below_every_replayed_plan(monk
     after them raise ``best_bound`` (``bound_by``) only to values at or
     below the exhaustive optimum and the replayed plan, and OPTIMAL only
     where the plan is the optimum."""
-    monkeypatch.setattr(strategy, "FULL_MODEL_PAIRS", 0)
-    monkeypatch.setattr(strategy, "FULL_ROUND_PAIRS", 0)
-    monkeypatch.setattr(run, "wants_optimality_proof", lambda *a: False)
+    # depth rounds, no full round, and no time for the relaxations' proofs between them
+    tuning = Tuning(full_model_pairs=0, full_round_pairs=0, proof_share=0.0)
     asked = 0
     for g, rng in cases(6, every=False, count=10, seed=2406):
         budget = budget_between(g, rng)
         expect = min_cost(g, budget)
         real = with_costs(g, [1 / 3] * g.n)
         sol = solve(real, "cpsat", budget=budget, time_limit=20, workers=1, seed=1, lp_bound=False,
-                    warm_start="none", recompute_depth=1)
+                    warm_start="none", recompute_depth=1, tuning=tuning)
         st = sol.plan.stats
         after = [p for p in st.get("relaxation_proofs", []) if p["level"] in AFTER]
         asked += bool(after)

@@ -1,4 +1,4 @@
-"""The gaps relaxation at scale (``cpsat.bounds.gaps``): its runs against a direct
+"""The gaps relaxation at scale (``staged.bounds.gaps``): its runs against a direct
 reading of the definitions, its chained segments against every memory row
 written out, its bound against exhaustive search (both objectives, with and
 without offload), and a solve whose first model is never built still
@@ -16,9 +16,10 @@ from rematopt import solve
 from rematopt.graph import Graph, Node
 from rematopt.importers import synthetic
 from rematopt.planners.cpsat import run
-from rematopt.planners.cpsat.bounds.gaps import gap_runs
-from rematopt.planners.cpsat.model import OutOfTime, Stages
-from rematopt.planners.cpsat.bounds import Question, ask
+from rematopt.planners.staged.bounds.gaps import gap_runs
+from rematopt.planners.staged.model import OutOfTime
+from rematopt.planners.staged.stages import Stages
+from rematopt.planners.staged.bounds import Question, ask
 from rematopt.reference import no_remat_peak, peak_lower_bound
 
 from brute_force import min_cost, min_peak
@@ -161,7 +162,7 @@ def test_what_no_plan_can_meet_is_infeasible_and_a_loose_budget_costs_nothing():
 
 
 def test_questions_asked_before_the_model_match_the_models(monkeypatch):
-    """run.question is asked before any model exists; it must say what the
+    """run.run_question is asked before any model exists; it must say what the
     model built afterwards holds (unit, cap, overhead cap, clone cap, peak floor)."""
     seen: dict = {}
     relaxation, make_model = run.relaxation, run.make_model

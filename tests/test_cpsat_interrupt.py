@@ -15,11 +15,14 @@ import pytest
 from ortools.sat.python import cp_model
 
 from rematopt import solve
-from rematopt.planners.cpsat import run, search, signals, strategy
+from rematopt.planners.cpsat import run, search, signals
+from rematopt.planners.cpsat.tuning import Tuning
 from rematopt.importers import synthetic
 from rematopt.reference import no_remat_plan
 
-OPTS = dict(budget_ratio=0.8, time_limit=60, workers=1, lp_bound=False)
+# depth rounds, so there is a "between"
+DEPTH_ROUNDS = Tuning(full_model_pairs=0)
+OPTS = dict(budget_ratio=0.8, time_limit=60, workers=1, lp_bound=False, tuning=DEPTH_ROUNDS)
 
 
 @pytest.fixture(autouse=True)
@@ -33,8 +36,7 @@ def sigint_raises():
 
 
 @pytest.fixture
-def graph(monkeypatch):
-    monkeypatch.setattr(strategy, "FULL_MODEL_PAIRS", 0)  # depth rounds, so there is a "between"
+def graph():
     return synthetic.random_layered(40, seed=1)
 
 
@@ -89,7 +91,6 @@ def test_ctrl_c_during_the_warm_start_returns_the_hint(graph, monkeypatch):
 
 
 def test_ctrl_c_while_building_a_deeper_round_keeps_the_previous_rounds_plan(graph, monkeypatch):
-    monkeypatch.setattr(strategy, "PROOF_SHARE", 0.0)  # no proof between the rounds: slots would prove depth 1
     original = run.make_model
 
     def build_then_ctrl_c(ctx, depth, also, **kw):
@@ -99,7 +100,8 @@ def test_ctrl_c_while_building_a_deeper_round_keeps_the_previous_rounds_plan(gra
         return model
 
     monkeypatch.setattr(run, "make_model", build_then_ctrl_c)
-    sol = solve(graph, "cpsat", **OPTS)
+    # no proof between the rounds: slots would prove depth 1
+    sol = solve(graph, "cpsat", **{**OPTS, "tuning": Tuning(full_model_pairs=0, proof_share=0.0)})
     check(sol, rounds=1)
     assert sol.plan.stats["recompute_depth"] == 1
 
@@ -154,13 +156,12 @@ def test_ctrl_c_after_the_peak_search_returns_its_plan(graph, monkeypatch):
         ctrl_c()
         return found
 
-    monkeypatch.setattr(search, "FIT_AFTER_SHARE", 0.0)
-    monkeypatch.setattr(search, "MIN_ROUND_S", 0.0)
-    monkeypatch.setattr(search, "FIT_MARGIN", float("inf"))  # the no-remat plan is a start whatever its peak
     monkeypatch.setattr(search, "solve_model", starved)
     monkeypatch.setattr(search, "fit", fit_then_ctrl_c)
     monkeypatch.setattr(run, "warm_start", lambda ctx, model, outside, spent: (None, None))
-    sol = solve(graph, "cpsat", hint=no_remat_plan(graph), **OPTS)
+    # the peak search at once, from the no-remat plan whatever its peak
+    fit_at_once = Tuning(full_model_pairs=0, fit_after_share=0.0, min_round_s=0.0, fit_margin=float("inf"))
+    sol = solve(graph, "cpsat", hint=no_remat_plan(graph), **{**OPTS, "tuning": fit_at_once})
     check(sol, rounds=1)
     st = sol.plan.stats
     assert st["warm_start"] == "peak search"

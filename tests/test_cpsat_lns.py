@@ -16,10 +16,10 @@ from rematopt import solve
 from rematopt.errors import PlannerError
 from rematopt.importers import synthetic
 from rematopt.planners.cpsat import lns
-from rematopt.planners.cpsat.backends import CpSatBackend
-from rematopt.planners.cpsat.model import Model, build
+from rematopt.planners.staged.backends import CpSatBackend
+from rematopt.planners.staged.model import Model, build
 from rematopt.planners.cpsat.settings import Settings
-from rematopt.planners.cpsat.solution import Assignment, events, from_plan
+from rematopt.planners.staged.solution import Assignment, events, from_plan
 from rematopt.planners.cpsat.warm_start import staged_eviction
 from rematopt.reference import no_remat_plan, resolve_budget
 from rematopt.simulate import simulate

@@ -1,5 +1,5 @@
 """cpsat in the order of an outside plan's first computations
-(planners/cpsat/order.py): the order is the plan's, its staged space holds
+(planners/staged/order.py): the order is the plan's, its staged space holds
 the plan, and every claim made in it holds against exhaustive search over
 that space."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from rematopt.planners.cpsat import order
-from rematopt.planners.cpsat.order import first_computations, in_order_of, in_staged_space, search_order
+from rematopt.planners.cpsat.tuning import TUNING, Tuning
+from rematopt.planners.staged.order import first_computations, in_order_of, in_staged_space, search_order
 from rematopt.reference import no_remat_peak, no_remat_plan
 from rematopt.simulate import simulate
 from rematopt.solve import solve
@@ -18,6 +18,8 @@ from cpsat_cases import cases, budget_between
 from test_gap_study import move_graph
 
 MOVE_BUDGET = 25
+# cpsat searching the outside plan's order at any size
+REORDER_ALWAYS = Tuning(reorder_min_nodes=0)
 
 
 def test_the_order_of_a_plan_with_a_move():
@@ -43,24 +45,22 @@ def test_never_computed_nodes_go_last_in_program_order():
     in_order_of(g, partial)  # a valid program order: Graph checks it is topological
 
 
-def test_where_the_program_order_stays(monkeypatch):
+def test_where_the_program_order_stays():
     g = move_graph()
     moved = solve(g, "xla-remat", budget=MOVE_BUDGET).plan
-    assert search_order(g, moved) is None  # 6 nodes: below REORDER_MIN_NODES
-    monkeypatch.setattr(order, "REORDER_MIN_NODES", 0)
-    assert search_order(g, no_remat_plan(g)) is None  # a plan staged in program order
-    assert search_order(g, None) is None
-    assert search_order(g, moved).order == in_order_of(g, moved).order
+    assert search_order(g, moved, TUNING.reorder_min_nodes) is None  # 6 nodes: below reorder_min_nodes
+    assert search_order(g, no_remat_plan(g), 0) is None  # a plan staged in program order
+    assert search_order(g, None, 0) is None
+    assert search_order(g, moved, 0).order == in_order_of(g, moved).order
 
 
-def test_cpsat_searches_the_order_of_the_moves(monkeypatch):
+def test_cpsat_searches_the_order_of_the_moves():
     """The move graph at 25: in program order the staged optimum recomputes
     p (cost 5); greedy and xla-remat both compute p after c, where it is
     free. cpsat proves the moved order's optimum, which exhaustive search
     over that order confirms."""
-    monkeypatch.setattr(order, "REORDER_MIN_NODES", 0)
     g = move_graph()
-    sol = solve(g, "cpsat", budget=MOVE_BUDGET, time_limit=20, workers=1, seed=1)
+    sol = solve(g, "cpsat", budget=MOVE_BUDGET, time_limit=20, workers=1, seed=1, tuning=REORDER_ALWAYS)
     st = sol.plan.stats
     assert st["order_from"] in ("greedy", "xla-remat")
     replay = simulate(g, sol.plan)
@@ -74,19 +74,18 @@ def test_cpsat_searches_the_order_of_the_moves(monkeypatch):
 
 
 @pytest.mark.parametrize("n", [5, 6])
-def test_claims_in_the_moved_order_hold(monkeypatch, n):
+def test_claims_in_the_moved_order_hold(n):
     """Tiny graphs, cpsat with its warm start, reordering at any size: every
     plan replays within the budget, lies in the staged space of the order
     its stats name, and every OPTIMAL or INFEASIBLE there is exhaustive
     search's; a bound never passes the space's optimum."""
-    monkeypatch.setattr(order, "REORDER_MIN_NODES", 0)
     moved = 0
     for g, rng in cases(n, every=False, count=25, seed=40 + n):
         budget = budget_between(g, rng)
         if budget >= no_remat_peak(g):
             continue
         sol = solve(g, "cpsat", budget=budget, time_limit=10, workers=1, seed=1, lp_bound=False,
-                    check_budget=False)
+                    check_budget=False, tuning=REORDER_ALWAYS)
         st = sol.plan.stats
         space = g
         if sol.has_plan:

@@ -12,7 +12,7 @@ import pytest
 
 from rematopt import simulate, solve
 from rematopt.planners.cpsat import run
-from rematopt.planners.cpsat.bounds import BOUNDS
+from rematopt.planners.staged.bounds import BOUNDS
 from rematopt.reference import no_remat_plan
 from rematopt.stats import Stats
 

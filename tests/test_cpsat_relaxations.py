@@ -1,4 +1,4 @@
-"""The relaxations of ``cpsat.bounds`` (gaps alone, and with recompute
+"""The relaxations of ``staged.bounds`` (gaps alone, and with recompute
 chains, and with a recompute's slot memory): lower bounds for the whole staged space, checked against exhaustive
 search and the full model, and how ``cpsat`` uses them to claim whole-space
 optimality from a depth-restricted solve."""
@@ -15,9 +15,10 @@ from rematopt import solve
 from rematopt.graph import Graph
 from rematopt.importers import synthetic
 from rematopt.planners.cpsat import run, search, strategy
-from rematopt.planners.cpsat.bounds import chains
-from rematopt.planners.cpsat.model import integer_scale
-from rematopt.planners.cpsat.bounds import BOUNDS, Question, ask
+from rematopt.planners.cpsat.tuning import Tuning
+from rematopt.planners.staged.bounds import chains
+from rematopt.planners.staged.units import integer_scale
+from rematopt.planners.staged.bounds import BOUNDS, Question, ask
 from rematopt.reference import no_remat_peak, peak_lower_bound
 
 from brute_force import min_cost, min_peak
@@ -185,16 +186,15 @@ def test_a_restricted_solve_claims_the_whole_space_only_when_the_bound_meets_it(
     a stronger one asked whether any staged plan does better; otherwise it is
     FEASIBLE with the relaxations' best bound, the subspace's own status and
     bound kept apart, and the full model's optimum lies in between."""
-    monkeypatch.setattr(strategy, "FULL_MODEL_PAIRS", 0)
-    monkeypatch.setattr(strategy, "FULL_ROUND_PAIRS", 0)  # no full round either
-    monkeypatch.setattr(strategy, "DOUBLING_SHARE", 1.0)  # an empty depth-1 space is followed by depth 2
+    # depth rounds and no full round; an empty depth-1 space is followed by depth 2
+    tuning = Tuning(full_model_pairs=0, full_round_pairs=0, doubling_share=1.0)
     monkeypatch.setattr(run, "cleaned", lambda ctx, plan, outside: outside)  # the staged plan, not cleaned
     monkeypatch.setattr(run, "without_dead", lambda g, plans: [])  # nor the fast planners' cleaned ones
     seen = set()
     for seed, ratio in ((1, 0.9), (1, 0.8), (6, 0.9)):
         g = synthetic.random_layered(16, seed=seed)
         # no warm start: its plan's recomputes could widen the depth-1 space
-        sol = solve(g, "cpsat", budget_ratio=ratio, time_limit=20, workers=1, warm_start="none")
+        sol = solve(g, "cpsat", budget_ratio=ratio, time_limit=20, workers=1, warm_start="none", tuning=tuning)
         st = sol.plan.stats
         assert st["space"].startswith("depth ") and st["space_status"] == "OPTIMAL" and st["space_gap"] == 0.0
         proofs = st.get("relaxation_proofs", [])
@@ -260,14 +260,14 @@ def test_a_relaxation_too_big_to_build_is_skipped_and_the_rounds_go_on(monkeypat
     """Above MAX_PAIRS the chains and slots models are not built: SKIPPED,
     no bound claimed, and the solve continues with the deeper rounds."""
     monkeypatch.setattr(chains, "MAX_PAIRS", 0)
-    monkeypatch.setattr(strategy, "FULL_MODEL_PAIRS", 0)
-    monkeypatch.setattr(strategy, "DOUBLING_SHARE", 1.0)  # an empty depth-1 space is followed by depth 2
     g = synthetic.random_layered(16, seed=1)
     budget = int(0.8 * no_remat_peak(g))
     for level in ("chains", "slots"):
         assert bound(g, budget, level=level).status == "SKIPPED"
     assert bound(g, budget, level="gaps").status == "OPTIMAL"  # gaps is never skipped
-    sol = solve(g, "cpsat", budget=budget, time_limit=20, workers=1)
+    # depth rounds; an empty depth-1 space is followed by depth 2
+    sol = solve(g, "cpsat", budget=budget, time_limit=20, workers=1,
+                tuning=Tuning(full_model_pairs=0, doubling_share=1.0))
     st = sol.plan.stats
     assert [p["status"] for p in st["relaxation_proofs"]][:2] == ["SKIPPED", "SKIPPED"]
     assert [r["recompute_depth"] for r in st["rounds"]][:2] == [1, 2] and not st["interrupted"]
@@ -291,12 +291,12 @@ def test_a_starved_full_round_leaves_the_proven_rounds_plan_and_lends_its_bound(
         full = solve(g, "cpsat", budget_ratio=ratio, time_limit=20, workers=1, recompute_depth="full",
                      warm_start="none")
         with monkeypatch.context() as m:
-            m.setattr(strategy, "FULL_MODEL_PAIRS", 0)  # rounds, even on a small graph
-            m.setattr(run, "wants_optimality_proof", lambda *a: False)  # no proof between rounds
             m.setattr(search, "solve_model", starve)
             m.setattr(run, "fast_plans", lambda *a, **k: [])  # this is about the rounds alone
             m.setattr(run, "cleaned", lambda ctx, plan, outside: outside)  # and their staged plan
-            sol = solve(g, "cpsat", budget_ratio=ratio, time_limit=20, workers=1, warm_start="none")
+            # rounds, even on a small graph, and no proof between them
+            sol = solve(g, "cpsat", budget_ratio=ratio, time_limit=20, workers=1, warm_start="none",
+                        tuning=Tuning(full_model_pairs=0, proof_share=0.0))
         st = sol.plan.stats
         last, proven = st["rounds"][-1], [r for r in st["rounds"] if r["status"] == "OPTIMAL"]
         assert last["recompute_depth"] == "full" and last["status"] == "FEASIBLE" and proven
@@ -311,14 +311,14 @@ def test_a_starved_full_round_leaves_the_proven_rounds_plan_and_lends_its_bound(
 
 def test_without_a_plan_a_deeper_round_needs_only_the_minimum_time():
     """With a plan to keep, a deeper round starts only with twice the time
-    spent left; without one any attempt beats none, so MIN_ROUND_S is enough."""
+    spent left; without one any attempt beats none, so min_round_s is enough."""
     empty, proven = fake_round(cp_model.INFEASIBLE, found=False), fake_round(cp_model.OPTIMAL, found=True)
     # 8 s of 20 left
     assert strategy.may_start(2, empty, False, 12.0, 20.0, 0.0, full_pairs=10)
     assert not strategy.may_start(2, proven, False, 12.0, 20.0, 0.0, full_pairs=10)  # 24 s would be needed
     assert not strategy.may_start(2, fake_round(cp_model.UNKNOWN, found=False), False, 12.0, 20.0, 0.0, 10)
     assert not strategy.may_start(2, empty, True, 12.0, 20.0, 0.0, 10)  # Ctrl-C ends the rounds
-    assert not strategy.may_start(2, empty, False, 16.0, 20.0, 0.0, 10)  # 4 s left: less than MIN_ROUND_S
+    assert not strategy.may_start(2, empty, False, 16.0, 20.0, 0.0, 10)  # 4 s left: less than min_round_s
     assert strategy.may_start(2, proven, False, 6.0, 20.0, 2.0, 10)  # 14 s left, 8 s needed: proofs not counted
 
 
@@ -390,12 +390,11 @@ def test_a_run_without_a_plan_says_why(monkeypatch):
             return search.Solve(cp_model.UNKNOWN, None, 0.0, 0.0)
         return solve_model(ctx, model, phase, limit, stop_at)
 
-    monkeypatch.setattr(strategy, "FULL_MODEL_PAIRS", 0)
-    monkeypatch.setattr(run, "wants_optimality_proof", lambda *a: False)
-    monkeypatch.setattr(run, "wants_emptiness_proof", lambda *a: False)
     monkeypatch.setattr(search, "solve_model", nothing_at_depth_2)
     g = synthetic.random_layered(16, seed=3)
-    sol = solve(g, "cpsat", budget_ratio=0.9, time_limit=20, workers=1, warm_start="none")
+    # depth rounds, and no time for the relaxations' proofs between them
+    sol = solve(g, "cpsat", budget_ratio=0.9, time_limit=20, workers=1, warm_start="none",
+                tuning=Tuning(full_model_pairs=0, proof_share=0.0))
     st = sol.plan.stats
     assert [(r["recompute_depth"], r["status"]) for r in st["rounds"]] == [(1, "INFEASIBLE"), (2, "UNKNOWN")]
     assert sol.status == "UNKNOWN" and st["reason"] == (

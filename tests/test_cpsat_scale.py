@@ -7,10 +7,11 @@ from __future__ import annotations
 import pytest
 from ortools.sat.python import cp_model
 
-from rematopt.planners.cpsat import model as model_mod
-from rematopt.planners.cpsat.backends import CpSatBackend
-from rematopt.planners.cpsat.model import Stages, build
-from rematopt.planners.cpsat.solution import Assignment, events
+from rematopt.planners.staged import model as model_mod
+from rematopt.planners.staged.backends import CpSatBackend
+from rematopt.planners.staged.model import build
+from rematopt.planners.staged.stages import Stages
+from rematopt.planners.staged.solution import Assignment, events
 from rematopt.simulate import simulate
 
 from brute_force import min_cost, min_peak

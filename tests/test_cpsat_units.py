@@ -15,7 +15,7 @@ import pytest
 from brute_force import min_cost, min_peak
 from conftest import rematopt
 from rematopt import Graph, Node, load, solve
-from rematopt.planners.cpsat.model import memory_unit
+from rematopt.planners.staged.units import memory_unit
 from rematopt.reference import no_remat_peak, peak_lower_bound
 
 CASE = Path(__file__).parent / "data" / "fuzz" / "inexact_unit_infeasible.json"

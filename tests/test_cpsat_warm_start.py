@@ -12,9 +12,10 @@ from ortools.sat.python import cp_model
 from rematopt import solve
 from rematopt.importers import synthetic
 from rematopt.planners.cpsat import run, search, signals
-from rematopt.planners.cpsat.backends import CpSatBackend
-from rematopt.planners.cpsat.model import Formulation
-from rematopt.planners.cpsat.solution import events, from_plan
+from rematopt.planners.cpsat.tuning import TUNING, Tuning
+from rematopt.planners.staged.backends import CpSatBackend
+from rematopt.planners.staged.model import Formulation
+from rematopt.planners.staged.solution import events, from_plan
 from rematopt.planners.cpsat.warm_start import (best_within, fast_planners, fast_plans, lowest_peak,
                                                 staged_eviction)
 from rematopt.reference import no_remat_plan, resolve_budget
@@ -112,9 +113,8 @@ def test_a_round_with_no_start_finds_its_plan_by_minimising_the_peak(monkeypatch
             return search.Solve(cp_model.UNKNOWN, None, 0.0, 0.0)
         return solve_model(ctx, model, phase, limit, stop_at)
 
-    monkeypatch.setattr(search, "FIT_AFTER_SHARE", 0.0)
-    monkeypatch.setattr(search, "MIN_ROUND_S", 0.0)
-    monkeypatch.setattr(search, "FIT_MARGIN", math.inf)  # the no-remat plan is a start whatever its peak
+    # the peak search at once, from the no-remat plan whatever its peak
+    fit_at_once = Tuning(fit_after_share=0.0, min_round_s=0.0, fit_margin=math.inf)
     monkeypatch.setattr(search, "solve_model", starved)
     monkeypatch.setattr(run, "warm_start", lambda ctx, model, outside, spent: (None, None))
     monkeypatch.setattr(run, "fast_plans", lambda *a, **k: [])  # this is about the staged space alone
@@ -124,7 +124,7 @@ def test_a_round_with_no_start_finds_its_plan_by_minimising_the_peak(monkeypatch
         budget, per_byte = budget_between(g, rng), k % 2
         expect = min_cost(g, budget, bool(per_byte), per_byte)
         sol = solve(g, "cpsat", budget=budget, offload=bool(per_byte), transfer_cost_per_byte=per_byte,
-                    recompute_depth="full", **{**FAST, "hint": no_remat_plan(g)})
+                    recompute_depth="full", tuning=fit_at_once, **{**FAST, "hint": no_remat_plan(g)})
         st = sol.plan.stats
         assert not st["interrupted"]
         if expect is None:
@@ -140,22 +140,22 @@ def test_a_round_with_no_start_finds_its_plan_by_minimising_the_peak(monkeypatch
 
 
 def test_the_peak_search_needs_a_start_near_the_budget(monkeypatch):
-    """From a plan more than FIT_MARGIN over the budget (the no-remat plan at
+    """From a plan more than ``fit_margin`` over the budget (the no-remat plan at
     0.8) the peak search is not tried: the overhead search keeps the whole
     round (had it been cut for a peak search, it would get no time here), and
     reaches the full model's optimum."""
     def no_fit(*args):
         raise AssertionError("the peak search ran")
 
-    monkeypatch.setattr(search, "FIT_AFTER_SHARE", 0.0)
-    monkeypatch.setattr(search, "MIN_ROUND_S", 0.0)
+    fit_at_once = Tuning(fit_after_share=0.0, min_round_s=0.0)
     monkeypatch.setattr(search, "fit", no_fit)
     monkeypatch.setattr(run, "warm_start", lambda ctx, model, outside, spent: (None, None))
     for seed in range(3):
         g = synthetic.random_layered(12, seed=seed)
         budget = resolve_budget(g, ratio=0.8)
-        assert simulate(g, no_remat_plan(g)).peak_bytes > (1 + search.FIT_MARGIN) * budget
-        sol = solve(g, "cpsat", budget=budget, recompute_depth="full", **{**FAST, "hint": no_remat_plan(g)})
+        assert simulate(g, no_remat_plan(g)).peak_bytes > (1 + TUNING.fit_margin) * budget
+        sol = solve(g, "cpsat", budget=budget, recompute_depth="full", tuning=fit_at_once,
+                    **{**FAST, "hint": no_remat_plan(g)})
         full = solve(g, "cpsat", budget=budget, recompute_depth="full", **FAST)
         assert sol.status == full.status
         assert sol.plan.stats.get("objective") == full.plan.stats.get("objective")

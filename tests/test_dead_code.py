@@ -122,7 +122,8 @@ def test_a_run_returns_its_plan_cleaned_where_that_is_cheaper_proven_or_not(monk
     claimed optimal only where it costs nothing); otherwise the staged optimum comes back
     as such (``optimal_in: "staged space"``)."""
     from rematopt.importers import synthetic
-    from rematopt.planners.cpsat import run, search, strategy
+    from rematopt.planners.cpsat import run, search
+    from rematopt.planners.cpsat.tuning import Tuning
 
     solve_model = search.solve_model
 
@@ -131,11 +132,11 @@ def test_a_run_returns_its_plan_cleaned_where_that_is_cheaper_proven_or_not(monk
 
     g = synthetic.random_layered(16, seed=3)  # 16 nodes: its depth-2 optimum computes values nobody reads
     with monkeypatch.context() as m:
-        m.setattr(strategy, "FULL_MODEL_PAIRS", 0)
-        m.setattr(run, "wants_optimality_proof", lambda *a: False)
         m.setattr(search, "solve_model", starve)
         m.setattr(run, "fast_plans", lambda *a, **k: [])
-        sol = solve(g, "cpsat", budget_ratio=0.9, time_limit=20, workers=1, warm_start="none")
+        # depth rounds, and no proof between them
+        sol = solve(g, "cpsat", budget_ratio=0.9, time_limit=20, workers=1, warm_start="none",
+                    tuning=Tuning(full_model_pairs=0, proof_share=0.0))
     st = sol.plan.stats
     assert st["status"] == "FEASIBLE" and st["plan_from"] == "cpsat+dce"
     assert st["objective"] < st["rounds"][-1]["objective"]

@@ -16,7 +16,7 @@ from rematopt.importers import synthetic
 from rematopt.plan import Plan
 from rematopt.reference import no_remat_plan
 from rematopt.studies.batch import read_rows
-from rematopt.planners.cpsat.order import in_staged_space
+from rematopt.planners.staged.order import in_staged_space
 from rematopt.studies.gaps import write
 
 

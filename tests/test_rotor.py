@@ -148,10 +148,11 @@ def test_cpsat_takes_the_plan_as_its_hint():
     """Rotor's plans are staged: projected into cpsat's depth-1 space widened
     by their recomputes (as cpsat's warm start does) they keep their cost
     and fit the same budget, so cpsat searches from them."""
-    from rematopt.planners.cpsat.backends import CpSatBackend
-    from rematopt.planners.cpsat.model import Stages, build, integer_scale
-    from rematopt.planners.cpsat.run import plan_pairs
-    from rematopt.planners.cpsat.solution import from_plan
+    from rematopt.planners.staged.backends import CpSatBackend
+    from rematopt.planners.staged.model import build
+    from rematopt.planners.staged.solution import from_plan, plan_pairs
+    from rematopt.planners.staged.stages import Stages
+    from rematopt.planners.staged.units import integer_scale
 
     g = load(INSTANCES / "gpt_l2_w64.json")
     budget = int(0.8 * no_remat_peak(g))

@@ -183,8 +183,9 @@ def test_cli_memory_json_and_bad_file(tmp_path, cpu_steps):
 # for the very equations it is made of (the step itself unless the graph unrolled a loop), as
 # measured (docs/xla.md). Issue 35 asks for 3%; where it misses, the graph lacks buffers XLA keeps:
 # outputs XLA allocates before the step and temporaries one equation makes in several kernels
-# (the convolutions of resnet and unet).
-GRAPH_TOLERANCE = {"gpt": 0.04, "gpt_scan": 0.05, "resnet": 0.08, "unet": 0.25}
+# (the convolutions of resnet and unet), or counts buffers XLA shares (keras' llama and gemma).
+GRAPH_TOLERANCE = {"gpt": 0.04, "gpt_scan": 0.05, "resnet": 0.08, "unet": 0.25, "flax_linen": 0.13,
+                   "flax_nnx": 0.13, "keras_llama": 0.06, "keras_gemma": 0.06, "keras_gpt2": 0.15}
 
 
 @pytest.mark.parametrize("model", EACH_MODEL)

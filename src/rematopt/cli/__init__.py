@@ -1,6 +1,7 @@
-"""The ``rematopt`` command. Each command group lives in its own module and is
-registered below; bad input of any kind ends in one line on stderr and exit
-status 2 (see :func:`main`)."""
+"""The ``rematopt`` command. Each command group lives in its own module,
+which knows nothing of this one; every command is registered below, in one
+place. Bad input of any kind ends in one line on stderr and exit status 2
+(see :func:`main`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import warnings
 import click
 
 from ..errors import RematoptError
+from . import batch, core, jax, mlir, peak, study, xla
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -18,13 +20,14 @@ def cli() -> None:
     """rematopt: exact rematerialization planning (keep / recompute / offload)."""
 
 
-from . import core  # noqa: E402  (commands register themselves on `cli`)
-from . import mlir  # noqa: E402,F401
-from . import batch  # noqa: E402,F401
-from . import jax as _jax  # noqa: E402,F401
-from . import peak  # noqa: E402,F401
-from . import study  # noqa: E402,F401
-from . import xla  # noqa: E402,F401
+for command in (core.inspect, core.simulate_cmd, core.solve_cmd, core.generate, core.bench, core.import_group,
+                core.export_group, batch.batch_cmd, batch.report_cmd, jax.jax_measure, jax.jax_policies,
+                peak.pareto_cmd, peak.max_batch_cmd, study.study_group, xla.xla_group):
+    cli.add_command(command)
+for group, commands in ((core.import_group, (jax.import_jax, mlir.import_mlir_cmd)),
+                        (core.export_group, (jax.export_jax_policy, mlir.export_mlir_cmd))):
+    for command in commands:
+        group.add_command(command)
 
 
 def _warn_one_line(message, category, filename, lineno, file=None, line=None) -> None:

@@ -17,18 +17,17 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from .. import planners
 from ..errors import RematoptError
-from . import cli
 from .core import parse_bytes, planner_options
 
 
-def _floats(text: str) -> list[float]:
+def comma_floats(text: str) -> list[float]:
     try:
         return [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise RematoptError(f"--budget-ratios: cannot read {text!r} as comma-separated numbers") from None
 
 
-@cli.command(name="batch")
+@click.command(name="batch")
 @click.argument("graphs", nargs=-1, required=True, type=click.Path())
 @click.option("--planners", "planner_list", default="all", show_default=True,
               help="Comma-separated planner names, or 'all' for every planner available here.")
@@ -69,15 +68,15 @@ def batch_cmd(graphs: tuple[str, ...], planner_list: str, budget_ratios: str, ti
     if not inputs:
         raise RematoptError(f"{', '.join(graphs)}: no graph files found")
     options["time_limit"] = time_limit
-    plan = batch.plan_batch(inputs, names, _floats(budget_ratios), out, options, resume=resume,
+    plan = batch.plan_batch(inputs, names, comma_floats(budget_ratios), out, options, resume=resume,
                             memory_limit=parse_bytes(memory_limit) or None, timeout_margin=timeout_margin,
                             exact_max_nodes=exact_max_nodes,
                             default_workers=max(1, (os.cpu_count() or 1) // jobs))
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    _record_command(out_dir, names, inputs)
+    record_command(out_dir, names, inputs)
     total = len(plan.specs) + len(plan.skipped)
-    err.print(f"{len(inputs)} graphs x {len(_floats(budget_ratios))} budgets x {len(names)} planners: "
+    err.print(f"{len(inputs)} graphs x {len(comma_floats(budget_ratios))} budgets x {len(names)} planners: "
               f"{total} jobs to run ({len(plan.rerun)} of them again), {len(plan.done)} already done",
               highlight=False)
     counts: dict[str, int] = {}
@@ -94,7 +93,7 @@ def batch_cmd(graphs: tuple[str, ...], planner_list: str, budget_ratios: str, ti
     click.echo(f"wrote {out_dir / batch.RESULTS} ({', '.join(f'{k} {v}' for k, v in sorted(counts.items())) or 'no new rows'})")
 
 
-def _record_command(out: Path, names: list[str], inputs: list) -> None:
+def record_command(out: Path, names: list[str], inputs: list) -> None:
     """Keep the command line that made the results, for the report's index."""
     path = out / "batch.json"
     history = json.loads(path.read_text()) if path.exists() else []
@@ -104,7 +103,7 @@ def _record_command(out: Path, names: list[str], inputs: list) -> None:
     path.write_text(json.dumps(history, indent=1) + "\n")
 
 
-@cli.command(name="report")
+@click.command(name="report")
 @click.argument("results_dir", type=click.Path(file_okay=False))
 @click.option("--output", "-o", required=True, type=click.Path(file_okay=False), help="Report directory.")
 @click.option("--title", default=None, help="Report title (default: the report directory's name).")

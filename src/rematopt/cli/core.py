@@ -26,7 +26,6 @@ from ..reference import no_remat_peak, working_set_bound
 from ..simulate import base_cost, simulate
 from ..sizes import parse_bytes, with_human
 from ..solve import solve
-from . import cli
 
 def default_graph_path() -> Path:
     """The small instance shipped inside the package, for ``solve`` with no GRAPH."""
@@ -75,7 +74,7 @@ def figures_table(title: str, rows: dict[str, Any]) -> None:
     Console().print(table)
 
 
-@cli.command()
+@click.command()
 @click.argument("graph", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @drop_unsafe_marks_option
@@ -100,7 +99,7 @@ def inspect(graph: str, as_json: bool, drop_unsafe_marks: bool) -> None:
     emit_json(info) if as_json else figures_table(f"{graph}", info)
 
 
-@cli.command(name="simulate")
+@click.command(name="simulate")
 @click.argument("graph", type=click.Path(dir_okay=False))
 @click.argument("plan", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
@@ -200,7 +199,7 @@ def since_start() -> float:
     return 0.0 if _started is None else max(0.0, time.perf_counter() - _started)
 
 
-@cli.command(name="solve")
+@click.command(name="solve")
 @click.argument("graph", required=False, type=click.Path(dir_okay=False))
 @click.option("--planner", "-p", default="cpsat", show_default=True,
               help=f"One of: {', '.join(planners.names())}.")
@@ -296,7 +295,7 @@ def load_hint(path: str, graph: Graph) -> Plan:
     return hint
 
 
-@cli.command()
+@click.command()
 @click.argument("kind", type=click.Choice(["chain", "linear-train", "unet", "decoder", "random-layered"]))
 @click.option("--size", "-n", type=int, required=True,
               help="chain: depth; linear-train: layers; unet: depth; decoder: layers; random-layered: nodes.")
@@ -328,9 +327,14 @@ def generate(kind: str, size: int, sinks: bool, train: bool, width: float, heads
     click.echo(f"wrote {output}: {g.n} nodes, {len(g.edges)} edges")
 
 
-@cli.group(name="import")
+@click.group(name="import")
 def import_group() -> None:
     """Turn a foreign graph (node-link JSON, JAX, MLIR) into a rematopt graph."""
+
+
+@click.group(name="export")
+def export_group() -> None:
+    """Write a plan back into the program it was made for."""
 
 
 @import_group.command(name="nodelink")
@@ -345,7 +349,7 @@ def import_nodelink(file: str, output: str) -> None:
     click.echo(f"wrote {output}: {g.n} nodes, {len(g.edges)} edges")
 
 
-@cli.command()
+@click.command()
 @click.argument("what", type=click.Choice(["simulator", "greedy", "cpsat", "peak", "scale", "bounds"]),
                 default="simulator")
 @click.option("--sizes", default="10000,100000,2000000", show_default=True, help="Event counts to time.")

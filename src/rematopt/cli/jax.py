@@ -10,14 +10,12 @@ import click
 
 from ..errors import ImportFailure
 from ..importers.costmodel import DEVICES
-from . import cli
-from .core import check_writable, import_group, load_graph_arg
-from .mlir import _export_group
+from .core import check_writable, load_graph_arg
 
 _DEVICES = sorted(DEVICES)
 
 
-def _config(pairs: tuple[str, ...]) -> dict:
+def key_values(pairs: tuple[str, ...]) -> dict:
     """``("layers=4", "seq=64")`` -> ``{"layers": 4, "seq": 64}`` (values read as JSON when they parse)."""
     out = {}
     for pair in pairs:
@@ -37,7 +35,7 @@ _device_option = click.option("--device", type=click.Choice(_DEVICES), default="
                               help="Roofline device profile for node costs.")
 
 
-@import_group.command(name="jax")
+@click.command(name="jax")
 @click.argument("spec", metavar="MODULE:FACTORY")
 @click.option("--fuse", type=click.Choice(["table", "xla"]), is_flag=False, flag_value="table", default=None,
               help="Nodes as XLA materializes them: 'xla' learns it from the compiled plain step (each kernel "
@@ -56,8 +54,8 @@ def import_jax(spec: str, fuse: str | None, no_unroll: bool, device: str, name: 
     FACTORY is a callable returning (loss_fn, example_args); MODULE is imported
     with the current directory on the path (e.g. models.gpt:factory).
     """
-    load_factory, trace_grad = _api("load_factory", "trace_grad")
-    config = _config(settings)
+    load_factory, trace_grad = jax_api("load_factory", "trace_grad")
+    config = key_values(settings)
     fn, args = load_factory(spec, **config)
     nums = _argnums(argnums)
     g = trace_grad(fn, *args, argnums=nums, fuse={None: False, "table": True}.get(fuse, fuse), device=device,
@@ -69,7 +67,7 @@ def import_jax(spec: str, fuse: str | None, no_unroll: bool, device: str, name: 
                f"{g.meta['residuals']['count']} residuals ({g.meta['residuals']['bytes']:,} B)")
 
 
-def _api(*names: str):
+def jax_api(*names: str):
     """Names from :mod:`rematopt.jax`; jax is an optional extra."""
     try:
         from .. import jax as api
@@ -85,7 +83,7 @@ def _argnums(text: str) -> tuple[int, ...]:
         raise ImportFailure(f"--argnums {text!r}: expected integers separated by commas") from None
 
 
-@cli.command(name="jax-measure")
+@click.command(name="jax-measure")
 @click.argument("spec", metavar="MODULE:FACTORY")
 @click.option("--budget-ratio", type=float, required=True, help="Plan budget as a fraction of the no-remat peak.")
 @_device_option
@@ -100,8 +98,8 @@ def jax_measure(spec: str, budget_ratio: float, device: str, fuse: bool, planner
                 time_limit: float, argnums: str, settings: tuple[str, ...], output: str | None) -> None:
     """Compile FACTORY's step with XLA under no checkpointing, JAX's policies and
     rematopt's plans; print XLA's temp bytes and FLOPs for each (Markdown)."""
-    load_factory, measure = _api("load_factory", "measure")
-    config = _config(settings)
+    load_factory, measure = jax_api("load_factory", "measure")
+    config = key_values(settings)
     fn, args = load_factory(spec, **config)
     m = measure(fn, *args, budget_ratio=budget_ratio, argnums=_argnums(argnums), planners=planners,
                 time_limit=time_limit, fuse=fuse, device=device)
@@ -113,7 +111,7 @@ def jax_measure(spec: str, budget_ratio: float, device: str, fuse: bool, planner
         click.echo(text, nl=False)
 
 
-@_export_group().command(name="jax-policy")
+@click.command(name="jax-policy")
 @click.argument("graph", type=click.Path(dir_okay=False))
 @click.argument("plan", type=click.Path(dir_okay=False))
 @click.option("--format", "fmt", type=click.Choice(["python", "json"]), default="python", show_default=True,
@@ -137,7 +135,7 @@ def export_jax_policy(graph: str, plan: str, fmt: str, output: str | None) -> No
         click.echo(text, nl=False)
 
 
-@cli.command(name="jax-policies")
+@click.command(name="jax-policies")
 @click.argument("graphs", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("--ratios", default="0.9,0.8,0.7,0.6", show_default=True, help="Budget ratios.")
 @click.option("--time-limit", type=float, default=60.0, show_default=True, help="jax-names search limit, seconds.")

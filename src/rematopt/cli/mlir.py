@@ -8,11 +8,10 @@ from pathlib import Path
 
 import click
 
-from . import cli
-from .core import drop_unsafe_marks_option, import_group
+from .core import drop_unsafe_marks_option
 
 
-@import_group.command(name="mlir")
+@click.command(name="mlir")
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--function", "function", help="Function to read (default: main, else the only public one).")
 @click.option("--output", "-o", type=click.Path(dir_okay=False), required=True)
@@ -28,20 +27,7 @@ def import_mlir_cmd(file: str, function: str | None, output: str, drop_unsafe_ma
         click.echo(f"rematopt: warning: {file}: {g.meta['no_phases']}", err=True)
 
 
-def _export_group() -> click.Group:
-    """The ``export`` group, shared with other back ends that may register it first."""
-    existing = cli.commands.get("export")
-    if isinstance(existing, click.Group):
-        return existing
-
-    @cli.group(name="export")
-    def export_group() -> None:
-        """Write a plan back into the program it was made for."""
-
-    return export_group
-
-
-@_export_group().command(name="mlir")
+@click.command(name="mlir")
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.argument("plan", type=click.Path(dir_okay=False))
 @click.option("--function", "function", help="Function the plan is for (default: as import mlir).")

@@ -14,10 +14,9 @@ from rich.table import Table
 from ..errors import RematoptError
 from ..stats import verdict
 from .core import emit_json, load_graph_arg, parse_bytes
-from . import cli
 
 
-@cli.command(name="pareto")
+@click.command(name="pareto")
 @click.argument("graph", type=click.Path(dir_okay=False))
 @click.option("--points", type=int, default=5, show_default=True, help="cpsat points (overhead caps), the uncapped one included.")
 @click.option("--time-limit", type=float, default=60.0, show_default=True, help="cpsat time limit per point, seconds.")
@@ -53,7 +52,7 @@ def pareto_cmd(graph: str, points: int, time_limit: float, workers: int, out: st
     Console(width=max(Console().width, 120)).print(table)
 
 
-@cli.command(name="max-batch")
+@click.command(name="max-batch")
 @click.argument("spec", metavar="MODULE:FACTORY|GRAPH")
 @click.option("--memory", required=True, help="Device memory in bytes (16GB, 512MiB... accepted).")
 @click.option("--max-overhead", type=float, help="Accepted overhead (recompute cost / base cost); default: any.")
@@ -108,10 +107,10 @@ def max_batch_cmd(spec: str, memory: str, max_overhead: float | None, knob: str,
 
 def _tracer(spec: str, knob: str, settings: tuple[str, ...]):
     """size -> the factory's training graph traced with ``knob`` = size."""
-    from .jax import _api, _config
+    from .jax import jax_api, key_values
 
-    load_factory, trace_grad = _api("load_factory", "trace_grad")
-    config = _config(settings)
+    load_factory, trace_grad = jax_api("load_factory", "trace_grad")
+    config = key_values(settings)
 
     def at(size: int):
         fn, args = load_factory(spec, **{**config, knob: size})

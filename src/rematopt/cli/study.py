@@ -12,11 +12,10 @@ from typing import Any
 import click
 
 from ..errors import RematoptError
-from . import cli
-from .batch import _floats, _record_command
+from .batch import comma_floats, record_command
 
 
-@cli.group(name="study")
+@click.group(name="study")
 def study_group() -> None:
     """Studies over many graphs, each a batch and its report."""
 
@@ -68,10 +67,10 @@ def gaps_cmd(graphs: tuple[str, ...], decoders: str, graph_folder: str, budget_r
         inputs, skipped = load_inputs(paths)
         for path, reason in skipped:
             warn(f"skipped {path}: {reason}")
-        batch = gaps.jobs(inputs, _floats(budget_ratios), res, time_limit, resume, timeout_margin,
+        batch = gaps.jobs(inputs, comma_floats(budget_ratios), res, time_limit, resume, timeout_margin,
                           max(1, (os.cpu_count() or 1) // jobs))
         res.mkdir(parents=True, exist_ok=True)
-        _record_command(res, planners.available(), inputs)
+        record_command(res, planners.available(), inputs)
         run_batch(batch, res, jobs=jobs, on_row=on_row)
         click.echo(f"wrote {res / 'results.jsonl'} ({', '.join(f'{k} {v}' for k, v in sorted(counts.items()))})")
     from ..studies.report import commands

@@ -5,11 +5,10 @@ from __future__ import annotations
 import click
 
 from ..sizes import human_bytes
-from . import cli
 from .core import emit_json
 
 
-@cli.group(name="xla")
+@click.group(name="xla")
 def xla_group() -> None:
     """Read XLA's compiled program (compiled.as_text()) in rematopt's terms."""
 

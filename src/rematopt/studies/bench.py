@@ -207,7 +207,7 @@ def _proven(rounds: list[dict]) -> str:
 
 def _whole(st: dict) -> str:
     """What proved the plan optimal over the whole staged space: a
-    bound (``cpsat.bounds``) and when, or the full model itself."""
+    bound (``staged.bounds``) and when, or the full model itself."""
     if not st.get("optimal_in"):
         return ""
     proof = next((p for p in st.get("relaxation_proofs", []) if p["status"] == "INFEASIBLE"), None)
@@ -326,7 +326,7 @@ def scale_rows(names: tuple[str, ...], ratios: tuple[float, ...], time_limit: fl
 
 
 def _space(st: dict) -> str:
-    """The order of the staged space cpsat searched (planners/cpsat/order.py)."""
+    """The order of the staged space cpsat searched (planners/staged/order.py)."""
     return f"{st['order_from']}'s" if st.get("order_from") else "program"
 
 
@@ -381,15 +381,12 @@ def bench_graph(name: str, folder: Path) -> Path:
 def bounds_rows(names: tuple[str, ...], ratios: tuple[float, ...], time_limit: float, bound_limit: float,
                 workers: int, folder: Path, progress: Callable[[str], None] | None = None) -> list[dict]:
     """Per graph and budget ratio: cpsat's plan, bound (``bound_by``) and
-    gap in ``time_limit``, and each bound of the table (``cpsat.bounds``)
+    gap in ``time_limit``, and each bound of the table (``staged.bounds``)
     asked alone for ``bound_limit`` seconds (value in cost units, seconds,
     status) over the staged space cpsat searched (its order), all in the
     same process; each row told to ``progress`` as it is done."""
-    from ..planners.cpsat import run
-    from ..planners.cpsat.bounds import BOUNDS, ask
-    from ..planners.cpsat.order import in_order_of
-    from ..planners.cpsat.report import whole_units
-    from ..planners.cpsat.settings import Settings
+    from ..planners.staged.bounds import BOUNDS, bound
+    from ..planners.staged.order import in_order_of
     from ..reference import resolve_budget
     from ..solve import solve
 
@@ -405,11 +402,9 @@ def bounds_rows(names: tuple[str, ...], ratios: tuple[float, ...], time_limit: f
             row = {"graph": Path(name).stem, "nodes": graph.n, "ratio": ratio, "base": base, "stats": sol.plan.stats,
                    "wall_s": time.perf_counter() - began, "bounds": {}}
             space = in_order_of(graph, sol.plan) if sol.plan.stats.get("order_from") else graph
-            ctx = run.context(space, Settings.parse(budget, {"workers": workers}))
-            q = run.question(ctx)
             for level in BOUNDS:
-                r = ask(space, q, level, time_limit=bound_limit, workers=workers, ix=ctx.full)
-                row["bounds"][level] = (r.status, whole_units(ctx, q.unit, r.bound), r.seconds)
+                r = bound(space, budget, level, time_limit=bound_limit, workers=workers)
+                row["bounds"][level] = (r.status, r.value, r.seconds)
             rows.append(row)
             if progress:
                 progress(f"{row['graph']} at {ratio:g}: cpsat {_pct(sol.plan.stats.get('gap'))}% gap, "
@@ -419,7 +414,7 @@ def bounds_rows(names: tuple[str, ...], ratios: tuple[float, ...], time_limit: f
 
 def bounds_table(rows: list[dict], time_limit: float, bound_limit: float, workers: int) -> Table:
     """The rows of :func:`bounds_rows`: overheads and bounds as % of the base cost."""
-    from ..planners.cpsat.bounds import BOUNDS
+    from ..planners.staged.bounds import BOUNDS
 
     table = Table(title=f"whole-space bounds: cpsat {time_limit:g} s, each bound alone {bound_limit:g} s, "
                         f"{workers} workers (% of the base cost; seconds)")

@@ -19,7 +19,8 @@ STATUS_STYLE = {"OPTIMAL": ("o", "tab:green"), "FEASIBLE": ("s", "tab:orange"), 
 HARDEST = 4  # instances drawn in the solver-progress figure
 
 
-def _plt():
+def pyplot():
+    """matplotlib's pyplot on the Agg backend (files only, no display): every figure of the studies draws with it."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -47,7 +48,7 @@ def pareto(df: pd.DataFrame, out: Path) -> dict[str, str] | None:
     ok = df[df["meets"]]
     if ok.empty:
         return None
-    plt = _plt()
+    plt = pyplot()
     graphs = sorted(ok["graph"].unique())
     planners = sorted(df["planner"].unique())
     cols = min(3, len(graphs))
@@ -108,7 +109,7 @@ def proven_curve(results_dir: Path, out: Path) -> dict[str, str] | None:
     if not path.exists():
         return None
     df = pd.read_csv(path)
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     ex = df[df["planner"] == "cpsat"].sort_values("overhead")
     mb = 1 / 2**20
@@ -142,7 +143,7 @@ def gaps(df: pd.DataFrame, out: Path) -> dict[str, str] | None:
     heur = df[~df["exact"] & df["gap_to_ref"].notna()]
     if heur.empty:
         return None
-    plt = _plt()
+    plt = pyplot()
     planners = sorted(heur["planner"].unique())
     data = [100 * heur.loc[heur["planner"] == p, "gap_to_ref"].to_numpy() for p in planners]
     fig, ax = plt.subplots(figsize=(1.4 * len(planners) + 3, 3.6))
@@ -178,7 +179,7 @@ def exact_time(df: pd.DataFrame, out: Path) -> dict[str, str] | None:
     ex = ex[ex["wall_s"].notna() & ~ex["status"].isin(["SKIPPED", "INFEASIBLE_BUDGET"])]
     if ex.empty:
         return None
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.8))
     for status, g in ex.groupby("status"):
         marker, color = STATUS_STYLE.get(status, ("d", "tab:grey"))
@@ -261,7 +262,7 @@ def solver_progress(df: pd.DataFrame, results_dir: Path, out: Path) -> dict[str,
     logs = logs[:HARDEST]
     if not logs:
         return None
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(logs), figsize=(4.2 * len(logs), 3.2), squeeze=False)
     finals = []
     for ax, (row, log) in zip(axes.flat, logs):

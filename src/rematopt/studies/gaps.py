@@ -40,7 +40,7 @@ import pandas as pd
 from ..graph import Graph
 from ..importers import load as load_graph
 from ..plan import Plan
-from ..planners.cpsat.order import in_order_of, in_staged_space
+from ..planners.staged.order import in_order_of, in_staged_space
 from .batch import BatchPlan, GraphInput, plan_batch
 from .report import load_results, page_html, to_markdown
 
@@ -248,12 +248,12 @@ def uncovered_table(c: pd.DataFrame) -> pd.DataFrame:
 
 
 def gap_figure(c: pd.DataFrame, out: Path) -> dict[str, str] | None:
-    from .figures import _plt
+    from .figures import pyplot
 
     t = c[c["counted"]]
     if t.empty:
         return None
-    plt = _plt()
+    plt = pyplot()
     planners = sorted(t["planner"].unique())
     hi = [100 * t.loc[t["planner"] == p, "excess_at_most"].to_numpy() for p in planners]
     lo = [100 * t.loc[t["planner"] == p, "excess_at_least"].dropna().to_numpy() for p in planners]
@@ -290,12 +290,12 @@ def gap_figure(c: pd.DataFrame, out: Path) -> dict[str, str] | None:
 
 
 def time_figure(c: pd.DataFrame, df: pd.DataFrame, out: Path) -> dict[str, str] | None:
-    from .figures import _plt
+    from .figures import pyplot
 
     t = pd.concat([c[["planner", "wall_s"]], df[df["exact"]][["planner", "wall_s"]]]).dropna()
     if t.empty:
         return None
-    plt = _plt()
+    plt = pyplot()
     planners = sorted(t["planner"].unique())
     data = [t.loc[t["planner"] == p, "wall_s"].clip(lower=1e-4).to_numpy() for p in planners]
     fig, ax = plt.subplots(figsize=(1.3 * len(planners) + 3, 3.6))

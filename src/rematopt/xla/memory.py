@@ -10,8 +10,11 @@ share one. The walk follows the same rules:
   fusion's root) and anything with ``output_to_operand_aliasing`` (custom calls, XLA's own pairs);
 - an elementwise kernel (a loop or input fusion, or a lone elementwise op) may write into an operand
   of the same shape whose last use it is (``CanShareOperandBufferWithUser``);
-- entry parameters are the caller's: live throughout; so are the outputs, which XLA allocates apart
-  from the temporaries (``output_size_in_bytes``); an output that is a parameter is counted once;
+- entry parameters are the caller's: live throughout; an output that is a parameter counts once;
+- outputs as the backend counts them: on GPU they own their memory for the whole step (as
+  ``peak_memory_in_bytes`` counts them); on CPU each has an allocation that XLA's buffer assignment
+  lends to temporaries until the output is written (:func:`_cpu_allocations`), and the figure is
+  the sum of the allocations (temp + arguments + outputs; XLA computes no peak there);
 - a while / conditional / call body's own peak (what it allocates beyond its operands) is added at
   the call point.
 
@@ -27,7 +30,7 @@ from .hlo import POINTER_BYTES, HloModule, Instruction
 
 ALIASES = frozenset({"bitcast", "get-tuple-element", "tuple", "opt-barrier", "optimization-barrier"})
 # Ops that produce no buffer of their own in device memory.
-NO_BUFFER = frozenset({"constant", "after-all", "partition-id", "replica-id", "iota_constant"})
+NO_BUFFER = frozenset({"constant", "after-all", "partition-id", "replica-id"})
 ELEMENTWISE = frozenset({
     "abs", "add", "and", "atan2", "cbrt", "ceil", "clamp", "compare", "complex", "convert", "cosine",
     "divide", "exponential", "exponential-minus-one", "floor", "imag", "is-finite", "log", "log-plus-one",
@@ -47,7 +50,7 @@ class Buffer:
     instruction: str
     index: tuple[int, ...]
     bytes: int
-    kind: str  # "parameter", "output", "temp"
+    kind: str  # "parameter", "output", "temp"; "caller" for a nested computation's parameters
     op_name: str = ""
     source: str = ""  # "file:line" of the innermost frame, where the metadata names one
 
@@ -152,7 +155,6 @@ class _Walk:
         self.depth = depth
         self.buffers: list[Buffer] = []
         self.of: dict[str, dict[tuple[int, ...], int]] = {}  # instruction -> shape index -> buffer id
-        self.shared_into: dict[int, int] = {}  # buffer -> earlier buffer whose memory it reuses
         self._assign()
 
     # -- which buffer each instruction's leaves live in ------------------------------------------
@@ -168,7 +170,6 @@ class _Walk:
         return {i[n:]: b for i, b in self.of.get(name, {}).items() if i[:n] == prefix}
 
     def _assign(self) -> None:
-        by = self.comp.by_name
         for inst in self.comp.instructions:
             ids: dict[tuple[int, ...], int] = {}
             op = inst.opcode
@@ -198,7 +199,6 @@ class _Walk:
                                 continue
                     ids[idx] = self._new(inst, idx, leaf.bytes, "temp")
             self.of[inst.name] = ids
-        del by
 
     def _in_place(self, inst: Instruction) -> dict[tuple[int, ...], tuple[int, tuple[int, ...]]]:
         """Output index -> (operand number, operand index) for outputs XLA writes in place."""
@@ -278,7 +278,7 @@ class _Walk:
             outs = pinned - params
             housed = _cpu_allocations(span, shares, {b: sizes[b] for b in outs}, self._defined_positions(outs),
                                       sizes, len(schedule), self._operand_buffers(), self._post_order())
-        self.housed = housed
+        self.housed = housed  # (the CPU accounting's choice, for a reader debugging it)
         delta = [0] * (len(schedule) + 1)
         for b, (first, last) in span.items():
             if b in housed:
@@ -379,7 +379,7 @@ class _Walk:
                     found.append(b)
         return found
 
-    def _nested_peak(self, inst: Instruction) -> int:  # noqa: D401
+    def _nested_peak(self, inst: Instruction) -> int:
         """What a while / conditional / call body allocates beyond its operands, at its own peak."""
         if inst.opcode not in ("while", "conditional", "call") or self.depth > 16:
             return 0

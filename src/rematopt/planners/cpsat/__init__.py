@@ -1,8 +1,8 @@
-"""``cpsat``: the exact planner. Builds the staged model of
-:mod:`.model` (formulation: ``docs/cpsat.md``), solves it in rounds with
-CP-SAT from a warm start (:mod:`.search`, chosen by :mod:`.strategy`),
-bounds the whole staged space from below (:mod:`.bounds`) and
-reports what was proven (:mod:`.report`).
+"""``cpsat``: the exact planner. Solves the staged model of
+:mod:`..staged` (formulation: ``docs/cpsat.md``) in rounds with CP-SAT
+from a warm start (:mod:`.search`, chosen by :mod:`.strategy`), asks the
+staged space's bounds (:mod:`..staged.bounds`) and reports what was
+proven (:mod:`.report`).
 
 Objectives: ``overhead`` (default with a budget) minimises recompute plus
 transfer cost with every memory check <= budget; ``peak`` (default without a
@@ -21,6 +21,7 @@ from ...plan import Plan
 from ...reference import peak_lower_bound
 from ...stats import Stats
 from .settings import OPTIONS, Options, Settings
+from .verdict import ALL_PLANS, Source
 
 __all__ = ["OPTIONS", "Options", "Settings", "plan"]
 
@@ -33,9 +34,12 @@ def plan(graph: Graph, budget: int | None, options: dict[str, Any]) -> Plan:
     if budget is not None and budget < peak_lower_bound(graph):
         return no_plan(graph.name, "INFEASIBLE", reason=f"budget {budget:,} bytes is below the lower bound "
                                                         f"{peak_lower_bound(graph):,} bytes; no model built",
-                       proved_by="working set", infeasible_in="all plans")
-    if not graph.compute_ids:
+                       proved_by=Source.WORKING_SET.value, infeasible_in=ALL_PLANS)
+    if not graph.compute_ids:  # the empty plan: no cost, and the inputs every plan holds
+        overhead = cfg.objective == "overhead"
         return Plan(graph.name, "cpsat", [], [],
                     Stats(status="OPTIMAL", peak_bytes=graph.initial_bytes, compute_cost=0.0, transfer_bytes=0,
-                          details={"optimal_in": "all plans", "proved_by": "zero cost"}))
+                          objective=0.0 if overhead else float(graph.initial_bytes), optimal_in=ALL_PLANS,
+                          details={"proved_by": (Source.ZERO_COST if overhead else Source.WORKING_SET).value,
+                                   "objective_kind": cfg.objective}))
     return run.run(graph, cfg)

@@ -30,34 +30,30 @@ from ortools.sat import cp_model_pb2
 from ortools.sat.python import cp_model
 
 from ...simulate import simulate
-from .backends import STATUS, stopped_early, tune
-from .model import Model
+from ..staged.backends import STATUS, stopped_early, tune
+from ..staged.backends import solver_takes_ctrl_c
+from ..staged.model import Model
+from ..staged.solution import Assignment, events
 from .search import Context, Round
-from .signals import Interrupt, solver_takes_ctrl_c
-from .solution import Assignment, events
+from .signals import Interrupt
+from .tuning import TUNING, Tuning
 
 # With ``--lns auto``, LNS follows the rounds when the returned round's model
 # has at least this many variables, and a round that LNS will follow
-# searches for SHARE of the time left, LNS the rest. Measured (120 s, 2
+# searches for ``lns_share`` of the time left (:mod:`.tuning`), LNS the rest. Measured (120 s, 2
 # workers, same start and time), the round's own search beat LNS on every
 # instance up to the 48-layer decoder's depth-1 model (117,765 variables;
 # at 0.8: 4.09% against 5.49%; random_layered_n1000 at 0.9: 1.05% against
 # 1.12% with half the time each), so auto stays off below that size.
 AUTO_VARIABLES = 150_000
-SHARE = 0.5
-# LNS stops this long before the time limit: the plan is still to be replayed.
-MARGIN_S = 0.5
 # The first window holds about this many free variables (random_layered_n500's
 # depth-1 windows of about 2,000 variables are solved to optimality in
 # well under a second).
 START_FREE_VARIABLES = 2000
-# A window solved to optimality within this share of its limit makes the next
-# one GROWTH times wider; one that is not shrinks by the same factor.
-FAST_SHARE = 0.25
+# A window solved to optimality within ``window_fast_share`` of its limit
+# (:mod:`.tuning`) makes the next one GROWTH times wider; one that is not
+# shrinks by the same factor.
 GROWTH = 1.5
-# A window's search gets at most this many seconds (at least MIN_WINDOW_S).
-WINDOW_S = 5.0
-MIN_WINDOW_S = 0.2
 # Consecutive windows overlap by this share of their width.
 OVERLAP = 0.5
 
@@ -279,7 +275,8 @@ def _shift(dom: list[int], const: int) -> list[int]:
 
 def improve(model: Model, start: Assignment, *, deadline: float, workers: int, seed: int = 0,
             budget: int | None = None, stop: Interrupt | None = None, width: int | None = None,
-            on_improve: Callable[[Assignment], None] | None = None, cones: bool = True) -> Result:
+            on_improve: Callable[[Assignment], None] | None = None, cones: bool = True,
+            tuning: Tuning = TUNING) -> Result:
     """LNS from ``start`` (admissible in ``model``) until ``deadline`` (a
     ``time.perf_counter()`` value), a window covering every stage is solved
     to optimality, or a Ctrl-C (``stop``). Windows slide by half their
@@ -331,7 +328,7 @@ def improve(model: Model, start: Assignment, *, deadline: float, workers: int, s
 
     while not (stop is not None and stop.requested):
         left = deadline - time.perf_counter()
-        if left < MIN_WINDOW_S:
+        if left < tuning.min_window_s:
             break
         tried += 1
         if cones and model.peak is None and tried % 2 == 0:  # every other window: a value's cone
@@ -339,14 +336,14 @@ def improve(model: Model, start: Assignment, *, deadline: float, workers: int, s
             if group:
                 free, a, b = hood.free_for(group)
                 sub = hood.submodel(free, values, 0)
-                limit = min(left, WINDOW_S)
+                limit = min(left, tuning.window_s)
                 prev = best_obj
                 status, took = attempt(sub, free, limit)
                 if best_obj < prev:
                     proven.clear()
                 windows.append(Window(a, b, len(free), status, took, model.to_units(prev),
                                       model.to_units(best_obj), "cone"))
-                fast = status == "OPTIMAL" and took < FAST_SHARE * limit
+                fast = status == "OPTIMAL" and took < tuning.window_fast_share * limit
                 cone_free = round(cone_free * GROWTH) if fast else max(200, round(cone_free / GROWTH))
                 continue
         a = min(cursor, T - w)
@@ -365,7 +362,7 @@ def improve(model: Model, start: Assignment, *, deadline: float, workers: int, s
         free = hood.free_in(a, b)
         floor = max(profile.high_outside(a, b), model.peak_floor) if hood.peak is not None else 0
         sub = hood.submodel(free, values, floor)
-        limit = min(left, WINDOW_S)
+        limit = min(left, tuning.window_s)
         prev = best_obj
         status, took = attempt(sub, free, limit)
         if best_obj < prev:  # a window's subproblem reads the stages next to it, and the peak all of them
@@ -376,7 +373,7 @@ def improve(model: Model, start: Assignment, *, deadline: float, workers: int, s
             if w >= T:
                 exhausted = True
                 break
-            if took < FAST_SHARE * limit:
+            if took < tuning.window_fast_share * limit:
                 w = min(T, max(w + 1, round(w * GROWTH)))
         else:
             w = max(1, round(w / GROWTH))
@@ -491,12 +488,11 @@ def wanted(setting: str, model: Model) -> bool:
 
 
 def round_context(ctx: Context, model: Model) -> Context:
-    """The context a round of ``model`` searches in: ``ctx``, with the time
-    limit moved in by SHARE of the time left when LNS will follow."""
+    """The context a round of ``model`` searches in: ``ctx``, its clock
+    ending ``lns_share`` of the time left earlier when LNS will follow."""
     if not wanted(ctx.cfg.lns, model):
         return ctx
-    end = ctx.elapsed() + (1 - SHARE) * ctx.left()
-    return replace(ctx, cfg=replace(ctx.cfg, time_limit=end))
+    return replace(ctx, clock=ctx.clock.until(time.perf_counter() + (1 - ctx.tuning.lns_share) * ctx.left()))
 
 
 def after_rounds(ctx: Context, done: Round, lower: int | None) -> tuple[Round, dict[str, Any] | None]:
@@ -506,11 +502,12 @@ def after_rounds(ctx: Context, done: Round, lower: int | None) -> tuple[Round, d
     every stage was proven), and the ``lns`` stats (None: not run)."""
     model, best = done.model, done.best
     proven = done.status == cp_model.OPTIMAL or (lower is not None and done.objective <= lower)
-    deadline = ctx.start + ctx.cfg.time_limit - MARGIN_S
-    if best is None or proven or not wanted(ctx.cfg.lns, model) or time.perf_counter() + MIN_WINDOW_S > deadline:
+    t = ctx.tuning
+    deadline = ctx.clock.end - t.lns_margin_s
+    if best is None or proven or not wanted(ctx.cfg.lns, model) or time.perf_counter() + t.min_window_s > deadline:
         return done, None
     res = improve(model, best, deadline=deadline, workers=ctx.cfg.workers, seed=ctx.cfg.seed, budget=ctx.cfg.budget,
-                  stop=ctx.stop, on_improve=lambda a: ctx.trace.solution(
+                  stop=ctx.stop, tuning=t, on_improve=lambda a: ctx.trace.solution(
                       "primary", model.to_units(model.objective_of(a)), None))
     if res.exhausted:
         done = replace(done, status=cp_model.OPTIMAL, searched=cp_model.OPTIMAL, bound=float(res.after))

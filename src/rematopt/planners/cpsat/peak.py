@@ -22,29 +22,13 @@ from ...plan import Plan
 from ...reference import peak_lower_bound
 from ...simulate import simulate
 from ...stats import Stats
-from .model import memory_unit, peak_floor_units
-from .bounds import AFTER, PROBES, Question, ask
-from .report import gap
+from ..staged.bounds import AFTER, PROBES, Question, ask
+from ..staged.units import memory_unit
+from .clock import Clock
 from .search import Context
-from .settings import max_recomputes
 from .signals import Trace
+from .verdict import Bound, Source, reaching, verdict
 
-# The usual rounds get this share of the limit, the bisection the rest. The
-# probes' overhead searches find lower peaks where an overhead cap binds
-# (mobilenet_train within 10%: the rounds reach 11.3 GB in 24 s, two probes
-# 7.7 GB in 18 s); the rounds where they must find the plan first
-# (random_layered_n100 within 10%: 34,320 B with 30% of 60 s, 30,640 B
-# with 50%, the bound the same 26,2xx B).
-ROUNDS_SHARE = 0.5
-# The bounds asked after the rounds get this share of what the rounds leave;
-# the bisection the rest.
-AFTER_SHARE = 0.3
-# A probe gets this share of the time left, at least MIN_PROBE_S.
-PROBE_SHARE = 0.35
-MIN_PROBE_S = 2.0
-# Shares of a probe's time the relaxations may take (each stops at its first
-# solution, so a feasible one returns at once); the overhead search the rest.
-LEVEL_SHARE = {"gaps": 0.1, "chains": 0.2, "slots": 0.2}
 # "Any plan at all" to a relaxation (as run.ANY_PLAN).
 ANY_PLAN = 2**60
 
@@ -57,7 +41,7 @@ class Probe:
 
     cap_bytes: int
     verdict: str
-    by: str | None
+    by: str | None  # "no": the Source that proved it; "yes": where the plan was found
     peak_bytes: int | None
     bound_bytes: int | None
     seconds: float
@@ -84,26 +68,26 @@ class Units:
 
 
 def run(ctx: Context, rounds: Callable[[Context], Plan], admit: Callable[..., Any]) -> Plan:
-    """The peak run: ``rounds`` (run._run) for ROUNDS_SHARE of the limit,
-    then the bisection for the rest, from the rounds' plan and bound.
-    ``admit`` (run.admit) says whether a plan honours every setting."""
-    cfg, g = ctx.cfg, ctx.graph
-    first = rounds(replace(ctx, cfg=replace(cfg, time_limit=ROUNDS_SHARE * cfg.time_limit)))
+    """The peak run: ``rounds`` (run._run) for ``peak_rounds_share`` of the
+    limit (:mod:`.tuning`), then the bisection for the rest, from the rounds'
+    plan and bound. ``admit`` (run.admit) says whether a plan honours every setting."""
+    cfg, g, t = ctx.cfg, ctx.graph, ctx.tuning
+    first = rounds(replace(ctx, clock=ctx.clock.until(ctx.clock.at(t.peak_rounds_share))))
     if first.stats.get("peak_bytes") is None:
         return first
     u = Units(memory_unit(g)[0], g.persistent_bytes)
     lo_bytes, by = initial_bound(g, first.stats)
     best, hi_bytes = first, first.stats["peak_bytes"]
-    asked = after_bounds(ctx, u, hi_bytes, lo_bytes, AFTER_SHARE * ctx.left())
+    asked = after_bounds(ctx, u, hi_bytes, lo_bytes, t.peak_after_share * ctx.left())
     for level, status, seconds, bound in asked:
         if bound is not None and bound > lo_bytes:
-            lo_bytes, by = bound, level
+            lo_bytes, by = bound, Source(level)
     probes: list[Probe] = []
-    q0 = question(ctx, u)
+    q0 = ctx.question("overhead", None)  # the cap set per probe
     lo, top = u.of_bound(lo_bytes), u.of_cap(hi_bytes - 1)
     while lo <= top and ctx.left() > 0.5 and not ctx.stop.requested and u.bytes(lo) < hi_bytes:
         cap = (lo + top) // 2
-        limit = min(ctx.left(), max(MIN_PROBE_S, PROBE_SHARE * ctx.left()))
+        limit = min(ctx.left(), max(t.min_probe_s, t.probe_share * ctx.left()))
         probe, found = decide(ctx, q0, u, cap, limit, rounds, admit)
         probes.append(probe)
         if probe.bound_bytes is not None and u.of_bound(probe.bound_bytes) > lo:
@@ -137,9 +121,7 @@ def after_bounds(ctx: Context, u: Units, peak: int, lower: int, limit: float
     if peak <= lower or limit < 0.5:
         return []
     g, cfg = ctx.graph, ctx.cfg
-    cost, transfer = ctx.relaxation_costs()
-    q = Question("peak", u.unit, 0, cost, transfer, cfg.offload, ctx.proof_cap(),
-                 max_recomputes(cfg, len(g.compute_ids)), peak_floor_units(g, u.unit, up=False))
+    q = ctx.question("peak", None)
     deadline = time.perf_counter() + limit
     found = []
     for level in AFTER:
@@ -152,28 +134,18 @@ def after_bounds(ctx: Context, u: Units, peak: int, lower: int, limit: float
     return found
 
 
-def initial_bound(g: Graph, st: dict[str, Any]) -> tuple[int, str]:
+def initial_bound(g: Graph, st: dict[str, Any]) -> tuple[int, Source]:
     """The rounds' lower bound (bytes) and what proved it: the working set,
     the gaps relaxation, a chains or slots proof, or the full model."""
-    found = [(peak_lower_bound(g), "working set")]
+    found = [(peak_lower_bound(g), Source.WORKING_SET)]
     relax = st.get("gap_relaxation") or {}
     if relax.get("bound") is not None:
-        found.append((relax["bound"], "gaps"))
-    found += [(p["bound"], p["level"]) for p in st.get("relaxation_proofs", []) if p.get("bound") is not None]
+        found.append((relax["bound"], Source.GAPS))
+    found += [(p["bound"], Source(p["level"])) for p in st.get("relaxation_proofs", []) if p.get("bound") is not None]
     b, name = max(found, key=lambda x: x[0])
     if st.get("best_bound") is not None and st["best_bound"] > b:
-        return math.ceil(st["best_bound"]), "model"
+        return math.ceil(st["best_bound"]), Source.MODEL
     return math.ceil(b), name
-
-
-def question(ctx: Context, u: Units) -> Question:
-    """What the relaxations are asked at a cap (``cap_units`` set per probe):
-    any plan within the overhead and clone caps, in the model's integers
-    (costs floored when the scale is inexact, so the relaxation stays one)."""
-    g, cfg = ctx.graph, ctx.cfg
-    cost, transfer = ctx.relaxation_costs()
-    return Question("overhead", u.unit, 0, cost, transfer, cfg.offload, ctx.proof_cap(),
-                    max_recomputes(cfg, len(g.compute_ids)), 0)
 
 
 def decide(ctx: Context, q0: Question, u: Units, cap: int, limit: float, rounds: Callable[[Context], Plan],
@@ -194,21 +166,22 @@ def decide(ctx: Context, q0: Question, u: Units, cap: int, limit: float, rounds:
 
     for level in PROBES:
         r = ask(g, q, level, below=below, workers=cfg.workers, seed=cfg.seed,
-                time_limit=min(deadline - time.perf_counter(), LEVEL_SHARE[level] * limit), interruptible=True)
+                time_limit=min(deadline - time.perf_counter(), ctx.tuning.probe_level_share[level] * limit),
+                interruptible=True)
         if r.interrupted:
             ctx.stop.requested = True
             return probe("unknown", None), None
         if r.status == "INFEASIBLE" or (r.bound is not None and r.bound > below):
-            return probe("no", level, bound=u.bytes(cap + 1)), None
+            return probe("no", Source(level), bound=u.bytes(cap + 1)), None
         if r.status == "SKIPPED":
             break
     left = deadline - time.perf_counter()
     if left < 0.5:
         return probe("unknown", None), None
-    now = time.perf_counter()
-    sub = replace(ctx, start=now, trace=Trace(now),
-                  cfg=replace(cfg, objective="overhead", budget=u.bytes(cap), max_overhead=None, time_limit=left,
-                              lp_bound=False, log_path=None, progress=False, export_model=None))
+    clock = Clock.starting_now(left)
+    sub = replace(ctx, clock=clock, trace=Trace(clock.start),
+                  cfg=replace(cfg, objective="overhead", budget=u.bytes(cap), max_overhead=None, lp_bound=False,
+                              log_path=None, progress=False, export_model=None))
     found = rounds(sub)
     st = found.stats
     if st.get("peak_bytes") is not None:
@@ -217,14 +190,12 @@ def decide(ctx: Context, q0: Question, u: Units, cap: int, limit: float, rounds:
             found.stats = Stats.from_dict({**found.stats, "objective": r.peak_bytes, "objective_kind": "peak"})
             where = f"{st['plan_from']}'s plan" if st.get("plan_from") else st.get("space")
             return probe("yes", where, peak=r.peak_bytes), found
-    if st["status"] == "INFEASIBLE":
-        reason = st.get("reason", "")
-        level = next((lv for word, lv in (("gap", "gaps"), ("chains", "chains"), ("slots", "slots"))
-                      if f"the {word} relaxation" in reason), "model")
-        return probe("no", level, bound=u.bytes(cap + 1)), None
+    if st["status"] == "INFEASIBLE":  # the staged space empty at that budget: proved by a relaxation, or the model
+        by = Source(st["proved_by"])
+        return probe("no", by if by in PROBES else Source.MODEL, bound=u.bytes(cap + 1)), None
     cap_cost = None if cfg.max_overhead is None else cfg.max_overhead * sum(g.cost[i] for i in g.compute_ids)
     if cap_cost is not None and st.get("best_bound") is not None and st["best_bound"] > cap_cost * (1 + 1e-9):
-        return probe("no", "model", bound=u.bytes(cap + 1)), None
+        return probe("no", Source.MODEL, bound=u.bytes(cap + 1)), None
     return probe("unknown", None), None
 
 
@@ -240,16 +211,12 @@ def restate(p: Plan, first: Plan) -> None:
     p.stats = Stats.from_dict(d)
 
 
-def finish(p: Plan, lo_bytes: int, by: str, probes: list[Probe]) -> Plan:
+def finish(p: Plan, lo_bytes: int, by: Source, probes: list[Probe]) -> Plan:
     """Status, bound and gap from the bisection's bound (``bound_by`` names
     what proved it: the working set, a relaxation, or the model), and the probes."""
-    st = dict(p.stats)
-    peak = st["peak_bytes"]
-    bound = min(lo_bytes, peak)
-    st.update(best_bound=bound, gap=gap(peak, bound), bound_by=by, peak_probes=[asdict(x) for x in probes],
-              status="OPTIMAL" if bound >= peak else "FEASIBLE")
-    st.pop("proved_by", None)
-    if bound >= peak:
-        st["proved_by"] = by
+    st = {k: v for k, v in p.stats.items() if k != "proved_by"}
+    bound = Bound(lo_bytes, by)
+    st.update(verdict(st["peak_bytes"], [bound], reaching(st["peak_bytes"], bound)).stats(),
+              peak_probes=[asdict(x) for x in probes])
     p.stats = Stats.from_dict(st)
     return p

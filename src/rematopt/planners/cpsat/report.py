@@ -8,24 +8,20 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ortools.sat.python import cp_model
-
 from ...graph import Graph
 from ...plan import Plan
 from ...reference import peak_lower_bound, pinned_bound
 from ...simulate import Replay, cost_of_counts, simulate
 from ...stats import Stats
-from .backends import STATUS
-from .model import Model
-from .bounds import Question, WholeBound
+from ..staged.backends import STATUS
+from ..staged.bounds import Question, WholeBound
+from ..staged.model import Model
+from ..staged.solution import Assignment, events
+from ..staged.units import objective_units
+from . import verdict
 from .search import Context, Round
-from .solution import Assignment, events
+from .verdict import Bound, Source, gap, reaching
 
-# The level a proof names for the full model with sizes rounded down (run.rounded_down_proof).
-ROUNDED_DOWN = "rounded-down model"
-# What ``optimal_in`` and ``infeasible_in`` name: every valid plan under the
-# settings, or only the staged space (of the order ``order_from`` names).
-ALL_PLANS, STAGED = "all plans", "staged space"
 
 
 @dataclass(frozen=True)
@@ -73,32 +69,25 @@ def report(o: Outcome) -> Plan:
     """The returned plan with its stats (see the module docstring)."""
     ctx, model, g, cfg = o.ctx, o.model, o.ctx.graph, o.ctx.cfg
     chosen = o.done or (o.history[-1] if o.history else None)
-    status = chosen.status if chosen is not None else cp_model.UNKNOWN
-    bound = chosen.bound if chosen is not None else None
-    solved_depth = chosen.depth if chosen is not None else model.depth
-    gap_infeasible = o.whole is not None and o.whole.status == "INFEASIBLE"
-    if gap_infeasible:
-        status = cp_model.INFEASIBLE
-    if gap_infeasible or o.empty:
-        solved_depth = None
     best, stopped = o.best, ctx.stop.requested
-    unproven_empty = False
-    if not model.form.memory_exact:
-        # sizes rounded up: the model's optimum, bound and emptiness speak of
-        # the plans that fit it, not of all plans; only the relaxations and
-        # the rounded-down model (sizes rounded down) bound the whole space
-        status = cp_model.FEASIBLE if status == cp_model.OPTIMAL else status
-        bound = None
-        if status == cp_model.INFEASIBLE and not (gap_infeasible or o.empty):
-            status, unproven_empty = cp_model.UNKNOWN, True
+    gap_infeasible = o.whole is not None and o.whole.status == "INFEASIBLE"
+    proven_whole = best is not None and o.lower is not None and model.objective_of(best) <= o.lower
+    claim = verdict.staged(STATUS.get(chosen.status, "UNKNOWN") if chosen is not None else "UNKNOWN",
+                           chosen.depth if chosen is not None else model.depth, gaps_empty=gap_infeasible,
+                           shown_empty=o.empty, memory_exact=model.form.memory_exact, automatic=cfg.depth is None,
+                           has_plan=best is not None, proven_whole=proven_whole)
+    solved_depth, restricted = claim.depth, claim.restricted
+    # the rounds' own bound, of the space they solved (with sizes rounded up, of no space)
+    own = (model.to_units(chosen.bound) if best is not None and chosen.bound is not None
+           and model.form.memory_exact else None)
     rounds = [round_row(r) for r in o.history]
     stats: dict[str, Any] = {
-        "status": STATUS.get(status, "UNKNOWN"), "objective_kind": cfg.objective,
-        "objective": None, "best_bound": model.to_units(bound) if best is not None and bound is not None else None,
+        "status": claim.status, "objective_kind": cfg.objective,
+        "objective": None, "best_bound": None,
         "gap": None, "time_to_first_s": ctx.trace.first, "time_to_best_s": ctx.trace.best,
         "primary_s": o.primary_s, "variables": model.variables, "constraints": model.constraints,
         "build_s": o.build_s, "recompute_depth": "full" if solved_depth is None else solved_depth,
-        "cost_scale": ctx.scale, "cost_scale_exact": ctx.exact, "cost_resolution": ctx.resolution,
+        "cost_scale": ctx.cost.scale, "cost_scale_exact": ctx.cost.exact, "cost_resolution": ctx.cost.resolution,
         "memory_unit_bytes": model.form.unit, "memory_unit_exact": model.form.memory_exact,
         "offload": cfg.offload, "warm_start": o.hint_source,
         "hint_objective": model.to_units(o.hint_objective) if o.hint_objective is not None else None,
@@ -115,39 +104,29 @@ def report(o: Outcome) -> Plan:
                                    "bound": None if o.whole.bound is None else model.to_units(o.whole.bound)}
     if o.proofs:
         stats["relaxation_proofs"] = [asdict(p) for p in o.proofs]
-    proven_whole = best is not None and o.lower is not None and model.objective_of(best) <= o.lower
-    trivial = 0.0 if cfg.objective == "overhead" else float(peak_lower_bound(g))
-    restricted = solved_depth is not None and cfg.depth is None
-    if restricted:
-        # The default asked about the whole staged space, but only a
-        # depth-restricted subspace was solved: its optimum and bound say
-        # nothing about the whole space; the relaxations' bound does.
-        stats.update(space=space_name(model, o.outside), space_status=stats["status"],
-                     space_bound=stats["best_bound"], best_bound=None)
-        if stats["status"] == "OPTIMAL":
-            stats["status"] = "OPTIMAL" if proven_whole else "FEASIBLE"
+    trivial = (Bound(0.0, Source.TRIVIAL) if cfg.objective == "overhead"
+               else Bound(float(peak_lower_bound(g)), Source.WORKING_SET))
+    if restricted:  # its optimum and bound say nothing about the whole space; the relaxations' bound does
+        stats.update(space=space_name(model, o.outside), space_status=claim.space_status, space_bound=own)
     else:
         stats["space"] = "staged" if solved_depth is None else space_name(model, o.outside)
+    bounds: list[Bound] = []
     if best is not None and o.lower is not None and (restricted or solved_depth is None):
         # a whole-space bound (the relaxation's, or the trivial one) under
-        # the full model's own, whichever is higher
-        found = [(model.to_units(o.lower), lower_source(o)),
-                 (trivial, "working set" if cfg.objective == "peak" else "trivial")]
-        if stats["best_bound"] is not None:
-            found.append((stats["best_bound"], "model"))
-        stats["best_bound"], stats["bound_by"] = max(found, key=lambda x: x[0])  # ties: the relaxation
-        if proven_whole:
-            stats["status"] = "OPTIMAL"
+        # the full model's own, whichever is higher (ties: the relaxation)
+        bounds = [Bound(model.to_units(o.lower), lower_source(o)), trivial]
+        if not restricted and own is not None:
+            bounds.append(Bound(own, Source.MODEL))
     elif restricted and best is not None:
-        stats["best_bound"], stats["bound_by"] = trivial, "working set" if cfg.objective == "peak" else "trivial"
-    elif stats["best_bound"] is not None:  # no relaxation answered in time: the full model's own bound
-        stats["bound_by"] = "model"
+        bounds = [trivial]
+    elif own is not None:  # no relaxation answered in time: the full model's own bound
+        bounds = [Bound(own, Source.MODEL)]
     if gap_infeasible:  # no model solved, so no LP of it either
         stats["reason"] = "the gap relaxation of the staged space is infeasible: no staged plan meets the budget"
     elif o.empty:
         what = o.proofs[-1].level
         what = f"the staged model with sizes rounded down to its {model.form.unit:,} B memory unit" \
-            if what == ROUNDED_DOWN else f"the {what} relaxation of the staged space"
+            if what == Source.ROUNDED_DOWN else f"the {what} relaxation of the staged space"
         stats["reason"] = f"{what} is infeasible: no staged plan meets the budget"
     elif cfg.lp_bound and o.lp_skipped:
         stats["lp_bound"] = None
@@ -155,15 +134,14 @@ def report(o: Outcome) -> Plan:
     elif cfg.lp_bound:
         stats["lp_bound"] = o.lp_bound
     if best is None:
-        if status == cp_model.INFEASIBLE and solved_depth is not None and not gap_infeasible:
-            stats["status"] = "UNKNOWN"  # only a restricted space was shown empty
+        if claim.restricted_empty:
             stats["reason"] = (f"no plan recomputes within {solved_depth} producer hops of each stage's "
                                "node; try --recompute-depth full")
-        elif unproven_empty:
+        elif claim.unproven_empty:
             stats["reason"] = (f"no plan of the model, whose sizes are rounded up to its {model.form.unit:,} B "
                                "memory unit, meets the budget, and the time ran out before the sizes rounded "
                                "down decided whether one does")
-        elif status == cp_model.UNKNOWN:
+        elif claim.status == "UNKNOWN":
             empty = [r["recompute_depth"] for r in rounds
                      if r["status"] == "INFEASIBLE" and r["recompute_depth"] != "full"]
             why = "stopped by Ctrl-C" if stopped else "the time limit ran out"
@@ -172,10 +150,11 @@ def report(o: Outcome) -> Plan:
         if o.outside is not None:  # the model's space is empty, the budget is not
             lower = None if gap_infeasible or o.empty else whole_units(ctx, model.form.unit, o.lower)
             reason = (f"only the model with sizes rounded down to its {model.form.unit:,} B memory unit holds "
-                      "a plan within the budget" if o.outside.name == ROUNDED_DOWN else None)
+                      "a plan within the budget" if o.outside.name == Source.ROUNDED_DOWN else None)
             return fallback(g.name, o.outside, stats, reason, lower=lower, lower_by=lower_source(o))
         if stats["status"] == "INFEASIBLE":
-            stats["proved_by"] = "gaps" if gap_infeasible else o.proofs[-1].level if o.empty else "model"
+            stats["proved_by"] = (Source.GAPS if gap_infeasible else o.proofs[-1].level if o.empty
+                                  else Source.MODEL).value
         return no_plan(g.name, stats["status"], **{k: v for k, v in stats.items() if k != "status"})
     form = model.form
     p = events(form, best)
@@ -192,15 +171,12 @@ def report(o: Outcome) -> Plan:
     if restricted and stats["space_bound"] is not None:
         stats["space_bound"] = min(stats["space_bound"], objective)
         stats["space_gap"] = gap(objective, stats["space_bound"])
-    if stats["best_bound"] is not None and cfg.objective == "overhead":
+    top = max(bounds, key=lambda b: b.value, default=None)  # ties: the first
+    if top is not None and cfg.objective == "overhead":
         # bounds on rounded costs hold for the true ones up to the rounding
-        stats["best_bound"] = max(0.0, stats["best_bound"] - ctx.resolution / 2)
-    if stats["best_bound"] is not None:
-        b = min(stats["best_bound"], objective)
-        stats["best_bound"] = b
-        stats["gap"] = gap(objective, b)
-    if stats["status"] == "OPTIMAL":
-        stats["proved_by"] = stats.get("bound_by", "model")
+        top = Bound(max(0.0, top.value - ctx.cost.resolution / 2), top.source)
+    proved = (top.source if top is not None else Source.MODEL) if stats["status"] == "OPTIMAL" else None
+    stats.update(verdict.verdict(objective, [top] if top is not None else [], proved).stats())
     return Plan(g.name, "cpsat", p.ops, p.nodes, Stats.from_dict(stats))
 
 
@@ -212,35 +188,32 @@ def report_unbuilt(ctx: Context, outside: Outside | None, whole: WholeBound, q: 
         "status": "UNKNOWN", "reason": f"the time limit ({ctx.cfg.time_limit:g} s) ran out while building the "
                                        "first model", "objective_kind": ctx.cfg.objective,
         "time_to_first_s": ctx.trace.first, "time_to_best_s": ctx.trace.best, "interrupted": ctx.stop.requested,
-        "cost_scale": ctx.scale, "cost_scale_exact": ctx.exact, "cost_resolution": ctx.resolution, "rounds": [],
+        "cost_scale": ctx.cost.scale, "cost_scale_exact": ctx.cost.exact, "cost_resolution": ctx.cost.resolution, "rounds": [],
         "warm_start": None if outside is None else outside.name,
         "gap_relaxation": {"status": whole.status, "seconds": whole.seconds,
                            "bound": None if whole.bound is None else whole_units(ctx, q.unit, whole.bound)}}
     if whole.status == "INFEASIBLE":
-        stats.update(status="INFEASIBLE", proved_by="gaps", reason="the gap relaxation of the staged space is "
-                                                                   "infeasible: no staged plan meets the budget")
+        stats.update(status="INFEASIBLE", proved_by=Source.GAPS.value,
+                     reason="the gap relaxation of the staged space is infeasible: no staged plan meets the budget")
     if outside is not None:
-        return fallback(ctx.graph.name, outside, stats, stats["reason"], whole_units(ctx, q.unit, whole.bound), "gaps")
+        return fallback(ctx.graph.name, outside, stats, stats["reason"], whole_units(ctx, q.unit, whole.bound),
+                        Source.GAPS)
     return no_plan(ctx.graph.name, "UNKNOWN", **{k: v for k, v in stats.items() if k != "status"})
 
 
 def whole_units(ctx: Context, unit: int, value: int | None) -> float | None:
-    """A whole-space bound (model integers) in the objective's units: cost
-    units less half the rounding resolution, or bytes."""
-    if value is None:
-        return None
-    if ctx.cfg.objective == "overhead":
-        return max(0.0, value / ctx.scale - ctx.resolution / 2)
-    return float(value * unit + ctx.graph.persistent_bytes)
+    """A whole-space bound (model integers) in the run's objective's units
+    (:func:`..staged.units.objective_units`)."""
+    return objective_units(ctx.graph, ctx.cfg.objective, ctx.cost, unit, value)
 
 
-def lower_source(o: Outcome) -> str:
+def lower_source(o: Outcome) -> Source:
     """Which mechanism gave the whole-space lower bound ``o.lower``: the
     gaps relaxation, a chains or slots proof, or the full model."""
     if o.lower is None or (o.whole is not None and o.whole.bound == o.lower):
-        return "gaps"
+        return Source.GAPS
     bound = o.model.to_units(o.lower)
-    return next((p.level for p in o.proofs if p.bound == bound), "model")
+    return next((p.level for p in o.proofs if p.bound == bound), Source.MODEL)
 
 
 def round_row(r: Round) -> dict[str, Any]:
@@ -260,7 +233,7 @@ def space_name(model: Model, outside: Outside | None) -> str:
 
 
 def fallback(graph_name: str, outside: Outside, stats: dict[str, Any], reason: str | None = None,
-             lower: float | None = None, lower_by: str | None = None) -> Plan:
+             lower: float | None = None, lower_by: Source | None = None) -> Plan:
     """Hand back the plan from outside the model: never less than the hint.
     Marked as such. ``lower`` (objective units, by ``lower_by``) bounds every
     staged plan, so the gap says how much better one could be; the plan
@@ -269,68 +242,41 @@ def fallback(graph_name: str, outside: Outside, stats: dict[str, Any], reason: s
     it is the optimum (OPTIMAL). So is a plan that costs nothing, in any
     space (xla-remat's moves fit some budgets with no recompute at all)."""
     r = outside.replay
+    bound = None if lower is None else Bound(lower, lower_by)
     if stats.get("objective_kind") == "overhead" and outside.objective == 0:
-        lower, lower_by = 0.0, "zero cost"
-    bound = None if lower is None else min(lower, outside.objective)
-    proven = (outside.name == ROUNDED_DOWN or lower_by == "zero cost") and bound is not None \
-        and bound >= outside.objective
+        bound = Bound(0.0, Source.ZERO_COST)
+    proved = reaching(outside.objective, bound,
+                      outside.name == Source.ROUNDED_DOWN or (bound is not None and bound.source == Source.ZERO_COST))
     stats.update(peak_bytes=r.peak_bytes, compute_cost=r.compute_cost, transfer_bytes=r.transfer_bytes,
-                 space_status=stats.get("space_status", stats["status"]),
-                 status="OPTIMAL" if proven else "FEASIBLE", plan_from=outside.plan.planner,
-                 objective=outside.objective, best_bound=bound,
-                 gap=None if bound is None else gap(outside.objective, bound),
-                 reason=reason or "no plan found in the model's space")
-    if bound is not None:
-        stats["bound_by"] = lower_by
-    if proven:
-        stats["proved_by"] = lower_by
+                 space_status=stats.get("space_status", stats["status"]), plan_from=outside.plan.planner,
+                 objective=outside.objective, reason=reason or "no plan found in the model's space")
+    stats.update(verdict.verdict(outside.objective, [bound] if bound is not None else [], proved).stats())
     return Plan(graph_name, "cpsat", outside.plan.ops, outside.plan.nodes, Stats.from_dict(stats))
 
 
 def over_all_plans(graph: Graph, budget: int | None, objective: str, offload: bool, plan: Plan) -> Plan:
     """``plan`` with its status speaking of every valid plan under the run's
-    settings. The model, the relaxations and the bisection prove things of
-    the staged space only, and plans outside it exist (a plan cleaned of
-    unread computations, one that computes in another order, or a node twice
-    in a stage): the 14-node fuzz case's staged optimum costs 6 where dtr's
-    cleaned plan costs 2. So ``OPTIMAL`` stands only where a bound that holds
-    for every plan reaches the plan (``zero cost``: it recomputes and moves
-    nothing; or :func:`no_plan_peaks_below` its peak), ``INFEASIBLE`` only
-    where that bound passes the budget; a staged-space verdict becomes
-    ``FEASIBLE`` (a plan) or ``UNKNOWN`` (none), and ``optimal_in`` /
-    ``infeasible_in`` say where a claim holds: "all plans" or "staged space"."""
-    st = dict(plan.stats)
-    staged = st["status"]
-    if staged in ("OPTIMAL", "INFEASIBLE"):
-        st["optimal_in" if staged == "OPTIMAL" else "infeasible_in"] = STAGED
+    settings (:func:`.verdict.over_all_plans`), from the bounds every plan
+    obeys: ``zero cost`` (a plan that recomputes and moves nothing), and
+    :func:`no_plan_peaks_below` a peak, which proves a plan at it optimal and
+    a budget below it infeasible."""
+    st = plan.stats
+    universal = None
     if st.get("peak_bytes") is not None:
-        universal = (("zero cost" if st.get("objective") == 0 else None) if objective == "overhead" else
-                     no_plan_peaks_below(graph, offload, st["peak_bytes"]))
-        if universal is not None:
-            st.update(status="OPTIMAL", optimal_in=ALL_PLANS, proved_by=universal, bound_by=universal,
-                      best_bound=st["peak_bytes"] if objective == "peak" else 0.0, gap=0.0)
-        elif staged == "OPTIMAL":
-            st["status"] = "FEASIBLE"
-    elif staged == "INFEASIBLE":
-        by = None if budget is None else no_plan_peaks_below(graph, offload, budget + 1)
-        if by is None:
-            st["status"] = "UNKNOWN"
+        if objective == "overhead":
+            universal = Bound(0.0, Source.ZERO_COST) if st.get("objective") == 0 else None
         else:
-            st.update(status="INFEASIBLE", infeasible_in=ALL_PLANS, proved_by=by,
-                      reason=f"no plan meets the budget: every plan holds {pinned_bound(graph, offload):,} bytes "
-                             "at once (a node's working set, with the values that cannot be made again and are "
-                             "read later)")
-    plan.stats = Stats.from_dict(st)
+            by = no_plan_peaks_below(graph, offload, st["peak_bytes"])
+            universal = None if by is None else Bound(st["peak_bytes"], by)
+    by = None if budget is None else no_plan_peaks_below(graph, offload, budget + 1)
+    empty_below = None if by is None else Bound(pinned_bound(graph, offload), by)
+    plan.stats = Stats.from_dict(verdict.over_all_plans(dict(st), universal, empty_below))
     return plan
 
 
-def no_plan_peaks_below(graph: Graph, offload: bool, peak: int) -> str | None:
+def no_plan_peaks_below(graph: Graph, offload: bool, peak: int) -> Source | None:
     """What shows that no valid plan peaks below ``peak`` bytes, if anything:
     the working-set bound, or the pinned values' (:func:`~rematopt.reference.pinned_bound`)."""
     if peak <= peak_lower_bound(graph):
-        return "working set"
-    return "pinned values" if peak <= pinned_bound(graph, offload) else None
-
-
-def gap(objective: float, bound: float) -> float:
-    return 0.0 if objective == bound else (objective - bound) / abs(objective)
+        return Source.WORKING_SET
+    return Source.PINNED_VALUES if peak <= pinned_bound(graph, offload) else None

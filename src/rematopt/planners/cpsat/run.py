@@ -19,39 +19,30 @@ from ...plan import Plan
 from ...reference import no_remat_peak, peak_lower_bound
 from ...simulate import Replay, simulate
 from ...stats import Stats
+from ..staged.backends import STATUS, LpBackend
+from ..staged.bounds import AFTER, BOUNDS, PROOFS, Question, WholeBound, ask
+from ..staged.limits import Limits
+from ..staged.model import Model, OutOfTime
+from ..staged.order import search_order
+from ..staged.solution import Assignment, events, from_plan, plan_pairs
+from ..staged.stages import Stages
+from ..staged.units import cost_scale
 from . import lns, peak
-from .backends import STATUS, LpBackend
-from .model import (Model, OutOfTime, Stages, cap_units, cost_resolution, integer_scale, memory_unit,
-                    peak_floor_units)
-from .bounds import AFTER, BOUNDS, PROOFS, Question, WholeBound, ask
-from .order import search_order
-from .report import ROUNDED_DOWN, Outcome, Outside, gap, over_all_plans, report, report_unbuilt, whole_units
+from .clock import Clock
+from .report import Outcome, Outside, over_all_plans, report, report_unbuilt, whole_units
 from .search import Context, Lowest, Round, make_model, solve_model, solve_round, tie_break, whole_bound_of
 from .settings import Settings, max_recomputes
 from .signals import Interrupt, Trace, deferred_sigint
-from .solution import Assignment, events, from_plan, staged_events
-from .strategy import (DONE, FULL_MODEL_PAIRS, may_start, next_depth, proof_time, returned_round, should_widen,
+from .strategy import (DONE, may_start, next_depth, proof_time, returned_round, should_widen,
                        wants_emptiness_proof, wants_optimality_proof)
+from .verdict import Bound, Source, reaching, verdict
 from .warm_start import (FIRST, MODEL_MAX_NODES, best_within, evicted_plan, fast_planners, fast_plans,
                          lowest_peak, staged_eviction, warm_start_share, without_dead)
 
-# The gap relaxation (bounds/gaps.py) takes well under a second on the
-# benchmark graphs; this share of the limit caps it on bigger ones.
-GAP_BOUND_SHARE = 0.1
-# When no fast plan fits, staged eviction in a deeper space may take the
-# warm start up to this share of the limit (random_layered_n1000 at 0.8: the
-# fast planners 24 s on a loaded machine, eviction at depth 2 13 s more).
-EVICTION_SHARE = 0.45
 # Bisection steps of the peak objective's budget sweep (:func:`budget_sweep`).
 SWEEP_STEPS = 8
 # "Any plan at all" to a relaxation proof: an objective no plan reaches.
 ANY_PLAN = 2**60
-# Where the rounds cannot search the whole staged space, they leave this
-# share of the limit to the bounds asked after them (bounds.AFTER), and
-# those run only with at least MIN_AFTER_S left. gpt_l2_w64 at 0.8, 120 s:
-# ... (measured below in docs/cpsat.md, "Whole-space bounds").
-AFTER_SHARE = 0.25
-MIN_AFTER_S = 1.0
 # Building the LP of a bigger model takes longer than its bound is worth
 # (about 20 s on the 2,090-node decoder's depth-1 model).
 LP_MAX_VARIABLES = 40_000
@@ -62,7 +53,7 @@ class Proof:
     """One relaxation asked whether any staged plan beats ``below`` (units;
     None: whether any plan meets the budget at all)."""
 
-    level: str
+    level: Source
     below: float | None
     status: str
     seconds: float
@@ -87,46 +78,42 @@ def bounded(ctx: Context) -> Plan:
     (:func:`.order.search_order`: the program's, or on large graphs the
     outside plan's when it moves computations), the rounds, then the bounds asked after them
     (:data:`bounds.AFTER`) in the time they leave, which is at least
-    AFTER_SHARE of the limit where the automatic rounds cannot search the
-    whole staged space (more than FULL_MODEL_PAIRS pairs): their bound, not
+    ``after_share`` of the limit where the automatic rounds cannot search the
+    whole staged space (more than ``full_model_pairs`` pairs): their bound, not
     the rounds' search, is what closes the gap there. Each bound that beats the run's
     raises ``best_bound`` (``bound_by``), and one that reaches the model's
     plan proves it optimal."""
-    cfg = ctx.cfg
-    big = cfg.depth is None and ctx.full.count_pairs() > FULL_MODEL_PAIRS
-    keep = AFTER_SHARE * cfg.time_limit if big else 0.0
-    rounds = replace(ctx, cfg=replace(cfg, time_limit=cfg.time_limit - keep))
-    found = outside_plan(rounds, rounds.start + warm_start_share(ctx.graph) * rounds.cfg.time_limit)
-    ordered = search_order(ctx.graph, found[0].plan if found[0] is not None else None)
+    cfg, t = ctx.cfg, ctx.tuning
+    big = cfg.depth is None and ctx.full.count_pairs() > t.full_model_pairs
+    rounds = replace(ctx, clock=ctx.clock.until(ctx.clock.end - (t.after_share * ctx.clock.limit if big else 0.0)))
+    found = outside_plan(rounds, rounds.clock.at(warm_start_share(ctx.graph, t)))
+    ordered = search_order(ctx.graph, found[0].plan if found[0] is not None else None, t.reorder_min_nodes)
     if ordered is not None and not ctx.stop.requested:  # the rounds and the bounds in the outside plan's order
-        ctx = replace(context(ordered, cfg), start=ctx.start, trace=ctx.trace, stop=ctx.stop)
-        rounds = replace(ctx, cfg=rounds.cfg)
+        ctx = replace(context(ordered, cfg), clock=ctx.clock, trace=ctx.trace, stop=ctx.stop)
+        rounds = replace(ctx, clock=rounds.clock)
     plan = _run(rounds, found)
     if ordered is not None:
         plan.stats = Stats.from_dict({**plan.stats, "order_from": found[0].name})
     st = plan.stats
-    if keep and st.get("reason"):  # the user's limit, not the rounds' share of it
-        plan.stats = st = Stats.from_dict({**st, "reason": st["reason"].replace(
-            f"time limit ({cfg.time_limit - keep:g} s)", f"time limit ({cfg.time_limit:g} s)")})
-    if ctx.stop.requested or st["status"] in ("OPTIMAL", "INFEASIBLE") or st.get("gap") == 0 or ctx.left() < MIN_AFTER_S:
+    if ctx.stop.requested or st["status"] in ("OPTIMAL", "INFEASIBLE") or st.get("gap") == 0 or ctx.left() < t.min_after_s:
         return plan
-    q = question(ctx)
+    q = run_question(ctx)
     found = dict(st)
     for level in AFTER:
         r = relaxation(ctx, q, level, ctx.left() - 0.1)
-        proof = Proof(level, None, r.status, r.seconds, ctx.elapsed(), whole_units(ctx, q.unit, r.bound))
+        proof = Proof(Source(level), None, r.status, r.seconds, ctx.elapsed(), whole_units(ctx, q.unit, r.bound))
         found["relaxation_proofs"] = [*found.get("relaxation_proofs", []), asdict(proof)]
         objective = found.get("objective")
         if r.status == "INFEASIBLE" and objective is None:  # no staged plan meets the budget
-            found.update(status="INFEASIBLE", proved_by=level, reason=f"the {level} relaxation of the staged "
-                                                                      "space is infeasible: no staged plan meets the budget")
+            found.update(status="INFEASIBLE", proved_by=proof.level.value, reason=f"the {level} relaxation of the "
+                                                                                  "staged space is infeasible: no "
+                                                                                  "staged plan meets the budget")
             break
         if objective is None or proof.bound is None or proof.bound <= (found.get("best_bound") or 0.0):
             continue
-        found.update(best_bound=min(proof.bound, objective), bound_by=level)
-        found["gap"] = gap(objective, found["best_bound"])
-        if proof.bound >= objective and not found.get("plan_from"):
-            found.update(status="OPTIMAL", proved_by=level)
+        bound = Bound(proof.bound, proof.level)  # above the run's: it decides (a plan from outside stays unproven)
+        found.update(verdict(objective, [bound], reaching(objective, bound, not found.get("plan_from"))).stats())
+        if found["status"] == "OPTIMAL":
             break
     plan.stats = Stats.from_dict(found)
     return plan
@@ -134,21 +121,11 @@ def bounded(ctx: Context) -> Plan:
 
 def context(graph: Graph, cfg: Settings) -> Context:
     """What every round of a solve starting now shares: the full staged
-    space and the cost scale, fine enough for every cost a plan may pay (a
-    value's recomputes, one per stage it lives in at most, and with offload
-    its prefetches and its one offload)."""
-    start = time.perf_counter()
+    space and the cost scale (:func:`..staged.units.cost_scale`)."""
+    clock = Clock.starting_now(cfg.time_limit)
     full = Stages(graph, cfg.offload)
-    values = set(full.values)  # a list: membership in it took 37 s on a 100,000-node graph
-    lives = [len(full.stages(i)) if i in values else 1 for i in range(graph.n)]
-    costs = [graph.cost[i] for i in graph.compute_ids]
-    repeats = [lives[i] for i in graph.compute_ids]
-    if cfg.offload:
-        costs += [b * cfg.transfer_cost_per_byte for b in graph.bytes]
-        repeats += [k + 1 for k in lives]
-    scale, exact = integer_scale(costs, sum(c * k for c, k in zip(costs, repeats)))
-    resolution = 0.0 if exact else cost_resolution(costs, scale, repeats)
-    return Context(graph, cfg, scale, exact, resolution, full, start, Trace(start), Interrupt())
+    return Context(graph, cfg, cost_scale(graph, full, cfg.transfer_cost_per_byte), full, clock, Trace(clock.start),
+                   Interrupt())
 
 
 def outside_plan(ctx: Context, deadline: float) -> tuple[Outside | None, Lowest | None]:
@@ -175,7 +152,7 @@ def outside_plan(ctx: Context, deadline: float) -> tuple[Outside | None, Lowest 
         plans += without_dead(g, [p for p, _ in plans])
     name = "hint" if cfg.hint is not None else None
     if cfg.hint is None and cfg.warm_start == "auto":  # nothing to search from otherwise: more time than the share
-        plans += deeper_eviction(ctx, plans, ctx.start + EVICTION_SHARE * cfg.time_limit)
+        plans += deeper_eviction(ctx, plans, ctx.clock.at(ctx.tuning.eviction_share))
     low = lowest_peak(plans)
     lowest = None if low is None else Lowest(low[0], low[1].peak_bytes)
     outside = best_admitted(ctx, plans, name)
@@ -264,11 +241,11 @@ def admit(ctx: Context, plan: Plan, r: Replay, name: str) -> Outside | None:
     """``plan`` with its replay and primary objective, if it is valid and
     honours every setting: the budget, offload (none unless allowed), the
     clone bound and the overhead cap."""
-    cfg, g = ctx.cfg, ctx.graph
+    cfg, n = ctx.cfg, len(ctx.graph.compute_ids)
     overhead = r.recompute_cost + r.transfer_bytes * cfg.transfer_cost_per_byte
-    if (r.valid and (cfg.budget is None or r.peak_bytes <= cfg.budget) and (cfg.offload or not r.transfer_bytes)
-            and (not cfg.max_clone_expansion or r.compute_events <= cfg.max_clone_expansion * len(g.compute_ids))
-            and (cfg.max_overhead is None or overhead <= cfg.max_overhead * r.base_cost)):
+    limits = Limits(cfg.budget, max_recomputes(cfg, n), None if cfg.max_overhead is None
+                    else cfg.max_overhead * r.base_cost, cfg.offload)
+    if r.valid and limits.admit(r.peak_bytes, r.compute_events - n, overhead, r.transfer_bytes):
         return Outside(plan, r, overhead if cfg.objective == "overhead" else float(r.peak_bytes), name)
     return None
 
@@ -286,7 +263,7 @@ def warm_start(ctx: Context, model: Model, outside: Outside | None, spent: float
             found.append((model.objective_of(a), name, a))
             ctx.trace.solution("primary", model.to_units(found[-1][0]), None)
 
-    deadline = time.perf_counter() + warm_start_share(ctx.graph) * ctx.cfg.time_limit - spent
+    deadline = time.perf_counter() + warm_start_share(ctx.graph, ctx.tuning) * ctx.clock.limit - spent
     if outside is not None:
         consider(from_plan(model.form, outside.plan), outside.name)
     # its deadline is checked between rounds, and one round took 3 minutes on
@@ -313,29 +290,11 @@ def cleaned(ctx: Context, plan: Plan, outside: Outside | None) -> Outside | None
     return found if found is not None and (outside is None or found.objective < outside.objective) else outside
 
 
-def plan_pairs(ix: Stages, plan: Plan) -> dict[int, set[int]]:
-    """The re-materialisations of ``plan`` per stage."""
-    staged = staged_events(ix, plan)
-    pairs: dict[int, set[int]] = {}
-    for s, i in (staged[0] | staged[1]) if staged else ():
-        if s != ix.first[i]:
-            pairs.setdefault(s, set()).add(i)
-    return pairs
-
-
-def question(ctx: Context) -> Question:
-    """What the relaxations are asked, in the integers of the model
-    :func:`make_model` builds (costs floored when the scale is inexact, so the
-    optimum stays a bound on the costs the model optimises): known before
-    any model is built, so the gaps bound is there even when none is built
-    in time."""
-    g, cfg = ctx.graph, ctx.cfg
-    unit = memory_unit(g)[0]
-    top = cfg.budget if cfg.budget is not None else no_remat_peak(g)
-    int_cost, int_transfer = ctx.relaxation_costs()
-    cap = ctx.proof_cap() if cfg.objective == "peak" else None
-    return Question(cfg.objective, unit, cap_units(g, unit, top), int_cost, int_transfer, cfg.offload,
-                    cap, max_recomputes(cfg, len(g.compute_ids)), peak_floor_units(g, unit, up=False))
+def run_question(ctx: Context) -> Question:
+    """What the relaxations of the run are asked: its objective under its
+    budget (the peak objective: under the no-remat peak)."""
+    cfg = ctx.cfg
+    return ctx.question(cfg.objective, cfg.budget if cfg.budget is not None else no_remat_peak(ctx.graph))
 
 
 def relaxation(ctx: Context, q: Question, level: str, limit: float, below: int | None = None) -> WholeBound:
@@ -358,7 +317,7 @@ def relaxation_proof(ctx: Context, q: Question, model: Model, best: Assignment |
     depth 1; the full model took 8 s). Returns the attempts, the whole-space
     lower bound raised by what they prove, and whether the space is empty."""
     obj = model.objective_of(best) if best is not None else ANY_PLAN + 1
-    deadline = time.perf_counter() + proof_time(ctx.elapsed(), ctx.cfg.time_limit, proof_s)
+    deadline = time.perf_counter() + proof_time(ctx.elapsed(), ctx.clock.limit, proof_s, ctx.tuning)
     attempts: list[Proof] = []
     empty = False
     for level in PROOFS:
@@ -369,12 +328,12 @@ def relaxation_proof(ctx: Context, q: Question, model: Model, best: Assignment |
         r = relaxation(ctx, q, level, left, below=obj - 1)
         if best is None:
             empty = r.status == "INFEASIBLE"
-            attempts.append(Proof(level, None, r.status, r.seconds, ctx.elapsed(), None))
+            attempts.append(Proof(Source(level), None, r.status, r.seconds, ctx.elapsed(), None))
             continue
         found = obj if r.status == "INFEASIBLE" else r.bound
         if found is not None:
             lower = max(lower or 0, min(found, obj))
-        attempts.append(Proof(level, model.to_units(obj - 1), r.status, r.seconds, ctx.elapsed(),
+        attempts.append(Proof(Source(level), model.to_units(obj - 1), r.status, r.seconds, ctx.elapsed(),
                               None if found is None else model.to_units(min(found, obj))))
     return attempts, lower, empty
 
@@ -408,10 +367,10 @@ def rounded_down_proof(ctx: Context, done: Round | None, lower: int | None, outs
         lower = bound if lower is None else max(lower, bound)
     if r.values is not None:
         plan = events(down.form, Assignment.from_values(down.form, lambda v: r.values[v.index]))
-        found = admit(ctx, plan, simulate(ctx.graph, plan), ROUNDED_DOWN)
+        found = admit(ctx, plan, simulate(ctx.graph, plan), Source.ROUNDED_DOWN.value)
         if found is not None and (outside is None or found.objective < outside.objective):
             outside = found
-    proof = Proof(ROUNDED_DOWN, None, STATUS.get(r.status, "UNKNOWN"), time.perf_counter() - began,
+    proof = Proof(Source.ROUNDED_DOWN, None, STATUS.get(r.status, "UNKNOWN"), time.perf_counter() - began,
                   ctx.elapsed(), None if bound is None else down.to_units(bound))
     return proof, lower, empty, outside
 
@@ -419,7 +378,7 @@ def rounded_down_proof(ctx: Context, done: Round | None, lower: int | None, outs
 def lp_bound(ctx: Context, depth: int | None, also: dict[int, set[int]] | None, limit: float) -> float | None:
     """The LP relaxation of the same formulation, in the objective's units."""
     overhead = ctx.cfg.objective == "overhead"
-    lp = make_model(ctx, depth, also, backend=LpBackend(ctx.scale if overhead else 1.0))
+    lp = make_model(ctx, depth, also, backend=LpBackend(ctx.cost.scale if overhead else 1.0))
     value = lp.backend.solve(limit)
     if value is None or overhead:
         return value
@@ -437,9 +396,9 @@ def export(ctx: Context, model: Model, path: str) -> None:
 
 def _run(ctx: Context, found: tuple[Outside | None, Lowest | None] | None = None) -> Plan:
     """The rounds, from the outside plan ``found`` (made here if None)."""
-    cfg, g = ctx.cfg, ctx.graph
+    cfg, g, t = ctx.cfg, ctx.graph, ctx.tuning
     # a valid plan before any model is built (the GPT decoder's takes 9 s)
-    outside, lowest = found or outside_plan(ctx, ctx.start + warm_start_share(g) * cfg.time_limit)
+    outside, lowest = found or outside_plan(ctx, ctx.clock.at(warm_start_share(g, t)))
     outside_s = ctx.elapsed()
     full = ctx.full
     full_pairs = full.count_pairs()
@@ -455,8 +414,8 @@ def _run(ctx: Context, found: tuple[Outside | None, Lowest | None] | None = None
     built_in_time = True
     # the gaps bound first: it needs no model, and a big graph's first model
     # may not be built in time
-    q = question(ctx)
-    whole = relaxation(ctx, q, "gaps", min(GAP_BOUND_SHARE * cfg.time_limit, ctx.left()))
+    q = run_question(ctx)
+    whole = relaxation(ctx, q, "gaps", min(t.gap_bound_share * ctx.clock.limit, ctx.left()))
     lower = whole.bound
     history: list[Round] = []
     stopped_round: Round | None = None  # Ctrl-C before a round's search: its hint
@@ -466,7 +425,7 @@ def _run(ctx: Context, found: tuple[Outside | None, Lowest | None] | None = None
     hint_source = hint_obj = None
     model: Model | None = None  # the last one built
     while True:
-        depth = next_depth(cfg.depth, history, full_pairs, remat_pairs)
+        depth = next_depth(cfg.depth, history, full_pairs, remat_pairs, t)
         if depth == DONE:
             break
         if history:
@@ -490,7 +449,7 @@ def _run(ctx: Context, found: tuple[Outside | None, Lowest | None] | None = None
                     break
             proven = last.best is not None and lower is not None and last.objective <= lower
             if ctx.stop.requested or proven or not may_start(depth, last, ctx.stop.requested, ctx.elapsed(),
-                                                             cfg.time_limit, proof_s, full_pairs):
+                                                             ctx.clock.limit, proof_s, full_pairs, t):
                 break
         try:
             prev = events(history[-1].model.form, history[-1].best) if history and history[-1].best else None
@@ -568,7 +527,7 @@ def _run(ctx: Context, found: tuple[Outside | None, Lowest | None] | None = None
             lp_skipped = f"model has {model.variables:,} variables (> {LP_MAX_VARIABLES:,})"
         else:  # the LP of the model solved (the whole space's LP takes minutes on n100)
             try:
-                lp = lp_bound(ctx, model.depth, model.form.ix.also, max(1.0, cfg.time_limit / 4))
+                lp = lp_bound(ctx, model.depth, model.form.ix.also, max(1.0, ctx.clock.limit / 4))
             except OutOfTime:
                 lp_skipped = "the time limit ran out while building the LP"
     if cfg.log_path:

@@ -17,79 +17,54 @@ from ...errors import PlannerError
 from ...graph import Graph
 from ...plan import Plan
 from ...reference import no_remat_peak
-from .backends import CpSatBackend, stopped_early, tune
-from .model import Model, OutOfTime, Stages, add_tie_break, build
+from ..staged.backends import CpSatBackend, solver_takes_ctrl_c, stopped_early, tune
+from ..staged.bounds import Question, question
+from ..staged.model import Model, OutOfTime, add_tie_break, build
+from ..staged.solution import Assignment, events, from_plan
+from ..staged.stages import Stages
+from ..staged.units import Scale, proof_overhead_cap
+from .clock import Clock
 from .settings import Settings, max_recomputes
-from .signals import Interrupt, SolutionCallback, Trace, live_progress, solver_takes_ctrl_c
-from .solution import Assignment, events, from_plan
-
-# A round with no plan to start from searches this share of the time left
-# (at least MIN_ROUND_S) before it looks for any plan within the budget by
-# minimising the peak (:func:`fit`): presolve shows most empty spaces at
-# once (resnet_s2_c16 at 0.8, depths 1-8: 0.4-3 s each), where the peak
-# search takes 2-5x longer to prove that no plan fits.
-FIT_AFTER_SHARE = 0.25
-# The peak search starts only from a plan within this share over the budget:
-# it lowers the peak by a few percent in seconds (resnet_s2_c16 at 0.8 from
-# dtr's plan, 2% over: 12% in 5 s; random_layered_n100 at 0.7 from the
-# no-remat plan, 43% over, the lowest-peak fast plan there: 3% in 8 s).
-FIT_MARGIN = 0.1
-# ... and it gets this share of what is left then; the overhead
-# search resumes for the rest (resnet_s2_c16 at 0.6: the full model proves
-# that no plan fits only after most of a 20 s limit).
-FIT_SHARE = 0.5
-# A deeper round starts only with twice the time spent so far left (the
-# depth-2 proofs took 2-3x the depth-1 ones on the benchmark graphs) and at
-# least this much: building and presolving the depth-2 model of
-# random_layered_n250 alone takes about 5 s.
-MIN_ROUND_S = 5.0
-
+from .signals import Interrupt, SolutionCallback, Trace, live_progress
+from .tuning import Tuning
 
 @dataclass(frozen=True)
 class Context:
     """What every round of one solve shares: the graph, the settings, the
-    cost scale (and what rounding to it may cost: ``resolution``, cost
-    units), the full staged space, the clock, the trace, and the Ctrl-C flag."""
+    cost scale (:class:`..staged.units.Scale`), the full staged space, the
+    clock (a part of the solve gets its own: :meth:`Clock.until`), the
+    trace, and the Ctrl-C flag."""
 
     graph: Graph
     cfg: Settings
-    scale: int
-    exact: bool
-    resolution: float
+    cost: Scale
     full: Stages
-    start: float
+    clock: Clock
     trace: Trace
     stop: Interrupt
 
+    @property
+    def tuning(self) -> Tuning:
+        return self.cfg.tuning
+
     def elapsed(self) -> float:
-        return time.perf_counter() - self.start
+        return self.clock.elapsed()
 
     def left(self) -> float:
-        return self.cfg.time_limit - self.elapsed()
+        return self.clock.left()
 
-    def relaxation_costs(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """Node and transfer costs in model integers for the relaxations: the
-        model's own (rounded) when the scale is exact, else floored, so a
-        relaxation's optimum stays a bound on the true costs."""
-        g, per_byte = self.graph, self.cfg.transfer_cost_per_byte
-        to_int = round if self.exact else math.floor
-        return (tuple(to_int(c * self.scale) for c in g.cost),
-                tuple(to_int(b * per_byte * self.scale) for b in g.bytes))
+    def question(self, objective: str, cap_bytes: int | None) -> Question:
+        """What this solve's relaxations are asked (:func:`..staged.bounds.question`):
+        ``objective`` under ``cap_bytes``, within the run's caps."""
+        cfg = self.cfg
+        return question(self.graph, objective, self.cost, per_byte=cfg.transfer_cost_per_byte,
+                        offload=cfg.offload, cap_bytes=cap_bytes,
+                        max_overhead=cfg.max_overhead if cfg.objective == "peak" else None,
+                        max_recomputes=max_recomputes(cfg, len(self.graph.compute_ids)))
 
     def proof_cap(self, rounded: bool = False) -> int | None:
-        """``--max-overhead`` x base cost in model integers as a proof must
-        read it: no less than any plan within the true cap costs in the
-        proof's integers (floored costs, the relaxations': at most the true
-        cost x scale; costs ``rounded`` to nearest, the rounded-down model's:
-        up to resolution x scale / 2 more), so the cap only widens the
-        feasible set. The rounds' cap on the rounded costs' sum
-        (:func:`.model.overhead_cap_units`) may cut off a plan within the
-        true cap where the scale is not exact."""
-        if self.cfg.max_overhead is None:
-            return None
-        base = math.fsum(self.graph.cost[i] * self.scale for i in self.graph.compute_ids)
-        slack = self.resolution * self.scale / 2 if rounded else 0.0
-        return math.floor(self.cfg.max_overhead * base * (1 + 1e-12) + slack + 1e-9)
+        """``--max-overhead`` as a proof must read it (:func:`..staged.units.proof_overhead_cap`)."""
+        return proof_overhead_cap(self.graph, self.cost, self.cfg.max_overhead, rounded)
 
 
 @dataclass(frozen=True)
@@ -147,12 +122,12 @@ def make_model(ctx: Context, depth: int | None, also: dict[int, set[int]] | None
     top = cfg.budget if cfg.budget is not None else no_remat_peak(g)
     return build(g, backend if backend is not None else CpSatBackend(),
                  objective="peak" if fit else cfg.objective, mem_cap_bytes=None if fit else top,
-                 offload=cfg.offload, transfer_cost_per_byte=cfg.transfer_cost_per_byte, cost_scale=ctx.scale,
+                 offload=cfg.offload, transfer_cost_per_byte=cfg.transfer_cost_per_byte, cost_scale=ctx.cost.scale,
                  depth=depth, also=also if depth is not None else None,
                  max_recomputes=max_recomputes(cfg, len(g.compute_ids)),
                  max_overhead=None if fit or cfg.objective != "peak" else cfg.max_overhead,
                  overhead_cap=ctx.proof_cap(rounded=True) if round_down else None,
-                 deadline=ctx.start + cfg.time_limit, round_down=round_down)
+                 deadline=ctx.clock.end, round_down=round_down)
 
 
 def solve_model(ctx: Context, model: Model, phase: str, limit: float, stop_at: int | None = None) -> Solve:
@@ -180,25 +155,25 @@ def solve_model(ctx: Context, model: Model, phase: str, limit: float, stop_at: i
 def solve_round(ctx: Context, model: Model, hint: Assignment | None, lowest: Lowest | None) -> Round:
     """The round's search from ``hint``, until the time limit. Without one
     (overhead under a budget), if the lowest-peak plan so far lies in the
-    round's space within FIT_MARGIN of the budget, the search first gets
-    FIT_AFTER_SHARE of the time left, at least MIN_ROUND_S (presolve shows
+    round's space within ``fit_margin`` of the budget, the search first gets
+    ``fit_after_share`` of the time left, at least ``min_round_s`` (presolve shows
     most empty spaces at once); if that ends with neither plan nor proof,
-    :func:`fit` gets FIT_SHARE of the rest to find a plan within the budget
+    :func:`fit` gets ``fit_share`` of the rest to find a plan within the budget
     from there, and the search resumes (from that plan, if any) for the rest."""
-    cfg = ctx.cfg
+    cfg, t = ctx.cfg, ctx.tuning
     if hint is not None:
         model.hint(hint)
     start = (from_plan(model.form, lowest.plan)
              if hint is None and cfg.objective == "overhead" and cfg.budget is not None
-             and lowest is not None and lowest.peak_bytes <= (1 + FIT_MARGIN) * cfg.budget else None)
-    limit = min(ctx.left(), max(MIN_ROUND_S, FIT_AFTER_SHARE * ctx.left())) if start is not None else ctx.left()
+             and lowest is not None and lowest.peak_bytes <= (1 + t.fit_margin) * cfg.budget else None)
+    limit = min(ctx.left(), max(t.min_round_s, t.fit_after_share * ctx.left())) if start is not None else ctx.left()
     first = solve_model(ctx, model, "primary", limit)
     status, values, bound, fitted, found_lower = first.status, first.values, first.bound, None, None
     build_s = model.build_s
     if (start is not None and values is None and status == cp_model.UNKNOWN and not ctx.stop.requested
             and ctx.left() >= 0.05):
         try:
-            fit_status, fitted, found_lower, fit_build_s = fit(ctx, model, start, FIT_SHARE * ctx.left())
+            fit_status, fitted, found_lower, fit_build_s = fit(ctx, model, start, t.fit_share * ctx.left())
         except OutOfTime:  # its model could not be built in the time left
             fit_status, fitted, found_lower, fit_build_s = cp_model.UNKNOWN, None, None, 0.0
         build_s += fit_build_s

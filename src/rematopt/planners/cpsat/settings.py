@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from ...errors import PlannerError
 from ...plan import Plan
 from ..options import names, option, parse
+from .tuning import TUNING, Tuning
 
 
 def recompute_depth(text: str) -> int | str:
@@ -53,6 +54,8 @@ class Options:
                                         from_text=recompute_depth)
     lns: str = option("auto", "large-neighbourhood search: re-solve windows of stages around the round's best "
                       "(auto: when the model is large).", choices=("auto", "on", "off"))
+    tuning: Tuning | None = option(None, "the run's shares of the time limit and thresholds (default: TUNING).",
+                                   cli=False)
 
     def __post_init__(self) -> None:
         if self.host_bandwidth is not None and self.transfer_cost_per_byte is not None:
@@ -86,6 +89,7 @@ class Settings:
     depth: int | str | None  # None: automatic; "full"; or a number of producer hops
     export_model: str | None  # write the first round's model here (proto text) and its LP (.mps)
     lns: str = "auto"  # large-neighbourhood search after the rounds: auto, on, off
+    tuning: Tuning = TUNING
 
     @classmethod
     def parse(cls, budget: int | None, options: dict) -> "Settings":
@@ -97,7 +101,7 @@ class Settings:
         return cls(objective, budget, o.offload, per_byte, o.max_overhead, o.max_clone_expansion or None,
                    float(o.time_limit), o.workers or os.cpu_count() or 1, o.seed, o.hint, o.warm_start, o.log_path,
                    o.progress, o.lp_bound, None if o.recompute_depth == "auto" else o.recompute_depth,
-                   o.export_model, o.lns)
+                   o.export_model, o.lns, o.tuning or TUNING)
 
 
 def max_recomputes(cfg: Settings, compute_nodes: int) -> int | None:

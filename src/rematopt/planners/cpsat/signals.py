@@ -6,7 +6,7 @@ Ctrl-C end the run with its best plan instead of killing it.
 A process that starts with SIGINT ignored (a background job of a
 non-interactive shell) cannot be interrupted, and cpsat keeps it so: it
 installs no handler and does not let CP-SAT catch SIGINT, and the run ends at
-its time limit or proof (:func:`sigint_ignored`)."""
+its time limit or proof (:func:`..staged.backends.sigint_ignored`)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from ortools.sat.python import cp_model
+
+from ..staged.backends import sigint_ignored
 
 
 @dataclass
@@ -85,13 +87,6 @@ class Interrupt:
         self.requested = False
 
 
-def sigint_ignored() -> bool:
-    """SIGINT is ignored, as in a process started in the background (where
-    Python installs no handler of its own): whoever chose that wants no
-    Ctrl-C to reach the process, so cpsat leaves SIGINT alone."""
-    return signal.getsignal(signal.SIGINT) is signal.SIG_IGN
-
-
 @contextmanager
 def deferred_sigint(stop: Interrupt) -> Iterator[None]:
     """While the block runs, SIGINT sets ``stop.requested`` instead of
@@ -105,28 +100,6 @@ def deferred_sigint(stop: Interrupt) -> Iterator[None]:
         stop.requested = True
 
     previous = signal.signal(signal.SIGINT, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-@contextmanager
-def solver_takes_ctrl_c(params: Any, enabled: bool = True) -> Iterator[None]:
-    """During one CP-SAT solve, let a Ctrl-C stop the search with its best
-    solution (a Python handler would only run once solve() returns), then
-    put the caller's SIGINT handler back (CP-SAT leaves the default one,
-    which kills the process). Main thread only: CP-SAT's handler lives in
-    the thread that installs it, and a SIGINT reaching the main thread while
-    a worker thread's solve has it installed aborts the process
-    (std::bad_function_call; measured with a cpsat solve in a thread).
-    Not where SIGINT is ignored (:func:`sigint_ignored`)."""
-    main = threading.current_thread() is threading.main_thread()
-    params.catch_sigint_signal = enabled and main and not sigint_ignored()
-    if not params.catch_sigint_signal:
-        yield
-        return
-    previous = signal.getsignal(signal.SIGINT)
     try:
         yield
     finally:

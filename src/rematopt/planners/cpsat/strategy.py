@@ -8,43 +8,26 @@ from typing import Callable, Sequence
 
 from ortools.sat.python import cp_model
 
-from .search import MIN_ROUND_S, Round
-
-# Largest full staged model (sum over values of the stages they live in)
-# solved as is; beyond it, depth 1 then 2 (the full model of
-# random_layered_n100, about 5,000 pairs, found no solution in 30 s, its
-# depth-1 model is solved to optimality in under 2 s), then the full model
-# warm-started from their best if it has at most FULL_ROUND_PAIRS (hinted,
-# n100's is proven in 12-15 s, mobilenet_train's 17,000 pairs in 25 s;
-# building random_layered_n250's 31,000 takes 11 s and presolving it 40 s).
-FULL_MODEL_PAIRS = 2500
-FULL_ROUND_PAIRS = 40_000
-# While restricted rounds hold no plan the depth doubles, up to a space with
-# this share of the full space's re-materialisations; then the full space.
-DOUBLING_SHARE = 0.5
-# The stronger relaxations' proof that a round's optimum is the whole
-# space's gets at most this share of the time left (random_layered_n250 at
-# 0.9: 3 s by chains; random_layered_n100 at 0.9 and 0.8: 0.2 s and 1.6 s by
-# slots; where they cannot prove it, slots may take 17 s on mobilenet_train).
-PROOF_SHARE = 1 / 3
+from .search import Round
+from .tuning import TUNING, Tuning
 
 DONE = "done"  # next_depth: no round is left
 
 
 def next_depth(setting: int | str | None, history: Sequence[Round], full_pairs: int,
-               remat_pairs: Callable[[int | None], int]) -> int | None | str:
+               remat_pairs: Callable[[int | None], int], tuning: Tuning = TUNING) -> int | None | str:
     """The recompute depth of the next round (None: the full staged space),
     or DONE. ``setting`` is ``--recompute-depth`` (None: automatic). The full
     space when it is small; else depth 1 then 2, each warm-started from the
     previous best (the spaces are nested, so the incumbent only improves),
     then the full space. While the rounds hold no plan, the depth doubles
     instead, as long as that adds re-materialisations (``remat_pairs``) and
-    leaves at most DOUBLING_SHARE of the full space's: the 147-node U-Net at
+    leaves at most ``doubling_share`` of the full space's: the 147-node U-Net at
     0.9 has no plan within 1, 2 or 3 hops, its optimum within 4 (1.6 s), and
     none from the full model in 60 s; a space nearly as big as the full one
     is nearly as slow and still incomplete."""
     if not history:
-        if setting == "full" or (setting is None and full_pairs <= FULL_MODEL_PAIRS):
+        if setting == "full" or (setting is None and full_pairs <= tuning.full_model_pairs):
             return None
         return 1 if setting is None else int(setting)
     last = history[-1]
@@ -52,7 +35,7 @@ def next_depth(setting: int | str | None, history: Sequence[Round], full_pairs: 
         return DONE
     found = last.best is not None
     deeper = remat_pairs(2 * last.depth) if not found else 0
-    if deeper > remat_pairs(last.depth) and deeper <= DOUBLING_SHARE * remat_pairs(None):
+    if deeper > remat_pairs(last.depth) and deeper <= tuning.doubling_share * remat_pairs(None):
         return 2 * last.depth
     if found and last.depth == 1:
         return 2
@@ -60,20 +43,20 @@ def next_depth(setting: int | str | None, history: Sequence[Round], full_pairs: 
 
 
 def may_start(depth: int | None, last: Round, stopped: bool, elapsed: float, time_limit: float,
-              proof_s: float, full_pairs: int) -> bool:
+              proof_s: float, full_pairs: int, tuning: Tuning = TUNING) -> bool:
     """Whether the next round (at ``depth``) may start after ``last``: it
-    must have been proven (a deeper space may do better), with MIN_ROUND_S
+    must have been proven (a deeper space may do better), with ``min_round_s``
     left and, when there is a plan to keep, twice the time spent so far
     outside relaxation proofs (without one, any attempt beats none:
     resnet_s2_c16 at 0.8 has its depth-8 space shown empty after 10 s of a
     20 s limit); the full space, when a round found a plan, only if its
-    model is at most FULL_ROUND_PAIRS."""
+    model is at most ``full_round_pairs``."""
     found = last.best is not None
     if last.status not in (cp_model.OPTIMAL, cp_model.INFEASIBLE) or stopped:
         return False
-    if time_limit - elapsed < max(MIN_ROUND_S, 2 * (elapsed - proof_s) if found else 0):
+    if time_limit - elapsed < max(tuning.min_round_s, 2 * (elapsed - proof_s) if found else 0):
         return False
-    return depth is not None or not found or full_pairs <= FULL_ROUND_PAIRS
+    return depth is not None or not found or full_pairs <= tuning.full_round_pairs
 
 
 def wants_optimality_proof(last: Round, proven: bool, asked_at: int | None) -> bool:
@@ -89,11 +72,11 @@ def wants_emptiness_proof(last: Round, asked: bool) -> bool:
     return last.best is None and last.status == cp_model.INFEASIBLE and not asked
 
 
-def proof_time(elapsed: float, time_limit: float, proof_s: float) -> float:
+def proof_time(elapsed: float, time_limit: float, proof_s: float, tuning: Tuning = TUNING) -> float:
     """The relaxation proofs get what the rounds have taken so far (a proof
     saves the deeper rounds, which take about twice that), at least
-    MIN_ROUND_S, at most PROOF_SHARE of the time left."""
-    return min(PROOF_SHARE * (time_limit - elapsed), max(MIN_ROUND_S, elapsed - proof_s))
+    ``min_round_s``, at most ``proof_share`` of the time left."""
+    return min(tuning.proof_share * (time_limit - elapsed), max(tuning.min_round_s, elapsed - proof_s))
 
 
 def should_widen(depth: int | None, outside_objective: float | None, hint_objective: float | None,

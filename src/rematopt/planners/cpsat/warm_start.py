@@ -17,10 +17,11 @@ from ...simulate import Replay, simulate
 from .. import available, get, options_class
 from ..dead_code import without_dead_computations
 from ..options import names
+from .tuning import Tuning
 
 if TYPE_CHECKING:
-    from .solution import Assignment
-    from .model import Formulation
+    from ..staged.solution import Assignment
+    from ..staged.model import Formulation
 
 P = TypeVar("P")
 # Planners that are not fast, or that would recurse (exact searches
@@ -107,7 +108,7 @@ def without_dead(graph: Graph, plans: Sequence[Plan]) -> list[tuple[Plan, Replay
     plan computes a value only the backward reads at its program position
     too; dropped, the value is first computed where it is read (XLA's move),
     which no staged plan in program order does, so on large graphs cpsat
-    then searches that plan's order (:mod:`.order`)."""
+    then searches that plan's order (:mod:`..staged.order`)."""
     found = []
     for p in plans:
         moved = without_dead_computations(graph, p)
@@ -123,19 +124,15 @@ def names_left(planners: Sequence[str] | None, after: str) -> list[str]:
     return order[order.index(after) + 1:] if after in order else []
 
 
-# The warm start (outside plan and staged eviction) may use this share of the
-# time limit, the search the rest ...
-WARM_START_SHARE = 0.25
-# ... and past MODEL_MAX_NODES nodes, where no model is built in the time
-# left anyway (the 99,847-node chain's depth-1 model is not built in 120 s),
-# the fast planners (rotor above all) take this share.
-LARGE_WARM_START_SHARE = 0.6
+# Past this many nodes no model is built in the time left anyway (the
+# 99,847-node chain's depth-1 model is not built in 120 s): the fast
+# planners (rotor above all) take a larger share (:mod:`.tuning`).
 MODEL_MAX_NODES = 40_000
 
 
-def warm_start_share(graph: Graph) -> float:
+def warm_start_share(graph: Graph, tuning: Tuning) -> float:
     """The share of the time limit the fast planners may take before the first model."""
-    return WARM_START_SHARE if graph.n < MODEL_MAX_NODES else LARGE_WARM_START_SHARE
+    return tuning.warm_start_share if graph.n < MODEL_MAX_NODES else tuning.large_warm_start_share
 
 
 class Figures(NamedTuple):
@@ -182,7 +179,7 @@ def staged_eviction(form: "Formulation", max_rounds: int = 10_000,
     covered. None if it gets stuck or runs past ``deadline`` (a
     ``time.perf_counter()`` value: on a 2,000-node decoder a round takes
     seconds)."""
-    from .solution import canonical
+    from ..staged.solution import canonical
 
     ix, g, size = form.ix, form.graph, form.size
     pos = ix.pos
@@ -271,8 +268,8 @@ EVICTION_DEPTHS = (2, 3)
 def evicted_plan(graph: Graph, budget: int, deadline: float) -> Plan | None:
     """Staged eviction's plan in the depth-2 space, else depth 3 (the model's
     index only, no solver), or None (stuck, or past ``deadline``)."""
-    from .model import Formulation, OutOfTime
-    from .solution import events
+    from ..staged.model import Formulation, OutOfTime
+    from ..staged.solution import events
 
     for depth in EVICTION_DEPTHS:
         try:

@@ -102,9 +102,10 @@ def solved(chain: Chain, k: int, deadline: float, workers: int = 1, depth: int |
     asks for) first; what is not solved before ``deadline`` is not offered."""
     from ortools.sat.python import cp_model
 
-    from ..cpsat.backends import CpSatBackend, tune
-    from ..cpsat.model import INF, OutOfTime, build, integer_scale
-    from ..cpsat.solution import Assignment, events
+    from ..staged.backends import CpSatBackend, tune
+    from ..staged.model import INF, OutOfTime, build
+    from ..staged.solution import Assignment, events
+    from ..staged.units import integer_scale
 
     st = chain.stages[k]
     sg = subgraph(chain, k)

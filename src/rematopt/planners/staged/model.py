@@ -1,4 +1,4 @@
-"""The staged formulation behind ``cpsat``, written once against a tiny backend
+"""The staged formulation (``cpsat`` searches it, ``rotor`` solves its stages in it), written once against a tiny backend
 interface so CP-SAT (the exact model) and GLOP (its LP relaxation) are built
 by the same code. ``docs/cpsat.md`` states it as mathematics, family by family;
 each ``add_*`` function below is one family, its inequalities in its docstring,
@@ -11,7 +11,7 @@ computed (R) or prefetched (P), and after a slot the values whose last in-stage
 use it was are freed (F) unless kept into the next stage (S). ``A[s,i] =
 S[s,i] + R[s,i] + P[s,i]`` says i is available in stage s. Memory U is
 tracked in units of ``gcd`` of all byte sizes (exact), costs as integers
-(see :func:`integer_scale`).
+(see :func:`.units.integer_scale`).
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ from __future__ import annotations
 import bisect
 import math
 import time
-from dataclasses import dataclass, field
-from functools import reduce
+from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ...errors import PlannerError
 from ...graph import Graph
-from ...reference import peak_lower_bound
+from .limits import Limits
+from .stages import Stages
+from .units import cap_units, int_costs, memory_unit, overhead_cap_units, peak_floor_units
 
 # -- backend interface -------------------------------------------------------
 
@@ -81,7 +81,7 @@ def constrain(backend: Backend, e: Lin, lb: float, ub: float) -> None:
 # (:meth:`Formulation.add_memory_accounting`).
 DIRECT_TERMS = 1_000_000
 
-# -- data: stages, presence, integer scaling -----------------------------------
+# -- building within the deadline ----------------------------------------------
 
 
 class OutOfTime(Exception):
@@ -94,199 +94,6 @@ def check_time(deadline: float | None) -> None:
     """Raise OutOfTime once ``deadline`` (a ``time.perf_counter()`` value) has passed."""
     if deadline is not None and time.perf_counter() > deadline:
         raise OutOfTime
-
-
-# The largest objective value (cost x scale) a model may reach: CP-SAT needs
-# every linear expression's range within int64, with room to spare.
-OBJECTIVE_CEILING = 2**50
-# The largest total memory, in units, a model holds (a memory check sums up
-# to all of it): nodes of 2^50 bytes (gcd 1) made CP-SAT refuse the model.
-MEMORY_CEILING = 2**40
-
-
-def memory_unit(graph: Graph) -> tuple[int, bool]:
-    """The unit memory is counted in: the gcd of the non-persistent sizes
-    (exact), unless their total in it would pass MEMORY_CEILING; then the
-    smallest unit that keeps it below, with sizes rounded up (a plan within
-    the model's budget is within the true one; False: not exact)."""
-    sizes = [v.bytes for v in graph.nodes if v.bytes and not v.persistent]
-    unit = reduce(math.gcd, sizes, 0) or 1
-    total = sum(sizes)
-    if total // unit <= MEMORY_CEILING:
-        return unit, True
-    unit = -(-total // MEMORY_CEILING)
-    return unit, False
-
-
-def integer_scale(values: list[float], reach: float) -> tuple[int, bool]:
-    """The cost scale: the smallest power of ten that makes every nonzero
-    value an integer of at least 1 (to float precision, relative 1e-9), and
-    True; where none does within the ceiling (``reach`` x scale at most
-    OBJECTIVE_CEILING, ``reach`` being the largest cost any plan may pay),
-    the largest power of ten within it, and False: the model then optimises
-    rounded costs, and :func:`cost_resolution` says by how much a reported
-    optimum may exceed the true one. (A scale chosen from an absolute
-    tolerance took costs below 1e-9 for integers: every cost became 0.)"""
-    values = [v for v in values if v]
-    if not values:
-        return 1, True
-    if reach > OBJECTIVE_CEILING:
-        raise PlannerError(f"cpsat: the costs a plan may pay add up to {reach:.3g} cost units; at most "
-                           f"{OBJECTIVE_CEILING:.3g} are supported (give costs in a larger unit)")
-    top = max(1, int(OBJECTIVE_CEILING / max(reach, max(values))))
-    scale = 1
-    while True:
-        scaled = [v * scale for v in values]
-        if all(round(x) >= 1 and abs(x - round(x)) <= 1e-9 * x for x in scaled):
-            return scale, True
-        if scale * 10 > top:
-            return scale, False
-        scale *= 10
-
-
-def cost_resolution(per_event: list[float], scale: int, repeats: list[int]) -> float:
-    """How far a model optimum over costs rounded at ``scale`` can exceed the
-    true optimum: twice the largest rounding error any plan can accumulate,
-    ``repeats[i]`` events of cost ``per_event[i]`` each at most (the model's
-    optimum is within one plan's error of its model cost, which is at most
-    the true optimum's model cost, itself within that optimum's error)."""
-    return 2 * sum(k * abs(round(c * scale) - c * scale) for c, k in zip(per_event, repeats)) / scale
-
-
-@dataclass
-class Stages:
-    """Which (stage, value) pairs exist. A value i lives in stages
-    ``first[i]..horizon[i]``: from its first computation (inputs: from the
-    start) to the last stage in which something that reads it may be computed
-    (outputs: the end).
-
-    ``depth`` None gives the full staged space: a value may be recomputed in
-    any stage up to its horizon, which follows recomputable consumers
-    transitively. ``depth`` k restricts re-materialisation in stage s to the
-    nodes within k producer hops of ``v_s`` (through recomputable nodes): the
-    recomputes that feed the stage's own first computation. It shrinks the
-    model from O(n^2) to about O(n x k x in-degree) decision variables.
-    ``also`` (stage -> nodes) allows more re-materialisations in a restricted
-    space: the warm start's, so the space holds a plan at least as good."""
-
-    graph: Graph
-    offload: bool
-    depth: int | None = None
-    also: dict[int, set[int]] | None = None
-    stage_node: list[int] = field(init=False)
-    first: list[int] = field(init=False)
-    horizon: list[int] = field(init=False)
-    values: list[int] = field(init=False)
-
-    def __post_init__(self) -> None:
-        g = self.graph
-        self.pos = g.position
-        self.stage_node = [i for i in g.order if not g.nodes[i].is_input]
-        self.T = len(self.stage_node)
-        stage_of = {v: s for s, v in enumerate(self.stage_node)}
-        self.first = [stage_of.get(i, -1) for i in range(g.n)]
-        self.recomputable = [v.recomputable and not v.is_input for v in g.nodes]
-        self.offloadable = [self.offload and v.offloadable and v.bytes > 0 for v in g.nodes]
-        also = self.also or {}
-        self.near = (None if self.depth is None else
-                     [self._ancestors(v) | also.get(s, set()) for s, v in enumerate(self.stage_node)])
-        horizon = list(self.first)
-        if self.near is None:
-            for i in reversed(g.order):
-                for j in g.succs[i]:
-                    horizon[i] = max(horizon[i], horizon[j] if self.recomputable[j] else self.first[j])
-        else:
-            for s, near in enumerate(self.near):
-                for j in [self.stage_node[s]] + [j for j in near if self.recomputable[j]]:
-                    for i in g.preds[j]:
-                        horizon[i] = max(horizon[i], s)
-        for v in g.nodes:
-            if v.output:
-                horizon[v.id] = self.T - 1
-        self.horizon = horizon
-        self.values = [v.id for v in g.nodes if not v.persistent and horizon[v.id] >= 0]
-
-    def _ancestors(self, v: int) -> set[int]:
-        """Producers within ``depth`` hops of v, expanding only through
-        recomputable nodes (a kept or prefetched value needs no producers)."""
-        preds = self.graph.preds
-        seen: set[int] = set()
-        frontier = [v]
-        for _ in range(self.depth or 0):
-            nxt = [p for u in frontier if u == v or self.recomputable[u] for p in preds[u] if p not in seen]
-            seen.update(nxt)
-            frontier = nxt
-        return seen
-
-    def stages(self, i: int) -> range:
-        return range(max(self.first[i], 0), self.horizon[i] + 1)
-
-    def remat_pairs(self) -> list[tuple[int, int]]:
-        """The (stage, value) pairs after a value's first computation where it
-        may be recomputed or prefetched, by value then stage. A restricted
-        space reads them off its near sets: walking every life visits 11.9
-        million pairs on the 9,652-node decoder, where these are 60,000."""
-        values = set(self.values)
-        if self.near is None:
-            cand = ((s, i) for i in self.values for s in range(self.first[i] + 1, self.horizon[i] + 1))
-        else:
-            cand = ((s, i) for s, near in enumerate(self.near) for i in near if i in values
-                    and self.first[i] < s <= self.horizon[i])
-        pairs = [(s, i) for s, i in cand if self.may_compute(s, i) or self.may_prefetch(s, i)]
-        return sorted(pairs, key=lambda k: (k[1], k[0])) if self.near is not None else pairs
-
-    def count_pairs(self) -> int:
-        """The (stage, value) pairs of every value's life: what a model over
-        this space, or a relaxation of it, has about one entry each for."""
-        return sum(len(self.stages(i)) for i in self.values)
-
-    def count_remat_pairs(self) -> int:
-        """len(remat_pairs()), counted without listing the full space's."""
-        if self.near is not None:
-            return len(self.remat_pairs())
-        stage_pos = [self.pos[v] for v in self.stage_node]
-        count = 0
-        for i in self.values:
-            lo, hi = self.first[i] + 1, self.horizon[i]
-            if self.recomputable[i]:
-                count += max(0, hi - lo + 1)
-            elif self.offloadable[i]:  # a prefetch needs a slot: stages from the first at or after i
-                count += max(0, hi - max(lo, bisect.bisect_left(stage_pos, self.pos[i])) + 1)
-        return count
-
-    def has_slot(self, s: int, i: int) -> bool:
-        return self.pos[i] <= self.pos[self.stage_node[s]]
-
-    def is_near(self, s: int, i: int) -> bool:
-        return self.near is None or i in self.near[s]
-
-    def may_compute(self, s: int, i: int) -> bool:
-        return s == self.first[i] or (self.recomputable[i] and self.first[i] < s <= self.horizon[i]
-                                      and self.is_near(s, i))
-
-    def may_prefetch(self, s: int, i: int) -> bool:
-        return (self.offloadable[i] and self.first[i] < s <= self.horizon[i] and self.has_slot(s, i)
-                and self.is_near(s, i))
-
-
-def cap_units(graph: Graph, unit: int, cap_bytes: int) -> int:
-    """A memory cap in model units: the most ``unit``s that fit in
-    ``cap_bytes`` beside the persistent bytes."""
-    return max(0, (cap_bytes - graph.persistent_bytes) // unit)
-
-
-def peak_floor_units(graph: Graph, unit: int, *, up: bool = True) -> int:
-    """The peak lower bound in model units: rounded up for a model whose
-    sizes are rounded up (no plan's memory in it is lower), down for one
-    whose sizes are rounded down (a relaxation: a plan at exactly the
-    working-set bound must stay in it when the unit is not exact)."""
-    over = peak_lower_bound(graph) - graph.persistent_bytes
-    return max(0, -(-over // unit) if up else over // unit)
-
-
-def overhead_cap_units(int_cost: list[int] | tuple[int, ...], graph: Graph, max_overhead: float) -> int:
-    """``--max-overhead`` x base cost in model integers."""
-    return math.floor(max_overhead * sum(int_cost[i] for i in graph.compute_ids) + 1e-9)
 
 
 # -- the formulation -----------------------------------------------------------
@@ -319,8 +126,7 @@ class Formulation:
         self.round_down = round_down
         self.size = [x // self.unit if round_down else -(-x // self.unit) for x in graph.bytes]
         self.cost_scale = cost_scale
-        self.int_cost = [round(c * cost_scale) for c in graph.cost]
-        self.int_transfer = [round(b * transfer_cost_per_byte * cost_scale) for b in graph.bytes]
+        self.int_cost, self.int_transfer = int_costs(graph, cost_scale, transfer_cost_per_byte)
         self.persistent_bytes = graph.persistent_bytes
         self.initial_bytes = graph.initial_bytes
         # the largest memory (units, persistent bytes aside) any slot may use
@@ -675,11 +481,8 @@ class Model:
     def admissible(self, a: Any) -> bool:
         """Whether an assignment meets the budget, the clone bound and the overhead cap."""
         f = self.form
-        if max(a.memory(f).values(), default=0) > f.mem_cap:
-            return False
-        if self.max_recomputes is not None and len(a.R) - len(f.graph.compute_ids) > self.max_recomputes:
-            return False
-        return self.overhead_cap is None or self.overhead_of(a) <= self.overhead_cap
+        return Limits(f.mem_cap, self.max_recomputes, self.overhead_cap).admit(
+            max(a.memory(f).values(), default=0), len(a.R) - len(f.graph.compute_ids), self.overhead_of(a))
 
     def to_bytes(self, value: float) -> float:
         """Memory in model units, as bytes."""

@@ -55,7 +55,8 @@ from typing import Collection
 from ortools.sat.python import cp_model
 
 from ....graph import Graph
-from ..model import OutOfTime, Stages, check_time
+from ..model import OutOfTime, check_time
+from ..stages import Stages
 from .question import How, Question, WholeBound
 from .solver import solve_relaxation
 

@@ -39,7 +39,7 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from ....graph import Graph
-from ..model import Stages
+from ..stages import Stages
 from .question import How, Question, WholeBound
 from .solver import solve_relaxation
 

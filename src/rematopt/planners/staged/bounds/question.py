@@ -1,15 +1,18 @@
-"""What every whole-space bound is asked (:class:`Question`) and what it
-answers (:class:`WholeBound`), in the model's integers: the types that
-run.py, peak.py and every bound share, kept apart so that no bound
-imports another to read them."""
+"""What every whole-space bound is asked (:class:`Question`, made by
+:func:`question`) and what it answers (:class:`WholeBound`), in the
+model's integers: the types that cpsat and every bound share, kept apart
+so that no bound imports another to read them."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ....graph import Graph
+from ..units import Scale, cap_units, int_costs, memory_unit, peak_floor_units, proof_overhead_cap
+
 if TYPE_CHECKING:
-    from ..model import Stages
+    from ..stages import Stages
 
 
 @dataclass(frozen=True)
@@ -59,3 +62,20 @@ class How:
     seed: int = 0
     interruptible: bool = False
     ix: Stages | None = None
+
+
+def question(graph: Graph, objective: str, scale: Scale, *, per_byte: float, offload: bool,
+             cap_bytes: int | None = None, max_overhead: float | None = None,
+             max_recomputes: int | None = None) -> Question:
+    """The one way a :class:`Question` is made: ``objective`` under
+    ``cap_bytes`` (None: 0 units, as a peak question has it), in the integers
+    of the model :func:`..model.build` makes at ``scale`` (costs floored
+    when the scale is inexact, so the optimum stays a bound on the costs the
+    model optimises), the overhead cap (``max_overhead`` x base cost) as a
+    proof must read it (:func:`..units.proof_overhead_cap`). Known before
+    any model is built, so a bound is there even when none is built in time."""
+    unit = memory_unit(graph)[0]
+    cost, transfer = int_costs(graph, scale.scale, per_byte, floor=not scale.exact)
+    cap = proof_overhead_cap(graph, scale, max_overhead)
+    return Question(objective, unit, 0 if cap_bytes is None else cap_units(graph, unit, cap_bytes), cost, transfer,
+                    offload, cap, max_recomputes, peak_floor_units(graph, unit, up=False))

@@ -1,13 +1,16 @@
 """The two backends of the one formulation: CP-SAT (the exact model) and
 GLOP (its LP relaxation, for ``lp_bound``). Both implement
-:class:`rematopt.planners.cpsat.model.Backend` and keep the formulation's
+:class:`rematopt.planners.staged.model.Backend` and keep the formulation's
 variable names (``R[s,i]``, ``S[s,i]``...), so an exported model reads
 against ``docs/cpsat.md``."""
 
 from __future__ import annotations
 
 import math
-from typing import Any
+import signal
+import threading
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 from ortools.linear_solver import pywraplp
 from ortools.sat.python import cp_model
@@ -79,6 +82,35 @@ def stopped_early(solver: cp_model.CpSolver, status: int, limit: float,
     while CP-SAT caught SIGINT: that is a Ctrl-C."""
     return (solver.parameters.catch_sigint_signal and status in unproven
             and solver.wall_time < 0.9 * limit - 0.5)
+
+
+def sigint_ignored() -> bool:
+    """SIGINT is ignored, as in a process started in the background (where
+    Python installs no handler of its own): whoever chose that wants no
+    Ctrl-C to reach the process, so cpsat leaves SIGINT alone."""
+    return signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+
+
+@contextmanager
+def solver_takes_ctrl_c(params: Any, enabled: bool = True) -> Iterator[None]:
+    """During one CP-SAT solve, let a Ctrl-C stop the search with its best
+    solution (a Python handler would only run once solve() returns), then
+    put the caller's SIGINT handler back (CP-SAT leaves the default one,
+    which kills the process). Main thread only: CP-SAT's handler lives in
+    the thread that installs it, and a SIGINT reaching the main thread while
+    a worker thread's solve has it installed aborts the process
+    (std::bad_function_call; measured with a cpsat solve in a thread).
+    Not where SIGINT is ignored (:func:`sigint_ignored`)."""
+    main = threading.current_thread() is threading.main_thread()
+    params.catch_sigint_signal = enabled and main and not sigint_ignored()
+    if not params.catch_sigint_signal:
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 class CpSatBackend:

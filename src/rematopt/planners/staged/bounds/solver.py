@@ -8,8 +8,7 @@ import time
 
 from ortools.sat.python import cp_model
 
-from ..backends import stopped_early, tune
-from ..signals import solver_takes_ctrl_c
+from ..backends import solver_takes_ctrl_c, stopped_early, tune
 from .question import How, WholeBound
 
 

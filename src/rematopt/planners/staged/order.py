@@ -13,7 +13,7 @@ So on graphs too large for the rounds to search the whole space, when the
 best fast plan lies outside the program-order space, cpsat searches the
 staged space of that plan's order instead. Every claim of the run (gap,
 OPTIMAL) is then over that space, and the stats say which (``order_from``).
-Below REORDER_MIN_NODES the program order stays: there the rounds prove
+Below a size (cpsat's ``Tuning.reorder_min_nodes``) the program order stays: there the rounds prove
 optima in it, which another order could lose, and the bounds are weaker in
 a moved order (random_layered_n250 at 0.8, the order of cpsat's plan
 cleaned: coarse chains 1.81% of the base cost in 20 s, 2.66% in program
@@ -24,12 +24,6 @@ from __future__ import annotations
 
 from ...graph import Graph
 from ...plan import COMPUTE, PREFETCH, Plan
-
-# Graphs from this size on search the order of the best outside plan
-# (the 48-layer decoder has 8,484 nodes; gpt_l2_w64's 498 are proven in
-# program order in seconds).
-REORDER_MIN_NODES = 1000
-
 
 def in_staged_space(graph: Graph, plan: Plan) -> bool:
     """Whether the plan lies in the staged space over ``graph.order``: first
@@ -77,10 +71,10 @@ def in_order_of(graph: Graph, plan: Plan) -> Graph:
                  source=graph.source, extra=graph.extra)
 
 
-def search_order(graph: Graph, plan: Plan | None) -> Graph | None:
+def search_order(graph: Graph, plan: Plan | None, min_nodes: int) -> Graph | None:
     """The graph in the order cpsat should search, if not its own: that of
-    ``plan`` (the best outside plan) when the graph is large and the plan
-    lies outside the program-order staged space."""
-    if plan is None or graph.n < REORDER_MIN_NODES or in_staged_space(graph, plan):
+    ``plan`` (the best outside plan) when the graph has at least
+    ``min_nodes`` nodes and the plan lies outside the program-order staged space."""
+    if plan is None or graph.n < min_nodes or in_staged_space(graph, plan):
         return None
     return in_order_of(graph, plan)

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ...plan import COMPUTE, OFFLOAD, PREFETCH, Plan, PlanBuilder
-from .model import Formulation, Stages
+from .model import Formulation
+from .stages import Stages
 
 
 @dataclass
@@ -155,6 +156,17 @@ def staged_events(ix: Stages, plan: Plan) -> tuple[set, set, set] | None:
         elif op == OFFLOAD:
             O.add(i)
     return (R, P, O) if stage == ix.T else None
+
+
+def plan_pairs(ix: Stages, plan: Plan) -> dict[int, set[int]]:
+    """The re-materialisations of ``plan`` per stage: what widens a
+    restricted space so that it holds the plan."""
+    staged = staged_events(ix, plan)
+    pairs: dict[int, set[int]] = {}
+    for s, i in (staged[0] | staged[1]) if staged else ():
+        if s != ix.first[i]:
+            pairs.setdefault(s, set()).add(i)
+    return pairs
 
 
 def canonical(form: Formulation, R: set, P: set, O: set) -> Assignment | None:
