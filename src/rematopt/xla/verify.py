@@ -29,6 +29,7 @@ from ..plan import Plan
 from ..reference import no_remat_peak
 from ..sizes import human_bytes
 from . import flags
+from .memory import xla_reference
 
 POLICIES = ("nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable")
 MAX_ROUNDS = 8   # planning rounds; the bisection halves the bracket each round
@@ -112,15 +113,11 @@ class Verdict:
 
 
 def xla_peak(compiled: Any) -> tuple[int, str]:
-    """XLA's own figure for a compiled step's memory, and which it is:
-    ``peak_memory_in_bytes`` where XLA computes one (GPU, TPU); on CPU, which
-    does not, temp + arguments + outputs - aliases."""
-    m = compiled.memory_analysis()
-    peak = int(getattr(m, "peak_memory_in_bytes", 0) or 0)
-    if jax.default_backend() != "cpu" and peak:
-        return peak, "peak_memory_in_bytes"
-    total = m.temp_size_in_bytes + m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
-    return int(total), "temp + arguments + outputs - aliases"
+    """XLA's own figure for a compiled step's memory, and which it is
+    (:func:`~rematopt.xla.memory.xla_reference`: ``peak_memory_in_bytes`` on
+    GPU / TPU; on CPU, which computes none, temp + arguments + outputs - aliases)."""
+    ref = xla_reference(compiled.memory_analysis(), jax.default_backend())
+    return ref.bytes, ref.what
 
 
 def compile_figures(loss_fn: Callable, args: Sequence, argnums: tuple[int, ...],
