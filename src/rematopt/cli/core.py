@@ -207,11 +207,24 @@ def since_start() -> float:
 @click.option("--budget-ratio", type=float, help="Budget as a fraction of the no-remat peak.")
 @click.option("--output", "-o", type=click.Path(dir_okay=False), help="Write the plan here.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--verify", type=click.Choice(["xla"]),
+              help="GRAPH is a JAX MODULE:FACTORY: plan its step, compile each plan with the installed XLA and "
+                   "return the cheapest whose compiled peak fits --budget-ratio x the compiled plain step's "
+                   "(--time-limit: the whole loop's seconds).")
+@click.option("--set", "factory_settings", multiple=True, metavar="KEY=VALUE",
+              help="--verify: factory keyword argument (repeatable), as for import jax.")
+@click.option("--argnums", default="0", show_default=True, help="--verify: differentiated arguments, e.g. 0 or 0,1.")
 @planner_options()
 @drop_unsafe_marks_option
 def solve_cmd(graph: str | None, planner: str, budget: str | None, budget_ratio: float | None,
-              output: str | None, as_json: bool, drop_unsafe_marks: bool, **options: Any) -> None:
+              output: str | None, as_json: bool, verify: str | None, factory_settings: tuple[str, ...],
+              argnums: str, drop_unsafe_marks: bool, **options: Any) -> None:
     """Plan GRAPH (default: a small instance shipped with rematopt) under a budget."""
+    if verify:
+        return _solve_verified(graph, planner, budget, budget_ratio, output, as_json, factory_settings, argnums,
+                               options)
+    if factory_settings:
+        raise RematoptError("--set configures a JAX factory: it goes with --verify xla (or import jax)")
     g = load_graph_arg(graph, drop_unsafe_marks)
     for path in (output, options.get("log_path"), options.get("export_model")):
         check_writable(path)
@@ -246,6 +259,30 @@ def solve_cmd(graph: str | None, planner: str, budget: str | None, budget_ratio:
         click.echo(f"rematopt: {g.source or g.name}: no plan ({sol.status}{f': {why}' if why else ''})"
                    + (f"; {output} not written" if output else ""), err=True)
         sys.exit(NO_PLAN_EXIT)
+
+
+def _solve_verified(spec: str | None, planner: str, budget: str | None, budget_ratio: float | None,
+                    output: str | None, as_json: bool, settings: tuple[str, ...], argnums: str,
+                    options: dict[str, Any]) -> None:
+    from .jax import _argnums
+    from .verify import run
+
+    if spec is None or ":" not in spec:
+        raise RematoptError(f"{spec or 'GRAPH'}: --verify xla takes a JAX MODULE:FACTORY (e.g. models.gpt:factory)")
+    if budget is not None:
+        raise RematoptError(f"{spec}: --verify xla takes --budget-ratio (of the compiled plain step), not --budget")
+    ctx = click.get_current_context()
+    given = {k for k in options if ctx.get_parameter_source(k) is ParameterSource.COMMANDLINE
+             and options[k] is not False}
+    time_limit = options.pop("time_limit", None)  # the whole loop's, not one planning round's
+    ignored = given - {"time_limit"} - planners.options(planner)
+    if ignored:
+        flags = {p.name: p.opts[0] for p in ctx.command.params}
+        raise RematoptError(f"planner {planner!r} does not take {', '.join(sorted(flags[k] for k in ignored))}")
+    options = {k: v for k, v in options.items() if v is not None and k in planners.options(planner)}
+    if "progress" in planners.options(planner):
+        options.setdefault("progress", False)
+    run(spec, settings, _argnums(argnums), planner, budget_ratio, time_limit, output, as_json, options)
 
 
 def load_hint(path: str, graph: Graph) -> Plan:

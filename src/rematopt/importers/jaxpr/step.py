@@ -114,7 +114,8 @@ def _unrolled(fn: Callable, args: Sequence, what: str):
 
 
 def trace_step(loss_fn: Callable, args: Sequence, argnums: int | Sequence[int] = 0,
-               fuse: bool | str = False, unroll_loops: bool = True, kwargs: dict | None = None) -> Step:
+               fuse: bool | str = False, unroll_loops: bool = True, kwargs: dict | None = None,
+               groups: list[list[int]] | None = None) -> Step:
     """Trace ``jax.value_and_grad(loss_fn, argnums)(*args, **kwargs)`` as
     forward + backward (keyword arguments are inputs, never differentiated),
     with static loops unrolled unless ``unroll_loops`` is false. A step with
@@ -164,7 +165,7 @@ def trace_step(loss_fn: Callable, args: Sequence, argnums: int | Sequence[int] =
     step = Step(flat, arg_ids, names, tree, diff_leaves, [loss_ref] + grad_refs, res_refs, ct_id, argnums)
     step.dead = _drop_dead(flat, step.out_refs + res_refs)
     _find_views(step)
-    step.groups = _groups(step, fuse)
+    step.groups = [list(g) for g in groups] if groups is not None else _groups(step, fuse)
     step.fused = fuse
     step.unrolled, step.sources = unrolled is not None, unrolled.sources if unrolled else None
     return step
