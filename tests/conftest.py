@@ -29,3 +29,10 @@ def rematopt(*args):
     """The CLI through its real entry point, run from the checkout (where models/ is)."""
     return subprocess.run([sys.executable, "-m", "rematopt", *map(str, args)], capture_output=True,
                           text=True, cwd=Path(__file__).resolve().parents[1], timeout=300)
+
+
+def pytest_report_header(config):
+    """The fuzz's profile and seed (tests/fuzzing.py), so a red run names the examples it drew."""
+    import fuzzing
+
+    return fuzzing.header()

@@ -178,3 +178,16 @@ def test_a_proofs_overhead_cap_admits_every_plan_within_the_true_cap():
         assert rounded <= ctx.proof_cap(rounded=True)
         cut_by_the_rounds_cap += rounded > overhead_cap_units([round(c * ctx.cost.scale) for c in g.cost], g, cap)
     assert cut_by_the_rounds_cap > 0
+
+
+def test_a_graph_with_nothing_to_compute_is_optimal_for_every_plan():
+    """Only inputs: the empty plan costs nothing and peaks at the inputs,
+    which every plan holds (the rotor-fuzz branch's campaign found the stats
+    refused here: ``optimal_in`` given as a detail once it was a field)."""
+    from rematopt import Graph, Node
+
+    g = Graph("inputs", [Node(0, "x", kind="input", bytes=8), Node(1, "y", kind="input", bytes=4, output=True)], [])
+    for budget in (12, 20):
+        sol = solve(g, "cpsat", budget=budget, **CPSAT)
+        check_claim(g, sol)
+        assert sol.status == "OPTIMAL" and sol.plan.stats["optimal_in"] == "all plans" and sol.replay.peak_bytes == 12

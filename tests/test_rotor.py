@@ -209,3 +209,27 @@ def test_cli_refuses_a_graph_that_is_no_chain(tmp_path):
 def test_window_grows_the_dp_only_as_far_as_it_pays():
     assert window_for(49) is None  # exact Rotor for the 48-layer decoder's chain
     assert 4 <= window_for(481) < window_for(97) < 97
+
+
+ALREADY_RESIDENT = Path(__file__).parent / "data" / "fuzz" / "rotor_already_resident.json"
+
+
+@pytest.mark.parametrize("budget", [None, *range(1, 3)])
+def test_an_output_is_never_recomputed(budget):
+    """Issue 37: stage 1's backward reads v4, an output (resident for good
+    once computed); keeping nothing recomputed it where it was resident.
+    Outputs and unrecomputable values stay from the forward instead, at
+    every budget from the working-set bound to the no-remat peak."""
+    g = load(ALREADY_RESIDENT)
+    assert (peak_lower_bound(g), no_remat_peak(g)) == (1, 2)
+    sol = solve(g, planner="rotor", budget=budget)
+    replay = simulate(g, sol.plan)
+    assert replay.valid and replay.peak_bytes == sol.plan.stats["peak_bytes"] <= (budget or 2)
+    computes = [v for op, v in sol.plan.events() if op == "compute"]
+    assert all(computes.count(v) == 1 for v in g.compute_ids if g.nodes[v].output or not g.nodes[v].recomputable)
+
+
+def test_cli_plans_the_already_resident_graph():
+    out = cli("solve", ALREADY_RESIDENT, "--planner", "rotor", "--budget", "1")
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    assert out.stdout.splitlines()[0].startswith("peak 2 B -> 1 B") and "(rotor" in out.stdout.splitlines()[0]

@@ -97,7 +97,7 @@ class Solution:
         if r.transfer_bytes:
             words.append(f"{human_bytes(r.transfer_bytes)} moved to and from the host")
         gap = s.get("gap")
-        if s.get("optimal_in"):  # all plans (OPTIMAL), or the space the planner searched
+        if self.status == "OPTIMAL" or s.get("optimal_in"):  # all plans, or the space the planner searched
             space = "" if self.status == "OPTIMAL" else f" in the {s['optimal_in']}"
             words.append(f"proven optimal{space} in {self.wall_s:.1f} s")
         elif self.status == "OVER_BUDGET":

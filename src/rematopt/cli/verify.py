@@ -26,12 +26,12 @@ def run(spec: str, settings: tuple[str, ...], argnums: tuple[int, ...], planner:
     check_writable(output)
     # before JAX starts its backend: the CPU scheduler is read once, then (a CPU-only flag, inert elsewhere)
     flags.apply(flags.CPU_VERIFY)
-    from .jax import _api, _config
+    from .jax import jax_api, key_values
 
-    load_factory, trace_grad = _api("load_factory", "trace_grad")
+    load_factory, trace_grad = jax_api("load_factory", "trace_grad")
     from ..xla.verify import stock_policies, verify
 
-    config = _config(settings)
+    config = key_values(settings)
     fn, args = load_factory(spec, **config)
     say = (lambda line: click.echo(f"rematopt: {line}", err=True))
     name = spec.partition(":")[0].rsplit(".", 1)[-1]

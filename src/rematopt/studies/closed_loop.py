@@ -3,7 +3,7 @@ several budgets (shares of the compiled plain step's peak), with
 :func:`rematopt.xla.verify.verify`: which candidate it chose, its predicted and
 compiled peaks, and whether it fits. Run from a checkout (models/ is imported):
 
-    python -m rematopt.studies.closed_loop OUT.jsonl [MODEL ...]
+    python -m rematopt.studies.closed_loop OUT.jsonl [ratios=0.8,0.6,0.5] [MODEL ...]
 """
 
 from __future__ import annotations
@@ -34,11 +34,13 @@ MODELS = {
 RATIOS = (0.8, 0.6, 0.5)
 
 
-def rows(names: list[str], planner: str = "cpsat", time_limit: float = 40.0, workers: int = 1,
-         say=lambda line: None) -> list[dict[str, Any]]:
-    """One record per (model, ratio); plain and stock compiles are shared across ratios."""
+def rows(names: list[str], ratios: tuple[float, ...] = RATIOS, planner: str = "cpsat", time_limit: float = 40.0,
+         workers: int = 1, say=lambda line: None) -> list[dict[str, Any]]:
+    """One record per (model, ratio). The plain and stock compiles are made
+    once per model, before the loops, so each ratio's ``time_limit`` goes to
+    its planning rounds."""
     from ..jax import load_factory, trace_grad
-    from ..xla.verify import stock_policies, verify
+    from ..xla.verify import compile_figures, stock_policies, verify
 
     out = []
     for name in names:
@@ -50,9 +52,10 @@ def rows(names: list[str], planner: str = "cpsat", time_limit: float = 40.0, wor
             graph, fallback, how = trace_grad(fn, *args, fuse="xla"), traced, "compiled"
         except Exception as e:  # noqa: BLE001 - the table says which graph was planned on
             graph, fallback, how = traced, None, f"traced ({type(e).__name__})"
-        known: dict = {}
         stock = stock_policies(fn)
-        for ratio in RATIOS:
+        settings = flags.for_backend("cpu")
+        known = {label: compile_figures(f, args, (0,), settings) for label, f in {"plain": fn, **stock}.items()}
+        for ratio in ratios:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 v = verify(fn, args, graph, planner, ratio, time_limit=time_limit, options={"workers": workers},
@@ -84,9 +87,11 @@ def markdown(records: list[dict[str, Any]]) -> str:
 if __name__ == "__main__":
     flags.apply(flags.CPU_VERIFY)  # before the backend starts
     path = Path(sys.argv[1])
-    chosen = sys.argv[2:] or list(MODELS)
+    given = sys.argv[2:]
+    ratios = tuple(float(x) for x in given.pop(0).split("=")[1].split(",")) if given[:1] and \
+        given[0].startswith("ratios=") else RATIOS
     with path.open("a") as f:
-        for name in chosen:
-            for rec in rows([name], say=lambda line: print(line, file=sys.stderr, flush=True)):
+        for name in given or list(MODELS):
+            for rec in rows([name], ratios, say=lambda line: print(line, file=sys.stderr, flush=True)):
                 f.write(json.dumps(rec, default=str) + "\n")
                 f.flush()

@@ -29,6 +29,7 @@ from ..plan import Plan
 from ..reference import no_remat_peak
 from ..sizes import human_bytes
 from . import flags
+from .memory import xla_reference
 
 POLICIES = ("nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable")
 MAX_ROUNDS = 8   # planning rounds; the bisection halves the bracket each round
@@ -112,15 +113,11 @@ class Verdict:
 
 
 def xla_peak(compiled: Any) -> tuple[int, str]:
-    """XLA's own figure for a compiled step's memory, and which it is:
-    ``peak_memory_in_bytes`` where XLA computes one (GPU, TPU); on CPU, which
-    does not, temp + arguments + outputs - aliases."""
-    m = compiled.memory_analysis()
-    peak = int(getattr(m, "peak_memory_in_bytes", 0) or 0)
-    if jax.default_backend() != "cpu" and peak:
-        return peak, "peak_memory_in_bytes"
-    total = m.temp_size_in_bytes + m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
-    return int(total), "temp + arguments + outputs - aliases"
+    """XLA's own figure for a compiled step's memory, and which it is
+    (:func:`~rematopt.xla.memory.xla_reference`: ``peak_memory_in_bytes`` on
+    GPU / TPU; on CPU, which computes none, temp + arguments + outputs - aliases)."""
+    ref = xla_reference(compiled.memory_analysis(), jax.default_backend())
+    return ref.bytes, ref.what
 
 
 def compile_figures(loss_fn: Callable, args: Sequence, argnums: tuple[int, ...],
@@ -187,11 +184,15 @@ def verify(loss_fn: Callable, args: Sequence, graph: Graph, planner: str, budget
     floor = 0               # largest planning budget the planner found no plan for
     b = int(g0 * budget / plain.peak_bytes)  # the same share of the graph's peak
     tried: set[int] = set()
+    began: float | None = None  # when the previous round began
     while rounds < MAX_ROUNDS and b > floor and b not in tried:
         tried.add(b)
-        left = time_limit - (time.perf_counter() - start)
-        if left <= 0:
+        now = time.perf_counter()
+        last_round = 0.0 if began is None else now - began
+        left = time_limit - (now - start)
+        if left <= last_round:  # a round takes about as long as the one before: it would not end in time
             break
+        began = now
         per_round = left / (MAX_ROUNDS - rounds)
         opts = dict(options)
         if "time_limit" in _planner_options(planner):

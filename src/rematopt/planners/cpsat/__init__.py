@@ -35,8 +35,11 @@ def plan(graph: Graph, budget: int | None, options: dict[str, Any]) -> Plan:
         return no_plan(graph.name, "INFEASIBLE", reason=f"budget {budget:,} bytes is below the lower bound "
                                                         f"{peak_lower_bound(graph):,} bytes; no model built",
                        proved_by=Source.WORKING_SET.value, infeasible_in=ALL_PLANS)
-    if not graph.compute_ids:
+    if not graph.compute_ids:  # the empty plan: no cost, and the inputs every plan holds
+        overhead = cfg.objective == "overhead"
         return Plan(graph.name, "cpsat", [], [],
                     Stats(status="OPTIMAL", peak_bytes=graph.initial_bytes, compute_cost=0.0, transfer_bytes=0,
-                          details={"optimal_in": ALL_PLANS, "proved_by": Source.ZERO_COST.value}))
+                          objective=0.0 if overhead else float(graph.initial_bytes), optimal_in=ALL_PLANS,
+                          details={"proved_by": (Source.ZERO_COST if overhead else Source.WORKING_SET).value,
+                                   "objective_kind": cfg.objective}))
     return run.run(graph, cfg)

@@ -170,7 +170,7 @@ def _best_split(saved: list, fates: tuple, cap: int | None, evaluate):
             grown = {**policy, saved[b]: "device"}
             p = evaluate(grown)
             if fits(p):
-                if _figures(p)[1:] < _figures(best[1])[1:]:
+                if _figures(p)[1:] <= _figures(best[1])[1:]:  # a tie: offloading moved nothing
                     best = (grown, p)
                 stack.append((grown, b + 1))
     return best

@@ -158,7 +158,12 @@ def policy_plan(space: Space, policy: Mapping, budget: int | None, planner: str 
 def saved_plan(graph: Graph, device: list[int], offload: list[int], budget: int | None, planner: str,
                stats: dict | None = None) -> Plan:
     """The plan that saves ``device`` on the device and ``offload`` on the
-    host and recomputes every other value the backward pass reads, once."""
+    host and recomputes every other value the backward pass reads, once. A
+    value that may not be offloaded is saved on the device (as
+    jax-offload-dots keeps a non-offloadable dot): moving its group to the
+    host still never raises memory."""
+    device = sorted({*device, *(i for i in offload if not graph.nodes[i].offloadable)})
+    offload = [i for i in offload if graph.nodes[i].offloadable]
     schedule = keep_schedule(graph, device, offload=offload, retain=True)
     fetched = {u for op, u in schedule if op == PREFETCH}
     schedule = [(op, u) for op, u in schedule if op != OFFLOAD or u in fetched]

@@ -57,15 +57,22 @@ class Stage:
     releases: frozenset[int]  # held values whose last read is here
 
     def fixed(self, graph: Graph) -> bool:
-        """Whether its forward holds a node that may not be computed twice (or
-        an output, resident for good once computed): then it runs once, in the
-        first pass, and is never swept again."""
-        return any(not graph.nodes[v].recomputable or graph.nodes[v].output for v in self.forward)
+        """Whether its forward holds a node computed once (:func:`once`):
+        then it runs once, in the first pass, and is never swept again."""
+        return any(once(graph, v) for v in self.forward)
 
     def sizes(self, graph: Graph) -> "Sizes":
         b = graph.bytes
         return Sizes(*(sum(b[v] for v in s) for s in (self.cin_rec, self.cin_fix, self.gin, self.gout,
                                                        self.held, self.releases)))
+
+
+def once(graph: Graph, v: int) -> bool:
+    """Whether node ``v`` is computed once in every chain plan: it may not be
+    computed twice, or it is an output (resident for good once computed, so
+    never freed to be computed again). A backward sequence reads such a
+    forward value as kept, never recomputes it."""
+    return not graph.nodes[v].recomputable or graph.nodes[v].output
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .chain import Chain, Piece, cost, translation
+from .chain import Chain, Piece, cost, once, translation
 
 INF = math.inf
 
@@ -94,8 +94,8 @@ class Pieces:
             self.ck_cost.append([cost(g, f) for f in runs])
             valid, keeps, kcosts, backs, fuseds, fcosts, kids = [], [], [], [], [], [], []
             for o in self.options[k]:
-                if any(not g.nodes[v].recomputable for v in o.seq if v in fwd):
-                    continue  # recomputes what may not be computed twice
+                if any(once(g, v) for v in o.seq if v in fwd):
+                    continue  # recomputes what is computed once
                 first = _read_first(g, o.seq)
                 kept = first & fwd
                 valid.append(o)

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 
 from ...graph import Graph, Node
-from .chain import Chain, Stage, cost
+from .chain import Chain, Stage, cost, once
 from .dp import Option
 
 # Caps on the bytes kept across the gap, as shares of all the forward values
@@ -40,10 +40,11 @@ MAX_VARIABLES = 15_000
 
 
 def extremes(graph: Graph, stage: Stage) -> list[Option]:
-    """Keep everything the backward reads (no recompute), and keep nothing:
-    recompute, at the backward's start, the stage's forward values it reads
-    and the ones those need (program order)."""
-    fwd = set(stage.forward)
+    """Keep everything the backward reads (no recompute), and keep nothing
+    that may go: recompute, at the backward's start, the stage's forward
+    values it reads and the ones those need (program order), except those
+    computed once (:func:`.chain.once`), which stay from the forward."""
+    fwd = {v for v in stage.forward if not once(graph, v)}
     need: set[int] = set()
     stack = [p for v in stage.backward for p in graph.preds[v] if p in fwd]
     while stack:
@@ -80,7 +81,7 @@ def subgraph(chain: Chain, k: int) -> Subgraph:
     for j, v in enumerate(ids):
         n = g.nodes[v]
         if v in member:
-            nodes.append(Node(j, n.name, op=n.op, bytes=n.bytes, cost=n.cost, recomputable=n.recomputable,
+            nodes.append(Node(j, n.name, op=n.op, bytes=n.bytes, cost=n.cost, recomputable=not once(g, v),
                               phase=n.phase, output=v in keep))
         else:
             nodes.append(Node(j, n.name, op="input", kind="input", bytes=n.bytes, cost=0.0,
