@@ -59,6 +59,9 @@ class Step:
     root: dict[int, int] = field(default_factory=dict)
     named: dict[int, str] = field(default_factory=dict)   # root value -> its checkpoint_name
     read_before_name: set[int] = field(default_factory=set)  # named roots the backward also reads unnamed
+    # fuse="xla": the kernels of the compiled plain step writing each group's head equation, with the
+    # share of the kernel that head takes (a multi-output fusion splits evenly); node costs come from them
+    kernels_of: dict[int, list[tuple[Any, float]]] = field(default_factory=dict)
 
     @property
     def n_inputs(self) -> int:
@@ -324,7 +327,7 @@ def to_graph(step: Step, name: str, device: str = costmodel.DEFAULT_DEVICE,
                        if not isinstance(r, Const) and r in prod and prod[r] != nid and step.root_of(r) not in inside})
         edges.extend((s, nid) for s in srcs)
         node = Node(nid, name=f"{op}.{nid}", op=op, bytes=sum(aval_bytes(flat.avals[v]) for v in head.outs),
-                    cost=_group_seconds(step, members, dev), phase=head.phase,
+                    cost=_node_seconds(step, members, dev), phase=head.phase,
                     recomputable=all(_recomputable(flat, flat.eqns[k]) for k in members))
         crossing = [j for j, v in enumerate(head.outs) if v in residual_roots]
         if crossing:  # saved by jax.vjp (even where the backward pass never reads it)
@@ -374,6 +377,8 @@ def to_graph(step: Step, name: str, device: str = costmodel.DEFAULT_DEVICE,
     info = {
         "source": "jax",
         "cost_unit": "s",
+        "cost_from": ("the compiled plain step's kernels (rematopt.xla.cost)" if step.kernels_of
+                      else "each node's equations on a roofline"),
         "jax_version": jax.__version__,
         "device": dev.name,
         "device_source": dev.source,
@@ -416,6 +421,16 @@ def _warn_guessed(flat: Flat) -> list[str]:
         warnings.warn(primitives.GuessedPrimitive(
             f"primitive {name!r} is in no table of rematopt.importers.jaxpr.primitives: {how}"), stacklevel=4)
     return names
+
+
+def _node_seconds(step: Step, members: list[int], dev: costmodel.Device) -> float:
+    """What the kernels XLA compiled for the node's head take (:mod:`rematopt.xla.cost`) where the
+    compiled step is known (``fuse="xla"``), else the roofline of its equations."""
+    if members[-1] in step.kernels_of:
+        from ...xla.cost import kernel_cost
+
+        return math.fsum(kernel_cost(k, dev).seconds * share for k, share in step.kernels_of[members[-1]])
+    return _group_seconds(step, members, dev)
 
 
 def _group_seconds(step: Step, members: list[int], dev: costmodel.Device) -> float:
