@@ -9,7 +9,6 @@ jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
 from conftest import rematopt  # noqa: E402
-from rematopt.errors import PlanError  # noqa: E402
 from rematopt.jax import apply_plan, trace_grad  # noqa: E402
 from rematopt.reference import no_remat_peak, no_remat_plan  # noqa: E402
 from rematopt.simulate import simulate  # noqa: E402
@@ -69,10 +68,18 @@ def test_memory_as_xla_allocates_it(graphs):
     assert abs(no_remat_peak(compiled) / meta["xla_bytes"] - 1) < 0.03, (no_remat_peak(compiled), meta)
 
 
-def test_apply_plan_refuses_compiled_graphs(graphs):
+def test_plans_of_compiled_graphs_apply(graphs):
+    from rematopt import solve
+
     _, compiled = graphs
-    with pytest.raises(PlanError, match="fuse='xla'"):
-        apply_plan(_step, compiled, no_remat_plan(compiled))
+    want = jax.grad(_step)(*ARGS)
+    plain = jax.jit(jax.grad(_step)).lower(*ARGS).compile().cost_analysis()
+    for plan in (no_remat_plan(compiled), solve(compiled, "jax-nothing-saveable").plan):
+        planned = apply_plan(_step, compiled, plan)
+        assert jnp.allclose(jax.grad(planned)(*ARGS), want, rtol=1e-5, atol=1e-6)
+    # the no-remat plan runs the plain step's work
+    flops = lambda f: jax.jit(jax.grad(f)).lower(*ARGS).compile().cost_analysis()["flops"]  # noqa: E731
+    assert flops(apply_plan(_step, compiled, no_remat_plan(compiled))) == plain["flops"]
 
 
 def test_cli_fuse_xla(tmp_path):

@@ -167,6 +167,22 @@ def _written(module, inst):
     return out
 
 
+def kernels_by_equation(step: Step, module, producer: dict[int, int]) -> dict[int, list[tuple[Any, float]]]:
+    """Each materialized equation's kernels (:func:`rematopt.xla.kernels.kernels`, loops included),
+    with the share of each it takes: a kernel writing several equations' values splits evenly.
+    Kernels no equation tag reaches (XLA's own copies) are left out."""
+    from ...xla.kernels import kernels
+
+    out: dict[int, list[tuple[Any, float]]] = {}
+    for kernel in kernels(module):
+        inst = module.computations[kernel.computation].by_name[kernel.name]
+        eqns = {_root_eqn(step, k, producer) for k in (equation_of(src.metadata.op_name) for src in
+                                                        _written(module, inst)) if k is not None}
+        for k in eqns:
+            out.setdefault(k, []).append((kernel, 1.0 / len(eqns)))
+    return out
+
+
 def _root_eqn(step: Step, k: int, producer: dict[int, int]) -> int:
     """``k``, or for a view equation the equation making the buffer it views."""
     eqns = step.flat.eqns
@@ -199,6 +215,7 @@ def compiled_groups(step: Step) -> tuple[list[list[int]], dict]:
     eqns = step.flat.eqns
     producer = {v: k for k, e in enumerate(eqns) for v in e.outs}
     position, stored, inside = materialized(step, module, producer)
+    step.kernels_of = kernels_by_equation(step, module, producer)
     step.positions = position
     step.in_place = frozenset(_root_eqn(step, k, producer) for inst in module.entry.instructions
                               if _may_write_into_operand(module, inst)
