@@ -48,6 +48,12 @@ class Step:
     groups: list[list[int]] = field(default_factory=list)  # equation indices per compute node
     fused: bool | str = False        # False, True (the table of cheap ops), "xla" (learned from XLA)
     compiled: dict | None = None      # fuse="xla": what XLA said about the compiled step
+    # fuse="xla": each materialized equation's first kernel in XLA's schedule, and the temporaries
+    # XLA makes beyond one per equation (:func:`.compiled.scratch_buffers`)
+    positions: dict[int, int] = field(default_factory=dict)
+    scratch: list = field(default_factory=list)
+    stored: frozenset[int] = frozenset()  # the values XLA's kernels write
+    in_place: frozenset[int] = frozenset()  # equations an elementwise kernel writes (may reuse an operand)
     dead: int = 0                     # equations dropped because nothing reads their results
     unrolled: bool = False            # loops were unrolled (:mod:`.unroll`)
     # Per flat leaf: (leaf of the caller's arguments, slice index) when unrolling
@@ -373,6 +379,11 @@ def to_graph(step: Step, name: str, device: str = costmodel.DEFAULT_DEVICE,
     for r in step.out_refs:
         if not isinstance(r, Const) and r in prod:
             nodes[prod[r]].output = True
+    order = None
+    if step.fused == "xla":
+        from .compiled import xla_memory
+
+        order = xla_memory(step, nodes, edges)
     buffers = {step.root_of(r) for r in residual_values} - args
     info = {
         "source": "jax",
@@ -398,7 +409,7 @@ def to_graph(step: Step, name: str, device: str = costmodel.DEFAULT_DEVICE,
                       "buffers": len(buffers), "buffer_bytes": sum(aval_bytes(flat.avals[r]) for r in buffers)},
     }
     info.update(meta or {})
-    return Graph(name, nodes, sorted(set(edges)), None, info)
+    return Graph(name, nodes, sorted(set(edges)), order, info)
 
 
 def _recomputable(flat: Flat, e: Any) -> bool:
