@@ -207,11 +207,24 @@ def since_start() -> float:
 @click.option("--budget-ratio", type=float, help="Budget as a fraction of the no-remat peak.")
 @click.option("--output", "-o", type=click.Path(dir_okay=False), help="Write the plan here.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--verify", type=click.Choice(["xla"]),
+              help="GRAPH is a JAX MODULE:FACTORY: plan its step, compile each plan with the installed XLA and "
+                   "return the cheapest whose compiled peak fits --budget-ratio x the compiled plain step's "
+                   "(--time-limit: the whole loop's seconds).")
+@click.option("--set", "factory_settings", multiple=True, metavar="KEY=VALUE",
+              help="--verify: factory keyword argument (repeatable), as for import jax.")
+@click.option("--argnums", default="0", show_default=True, help="--verify: differentiated arguments, e.g. 0 or 0,1.")
 @planner_options()
 @drop_unsafe_marks_option
 def solve_cmd(graph: str | None, planner: str, budget: str | None, budget_ratio: float | None,
-              output: str | None, as_json: bool, drop_unsafe_marks: bool, **options: Any) -> None:
+              output: str | None, as_json: bool, verify: str | None, factory_settings: tuple[str, ...],
+              argnums: str, drop_unsafe_marks: bool, **options: Any) -> None:
     """Plan GRAPH (default: a small instance shipped with rematopt) under a budget."""
+    if verify:
+        return _solve_verified(graph, planner, budget, budget_ratio, output, as_json, factory_settings, argnums,
+                               options)
+    if factory_settings:
+        raise RematoptError("--set configures a JAX factory: it goes with --verify xla (or import jax)")
     g = load_graph_arg(graph, drop_unsafe_marks)
     for path in (output, options.get("log_path"), options.get("export_model")):
         check_writable(path)
@@ -246,6 +259,30 @@ def solve_cmd(graph: str | None, planner: str, budget: str | None, budget_ratio:
         click.echo(f"rematopt: {g.source or g.name}: no plan ({sol.status}{f': {why}' if why else ''})"
                    + (f"; {output} not written" if output else ""), err=True)
         sys.exit(NO_PLAN_EXIT)
+
+
+def _solve_verified(spec: str | None, planner: str, budget: str | None, budget_ratio: float | None,
+                    output: str | None, as_json: bool, settings: tuple[str, ...], argnums: str,
+                    options: dict[str, Any]) -> None:
+    from .jax import _argnums
+    from .verify import run
+
+    if spec is None or ":" not in spec:
+        raise RematoptError(f"{spec or 'GRAPH'}: --verify xla takes a JAX MODULE:FACTORY (e.g. models.gpt:factory)")
+    if budget is not None:
+        raise RematoptError(f"{spec}: --verify xla takes --budget-ratio (of the compiled plain step), not --budget")
+    ctx = click.get_current_context()
+    given = {k for k in options if ctx.get_parameter_source(k) is ParameterSource.COMMANDLINE
+             and options[k] is not False}
+    time_limit = options.pop("time_limit", None)  # the whole loop's, not one planning round's
+    ignored = given - {"time_limit"} - planners.options(planner)
+    if ignored:
+        flags = {p.name: p.opts[0] for p in ctx.command.params}
+        raise RematoptError(f"planner {planner!r} does not take {', '.join(sorted(flags[k] for k in ignored))}")
+    options = {k: v for k, v in options.items() if v is not None and k in planners.options(planner)}
+    if "progress" in planners.options(planner):
+        options.setdefault("progress", False)
+    run(spec, settings, _argnums(argnums), planner, budget_ratio, time_limit, output, as_json, options)
 
 
 def load_hint(path: str, graph: Graph) -> Plan:
@@ -313,7 +350,7 @@ def import_nodelink(file: str, output: str) -> None:
 
 
 @click.command()
-@click.argument("what", type=click.Choice(["simulator", "greedy", "cpsat", "peak", "scale", "bounds"]),
+@click.argument("what", type=click.Choice(["simulator", "greedy", "cpsat", "peak", "scale", "bounds", "device"]),
                 default="simulator")
 @click.option("--sizes", default="10000,100000,2000000", show_default=True, help="Event counts to time.")
 @click.option("--graphs", default=None, help="scale: the instances (default: gpt12, gpt24, gpt48, gpt96, "
@@ -329,8 +366,13 @@ def import_nodelink(file: str, output: str) -> None:
               help="scale: cpsat's --lns, or several (e.g. on,off: a row for each).")
 @click.option("--folder", type=click.Path(file_okay=False), default="bench-graphs", show_default=True,
               help="scale: where the instances are made (on first use) and kept.")
+@click.option("--models", default=None, help="device: models by name (default: gpt, unet, flax_linen, keras_llama).")
+@click.option("--quick", is_flag=True, help="device: small sizes and fewer rows (under 5 minutes on 2 cores).")
+@click.option("--runs", type=int, default=None, help="device: timed steps per row after a warm-up (default 7; 3 quick).")
+@click.option("--out", type=click.Path(file_okay=False), default="reports/device", show_default=True,
+              help="device: the report goes to OUT/<backend>/.")
 def bench(what: str, sizes: str, graphs: str | None, ratios: str | None, time_limit: float, bound_limit: float,
-          workers: int, lns: str, folder: str) -> None:
+          workers: int, lns: str, folder: str, models: str | None, quick: bool, runs: int | None, out: str) -> None:
     """Print timing tables (simulator: replay, save and load at several plan sizes;
     greedy: the d=2000 chain-with-sinks stress case and the clone projection check;
     cpsat: the exact planner on ../shared/benchmarks/nodelink at ratios 0.9 and 0.8;
@@ -340,7 +382,25 @@ def bench(what: str, sizes: str, graphs: str | None, ratios: str | None, time_li
     dtr and the best fast plan: run it from a checkout, whose models/ the JAX
     instances are traced from;
     bounds: per graph and budget, cpsat's plan, bound and gap, and each
-    whole-space bound asked alone)."""
+    whole-space bound asked alone;
+    device: the models' training steps compiled and run on the backend present, plain, with JAX's
+    policies per layer and on the whole step, XLA's GPU remat (on a GPU) and rematopt's plans at
+    --ratios of the plain compiled peak (default 0.8,0.6,0.5), each in a fresh process, written to
+    OUT/<backend>/ with the verdict on top; run it from a checkout, whose models/ it imports)."""
+    if what == "device":
+        from ..studies.device import DEFAULT_MODELS, MODELS, run_bench
+
+        names = tuple(models.split(",")) if models else DEFAULT_MODELS
+        unknown = [n for n in names if n not in MODELS]
+        if unknown:
+            raise RematoptError(f"bench device: unknown model(s) {', '.join(unknown)}; known: {', '.join(MODELS)}")
+        bench_ = run_bench(names, quick=quick, runs=runs,
+                           ratios=tuple(float(r) for r in ratios.split(",")) if ratios else None,
+                           time_limit=None if click.get_current_context().get_parameter_source("time_limit")
+                           == ParameterSource.DEFAULT else time_limit, out=Path(out),
+                           progress=lambda line: click.echo(line, err=True))
+        click.echo(f"wrote {Path(out) / bench_.backend}/device.md, device.csv, device.png ({len(bench_.rows)} rows)")
+        return
     if what == "bounds":
         from ..studies.bench import BOUNDS_GRAPHS, bounds_rows, bounds_table
 

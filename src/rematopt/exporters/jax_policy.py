@@ -12,8 +12,10 @@ traced backward equations.
 
 XLA would merge a recomputation with the identical forward computation (CSE)
 and so undo it; like ``jax.checkpoint``'s ``prevent_cse``, the inputs of each
-recomputation go through ``lax.optimization_barrier``, here together with the
-backward value the plan computes just before it, to pin it in place. XLA's CPU
+recomputed region (consecutive recomputed units of the plan's backward pass)
+go through one ``lax.optimization_barrier``, here together with the backward
+value the plan computes just before it, to pin it in place; inside a region
+XLA fuses the recomputation into the kernels that read it. XLA's CPU
 pipeline drops the barriers before CSE, for ``jax.checkpoint`` as for this
 (measured in ``reports/jax_measure/README.md``).
 """
@@ -56,12 +58,15 @@ def residual_fates(graph: Graph, plan: Plan) -> Fates:
     """Classify forward nodes by the plan's events.
 
     The backward pass starts at the plan's first compute of a backward node.
-    A forward node read from then on is *saved* if that read uses the copy
-    computed before (so it crossed the boundary), and *offloaded* if the plan
-    also offloads it; a forward node computed from then on before any such
-    read is *recomputed*. For a forward value with a backward consumer this is
-    the rule "computed once: kept (or offloaded); computed again: recomputed",
-    extended to values that a recomputation reads.
+    From then on, a forward node's first computation is still the forward
+    pass's (XLA's schedule, which ``fuse="xla"`` graphs follow, runs some
+    forward kernels after the first backward one). A forward node read by a
+    backward node or a recomputation is *saved* if that read uses a copy the
+    forward pass computed (it crossed the boundary), and *offloaded* if the
+    plan also offloads it; one computed again before any such read is
+    *recomputed*. For a forward value with a backward consumer this is the rule
+    "computed once: kept (or offloaded); computed again: recomputed", extended
+    to values that a recomputation reads.
     """
     phase = [v.phase for v in graph.nodes]
     if "backward" not in phase:
@@ -70,11 +75,15 @@ def residual_fates(graph: Graph, plan: Plan) -> Fates:
     start = next((t for t, (o, i) in enumerate(zip(ops, nodes))
                   if o == COMPUTE and phase[i] == "backward"), len(ops))
     offloaded = {i for o, i in zip(ops, nodes) if o == OFFLOAD}
+    computed = {i for o, i in zip(ops[:start], nodes[:start]) if o == COMPUTE}
     fate: dict[int, str] = {}
     preds = graph.preds
     schedule: dict[int, None] = {}
     for o, i in zip(ops[start:], nodes[start:]):
         if o != COMPUTE:
+            continue
+        if phase[i] == "forward" and i not in computed:  # the forward pass's, computed late
+            computed.add(i)
             continue
         if phase[i] == "backward" or i not in fate:
             schedule.setdefault(i)
@@ -108,18 +117,15 @@ def apply_plan(loss_fn: Callable, graph: Graph, plan: Plan, scan: bool = True) -
     differentiating any other argument raises PlanError (the plan holds no
     backward pass for it, so its gradient would be a silent zero).
     """
-    if graph.meta.get("fuse") == "xla":
-        # its nodes copy an equation into every kernel that recomputes it; running a plan over
-        # them (recomputations fused as XLA fuses them) is issue 35's item 3
-        raise PlanError(f"plan for {graph.name}: apply_plan does not run plans of fuse='xla' graphs yet; "
-                        "trace with fuse=False or fuse=True to apply a plan")
     replay = simulate(graph, plan)
     if not replay.valid:
         where = "" if replay.error_event is None else f" at event {replay.error_event}"
         raise PlanError(f"plan for {graph.name}: invalid{where}: {replay.error}")
     fates = residual_fates(graph, plan)
     argnums = tuple(graph.meta.get("argnums", (0,)))
-    fuse = bool(graph.meta.get("fuse", False))
+    fuse = graph.meta.get("fuse", False)
+    fuse = fuse if fuse == "xla" else bool(fuse)
+    groups = graph.meta.get("groups") if fuse == "xla" else None  # as traced: no second compile
     unroll = bool(graph.meta.get("unroll", False))  # graphs from before unrolling existed were not unrolled
     built: dict[Any, Callable] = {}
 
@@ -128,7 +134,7 @@ def apply_plan(loss_fn: Callable, graph: Graph, plan: Plan, scan: bool = True) -
         leaves, tree = jax.tree_util.tree_flatten((*args, kwargs))
         key = (tree, tuple((np.shape(x), str(jax.numpy.result_type(x))) for x in leaves))
         if key not in built:
-            step = trace_step(loss_fn, args, argnums, fuse, unroll, kwargs)
+            step = trace_step(loss_fn, args, argnums, fuse, unroll, kwargs, groups)
             check_matches(step, graph)
             built[key], planned.loops = _planned_step(step, fates, scan)
             for note in planned.loops:
@@ -148,7 +154,8 @@ class UnrolledLoop(UserWarning):
 def check_matches(step: Step, graph: Graph) -> None:
     """ImportFailure unless ``step`` has ``graph``'s nodes, op for op."""
     ops = ["input"] * step.n_inputs + [step.head(g).prim.name for g in range(len(step.groups))]
-    if len(ops) != graph.n:
+    # a fuse="xla" graph appends XLA's extra buffers and output allocations after the step's nodes
+    if len(ops) != graph.meta.get("xla", {}).get("step_nodes", graph.n):
         raise ImportFailure(f"{graph.name}: graph has {graph.n} nodes, the function traces to {len(ops)}; "
                             "trace the graph from this function at these argument shapes")
     for node, op in zip(graph.nodes, ops):
@@ -207,7 +214,10 @@ def _planned_step(step: Step, fates: Fates, scan: bool = True) -> tuple[Callable
     # Recompute closure: forward nodes the backward pass needs and the plan
     # does not save, back to saved values and arguments. Values are named by
     # their roots: a view is made again where it is read.
-    bwd = [e for k, e in enumerate(eqns) if e.phase == "backward" and k not in step.view_eqns]
+    # (the backward nodes' equations: with fuse="xla" a forward equation XLA fuses into a backward
+    # kernel is one of them, computed again there for free)
+    bwd = [eqns[k] for k in sorted({k for node, members in group_of.items() if phase_of[node] == "backward"
+                                    for k in members}) if k not in step.view_eqns]
     bwd_made = {v for e in bwd for v in e.outs}
     bwd_reads = {root(r) for e in bwd for r in e.ins
                  if not isinstance(r, Const) and root(r) not in bwd_made and root(r) != step.ct_id}
@@ -221,10 +231,10 @@ def _planned_step(step: Step, fates: Fates, scan: bool = True) -> tuple[Callable
         todo.extend(recompute[node])
     # The backward pass runs in the plan's order (a valid plan computes every
     # backward node, and every node of the closure, after its backward pass
-    # starts). Each recomputation's inputs pass through an optimization barrier
-    # together with the backward value computed just before it, so that XLA,
-    # where it keeps the barriers, neither merges the recomputation with the
-    # forward computation (CSE) nor hoists it ahead of that point.
+    # starts). Each recomputed region's inputs pass through one optimization
+    # barrier together with the backward value computed just before it, so that
+    # XLA, where it keeps the barriers, neither merges the recomputation with the
+    # forward computation (CSE) nor hoists it ahead of that point (:func:`regions`).
     order = [i for i in fates.schedule if i in recompute or phase_of[i] == "backward"]
     rec_inputs = sorted({r for ins in recompute.values() for r in ins if prod[r] not in recompute})
     read_after = {r for r in bwd_reads if prod[r] not in recompute}
@@ -255,6 +265,7 @@ def _planned_step(step: Step, fates: Fates, scan: bool = True) -> tuple[Callable
                       {root(r) for r in grad_refs if not isinstance(r, Const)}, lambda v: (), "backward", notes)
         if any(isinstance(it, Run) for it in rolled):
             backward_pass = rolled
+    backward_pass = regions(backward_pass)
 
     def piece(leaves, k):
         j, s = sources[k]
@@ -325,6 +336,25 @@ def _planned_step(step: Step, fates: Fates, scan: bool = True) -> tuple[Callable
 
     f.defvjp(f_fwd, f_bwd, symbolic_zeros=True)
     return f, list(notes.values())
+
+
+def regions(items: list) -> list:
+    """``items`` (a backward pass) with each run of consecutive recomputed
+    units merged into one unit: a recomputed region behind one barrier, as
+    ``jax.checkpoint`` places them. A barrier's operands are materialized, so a
+    barrier per recomputed op keeps XLA from fusing the recomputation into the
+    kernels that read it (measured on an H200, ``../shared/gpu/README.md``: 513
+    kernels became 757 and the bytes they move rose from 101.5 to 155.6 GB)."""
+    out: list = []
+    for it in items:
+        if isinstance(it, Run):
+            it.body = regions(it.body)
+            out.append(it)
+        elif it.recompute and out and isinstance(out[-1], Unit) and out[-1].recompute and out[-1].loop == it.loop:
+            out[-1] = Unit(out[-1].node, out[-1].eqns + it.eqns, True, it.loop)
+        else:
+            out.append(it)
+    return out
 
 
 def _first_reader_order(group_of: dict, phase_of: dict, recompute: dict, inputs_of: Callable, prod: dict,

@@ -1,7 +1,9 @@
 """What XLA compiled: its optimized, scheduled HLO read into rematopt's terms.
 
 ``hlo`` parses ``compiled.as_text()``; ``kernels`` lists the launched kernels of the entry schedule;
-``memory`` walks the schedule's buffers for the compiled peak and says what is live there.
+``memory`` walks the schedule's buffers for the compiled peak and says what is live there;
+``flags`` says what XLA is told (and records it per measurement); ``verify`` is the closed loop
+(``--verify xla``): a plan whose compiled step fits its budget.
 """
 
 from .hlo import HloError, HloModule, Instruction, parse_hlo, read_hlo

@@ -1,0 +1,258 @@
+"""The closed loop (``--verify xla``): a plan whose compiled step fits.
+
+The budget is a share of the compiled plain step's peak. Each round plans at
+a planning budget on the graph, applies the plan (:func:`~rematopt.jax.apply_plan`),
+compiles it with the installed XLA and reads XLA's figure for its memory
+(:func:`xla_peak`). The graph model misses what XLA does (fusion, its own
+schedule), so a plan at the budget may compile over it, or far under it: the
+planning budget is bracketed between one whose plan fits and one whose plan
+misses, and bisected, for a bounded number of rounds. JAX's stock policies
+compile beside the plans, so the answer is never worse than the best of them
+that fits; the answer is the fitting candidate with the fewest compiled FLOPs.
+
+A candidate "fits" when XLA's figure is within the budget: a statement about
+the compiled program, never about the graph model.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import jax
+
+from ..errors import BudgetError, PlannerError
+from ..graph import Graph
+from ..plan import Plan
+from ..reference import no_remat_peak
+from ..sizes import human_bytes
+from . import flags
+from .memory import xla_reference
+
+POLICIES = ("nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable")
+MAX_ROUNDS = 8   # planning rounds; the bisection halves the bracket each round
+RESOLUTION = 0.01  # stop bisecting when the bracket is narrower than this share of the graph's peak
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """XLA's figures for one compiled step."""
+
+    peak_bytes: int
+    flops: float
+    bytes_accessed: float
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One step XLA compiled: a plan at a planning budget, or a stock policy."""
+
+    label: str
+    kind: str                            # "plan" or "policy"
+    compiled: Compiled
+    fits: bool
+    planning_budget: int | None = None   # bytes on the graph the planner was given
+    predicted_peak: int | None = None    # the plan's peak on the graph
+    overhead: float | None = None        # the plan's recompute overhead on the graph
+    status: str = ""                     # the planner's status (OPTIMAL speaks of the graph model)
+    plan: Plan | None = field(default=None, compare=False, repr=False)
+
+    def record(self) -> dict[str, Any]:
+        return {"label": self.label, "kind": self.kind, "fits": self.fits, "xla_peak_bytes": self.compiled.peak_bytes,
+                "xla_flops": self.compiled.flops, "xla_bytes_accessed": self.compiled.bytes_accessed,
+                "planning_budget_bytes": self.planning_budget, "predicted_peak_bytes": self.predicted_peak,
+                "overhead": self.overhead, "status": self.status}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the loop found: the chosen candidate (the cheapest that fits, else
+    the one of least compiled peak), every candidate tried, and what XLA was told."""
+
+    budget: int
+    budget_ratio: float
+    plain: Compiled
+    reference: str                    # which XLA figure the peaks are
+    graph_peak: int                   # the graph's no-remat peak
+    chosen: Candidate
+    candidates: tuple[Candidate, ...]
+    rounds: int
+    settings: dict[str, Any]
+    wall_s: float
+
+    @property
+    def fits(self) -> bool:
+        return self.chosen.fits
+
+    def headline(self) -> str:
+        c = self.chosen
+        extra = 100 * (c.compiled.flops / self.plain.flops - 1) if self.plain.flops else 0.0
+        where = (f"compiled peak {human_bytes(c.compiled.peak_bytes)} "
+                 f"({c.compiled.peak_bytes / self.plain.peak_bytes:.1%} of the plain step's "
+                 f"{human_bytes(self.plain.peak_bytes)})")
+        if self.fits:
+            return (f"fits: {where} within the {human_bytes(self.budget)} budget, {c.label}, "
+                    f"{extra:+.1f}% FLOPs, {self.rounds} planning round{'s' * (self.rounds != 1)}, "
+                    f"{self.wall_s:.1f} s")
+        return (f"does not fit: no candidate compiles within the {human_bytes(self.budget)} budget; "
+                f"the least is {c.label}, {where}, after {self.rounds} planning "
+                f"round{'s' * (self.rounds != 1)}")
+
+    def summary(self) -> dict[str, Any]:
+        c = self.chosen
+        return {"fits": self.fits, "budget_bytes": self.budget, "budget_ratio": self.budget_ratio,
+                "xla_plain_peak_bytes": self.plain.peak_bytes, "xla_reference": self.reference,
+                "graph_no_remat_peak_bytes": self.graph_peak, "chosen": c.label, "kind": c.kind,
+                "predicted_peak_bytes": c.predicted_peak, "xla_peak_bytes": c.compiled.peak_bytes,
+                "planning_budget_bytes": c.planning_budget, "status": c.status, "overhead": c.overhead,
+                "xla_flops": c.compiled.flops, "xla_plain_flops": self.plain.flops, "rounds": self.rounds,
+                "wall_s": self.wall_s, "xla_settings": self.settings,
+                "candidates": [k.record() for k in self.candidates]}
+
+
+def xla_peak(compiled: Any) -> tuple[int, str]:
+    """XLA's own figure for a compiled step's memory, and which it is
+    (:func:`~rematopt.xla.memory.xla_reference`: ``peak_memory_in_bytes`` on
+    GPU / TPU; on CPU, which computes none, temp + arguments + outputs - aliases)."""
+    ref = xla_reference(compiled.memory_analysis(), jax.default_backend())
+    return ref.bytes, ref.what
+
+
+def compile_figures(loss_fn: Callable, args: Sequence, argnums: tuple[int, ...],
+                    settings: flags.XlaSettings) -> tuple[Compiled, str]:
+    """Compile ``value_and_grad(loss_fn)`` at ``args`` under ``settings``; XLA's figures."""
+    compiled = flags.compile_jitted(jax.jit(jax.value_and_grad(loss_fn, argnums)), args, settings)
+    peak, reference = xla_peak(compiled)
+    costs = compiled.cost_analysis()
+    costs = costs[0] if isinstance(costs, (list, tuple)) else costs
+    return Compiled(peak, float(costs.get("flops", 0.0)), float(costs.get("bytes accessed", 0.0))), reference
+
+
+def stock_policies(loss_fn: Callable, extra: dict[str, Callable] | None = None) -> dict[str, Callable]:
+    """JAX's stock policies over the whole loss, and ``extra`` (per-layer
+    variants where the model offers them), as loss functions by label."""
+    out = {f"jax.checkpoint({name}, whole step)":
+           jax.checkpoint(loss_fn, policy=getattr(jax.checkpoint_policies, name)) for name in POLICIES}
+    out.update(extra or {})
+    return out
+
+
+def verify(loss_fn: Callable, args: Sequence, graph: Graph, planner: str, budget_ratio: float,
+           time_limit: float = 120.0, options: dict[str, Any] | None = None,
+           stock: dict[str, Callable] | None = None, settings: flags.XlaSettings | None = None,
+           progress: Callable[[str], None] | None = None,
+           known: dict[str, tuple[Compiled, str]] | None = None, fallback: Graph | None = None) -> Verdict:
+    """The cheapest candidate whose compiled peak is within ``budget_ratio`` x
+    the compiled plain step's (module docstring). ``stock``: label -> loss
+    function of the stock-policy candidates (:func:`stock_policies`);
+    ``known``: figures already compiled under these labels (``"plain"`` and
+    the stock labels), reused across budgets of one model; ``fallback``: the
+    graph to plan on instead when a plan of ``graph`` does not apply (the
+    traced graph, for a compiled one)."""
+    from ..exporters.jax_policy import apply_plan
+    from ..solve import solve
+
+    start = time.perf_counter()
+    settings = settings or flags.for_backend(jax.default_backend())
+    flags.apply(settings)
+    say = progress or (lambda line: None)
+    argnums = tuple(graph.meta.get("argnums", (0,)))
+    known = {} if known is None else known
+
+    def figures(label: str, fn: Callable) -> Compiled:
+        if label not in known:
+            known[label] = compile_figures(fn, args, argnums, settings)
+        return known[label][0]
+
+    plain = figures("plain", loss_fn)
+    reference = known["plain"][1]
+    budget = int(math.floor(budget_ratio * plain.peak_bytes))
+    say(f"plain step: XLA peak {human_bytes(plain.peak_bytes)} ({reference}); budget {human_bytes(budget)}")
+    # the plain step is the answer where nothing else compiles smaller (a ratio of 1, or a loop out of time)
+    candidates: list[Candidate] = [Candidate("plain step", "policy", plain, plain.peak_bytes <= budget)]
+    for label, fn in (stock if stock is not None else stock_policies(loss_fn)).items():
+        c = figures(label, fn)
+        candidates.append(Candidate(label, "policy", c, c.peak_bytes <= budget))
+        say(f"{label}: XLA peak {human_bytes(c.peak_bytes)} ({'fits' if c.peak_bytes <= budget else 'misses'})")
+
+    g0 = no_remat_peak(graph)
+    options = dict(options or {})
+    rounds = 0
+    lo: int | None = None   # largest planning budget whose plan fits
+    hi = g0                 # smallest whose plan misses (the no-remat plan compiles to the plain step)
+    floor = 0               # largest planning budget the planner found no plan for
+    b = int(g0 * budget / plain.peak_bytes)  # the same share of the graph's peak
+    tried: set[int] = set()
+    began: float | None = None  # when the previous round began
+    while rounds < MAX_ROUNDS and b > floor and b not in tried:
+        tried.add(b)
+        now = time.perf_counter()
+        last_round = 0.0 if began is None else now - began
+        left = time_limit - (now - start)
+        if left <= last_round:  # a round takes about as long as the one before: it would not end in time
+            break
+        began = now
+        per_round = left / (MAX_ROUNDS - rounds)
+        opts = dict(options)
+        if "time_limit" in _planner_options(planner):
+            opts["time_limit"] = max(1.0, per_round / 2)  # the other half: apply and compile
+        rounds += 1
+        try:
+            sol = solve(graph, planner, budget=b, **opts)
+        except BudgetError:
+            sol = None
+        if sol is None or not sol.has_plan:
+            say(f"round {rounds}: planning budget {human_bytes(b)}: no plan "
+                f"({'below the bound' if sol is None else sol.status})")
+            floor = b
+            b = (b + hi) // 2 if lo is None else (lo + hi) // 2
+            if lo is not None and hi - lo < RESOLUTION * g0:
+                break
+            continue
+        try:
+            c, _ = compile_figures(apply_plan(loss_fn, graph, sol.plan), args, argnums, settings)
+        except Exception as e:  # noqa: BLE001 - a plan the exporter cannot run: say so, plan elsewhere
+            say(f"round {rounds}: the plan does not apply ({type(e).__name__}: {e})"
+                + ("; planning on the traced graph" if fallback is not None else "; no more planning"))
+            if fallback is None:
+                break
+            graph, fallback = fallback, None
+            g0, lo, hi, floor = no_remat_peak(graph), None, no_remat_peak(graph), 0
+            b = int(g0 * budget / plain.peak_bytes)
+            tried.clear()
+            continue
+        fits = c.peak_bytes <= budget
+        where = "compiled" if graph.meta.get("fuse") == "xla" else "traced"
+        candidates.append(Candidate(f"{planner} plan, {where} graph (planning budget {human_bytes(b)})", "plan", c,
+                                    fits, b,
+                                    sol.replay.peak_bytes, sol.replay.overhead, sol.status, sol.plan))
+        say(f"round {rounds}: planning budget {human_bytes(b)}: predicted {human_bytes(sol.replay.peak_bytes)}, "
+            f"XLA peak {human_bytes(c.peak_bytes)} ({'fits' if fits else 'misses'})")
+        if sol.status == "OVER_BUDGET" and not fits and lo is None:
+            break  # the planner's least plan misses: a lower planning budget gives no other
+        if fits:
+            lo = b
+        else:
+            hi = b
+        if lo is None:  # no fitting plan yet: step down by XLA's excess, at least 2%
+            b = max(floor + 1, min(int(b * budget / c.peak_bytes), int(b * 0.98)))
+        else:
+            if hi - lo < RESOLUTION * g0:
+                break
+            b = (lo + hi) // 2
+    fitting = [k for k in candidates if k.fits]
+    chosen = (min(fitting, key=lambda k: (k.compiled.flops, k.compiled.bytes_accessed, k.compiled.peak_bytes))
+              if fitting else min(candidates, key=lambda k: k.compiled.peak_bytes))
+    return Verdict(budget, budget_ratio, plain, reference, g0, chosen, tuple(candidates), rounds,
+                   flags.record(settings), time.perf_counter() - start)
+
+
+def _planner_options(planner: str) -> set[str]:
+    from .. import planners
+
+    try:
+        return set(planners.options(planner))
+    except PlannerError:
+        return set()
