@@ -193,7 +193,7 @@ def test_a_solve_time_limit_counts_the_command_from_its_start(monkeypatch):
     reserve, never below zero."""
     from click.testing import CliRunner
 
-    from rematopt.cli import cli, core
+    from rematopt.cli import cli, common, core
 
     got = []
 
@@ -208,15 +208,15 @@ def test_a_solve_time_limit_counts_the_command_from_its_start(monkeypatch):
         assert got.pop() == pytest.approx(left)
 
     monkeypatch.undo()
-    assert core.since_start() == 0.0  # outside main (this test runner): nothing to count
+    assert common.since_start() == 0.0  # outside main (this test runner): nothing to count
     for age, counted in ((100.0, False), (1.5, True)):  # an old process (an in-process call), a fresh one
-        monkeypatch.setattr(core, "_process_age", lambda: age)
-        core.command_started()
+        monkeypatch.setattr(common, "_process_age", lambda: age)
+        common.command_started()
         try:
-            assert (core.since_start() >= 1.5) is counted
+            assert (common.since_start() >= 1.5) is counted
         finally:
-            core.command_started(None)
-    assert core.since_start() == 0.0
+            common.command_started(None)
+    assert common.since_start() == 0.0
 
 
 # -- solve's headline: what happened, in one line before the table --------------------------------

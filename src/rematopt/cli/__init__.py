@@ -11,7 +11,7 @@ import warnings
 import click
 
 from ..errors import RematoptError
-from . import batch, core, jax, mlir, peak, study, xla
+from . import batch, common, core, jax, mlir, peak, study, xla
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -38,7 +38,7 @@ def _warn_one_line(message, category, filename, lineno, file=None, line=None) ->
 def main() -> None:
     """Console entry point: typed errors become one line and exit status 2."""
     warnings.showwarning = _warn_one_line
-    core.command_started()
+    common.command_started()
     try:
         code = cli.main(standalone_mode=False)
     except RematoptError as e:
@@ -59,5 +59,5 @@ def main() -> None:
         click.echo(f"rematopt: {e.filename}: {e.strerror}" if e.filename else f"rematopt: {e}", err=True)
         sys.exit(2)
     finally:
-        core.command_started(None)
+        common.command_started(None)
     sys.exit(code if isinstance(code, int) else 0)

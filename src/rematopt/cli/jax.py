@@ -10,7 +10,7 @@ import click
 
 from ..errors import ImportFailure
 from ..importers.costmodel import DEVICES
-from .core import check_writable, load_graph_arg
+from .common import check_writable, load_graph_arg
 
 _DEVICES = sorted(DEVICES)
 
@@ -57,7 +57,7 @@ def import_jax(spec: str, fuse: str | None, no_unroll: bool, device: str, name: 
     load_factory, trace_grad = jax_api("load_factory", "trace_grad")
     config = key_values(settings)
     fn, args = load_factory(spec, **config)
-    nums = _argnums(argnums)
+    nums = parse_argnums(argnums)
     g = trace_grad(fn, *args, argnums=nums, fuse={None: False, "table": True}.get(fuse, fuse), device=device,
                    name=name or spec.partition(":")[0].rsplit(".", 1)[-1],
                    meta={"model": spec, "config": config}, unroll=not no_unroll)
@@ -76,7 +76,7 @@ def jax_api(*names: str):
     return [getattr(api, n) for n in names]
 
 
-def _argnums(text: str) -> tuple[int, ...]:
+def parse_argnums(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(x) for x in text.split(","))
     except ValueError:
@@ -101,7 +101,7 @@ def jax_measure(spec: str, budget_ratio: float, device: str, fuse: bool, planner
     load_factory, measure = jax_api("load_factory", "measure")
     config = key_values(settings)
     fn, args = load_factory(spec, **config)
-    m = measure(fn, *args, budget_ratio=budget_ratio, argnums=_argnums(argnums), planners=planners,
+    m = measure(fn, *args, budget_ratio=budget_ratio, argnums=parse_argnums(argnums), planners=planners,
                 time_limit=time_limit, fuse=fuse, device=device)
     text = m.markdown(f"{spec} {json.dumps(config) if config else ''}".strip())
     if output:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from .core import drop_unsafe_marks_option
+from .common import drop_unsafe_marks_option
 
 
 @click.command(name="mlir")
@@ -44,7 +44,7 @@ def export_mlir_cmd(file: str, plan: str, function: str | None, output: str, xla
     """Apply PLAN to FILE: recomputations as clones, figures as tessera.remat_* attributes."""
     from ..exporters.mlir import export_mlir
     from ..plan import Plan
-    from .core import check_writable, figures_table
+    from .common import check_writable, figures_table
 
     check_writable(output)
     text = export_mlir(file, Plan.load(plan), function=function, plan_source=plan,

@@ -13,7 +13,8 @@ from rich.table import Table
 
 from ..errors import RematoptError
 from ..stats import verdict
-from .core import emit_json, load_graph_arg, parse_bytes
+from ..sizes import parse_bytes
+from .common import emit_json, load_graph_arg
 
 
 @click.command(name="pareto")

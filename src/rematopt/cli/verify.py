@@ -11,7 +11,7 @@ import click
 
 from ..errors import ImportFailure, RematoptError
 from ..xla import flags
-from .core import check_writable, emit_json, figures_table, since_start
+from .common import check_writable, emit_json, figures_table, since_start
 
 DEFAULT_TIME_LIMIT = 300.0  # seconds for the whole command when --time-limit is not given
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from ..sizes import human_bytes
-from .core import emit_json
+from .common import emit_json
 
 
 @click.group(name="xla")

@@ -13,7 +13,7 @@ share one. The walk follows the same rules:
 - entry parameters are the caller's: live throughout; an output that is a parameter counts once;
 - outputs as the backend counts them: on GPU they own their memory for the whole step (as
   ``peak_memory_in_bytes`` counts them); on CPU each has an allocation that XLA's buffer assignment
-  lends to temporaries until the output is written (:func:`_cpu_allocations`), and the figure is
+  lends to temporaries until the output is written (:func:`cpu_allocations`), and the figure is
   the sum of the allocations (temp + arguments + outputs; XLA computes no peak there);
 - a while / conditional / call body's own peak (what it allocates beyond its operands) is added at
   the call point.
@@ -109,7 +109,7 @@ def backend_of(module: HloModule) -> str:
     return "cpu"
 
 
-def _cpu_allocations(span: dict[int, tuple[int, int]], shares: dict[int, list[int]], outputs: dict[int, int],
+def cpu_allocations(span: dict[int, tuple[int, int]], shares: dict[int, list[int]], outputs: dict[int, int],
                      out_at: dict[int, int], sizes: dict[int, int], end: int,
                      operands: dict[int, list[int]], post_order: dict[int, int]) -> set[int]:
     """The temporaries XLA's CPU buffer assignment houses in the outputs' allocations.
@@ -272,7 +272,7 @@ class _Walk:
     def result(self, outputs: str = "pinned") -> CompiledMemory:
         """``outputs="pinned"``: outputs own their memory from the start (XLA's GPU figure);
         ``"allocations"``: XLA's CPU accounting, where a temporary may live in an output's allocation
-        before the output is written (see :func:`_cpu_allocations`); ``"defined"``: each output
+        before the output is written (see :func:`cpu_allocations`); ``"defined"``: each output
         from the kernel writing it (a graph's accounting, where an output is a value like any)."""
         schedule = self.comp.instructions
         span, shares, pinned, params, nested = self.ranges()
@@ -284,7 +284,7 @@ class _Walk:
         housed: set[int] = set()
         if outputs == "allocations" and self.entry:
             outs = pinned - params
-            housed = _cpu_allocations(span, shares, {b: sizes[b] for b in outs}, self._defined_positions(outs),
+            housed = cpu_allocations(span, shares, {b: sizes[b] for b in outs}, self._defined_positions(outs),
                                       sizes, len(schedule), self._operand_buffers(), self._post_order())
         delta = [0] * (len(schedule) + 1)
         for b, (first, last) in span.items():
@@ -370,7 +370,7 @@ class _Walk:
 
     def _donors(self, inst: Instruction, new: int, dying: set[int]) -> list[int]:
         """The dying operand buffers of the same shape that the elementwise kernel may write into."""
-        if not dying or not _may_write_into_operand(self.module, inst):
+        if not dying or not may_write_into_operand(self.module, inst):
             return []
         out = self.buffers[new]
         leaf = inst.shape.leaf_at(out.index)
@@ -397,7 +397,7 @@ class _Walk:
         return max(peaks)
 
 
-def _may_write_into_operand(module: HloModule, inst: Instruction) -> bool:
+def may_write_into_operand(module: HloModule, inst: Instruction) -> bool:
     """XLA lets an elementwise kernel (a loop or input fusion, or a lone elementwise op) write its
     output into the buffer of an operand of the same shape whose last use it is."""
     if inst.opcode == "fusion":

@@ -203,7 +203,7 @@ def compiled_groups(step: Step) -> tuple[list[list[int]], dict]:
     import os
 
     from ...xla.hlo import parse_hlo
-    from ...xla.memory import _may_write_into_operand, backend_of, compiled_memory, xla_reference
+    from ...xla.memory import may_write_into_operand, backend_of, compiled_memory, xla_reference
 
     compiled = compile_named(step)
     module = parse_hlo(compiled.as_text())
@@ -218,7 +218,7 @@ def compiled_groups(step: Step) -> tuple[list[list[int]], dict]:
     step.kernels_of = kernels_by_equation(step, module, producer)
     step.positions = position
     step.in_place = frozenset(_root_eqn(step, k, producer) for inst in module.entry.instructions
-                              if _may_write_into_operand(module, inst)
+                              if may_write_into_operand(module, inst)
                               for k in [equation_of(src.metadata.op_name) for src in _written(module, inst)]
                               if k is not None)
     step.scratch = scratch_buffers(step, module, producer)
@@ -262,11 +262,11 @@ def xla_memory(step: Step, nodes: list, edges: list[tuple[int, int]]) -> list[in
       move to a persistent input node (``extra.allocation_of``: the node it holds);
     - on CPU its buffer assignment houses temporaries in those allocations until the output is
       written (an elementwise kernel's result may take the place of an operand dying there,
-      ``step.in_place``) (:func:`rematopt.xla.memory._cpu_allocations`, the rule the walk reproduces XLA's
+      ``step.in_place``) (:func:`rematopt.xla.memory.cpu_allocations`, the rule the walk reproduces XLA's
       figures with); the same rule over the nodes' live ranges in the graph's order picks the
       nodes housed there, which cost nothing of their own (``extra.housed``: their bytes)."""
     from ...graph import Node
-    from ...xla.memory import _cpu_allocations
+    from ...xla.memory import cpu_allocations
 
     base = list(range(len(nodes)))
     if step.compiled is not None:  # the nodes that are the step's inputs and groups (an exporter's)
@@ -308,7 +308,7 @@ def xla_memory(step: Step, nodes: list, edges: list[tuple[int, int]]) -> list[in
         shares = {i: [j for j in operands.get(i, []) if j in temps and last[j] == pos[i]
                       and nodes[j].bytes == nodes[i].bytes]
                   for i in temps if i < len(base) and step.groups[i - step.n_inputs][-1] in step.in_place}
-        housed = _cpu_allocations(temps, shares, outputs, {i: pos[i] for i in outputs}, {v.id: v.bytes for v in nodes},
+        housed = cpu_allocations(temps, shares, outputs, {i: pos[i] for i in outputs}, {v.id: v.bytes for v in nodes},
                                   len(nodes), operands, pos)
         for i in sorted(housed):
             nodes[i].extra["housed"] = nodes[i].bytes
