@@ -277,7 +277,7 @@ def _planned_step(step: Step, fates: Fates, scan: bool = True) -> tuple[Callable
     def run_backward(u: Unit, env: dict, last: Any) -> Any:
         if u.recompute:
             ins = unit_inputs(u)
-            barred, _ = jax.lax.optimization_barrier(([env[v] for v in ins], last))
+            barred, _ = jax.lax.optimization_barrier((_tie([env[v] for v in ins], last), last))
             made = evaluate(u.eqns, dict(zip(ins, barred)))
             env.update((v, made[v]) for e in u.eqns for v in e.outs)
             return last
@@ -376,6 +376,29 @@ def _first_reader_order(group_of: dict, phase_of: dict, recompute: dict, inputs_
         out.extend(u for p in sorted(need) for u in units(p, True, node))
         done |= need
         out.extend(units(node))
+    return out
+
+
+def _tie(values: list, last: Any) -> list:
+    """``values``, the floating ones made to read ``last`` (``x + 0 * last[0]``).
+
+    XLA's CPU pipeline expands every optimization barrier away before CSE and
+    scheduling, so a barrier alone neither stops CSE from merging the
+    recomputation with the forward computation nor keeps the scheduler from
+    running it early (resnet at the instance config, greedy at 0.7: no
+    barrier left in ``compiled.as_text()``, FLOPs +0.03% over the plain step,
+    XLA's figure +4.3%). A data dependence on the backward value computed just
+    before the region survives every pass: XLA does not fold ``x * 0`` for
+    floats (NaN), so the recomputation reads a value only the backward pass
+    has, and the add fuses into the kernels that read the input."""
+    s = jax.numpy.ravel(last)[0] if getattr(last, "size", 0) else None
+    if s is None:
+        return values
+    out = []
+    for x in values:
+        dt = getattr(x, "dtype", None)
+        floating = dt is not None and jax.numpy.issubdtype(dt, jax.numpy.floating)
+        out.append(x + s.astype(dt) * 0 if floating else x)
     return out
 
 
