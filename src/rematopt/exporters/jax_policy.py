@@ -16,8 +16,9 @@ recomputed region (consecutive recomputed units of the plan's backward pass)
 go through one ``lax.optimization_barrier``, here together with the backward
 value the plan computes just before it, to pin it in place; inside a region
 XLA fuses the recomputation into the kernels that read it. XLA's CPU
-pipeline drops the barriers before CSE, for ``jax.checkpoint`` as for this
-(measured in ``reports/jax_measure/README.md``).
+pipeline expands the barriers away before CSE, for ``jax.checkpoint`` as for
+this, so on CPU each region also reads that backward value through a data
+dependence (:func:`_evaluate_tied`; docs/xla.md).
 """
 
 from __future__ import annotations
@@ -392,8 +393,10 @@ def _evaluate_tied(eqns: Sequence, env: dict, last: Any) -> dict:
     tied yet reads its smallest floating operand as ``x + 0 * last[0]`` (XLA
     does not fold ``x * 0`` for floats, NaN), and what it makes is tied in
     turn. The smallest operand, because a library call (a convolution, a dot)
-    cannot fuse the add and reads a copy: the weight's, not the activation's."""
-    s = jax.numpy.ravel(last)[0] if getattr(last, "size", 0) else None
+    cannot fuse the add and reads a copy: the weight's, not the activation's.
+    Only on CPU: GPU XLA keeps barriers until scheduling."""
+    # GPU XLA keeps the barriers (H200, ../shared/gpu/), so the tie is only where they are expanded
+    s = jax.numpy.ravel(last)[0] if getattr(last, "size", 0) and jax.default_backend() == "cpu" else None
     tied: set = set()
     for e in eqns:
         reads = [r for r in e.ins if not isinstance(r, Const)]
