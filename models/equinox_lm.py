@@ -2,7 +2,8 @@
 ``eqx.nn.LayerNorm``, ``eqx.nn.MultiheadAttention``, ``eqx.nn.MLP``,
 ``eqx.nn.Dropout``), its blocks made by ``eqx.filter_vmap`` and run by
 ``jax.lax.scan``, equinox's scan-over-layers pattern. Dropout draws from the key
-passed to the step. No value carries a ``checkpoint_name`` (equinox tags none)."""
+passed to the step. No value carries a ``checkpoint_name`` (equinox tags none).
+``remat=`` wraps the scanned layer in ``eqx.filter_checkpoint``."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .common import configure, cross_entropy, rng
+from .common import Remat, configure, cross_entropy, rng
 
 CONFIG = {"layers": 2, "width": 32, "heads": 2, "seq": 16, "vocab": 64, "batch": 2, "dropout": 0.1, "seed": 0}
 
@@ -44,7 +45,10 @@ class Decoder(eqx.Module):
     blocks: Block  # stacked: every array leaf has a leading ``layers`` axis
     ln: eqx.nn.LayerNorm
 
-    def __init__(self, c: dict, key: jax.Array):
+    remat: Remat = eqx.field(static=True)
+
+    def __init__(self, c: dict, key: jax.Array, remat: Remat = Remat()):
+        self.remat = remat
         k_embed, k_pos, k_blocks = jax.random.split(key, 3)
         self.embed = eqx.nn.Embedding(c["vocab"], c["width"], key=k_embed)
         self.pos = jax.random.normal(k_pos, (c["seq"], c["width"])) * 0.02
@@ -61,16 +65,20 @@ class Decoder(eqx.Module):
             p, k = scanned
             return eqx.combine(p, static)(x, k), None
 
+        if self.remat.per_layer:
+            layer = eqx.filter_checkpoint(layer, policy=self.remat.policy, prevent_cse=False)
+
         keys = jax.random.split(key, jax.tree_util.tree_leaves(params)[0].shape[0])
         x, _ = jax.lax.scan(layer, x, (params, keys))
         return jax.vmap(self.ln)(x) @ self.embed.weight.T
 
 
-def factory(**overrides):
+def factory(remat: str | None = None, remat_scope: str = "layer", **overrides):
     """``(loss_fn, (model, tokens, key))`` at ``CONFIG`` updated with ``overrides``;
     ``model`` is the decoder's array leaves (``eqx.partition(model, eqx.is_array)``)."""
     c = configure(CONFIG, overrides)
-    params, static = eqx.partition(Decoder(c, jax.random.PRNGKey(c["seed"])), eqx.is_array)
+    r = Remat.of(remat, remat_scope)
+    params, static = eqx.partition(Decoder(c, jax.random.PRNGKey(c["seed"]), r), eqx.is_array)
     tokens = jnp.asarray(rng(c["seed"] + 1).integers(0, c["vocab"], (c["batch"], c["seq"] + 1), dtype=np.int32))
 
     def loss_fn(params, tokens, key):
@@ -79,4 +87,4 @@ def factory(**overrides):
         logits = jax.vmap(model)(tokens[:, :-1], keys)
         return cross_entropy(logits, tokens[:, 1:])
 
-    return loss_fn, (params, tokens, jax.random.PRNGKey(c["seed"] + 2))
+    return r.step(loss_fn), (params, tokens, jax.random.PRNGKey(c["seed"] + 2))

@@ -6,7 +6,8 @@ one set of block parameters with a leading ``layers`` axis. Weights come from
 to the step.
 
 Flax tags no value with ``checkpoint_name``; the block does it in its own code,
-with MaxText's names, as a user who wants name policies would."""
+with MaxText's names, as a user who wants name policies would. ``remat=``
+wraps the block in ``nn.remat`` before ``nn.scan``, as MaxText does."""
 
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ import numpy as np
 from flax import linen as nn
 from jax.ad_checkpoint import checkpoint_name
 
-from .common import configure, cross_entropy, rng
+from .common import Remat, configure, cross_entropy, rng
 
 CONFIG = {"layers": 2, "width": 32, "heads": 2, "seq": 16, "vocab": 64, "batch": 2, "dropout": 0.1, "seed": 0}
+NAMES = ("decoder_layer_input", "out_proj", "mlpwi", "mlpwo")
 
 
 class Block(nn.Module):
@@ -42,21 +44,25 @@ class Decoder(nn.Module):
     vocab: int
     width: int
     dropout: float
+    remat: Remat = Remat()
 
     @nn.compact
     def __call__(self, tokens):
         embed = nn.Embed(self.vocab, self.width)
         x = embed(tokens) + self.param("pos", nn.initializers.normal(0.02), (tokens.shape[1], self.width))
-        stack = nn.scan(Block, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
+        block = nn.remat(Block, policy=self.remat.policy, prevent_cse=False) if self.remat.per_layer else Block
+        stack = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
                         length=self.layers)
-        x, _ = stack(self.heads, self.dropout)(x, None)
+        # the checkpointed stack keeps the plain one's name, hence its parameters and dropout keys
+        x, _ = stack(self.heads, self.dropout, name="ScanBlock_0" if self.remat.per_layer else None)(x, None)
         return embed.attend(nn.LayerNorm()(x))
 
 
-def factory(**overrides):
+def factory(remat: str | None = None, remat_scope: str = "layer", **overrides):
     """``(loss_fn, (params, tokens, key))`` at ``CONFIG`` updated with ``overrides``."""
     c = configure(CONFIG, overrides)
-    model = Decoder(c["layers"], c["heads"], c["vocab"], c["width"], c["dropout"])
+    r = Remat.of(remat, remat_scope, NAMES)
+    model = Decoder(c["layers"], c["heads"], c["vocab"], c["width"], c["dropout"], r)
     tokens = jnp.asarray(rng(c["seed"] + 1).integers(0, c["vocab"], (c["batch"], c["seq"] + 1), dtype=np.int32))
     params = model.init({"params": jax.random.PRNGKey(c["seed"]), "dropout": jax.random.PRNGKey(0)},
                         tokens[:, :-1])
@@ -65,4 +71,4 @@ def factory(**overrides):
         logits = model.apply(params, tokens[:, :-1], rngs={"dropout": key})
         return cross_entropy(logits, tokens[:, 1:])
 
-    return loss_fn, (params, tokens, jax.random.PRNGKey(c["seed"] + 2))
+    return r.step(loss_fn), (params, tokens, jax.random.PRNGKey(c["seed"] + 2))

@@ -6,7 +6,8 @@ an ``nnx.Rngs`` stream draws the dropout masks, split per layer by
 ``nnx.split_rngs``.
 
 Flax tags no value with ``checkpoint_name``; the block does it in its own code,
-with MaxText's names, as a user who wants name policies would."""
+with MaxText's names, as a user who wants name policies would. ``remat=``
+wraps the scanned block call in ``nnx.remat``."""
 
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ import numpy as np
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-from .common import configure, cross_entropy, rng
+from .common import Remat, configure, cross_entropy, rng
 
 CONFIG = {"layers": 2, "width": 32, "heads": 2, "seq": 16, "vocab": 64, "batch": 2, "dropout": 0.1, "seed": 0}
+NAMES = ("decoder_layer_input", "out_proj", "mlpwi", "mlpwo")
 
 
 class Block(nnx.Module):
@@ -37,7 +39,8 @@ class Block(nnx.Module):
 
 
 class Decoder(nnx.Module):
-    def __init__(self, c: dict, rngs: nnx.Rngs):
+    def __init__(self, c: dict, rngs: nnx.Rngs, remat: Remat = Remat()):
+        self.remat = remat
         self.embed = nnx.Embed(c["vocab"], c["width"], rngs=rngs)
         self.pos = nnx.Param(jax.random.normal(rngs.params(), (c["seq"], c["width"])) * 0.02)
 
@@ -51,21 +54,24 @@ class Decoder(nnx.Module):
 
     def __call__(self, tokens, rngs: nnx.Rngs):
         x = self.embed(tokens) + self.pos[...]
+        checkpointed = nnx.remat(policy=self.remat.policy, prevent_cse=False) if self.remat.per_layer else lambda f: f
 
         @nnx.split_rngs(splits=self.blocks.ln1.scale.shape[0])
         @nnx.scan(in_axes=(nnx.Carry, 0, 0), out_axes=nnx.Carry)
+        @checkpointed
         def run(x, block, rngs):
             return block(x, rngs)
 
         return self.embed.attend(self.ln(run(x, self.blocks, rngs)))
 
 
-def factory(**overrides):
+def factory(remat: str | None = None, remat_scope: str = "layer", **overrides):
     """``(loss_fn, (params, rest, tokens))`` at ``CONFIG`` updated with
     ``overrides``: ``nnx.split(model, nnx.Param, ...)``'s parameters (the
     differentiated argument) and the rest of its state (the RNG streams)."""
     c = configure(CONFIG, overrides)
-    model = Decoder(c, nnx.Rngs(params=c["seed"]))
+    r = Remat.of(remat, remat_scope, NAMES)
+    model = Decoder(c, nnx.Rngs(params=c["seed"]), r)
     graphdef, params = nnx.split(model)
     tokens = jnp.asarray(rng(c["seed"] + 1).integers(0, c["vocab"], (c["batch"], c["seq"] + 1), dtype=np.int32))
 
@@ -73,4 +79,4 @@ def factory(**overrides):
         logits = nnx.merge(graphdef, params)(tokens[:, :-1], nnx.Rngs(dropout=key))
         return cross_entropy(logits, tokens[:, 1:])
 
-    return loss_fn, (params, tokens, jax.random.key(c["seed"] + 2))
+    return r.step(loss_fn), (params, tokens, jax.random.key(c["seed"] + 2))

@@ -5,18 +5,22 @@ next-token cross-entropy.
 Values carry the ``checkpoint_name`` MaxText gives them (``decoder_layer_input``,
 ``query_proj``, ``key_proj``, ``value_proj``, ``out_proj``, ``mlpwi``, ``mlpwo``),
 so name policies (``jax.checkpoint_policies.save_only_these_names``, the
-``jax-names`` planner) act on the same values as in MaxText."""
+``jax-names`` planner) act on the same values as in MaxText. ``remat=`` checkpoints
+each block with ``jax.checkpoint`` (see :class:`models.common.Remat`)."""
 
 from __future__ import annotations
+
+from functools import partial
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
-from .common import configure, cross_entropy, dense_init, layer_norm, normal, rng
+from .common import Remat, configure, cross_entropy, dense_init, layer_norm, normal, rng
 
 CONFIG = {"layers": 2, "width": 64, "heads": 4, "seq": 32, "vocab": 128, "batch": 2, "seed": 0}
+NAMES = ("decoder_layer_input", "query_proj", "key_proj", "value_proj", "out_proj", "mlpwi", "mlpwo")
 
 
 def init(c: dict) -> dict:
@@ -49,28 +53,34 @@ def mlp(x: jax.Array, p: dict) -> jax.Array:
     return checkpoint_name(h @ p["down"], "mlpwo")
 
 
-def forward(params: dict, tokens: jax.Array, heads: int) -> jax.Array:
+def block(x: jax.Array, p: dict, heads: int) -> jax.Array:
+    """One pre-norm decoder block (shared with models/gpt_scan.py)."""
+    x = checkpoint_name(x, "decoder_layer_input")
+    x = x + attention(layer_norm(x, p["ln1"]), p, heads)
+    return x + mlp(layer_norm(x, p["ln2"]), p)
+
+
+def forward(params: dict, tokens: jax.Array, heads: int, remat: Remat = Remat()) -> jax.Array:
     x = params["embed"][tokens] + params["pos"][: tokens.shape[1]]
+    layer = remat.layer(partial(block, heads=heads))
     for p in params["blocks"]:
-        x = checkpoint_name(x, "decoder_layer_input")
-        x = x + attention(layer_norm(x, p["ln1"]), p, heads)
-        x = x + mlp(layer_norm(x, p["ln2"]), p)
+        x = layer(x, p)
     return layer_norm(x, params["ln_f"]) @ params["embed"].T
 
 
-def training_step(c: dict, params: dict, forward_fn) -> tuple:
+def training_step(c: dict, params: dict, forward_fn, remat: Remat) -> tuple:
     """``(loss_fn, (params, tokens))``: next-token cross-entropy of
     ``forward_fn`` at config ``c`` (shared with models/gpt_scan.py)."""
     tokens = jnp.asarray(rng(c["seed"] + 1).integers(0, c["vocab"], (c["batch"], c["seq"] + 1), dtype=np.int32))
 
     def loss_fn(params, tokens):
-        logits = forward_fn(params, tokens[:, :-1], c["heads"])
+        logits = forward_fn(params, tokens[:, :-1], c["heads"], remat)
         return cross_entropy(logits, tokens[:, 1:])
 
-    return loss_fn, (params, tokens)
+    return remat.step(loss_fn), (params, tokens)
 
 
-def factory(**overrides):
+def factory(remat: str | None = None, remat_scope: str = "layer", **overrides):
     """``(loss_fn, (params, tokens))`` at ``CONFIG`` updated with ``overrides``."""
     c = configure(CONFIG, overrides)
-    return training_step(c, init(c), forward)
+    return training_step(c, init(c), forward, Remat.of(remat, remat_scope, NAMES))

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from jax.ad_checkpoint import checkpoint_name
 
 from . import gpt
-from .common import configure, layer_norm
+from .common import Remat, configure, layer_norm
 
 CONFIG = dict(gpt.CONFIG)
 
@@ -21,19 +20,17 @@ def init(c: dict) -> dict:
     return {**params, "blocks": jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *blocks)}
 
 
-def forward(params: dict, tokens: jax.Array, heads: int) -> jax.Array:
+def forward(params: dict, tokens: jax.Array, heads: int, remat: Remat = Remat()) -> jax.Array:
     x = params["embed"][tokens] + params["pos"][: tokens.shape[1]]
 
-    def block(x, p):  # gpt's block, names included
-        x = checkpoint_name(x, "decoder_layer_input")
-        x = x + gpt.attention(layer_norm(x, p["ln1"]), p, heads)
-        return x + gpt.mlp(layer_norm(x, p["ln2"]), p), None
+    def body(x, p):  # gpt's block, names included
+        return gpt.block(x, p, heads), None
 
-    x, _ = jax.lax.scan(block, x, params["blocks"])
+    x, _ = jax.lax.scan(remat.layer(body, prevent_cse=False), x, params["blocks"])
     return layer_norm(x, params["ln_f"]) @ params["embed"].T
 
 
-def factory(**overrides):
+def factory(remat: str | None = None, remat_scope: str = "layer", **overrides):
     """``(loss_fn, (params, tokens))`` at ``CONFIG`` updated with ``overrides``."""
     c = configure(CONFIG, overrides)
-    return gpt.training_step(c, init(c), forward)
+    return gpt.training_step(c, init(c), forward, Remat.of(remat, remat_scope, gpt.NAMES))

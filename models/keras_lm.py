@@ -8,7 +8,13 @@ tags no value with ``checkpoint_name``. ``dropout`` > 0 trains with dropout
 non-trainable variables.
 
 ``KERAS_BACKEND`` must be ``jax``: importing this module sets it unless Keras is
-already imported, and refuses another backend."""
+already imported, and refuses another backend.
+
+``remat=`` takes every policy with ``remat_scope="step"`` (one ``jax.checkpoint`` around
+the loss). Per layer Keras on JAX offers ``keras.RematScope(mode="list_of_layers")``, which
+runs a named layer's ``call`` under ``jax.checkpoint`` with no policy; it traces every
+argument, ``training`` included, and keras-hub's decoder blocks then fail on ``if training``
+(Keras 3.15.1), so ``remat_scope="layer"`` is refused here with that reason."""
 
 from __future__ import annotations
 
@@ -31,7 +37,7 @@ if keras.backend.backend() != "jax":
 
 import keras_hub  # noqa: E402
 
-from .common import configure, rng  # noqa: E402
+from .common import Remat, configure, rng  # noqa: E402
 
 CONFIG = {"backbone": "llama", "layers": 2, "width": 32, "heads": 4, "kv_heads": 2, "hidden": 64, "seq": 16,
           "vocab": 64, "batch": 2, "dropout": 0.0, "seed": 0}
@@ -55,11 +61,15 @@ def backbone(c: dict) -> keras_hub.models.Backbone:
 CAUSAL_LM = {"llama": "LlamaCausalLM", "gemma": "GemmaCausalLM", "gpt2": "GPT2CausalLM"}
 
 
-def factory(**overrides):
+def factory(remat: str | None = None, remat_scope: str = "layer", **overrides):
     """``(loss_fn, (trainable, non_trainable, tokens))`` at ``CONFIG`` updated with
     ``overrides``: the causal LM's trainable and non-trainable variable values,
     and ``batch`` sequences of ``seq + 1`` tokens."""
     c = configure(CONFIG, overrides)
+    r = Remat.of(remat, remat_scope)
+    if r.per_layer:
+        raise TypeError("remat per layer: Keras's RematScope traces the decoder blocks' training flag through "
+                        "jax.checkpoint and keras-hub's blocks fail on it; use remat_scope='step'")
     keras.utils.set_random_seed(c["seed"])
     model = getattr(keras_hub.models, CAUSAL_LM[c["backbone"]])(backbone=backbone(c), preprocessor=None)
     trainable = [v.value for v in model.trainable_variables]
@@ -72,4 +82,4 @@ def factory(**overrides):
         logits, _ = model.stateless_call(trainable, non_trainable, inputs, training=training)
         return keras.losses.sparse_categorical_crossentropy(tokens[:, 1:], logits, from_logits=True).mean()
 
-    return loss_fn, (trainable, non_trainable, tokens)
+    return r.step(loss_fn), (trainable, non_trainable, tokens)

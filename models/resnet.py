@@ -1,14 +1,17 @@
 """A ResNet-style CNN: a stem convolution, ``stages`` stages of ``blocks`` basic
 residual blocks (two 3x3 convolutions, ReLU), stride-2 downsampling between
-stages, global average pooling and a linear classifier. NHWC layout."""
+stages, global average pooling and a linear classifier. NHWC layout.
+``remat=`` checkpoints each residual block with ``jax.checkpoint``."""
 
 from __future__ import annotations
+
+from functools import partial
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .common import configure, cross_entropy, dense_init, normal, rng
+from .common import Remat, configure, cross_entropy, dense_init, normal, rng
 
 CONFIG = {"stages": 2, "blocks": 1, "channels": 16, "image": 16, "classes": 10, "batch": 4, "seed": 0}
 DN = ("NHWC", "HWIO", "NHWC")
@@ -22,9 +25,16 @@ def conv_init(gen: np.random.Generator, cin: int, cout: int) -> jax.Array:
     return normal(gen, (3, 3, cin, cout), (2.0 / (9 * cin)) ** 0.5)
 
 
-def factory(**overrides):
+def residual_block(h: jax.Array, blk: dict, stride: int) -> jax.Array:
+    out = conv(jax.nn.relu(conv(h, blk["c1"], stride)), blk["c2"])
+    skip = conv(h, blk["skip"], stride) if blk["skip"] is not None else h[:, ::stride, ::stride]
+    return jax.nn.relu(out + skip)
+
+
+def factory(remat: str | None = None, remat_scope: str = "layer", **overrides):
     """``(loss_fn, (params, (images, labels)))`` at ``CONFIG`` updated with ``overrides``."""
     c = configure(CONFIG, overrides)
+    r = Remat.of(remat, remat_scope)
     gen = rng(c["seed"])
     ch = c["channels"]
     params = {"stem": conv_init(gen, 3, ch), "stages": []}
@@ -43,10 +53,7 @@ def factory(**overrides):
         h = jax.nn.relu(conv(h, params["stem"]))
         for s, stage in enumerate(params["stages"]):
             for b, blk in enumerate(stage):
-                stride = 2 if s > 0 and b == 0 else 1
-                out = conv(jax.nn.relu(conv(h, blk["c1"], stride)), blk["c2"])
-                skip = conv(h, blk["skip"], stride) if blk["skip"] is not None else h[:, ::stride, ::stride]
-                h = jax.nn.relu(out + skip)
+                h = r.layer(partial(residual_block, stride=2 if s > 0 and b == 0 else 1))(h, blk)
         return cross_entropy(jnp.mean(h, axis=(1, 2)) @ params["head"], labels)
 
-    return loss_fn, (params, (x, y))
+    return r.step(loss_fn), (params, (x, y))

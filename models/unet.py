@@ -1,13 +1,14 @@
 """A U-Net-style encoder/decoder: ``depth`` levels of two 3x3 convolutions with
 2x2 average-pool downsampling, a bottleneck, nearest-neighbour upsampling with
-skip concatenations, and a per-pixel squared-error loss. NHWC layout."""
+skip concatenations, and a per-pixel squared-error loss. NHWC layout.
+``remat=`` checkpoints each two-convolution block with ``jax.checkpoint``."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 
-from .common import configure, normal, rng
+from .common import Remat, configure, normal, rng
 from .resnet import conv, conv_init
 
 CONFIG = {"depth": 2, "channels": 8, "image": 16, "batch": 2, "seed": 0}
@@ -22,9 +23,10 @@ def up(x: jax.Array) -> jax.Array:
     return jnp.repeat(jnp.repeat(x, 2, axis=1), 2, axis=2)
 
 
-def factory(**overrides):
+def factory(remat: str | None = None, remat_scope: str = "layer", **overrides):
     """``(loss_fn, (params, (images, targets)))`` at ``CONFIG`` updated with ``overrides``."""
     c = configure(CONFIG, overrides)
+    r = Remat.of(remat, remat_scope)
     ch, depth = c["channels"], c["depth"]
     gen = rng(c["seed"])
     widths = [ch * 2 ** i for i in range(depth + 1)]
@@ -40,6 +42,7 @@ def factory(**overrides):
     x = normal(gen, (c["batch"], c["image"], c["image"], 3))
     target = jnp.tanh(x)
 
+    @r.layer
     def block(h, ws):
         return jax.nn.relu(conv(jax.nn.relu(conv(h, ws[0])), ws[1]))
 
@@ -55,4 +58,4 @@ def factory(**overrides):
             h = block(jnp.concatenate([up(h), skip], axis=-1), ws)
         return jnp.mean(jnp.square(conv(h, params["out"]) - target))
 
-    return loss_fn, (params, (x, target))
+    return r.step(loss_fn), (params, (x, target))

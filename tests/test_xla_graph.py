@@ -10,7 +10,7 @@ import jax.numpy as jnp  # noqa: E402
 
 from conftest import rematopt  # noqa: E402
 from rematopt.jax import apply_plan, trace_grad  # noqa: E402
-from rematopt.reference import no_remat_plan  # noqa: E402
+from rematopt.reference import no_remat_peak, no_remat_plan  # noqa: E402
 from rematopt.simulate import simulate  # noqa: E402
 
 
@@ -29,7 +29,7 @@ def graphs():
 
 def test_nodes_are_what_kernels_write(graphs):
     unfused, compiled = graphs
-    ops = [v.op for v in compiled.nodes if not v.is_input]
+    ops = [v.op for v in compiled.nodes if not v.is_input and v.op != "xla_buffer"]
     # XLA on CPU fuses sin and cos (and the backward's products) into the kernels reading them:
     # they are no nodes of their own; tanh and the matmuls are written to memory (the backward
     # matmul as the transpose XLA folded into it)
@@ -39,11 +39,33 @@ def test_nodes_are_what_kernels_write(graphs):
     assert compiled.n < unfused.n
     # the fused equations are inside the nodes that read them (recomputed there, free)
     groups = compiled.meta["groups"]
-    assert len(groups) == compiled.n - sum(v.is_input for v in compiled.nodes)
+    assert len(groups) == sum(not v.is_input and v.op != "xla_buffer" for v in compiled.nodes)
     assert sum(len(g) for g in groups) > len(groups)
     meta = compiled.meta["xla"]
     assert meta["backend"] == "cpu" and meta["xla_bytes_are"] == "temp + arguments + outputs - aliases"
     assert simulate(compiled, no_remat_plan(compiled)).valid
+
+
+def test_memory_as_xla_allocates_it(graphs):
+    unfused, compiled = graphs
+    # each result (the loss, the gradient of w) holds an allocation from the start: a persistent
+    # input of the result's bytes; the output node itself costs nothing more
+    held = {v.extra["allocation_of"]: v for v in compiled.nodes if "allocation_of" in v.extra}
+    outputs = [v for v in compiled.nodes if v.output]
+    assert sorted(held) == sorted(v.id for v in outputs)
+    step_nodes = compiled.meta["xla"]["step_nodes"]
+    assert step_nodes == len(compiled.meta["groups"]) + len(ARGS) and min(held.values(), key=lambda v: v.id).id >= step_nodes
+    assert all(held[v.id].persistent and held[v.id].is_input and v.bytes == 0 for v in outputs)
+    assert sorted(v.bytes for v in held.values()) == sorted(v.bytes for v in unfused.nodes if v.output)
+    # the temporaries XLA makes beyond one per equation (here a transposed copy for the backward
+    # matmul) are nodes read by the node of their last reader, before it in the order
+    extra = [v for v in compiled.nodes if v.op == "xla_buffer"]
+    assert extra and all(v.extra["xla_buffer"] and v.bytes and compiled.succs[v.id] for v in extra)
+    pos = compiled.position
+    assert all(pos[v.id] < pos[s] for v in extra for s in compiled.succs[v.id])
+    # the graph's no-remat peak is XLA's figure for the same step (CPU: temp + arguments + outputs)
+    meta = compiled.meta["xla"]
+    assert abs(no_remat_peak(compiled) / meta["xla_bytes"] - 1) < 0.03, (no_remat_peak(compiled), meta)
 
 
 def test_plans_of_compiled_graphs_apply(graphs):

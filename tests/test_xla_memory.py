@@ -180,12 +180,12 @@ def test_cli_memory_json_and_bad_file(tmp_path, cpu_steps):
 
 
 # The graph of what XLA materializes (trace_grad(fuse="xla")): its no-remat peak against XLA's figure
-# for the very equations it is made of (the step itself unless the graph unrolled a loop), as
-# measured (docs/xla.md). Issue 35 asks for 3%; where it misses, the graph lacks buffers XLA keeps:
-# outputs XLA allocates before the step and temporaries one equation makes in several kernels
-# (the convolutions of resnet and unet), or counts buffers XLA shares (keras' llama and gemma).
-GRAPH_TOLERANCE = {"gpt": 0.04, "gpt_scan": 0.05, "resnet": 0.08, "unet": 0.25, "flax_linen": 0.13,
-                   "flax_nnx": 0.13, "keras_llama": 0.06, "keras_gemma": 0.06, "keras_gpt2": 0.15}
+# for the plain step, as measured (docs/xla.md). The scanned models compile to while loops and the
+# graph is of the unrolled step: they are held to XLA's figure for the unrolled equations the graph
+# is made of (meta.xla), the while loop's own figure being a different program. Issue 35 asks for
+# 3%; where it misses (docs/xla.md says why), the measured error bounds it.
+LOOPED = {"gpt_scan", "flax_linen", "flax_nnx", "equinox_lm"}
+GRAPH_TOLERANCE = {"unet": 0.16, "equinox_lm": 0.05, "keras_llama": 0.09, "keras_gemma": 0.07, "keras_gpt2": 0.18}
 
 
 @pytest.mark.parametrize("model", EACH_MODEL)
@@ -195,5 +195,9 @@ def test_compiled_graph_peak(cpu_steps, model):
     meta = graphs["xla"]["meta"]
     assert meta["backend"] == "cpu" and SCHEDULER_FLAG in meta["XLA_FLAGS"]
     assert graphs["xla"]["nodes"] < graphs["unfused"]["nodes"]
+    plain = xla_reference(stats[f"{model}_plain"], "cpu").bytes
+    if model not in LOOPED:  # the graph's own equations compile to the plain step
+        assert meta["xla_bytes"] == plain
+    reference = meta["xla_bytes"]
     peak = graphs["xla"]["no_remat_peak"]
-    assert abs(peak / meta["xla_bytes"] - 1) < GRAPH_TOLERANCE.get(model, 0.03), (peak, meta["xla_bytes"])
+    assert abs(peak / reference - 1) < GRAPH_TOLERANCE.get(model, 0.03), (peak, reference)

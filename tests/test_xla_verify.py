@@ -73,3 +73,28 @@ def test_bad_input_exits_2_with_one_line(args, message):
     assert run.returncode == 2
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0]
+
+
+def test_a_loop_with_no_candidate_of_its_own_answers_the_plain_step():
+    """With no stock candidates and no time to plan (the bench's call), the
+    answer is the plain step as compiled, said not to fit, not a crash."""
+    code = """
+import json
+from rematopt import jax as rj
+from rematopt.xla import verify
+loss, args = rj.load_factory("models.mlp:factory", layers=2, width=32, in_dim=16, batch=8)
+graph = rj.trace_grad(loss, *args)
+v = verify.verify(loss, args, graph, "greedy", 0.5, time_limit=0.0, stock={})
+print(json.dumps([v.chosen.label, v.chosen.fits, v.rounds, v.chosen.compiled.peak_bytes == v.plain.peak_bytes]))
+"""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+
+    env = dict(os.environ, XLA_FLAGS="--xla_cpu_enable_concurrency_optimized_scheduler=false")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         cwd=Path(__file__).resolve().parents[1], env=env)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert json.loads(run.stdout.splitlines()[-1]) == ["plain step", False, 0, True]

@@ -350,7 +350,7 @@ def import_nodelink(file: str, output: str) -> None:
 
 
 @click.command()
-@click.argument("what", type=click.Choice(["simulator", "greedy", "cpsat", "peak", "scale", "bounds"]),
+@click.argument("what", type=click.Choice(["simulator", "greedy", "cpsat", "peak", "scale", "bounds", "device"]),
                 default="simulator")
 @click.option("--sizes", default="10000,100000,2000000", show_default=True, help="Event counts to time.")
 @click.option("--graphs", default=None, help="scale: the instances (default: gpt12, gpt24, gpt48, gpt96, "
@@ -366,8 +366,13 @@ def import_nodelink(file: str, output: str) -> None:
               help="scale: cpsat's --lns, or several (e.g. on,off: a row for each).")
 @click.option("--folder", type=click.Path(file_okay=False), default="bench-graphs", show_default=True,
               help="scale: where the instances are made (on first use) and kept.")
+@click.option("--models", default=None, help="device: models by name (default: gpt, unet, flax_linen, keras_llama).")
+@click.option("--quick", is_flag=True, help="device: small sizes and fewer rows (under 5 minutes on 2 cores).")
+@click.option("--runs", type=int, default=None, help="device: timed steps per row after a warm-up (default 7; 3 quick).")
+@click.option("--out", type=click.Path(file_okay=False), default="reports/device", show_default=True,
+              help="device: the report goes to OUT/<backend>/.")
 def bench(what: str, sizes: str, graphs: str | None, ratios: str | None, time_limit: float, bound_limit: float,
-          workers: int, lns: str, folder: str) -> None:
+          workers: int, lns: str, folder: str, models: str | None, quick: bool, runs: int | None, out: str) -> None:
     """Print timing tables (simulator: replay, save and load at several plan sizes;
     greedy: the d=2000 chain-with-sinks stress case and the clone projection check;
     cpsat: the exact planner on ../shared/benchmarks/nodelink at ratios 0.9 and 0.8;
@@ -377,7 +382,25 @@ def bench(what: str, sizes: str, graphs: str | None, ratios: str | None, time_li
     dtr and the best fast plan: run it from a checkout, whose models/ the JAX
     instances are traced from;
     bounds: per graph and budget, cpsat's plan, bound and gap, and each
-    whole-space bound asked alone)."""
+    whole-space bound asked alone;
+    device: the models' training steps compiled and run on the backend present, plain, with JAX's
+    policies per layer and on the whole step, XLA's GPU remat (on a GPU) and rematopt's plans at
+    --ratios of the plain compiled peak (default 0.8,0.6,0.5), each in a fresh process, written to
+    OUT/<backend>/ with the verdict on top; run it from a checkout, whose models/ it imports)."""
+    if what == "device":
+        from ..studies.device import DEFAULT_MODELS, MODELS, run_bench
+
+        names = tuple(models.split(",")) if models else DEFAULT_MODELS
+        unknown = [n for n in names if n not in MODELS]
+        if unknown:
+            raise RematoptError(f"bench device: unknown model(s) {', '.join(unknown)}; known: {', '.join(MODELS)}")
+        bench_ = run_bench(names, quick=quick, runs=runs,
+                           ratios=tuple(float(r) for r in ratios.split(",")) if ratios else None,
+                           time_limit=None if click.get_current_context().get_parameter_source("time_limit")
+                           == ParameterSource.DEFAULT else time_limit, out=Path(out),
+                           progress=lambda line: click.echo(line, err=True))
+        click.echo(f"wrote {Path(out) / bench_.backend}/device.md, device.csv, device.png ({len(bench_.rows)} rows)")
+        return
     if what == "bounds":
         from ..studies.bench import BOUNDS_GRAPHS, bounds_rows, bounds_table
 

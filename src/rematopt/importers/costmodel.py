@@ -17,18 +17,26 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Device:
     name: str
-    flops_per_s: float
+    flops_per_s: float  # matrix units (tensor cores, MXU): dots and convolutions
     bytes_per_s: float
     source: str
+    # Vector units (elementwise work, reductions) where they are slower than the matrix
+    # units; None: the same rate. Only the compiled-kernel pricing (rematopt.xla.cost) uses it.
+    vector_flops_per_s: float | None = None
 
 
-# Peak dense FLOP/s at the training precision (bf16 tensor cores on GPUs) and
-# memory bandwidth, from the vendors' data sheets.
+# Peak dense FLOP/s at the training precision (bf16 tensor cores on GPUs; h200:
+# TF32, the float32 step measured in ../shared/gpu) and memory bandwidth, from
+# the vendors' data sheets.
 DEVICES: dict[str, Device] = {
     "a100": Device("a100", 312e12, 2.039e12,
                    "NVIDIA A100 80GB SXM data sheet: 312 TFLOPS bf16 dense, 2,039 GB/s HBM2e"),
     "h100": Device("h100", 989e12, 3.35e12,
                    "NVIDIA H100 SXM data sheet: 989 TFLOPS bf16 dense, 3.35 TB/s HBM3"),
+    "h200": Device("h200", 494e12, 4.8e12,
+                   "NVIDIA H200 SXM data sheet: 4.8 TB/s HBM3e; 989 TFLOPS TF32 tensor core with sparsity, so "
+                   "494 dense (JAX's default precision runs float32 dots as TF32 there); 67 TFLOPS FP32 for "
+                   "the vector units", vector_flops_per_s=67e12),
     "tpu-v4": Device("tpu-v4", 275e12, 1.2e12,
                      "Google Cloud TPU v4 documentation: 275 TFLOPS bf16, 1,200 GB/s HBM2"),
     "cpu": Device("cpu", 1e12, 1e11,

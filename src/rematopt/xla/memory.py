@@ -88,6 +88,14 @@ def compiled_memory(module: HloModule, backend: str | None = None) -> CompiledMe
     return walk.result("allocations" if backend == "cpu" else "pinned")
 
 
+def temporaries(module: HloModule) -> list[tuple[Buffer, int, int]]:
+    """The entry computation's temporaries, each with its live range ``(first, last)`` in schedule
+    positions (parameters and outputs aside)."""
+    walk = _Walk(module, module.entry.name, entry=True)
+    span = walk.ranges()[0]
+    return [(walk.buffers[b], first, last) for b, (first, last) in sorted(span.items())]
+
+
 def backend_of(module: HloModule) -> str:
     """"gpu" where the module launches GPU kernels (cuBLAS / cuDNN calls, Triton fusions, GPU
     backend configs), "cpu" otherwise."""
@@ -278,7 +286,6 @@ class _Walk:
             outs = pinned - params
             housed = _cpu_allocations(span, shares, {b: sizes[b] for b in outs}, self._defined_positions(outs),
                                       sizes, len(schedule), self._operand_buffers(), self._post_order())
-        self.housed = housed  # (the CPU accounting's choice, for a reader debugging it)
         delta = [0] * (len(schedule) + 1)
         for b, (first, last) in span.items():
             if b in housed:

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from ...errors import ImportFailure
-from .flatten import Const, bind
+from .flatten import Const, aval_bytes, bind
 from .step import Step
 
 TAG = "rmq"
@@ -57,13 +57,14 @@ def equation_of(op_name: str) -> int | None:
     return int(found[-1]) if found else None
 
 
-def materialized(step: Step, module, producer: dict[int, int]) -> tuple[dict[int, int], set[int]]:
+def materialized(step: Step, module, producer: dict[int, int]) -> tuple[dict[int, int], set[int], dict[int, set[int]]]:
     """The equations whose results XLA's kernels write to memory, each with the position in the
     entry schedule of the first kernel writing it (a kernel inside a loop body: the loop's
     position), and the values written: the root of each fusion (each root operand of a
     multi-output fusion) and every other instruction that writes a buffer. Of an equation with
     several results, the ones of the kernel's shape (all where none matches). A view XLA copied
-    counts as the value it views."""
+    counts as the value it views. Third: per materialized equation, the equations its kernels
+    compute inside, which they recompute there even where another kernel stores them."""
     from ...xla.kernels import NOT_KERNELS
 
     eqns = step.flat.eqns
@@ -74,6 +75,7 @@ def materialized(step: Step, module, producer: dict[int, int]) -> tuple[dict[int
             if inst.opcode in ("while", "conditional", "call"):
                 where.update((i.name, pos) for i in module.computations[called].instructions)
     first: dict[int, int] = {}
+    inside: dict[int, set[int]] = {}
     values: set[int] = set()
     for comp in module.computations.values():
         if not (comp.is_entry or _is_body(module, comp.name)):
@@ -81,6 +83,10 @@ def materialized(step: Step, module, producer: dict[int, int]) -> tuple[dict[int
         for inst in comp.instructions:
             if inst.opcode in NOT_KERNELS or inst.opcode in ("while", "conditional", "call"):
                 continue
+            fused = set()
+            for called in inst.called if inst.opcode == "fusion" else ():
+                fused.update(equation_of(i.metadata.op_name) for i in module.computations[called].instructions)
+            fused.discard(None)
             for source in _written(module, inst):
                 k = equation_of(source.metadata.op_name)
                 if k is None:
@@ -88,12 +94,57 @@ def materialized(step: Step, module, producer: dict[int, int]) -> tuple[dict[int
                 k = _root_eqn(step, k, producer)
                 at = where.get(inst.name, 0)
                 first[k] = min(first.get(k, at), at)
+                inside.setdefault(k, set()).update(fused)
                 outs = eqns[k].outs
                 leaf = source.shape.leaves[0] if len(source.shape.leaves) == 1 else None
                 same = [v for v in outs if leaf is not None
                         and tuple(getattr(step.flat.avals[v], "shape", ())) == leaf.dims]
                 values.update(same if len(outs) > 1 and same else outs)
-    return first, values
+    return first, values, inside
+
+
+def _eqn_of_buffer(step: Step, module, producer: dict[int, int], instruction: str, index: tuple) -> int | None:
+    """The equation whose result the entry instruction writes at ``index`` (None: no scope names one)."""
+    inst = module.entry.by_name.get(instruction)
+    if inst is None:
+        return None
+    sources = _written(module, inst)
+    if len(sources) > 1 and index:
+        sources = sources[index[0]:index[0] + 1]
+    for source in sources:
+        k = equation_of(source.metadata.op_name)
+        if k is not None:
+            return _root_eqn(step, k, producer)
+    return None
+
+
+def scratch_buffers(step: Step, module, producer: dict[int, int]) -> list[tuple[str, int, int, int | None]]:
+    """The temporaries XLA makes beyond one per materialized equation: of the buffers its kernels
+    write for one equation, all but the longest-lived (a transposed or padded copy of an operand
+    made for a convolution, a second layout of a value), and the buffers of kernels no scope names
+    (XLA's rewrites of the backward convolutions drop the metadata). Each as (instruction, bytes,
+    first position in the entry schedule, the equation of its last reader or None)."""
+    from ...xla.memory import temporaries
+
+    schedule = module.entry.instructions
+    by_eqn: dict[int, list] = {}
+    out = []
+    for buf, first, last in temporaries(module):
+        if not buf.bytes:
+            continue
+        k = _eqn_of_buffer(step, module, producer, buf.instruction, buf.index)
+        if k is None:
+            out.append((buf, first, last))
+        else:
+            by_eqn.setdefault(k, []).append((buf, first, last))
+    for bufs in by_eqn.values():
+        bufs.sort(key=lambda t: (t[2], -t[1]))
+        out.extend(bufs[:-1])
+    found = []
+    for buf, first, last in sorted(out, key=lambda t: t[1]):
+        reader = schedule[last]
+        found.append((buf.instruction, buf.bytes, first, _eqn_of_buffer(step, module, producer, reader.name, ())))
+    return found
 
 
 def _is_body(module, name: str) -> bool:
@@ -113,6 +164,22 @@ def _written(module, inst):
         while equation_of(r.metadata.op_name) is None and r.operands and r.operands[0] in fused.by_name:
             r = fused.by_name[r.operands[0]]  # XLA's own root (a bitcast, a concatenate): its source
         out.append(r)
+    return out
+
+
+def kernels_by_equation(step: Step, module, producer: dict[int, int]) -> dict[int, list[tuple[Any, float]]]:
+    """Each materialized equation's kernels (:func:`rematopt.xla.kernels.kernels`, loops included),
+    with the share of each it takes: a kernel writing several equations' values splits evenly.
+    Kernels no equation tag reaches (XLA's own copies) are left out."""
+    from ...xla.kernels import kernels
+
+    out: dict[int, list[tuple[Any, float]]] = {}
+    for kernel in kernels(module):
+        inst = module.computations[kernel.computation].by_name[kernel.name]
+        eqns = {_root_eqn(step, k, producer) for k in (equation_of(src.metadata.op_name) for src in
+                                                        _written(module, inst)) if k is not None}
+        for k in eqns:
+            out.setdefault(k, []).append((kernel, 1.0 / len(eqns)))
     return out
 
 
@@ -136,7 +203,7 @@ def compiled_groups(step: Step) -> tuple[list[list[int]], dict]:
     import os
 
     from ...xla.hlo import parse_hlo
-    from ...xla.memory import backend_of, compiled_memory, xla_reference
+    from ...xla.memory import _may_write_into_operand, backend_of, compiled_memory, xla_reference
 
     compiled = compile_named(step)
     module = parse_hlo(compiled.as_text())
@@ -147,12 +214,20 @@ def compiled_groups(step: Step) -> tuple[list[list[int]], dict]:
 
     eqns = step.flat.eqns
     producer = {v: k for k, e in enumerate(eqns) for v in e.outs}
-    position, stored = materialized(step, module, producer)
+    position, stored, inside = materialized(step, module, producer)
+    step.kernels_of = kernels_by_equation(step, module, producer)
+    step.positions = position
+    step.in_place = frozenset(_root_eqn(step, k, producer) for inst in module.entry.instructions
+                              if _may_write_into_operand(module, inst)
+                              for k in [equation_of(src.metadata.op_name) for src in _written(module, inst)]
+                              if k is not None)
+    step.scratch = scratch_buffers(step, module, producer)
     for r in step.out_refs:
         if not isinstance(r, Const) and step.root_of(r) in producer:
             stored.add(step.root_of(r))
     stored |= {v for e in eqns if e.effectful for v in e.outs}
     heads = {producer[v] for v in stored if v in producer} - set(step.view_eqns)
+    step.stored = frozenset(stored)
     groups = []
     for h in sorted(heads):
         members, todo = {h}, [h]
@@ -162,8 +237,10 @@ def compiled_groups(step: Step) -> tuple[list[list[int]], dict]:
                     continue
                 v = step.root_of(r)
                 p = producer.get(v)
-                # a value no kernel stores is computed again inside each kernel reading it
-                if p is not None and v not in stored and p not in members and p not in step.view_eqns:
+                # a value no kernel stores is computed again inside each kernel reading it, and so
+                # is one a kernel of h computes inside though another kernel stores it
+                if (p is not None and (v not in stored or p in inside.get(h, ())) and p not in members
+                        and p not in step.view_eqns):
                     members.add(p)
                     todo.append(p)
         groups.append(sorted(members))
@@ -172,6 +249,78 @@ def compiled_groups(step: Step) -> tuple[list[list[int]], dict]:
     grouped = {k for g in groups for k in g} | set(step.view_eqns)
     groups.extend([k] for k in range(len(eqns)) if k not in grouped)
     return _schedule_order(step, groups, position, producer, stored), info
+
+
+def xla_memory(step: Step, nodes: list, edges: list[tuple[int, int]]) -> list[int]:
+    """Make the graph hold memory as XLA allocates it (appending nodes to ``nodes`` and ``edges``);
+    returns the graph's order. Beside the nodes of the step's groups (ids unchanged):
+
+    - a temporary XLA makes beyond one per equation (:func:`scratch_buffers`) is a node of its own
+      (``extra.xla_buffer``: the instruction), placed at its kernel in XLA's schedule and read by
+      the node of its last reader;
+    - XLA gives each result (a gradient) an allocation for the whole step: each output node's bytes
+      move to a persistent input node (``extra.allocation_of``: the node it holds);
+    - on CPU its buffer assignment houses temporaries in those allocations until the output is
+      written (an elementwise kernel's result may take the place of an operand dying there,
+      ``step.in_place``) (:func:`rematopt.xla.memory._cpu_allocations`, the rule the walk reproduces XLA's
+      figures with); the same rule over the nodes' live ranges in the graph's order picks the
+      nodes housed there, which cost nothing of their own (``extra.housed``: their bytes)."""
+    from ...graph import Node
+    from ...xla.memory import _cpu_allocations
+
+    base = list(range(len(nodes)))
+    if step.compiled is not None:  # the nodes that are the step's inputs and groups (an exporter's)
+        step.compiled["step_nodes"] = len(base)
+    for i, g in enumerate(step.groups):  # of several results, the ones XLA writes
+        outs = step.flat.eqns[g[-1]].outs
+        if len(outs) > 1 and any(v in step.stored for v in outs):
+            nodes[step.node_of_group(i)].bytes = sum(aval_bytes(step.flat.avals[v]) for v in outs if v in step.stored)
+    node_of = {g[-1]: step.node_of_group(i) for i, g in enumerate(step.groups)}
+    member_of: dict[int, int] = {}
+    for i, g in enumerate(step.groups):
+        for k in g:
+            member_of.setdefault(k, step.node_of_group(i))
+    where = {step.node_of_group(i): step.positions.get(g[-1]) for i, g in enumerate(step.groups)}
+    at = {nid: t for t, nid in enumerate(base)}
+    before: dict[int, list[int]] = {}
+    for instruction, nbytes, first, reader in step.scratch:
+        succ = node_of.get(reader, member_of.get(reader)) if reader is not None else None
+        if succ is None:
+            continue
+        slot = next((t for t in range(step.n_inputs, at[succ]) if (where.get(base[t]) or 0) >= first), at[succ])
+        nid = len(nodes)
+        nodes.append(Node(nid, name=f"{instruction}.{nid}", op="xla_buffer", bytes=nbytes,
+                          phase=nodes[succ].phase, extra={"xla_buffer": instruction}))
+        edges.append((nid, succ))
+        before.setdefault(slot, []).append(nid)
+    order = [i for t, nid in enumerate(base) for i in (*before.get(t, []), nid)]
+    pos = {nid: t for t, nid in enumerate(order)}
+
+    last = {v.id: pos[v.id] for v in nodes}
+    operands: dict[int, list[int]] = {}
+    for u, v in edges:
+        last[u] = max(last[u], pos[v])
+        operands.setdefault(v, []).append(u)
+    outputs = {v.id: v.bytes for v in nodes if v.output and not v.is_input and v.bytes}
+    if step.compiled and step.compiled.get("backend") == "cpu":
+        temps = {v.id: (pos[v.id], last[v.id]) for v in nodes if not v.is_input and not v.output}
+        # an elementwise kernel may write into an operand of its size that dies there
+        shares = {i: [j for j in operands.get(i, []) if j in temps and last[j] == pos[i]
+                      and nodes[j].bytes == nodes[i].bytes]
+                  for i in temps if i < len(base) and step.groups[i - step.n_inputs][-1] in step.in_place}
+        housed = _cpu_allocations(temps, shares, outputs, {i: pos[i] for i in outputs}, {v.id: v.bytes for v in nodes},
+                                  len(nodes), operands, pos)
+        for i in sorted(housed):
+            nodes[i].extra["housed"] = nodes[i].bytes
+            nodes[i].bytes = 0
+    for i in sorted(outputs):
+        node = nodes[i]
+        nodes.append(Node(len(nodes), name=f"allocation:{node.name}", op="input", kind="input",
+                          bytes=node.bytes, persistent=True, extra={"allocation_of": node.id}))
+        node.bytes = 0
+        node.extra["allocation"] = len(nodes) - 1
+        order.insert(0, len(nodes) - 1)
+    return order
 
 
 def _schedule_order(step: Step, groups: list[list[int]], position: dict[int, int],

@@ -48,6 +48,12 @@ class Step:
     groups: list[list[int]] = field(default_factory=list)  # equation indices per compute node
     fused: bool | str = False        # False, True (the table of cheap ops), "xla" (learned from XLA)
     compiled: dict | None = None      # fuse="xla": what XLA said about the compiled step
+    # fuse="xla": each materialized equation's first kernel in XLA's schedule, and the temporaries
+    # XLA makes beyond one per equation (:func:`.compiled.scratch_buffers`)
+    positions: dict[int, int] = field(default_factory=dict)
+    scratch: list = field(default_factory=list)
+    stored: frozenset[int] = frozenset()  # the values XLA's kernels write
+    in_place: frozenset[int] = frozenset()  # equations an elementwise kernel writes (may reuse an operand)
     dead: int = 0                     # equations dropped because nothing reads their results
     unrolled: bool = False            # loops were unrolled (:mod:`.unroll`)
     # Per flat leaf: (leaf of the caller's arguments, slice index) when unrolling
@@ -59,6 +65,9 @@ class Step:
     root: dict[int, int] = field(default_factory=dict)
     named: dict[int, str] = field(default_factory=dict)   # root value -> its checkpoint_name
     read_before_name: set[int] = field(default_factory=set)  # named roots the backward also reads unnamed
+    # fuse="xla": the kernels of the compiled plain step writing each group's head equation, with the
+    # share of the kernel that head takes (a multi-output fusion splits evenly); node costs come from them
+    kernels_of: dict[int, list[tuple[Any, float]]] = field(default_factory=dict)
 
     @property
     def n_inputs(self) -> int:
@@ -324,7 +333,7 @@ def to_graph(step: Step, name: str, device: str = costmodel.DEFAULT_DEVICE,
                        if not isinstance(r, Const) and r in prod and prod[r] != nid and step.root_of(r) not in inside})
         edges.extend((s, nid) for s in srcs)
         node = Node(nid, name=f"{op}.{nid}", op=op, bytes=sum(aval_bytes(flat.avals[v]) for v in head.outs),
-                    cost=_group_seconds(step, members, dev), phase=head.phase,
+                    cost=_node_seconds(step, members, dev), phase=head.phase,
                     recomputable=all(_recomputable(flat, flat.eqns[k]) for k in members))
         crossing = [j for j, v in enumerate(head.outs) if v in residual_roots]
         if crossing:  # saved by jax.vjp (even where the backward pass never reads it)
@@ -370,10 +379,17 @@ def to_graph(step: Step, name: str, device: str = costmodel.DEFAULT_DEVICE,
     for r in step.out_refs:
         if not isinstance(r, Const) and r in prod:
             nodes[prod[r]].output = True
+    order = None
+    if step.fused == "xla":
+        from .compiled import xla_memory
+
+        order = xla_memory(step, nodes, edges)
     buffers = {step.root_of(r) for r in residual_values} - args
     info = {
         "source": "jax",
         "cost_unit": "s",
+        "cost_from": ("the compiled plain step's kernels (rematopt.xla.cost)" if step.kernels_of
+                      else "each node's equations on a roofline"),
         "jax_version": jax.__version__,
         "device": dev.name,
         "device_source": dev.source,
@@ -393,7 +409,7 @@ def to_graph(step: Step, name: str, device: str = costmodel.DEFAULT_DEVICE,
                       "buffers": len(buffers), "buffer_bytes": sum(aval_bytes(flat.avals[r]) for r in buffers)},
     }
     info.update(meta or {})
-    return Graph(name, nodes, sorted(set(edges)), None, info)
+    return Graph(name, nodes, sorted(set(edges)), order, info)
 
 
 def _recomputable(flat: Flat, e: Any) -> bool:
@@ -416,6 +432,16 @@ def _warn_guessed(flat: Flat) -> list[str]:
         warnings.warn(primitives.GuessedPrimitive(
             f"primitive {name!r} is in no table of rematopt.importers.jaxpr.primitives: {how}"), stacklevel=4)
     return names
+
+
+def _node_seconds(step: Step, members: list[int], dev: costmodel.Device) -> float:
+    """What the kernels XLA compiled for the node's head take (:mod:`rematopt.xla.cost`) where the
+    compiled step is known (``fuse="xla"``), else the roofline of its equations."""
+    if members[-1] in step.kernels_of:
+        from ...xla.cost import kernel_cost
+
+        return math.fsum(kernel_cost(k, dev).seconds * share for k, share in step.kernels_of[members[-1]])
+    return _group_seconds(step, members, dev)
 
 
 def _group_seconds(step: Step, members: list[int], dev: costmodel.Device) -> float:
