@@ -58,13 +58,13 @@ def test_cpu_pipeline_drops_the_barriers(resnet_figures):
 
 
 def test_recomputation_survives_cse(resnet_figures):
-    # measured +22.6% FLOPs over the plain step; barriers alone: +0.03% (CSE merged it back)
+    # measured +14.0% FLOPs over the plain step; barriers alone: +0.00% (CSE merged it all back)
     assert resnet_figures["plan"]["flops"] > 1.10 * resnet_figures["plain"]["flops"]
 
 
-def test_compiled_plan_lowers_the_peak_toward_the_prediction(resnet_figures):
+def test_predicted_peak_within_5_percent_of_the_compiled_one(resnet_figures):
     plain, plan = resnet_figures["plain"]["xla"], resnet_figures["plan"]["xla"]
-    # measured 0.857 of the plain step (barriers alone: 1.043, above the plain step)
-    assert plan <= 0.9 * plain
-    # measured predicted / XLA = 0.782 (barriers alone: 0.642); the rest of the gap is not the tie's
-    assert resnet_figures["predicted"] >= 0.75 * plan
+    # measured 0.765 of the plain step (barriers alone: 1.000, the plain step itself)
+    assert plan <= 0.8 * plain
+    # issue 35 item 4's target; measured predicted / XLA = 1.024 (barriers alone: 0.784)
+    assert abs(resnet_figures["predicted"] - plan) <= 0.05 * plan

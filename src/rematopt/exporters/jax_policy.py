@@ -236,7 +236,7 @@ def _planned_step(step: Step, fates: Fates, scan: bool = True) -> tuple[Callable
     # barrier together with the backward value computed just before it, so that
     # XLA, where it keeps the barriers, neither merges the recomputation with the
     # forward computation (CSE) nor hoists it ahead of that point (:func:`regions`).
-    order = [i for i in fates.schedule if i in recompute or phase_of[i] == "backward"]
+    order = [i for i in fates.schedule if i in recompute or phase_of.get(i) == "backward"]  # allocation nodes: none
     rec_inputs = sorted({r for ins in recompute.values() for r in ins if prod[r] not in recompute})
     read_after = {r for r in bwd_reads if prod[r] not in recompute}
     read_after |= set(rec_inputs)
