@@ -240,30 +240,56 @@ PUBLISHED = [("random_layered_n100", 0.9, 377), ("random_layered_n100", 0.8, 1_0
 @pytest.mark.parametrize("name,ratio,optimum", PUBLISHED)
 def test_coarse_chains_stay_below_the_published_graphs_proven_optima(benchmarks_dir, name, ratio, optimum):
     """The staged optima cpsat proves on the published graphs (docs/cpsat.md,
-    "Benchmark"): the coarse chains bound after 10 s stays at or below them."""
+    "Benchmark"): the coarse chains bound stays at or below them, however
+    far it got in 10 s; and it gets somewhere in a second of CP-SAT's
+    deterministic time on one worker, the same on a loaded machine (the
+    n100 and vgg16 bounds are proven in under 0.01 s of it; n250 is asked
+    only the first: a second of it took 3 minutes of wall clock on a loaded
+    machine)."""
     g = load_graph(benchmarks_dir / f"{name}.json")
     q = question(g, int(ratio * no_remat_peak(g)))
     got = ask(g, q, "coarse chains", time_limit=10, workers=2)
-    assert got.status in ("OPTIMAL", "FEASIBLE") and 0 < got.bound <= optimum
+    assert got.bound is None or got.bound <= optimum
+    if name != "random_layered_n250":
+        got = ask(g, q, "coarse chains", time_limit=120, workers=1, work=1.0)
+        assert got.status == "OPTIMAL" and 0 < got.bound <= optimum
 
 
-def test_coarse_chains_see_past_the_gaps_on_a_decoder():
-    """flax_linen_l2_w32 at 0.8 (instances/): the coarse chains, given 15 s,
-    go well past the gaps relaxation (by about a sixth) and stay below every
-    staged plan cpsat replays (its plan cleaned of unread computations lies
-    outside the staged space, and may cost less)."""
+def decoder_question():
+    """flax_linen_l2_w32 at 0.8 (instances/), its budget, cost scale and question."""
     g = load_graph(Path(__file__).resolve().parents[1] / "instances" / "flax_linen_l2_w32.json")
     budget = int(0.8 * no_remat_peak(g))
     scale, _ = integer_scale([g.cost[i] for i in g.compute_ids], sum(g.cost) * g.n)
     unit = memory_unit(g)[0]
     q = Question("overhead", unit, cap_units(g, unit, budget), tuple(math.floor(c * scale) for c in g.cost),
                  (0,) * g.n, False)
-    gaps = ask(g, q, "gaps", time_limit=10, workers=2)
+    return g, budget, scale, q
+
+
+def test_coarse_chains_stay_below_every_staged_plan_on_a_decoder():
+    """However far the coarse chains get in 15 s, their bound stays below
+    every staged plan cpsat replays (its plan cleaned of unread computations
+    lies outside the staged space, and may cost less)."""
+    g, budget, scale, q = decoder_question()
     coarse = ask(g, q, "coarse chains", time_limit=15, workers=2)
     sol = solve(g, "cpsat", budget=budget, time_limit=15, workers=2, warm_start="none")
-    plan = sol.replay.compute_cost - sum(g.cost[i] for i in g.compute_ids)
+    if coarse.bound is not None and sol.has_plan and not sol.plan.stats.get("plan_from"):
+        assert coarse.bound / scale <= (sol.replay.compute_cost - sum(g.cost[i] for i in g.compute_ids)) * (1 + 1e-9)
+
+
+@pytest.mark.slow
+def test_coarse_chains_see_past_the_gaps_on_a_decoder():
+    """Given 4.5 s of CP-SAT's deterministic time on one worker (the same
+    search however loaded the machine: 1.16x the gaps bound, where 3 s
+    leaves it below the gaps and 15 s of wall clock on two workers fell
+    short under load), the coarse chains go well past the gaps relaxation.
+    Under -m slow: that search takes 2-5 minutes of wall clock on a loaded
+    machine, past the suite's 300 s per test."""
+    g, _, _, q = decoder_question()
+    gaps = ask(g, q, "gaps", time_limit=60, workers=1)
+    coarse = ask(g, q, "coarse chains", time_limit=600, workers=1, work=4.5)
+    assert gaps.status == "OPTIMAL" and coarse.work < 4.5 + 0.5  # CP-SAT checks its limit every so often
     assert coarse.bound > 1.08 * gaps.bound
-    assert sol.plan.stats.get("plan_from") or coarse.bound / scale <= plan * (1 + 1e-9)
 
 
 def test_the_table_names_each_bound_once_and_when_it_is_asked():

@@ -5,6 +5,7 @@ every stage reaches the exhaustive optimum, it stops at its deadline, and
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 import time
@@ -19,6 +20,7 @@ from rematopt.planners.cpsat import lns
 from rematopt.planners.staged.backends import CpSatBackend
 from rematopt.planners.staged.model import Model, build
 from rematopt.planners.cpsat.settings import Settings
+from rematopt.planners.cpsat.tuning import Tuning
 from rematopt.planners.staged.solution import Assignment, events, from_plan
 from rematopt.planners.cpsat.warm_start import staged_eviction
 from rematopt.reference import no_remat_plan, resolve_budget
@@ -61,8 +63,8 @@ def test_lns_never_worsens_and_every_kept_plan_replays_within_budget(g, ratio, d
     assert start is not None and model.admissible(start)
     before = model.objective_of(start)
     kept = []
-    res = lns.improve(model, start, deadline=time.perf_counter() + 3, workers=1, budget=budget, width=3,
-                      on_improve=kept.append)
+    res = lns.improve(model, start, deadline=time.perf_counter() + 120, workers=1, budget=budget, width=3,
+                      on_improve=kept.append, tuning=Tuning(max_windows=12))
     assert res.before == before and res.after == model.objective_of(res.best) <= before
     assert res.windows and all(w.after <= w.before for w in res.windows)
     objectives = [model.objective_of(a) for a in kept]
@@ -83,7 +85,8 @@ def test_lns_improves_a_poor_start_on_some_graph():
         budget = resolve_budget(g, ratio=ratio)
         model = model_of(g, budget, depth)
         start = staged_eviction(model.form)
-        res = lns.improve(model, start, deadline=time.perf_counter() + 2, workers=1, budget=budget, width=4)
+        res = lns.improve(model, start, deadline=time.perf_counter() + 120, workers=1, budget=budget, width=4,
+                          tuning=Tuning(max_windows=8))
         gains.append(res.before - res.after)
     assert any(x > 0 for x in gains), gains
 
@@ -99,8 +102,8 @@ def test_one_window_over_every_stage_reaches_the_exhaustive_optimum(seed):
         assert (start is None) == (exact is None)
         if start is None:
             continue
-        res = lns.improve(model, start, deadline=time.perf_counter() + 10, workers=1, budget=budget,
-                          width=model.form.ix.T)
+        res = lns.improve(model, start, deadline=time.perf_counter() + 120, workers=1, budget=budget,
+                          width=model.form.ix.T)  # stops when exhausted
         assert res.exhausted and res.after == exact[0], (g.to_dict(), budget)
         solved += 1
     assert solved >= 6
@@ -111,7 +114,7 @@ def test_peak_lns_over_every_stage_reaches_the_lowest_peak(seed):
     for g, _ in cases(5, every=False, count=8, seed=10 + seed):
         model = model_of(g, None, objective="peak")
         start = from_plan(model.form, no_remat_plan(g))
-        res = lns.improve(model, start, deadline=time.perf_counter() + 10, workers=1, width=model.form.ix.T)
+        res = lns.improve(model, start, deadline=time.perf_counter() + 120, workers=1, width=model.form.ix.T)  # till exhausted
         assert res.after <= res.before
         assert model.to_bytes(res.after) == min_peak(g)[0] == replay(model, res.best).peak_bytes
 
@@ -120,8 +123,10 @@ def test_peak_lns_with_narrow_windows_keeps_the_peak_it_claims():
     g = synthetic.random_layered(80, seed=7)
     model = model_of(g, None, objective="peak")
     start = from_plan(model.form, no_remat_plan(g))
-    res = lns.improve(model, start, deadline=time.perf_counter() + 3, workers=1, width=5)
-    assert res.after <= res.before and res.windows
+    # four windows, the deadline only a safety net: as much work on a loaded machine as on an idle one
+    res = lns.improve(model, start, deadline=time.perf_counter() + 120, workers=1, width=5,
+                      tuning=Tuning(max_windows=4))
+    assert res.after <= res.before and (len(res.windows) == 4 or res.exhausted)
     assert replay(model, res.best).peak_bytes == model.to_bytes(res.after)
 
 
@@ -159,16 +164,18 @@ def test_cpsat_with_lns_on_returns_a_plan_at_least_as_good_within_the_limit():
     budget = resolve_budget(g, ratio=0.8)
     form = model_of(g, budget, depth=1).form
     hint = events(form, staged_eviction(form))  # the warm start's, were it not cut short on a loaded machine
-    sol = solve(g, "cpsat", budget=budget, time_limit=10, workers=1, seed=1, lp_bound=False,
-                recompute_depth=1, lns="on", hint=hint)
+    # The round gets a tenth of the limit, LNS three windows, no bound after them: the same work on a loaded
+    # machine as on an idle one, the limit a safety net (a 10 s run shared half and half ran no window under load).
+    sol = solve(g, "cpsat", budget=budget, time_limit=60, workers=1, seed=1, lp_bound=False, recompute_depth=1,
+                lns="on", hint=hint, tuning=Tuning(lns_share=0.9, max_windows=3, min_after_s=math.inf))
     st = sol.plan.stats
     assert sol.replay.valid and sol.replay.peak_bytes <= sol.budget
-    assert sol.wall_s < 10 + 5
+    assert sol.wall_s < 60
     rounds = st["rounds"]
-    assert rounds[-1]["elapsed_s"] < 10 - 1  # the round left LNS its share of the time
     assert rounds[-1]["status"] == "FEASIBLE"  # the depth-1 optimum takes longer (58 s on 2 workers)
     info = st["lns"]
-    assert info["windows"] >= 1 and info["objective_after"] <= info["objective_before"]
+    # the round left LNS its share of the time: its three windows ran
+    assert info["windows"] == 3 and info["objective_after"] <= info["objective_before"]
     assert info["objective_before"] == rounds[-1]["objective"]
     assert st["objective"] == sol.replay.recompute_cost
     # LNS's plan, or the same cleaned of the computations nobody reads (cheaper)
@@ -202,7 +209,8 @@ def test_cone_windows_free_whole_lives_and_never_worsen(g, ratio, depth):
                 if k[1] == i and not isinstance(v, int):
                     assert v.index in free and a <= k[0] <= b
     assert {u.index for (s, q), u in form.U.items() if a <= s < b} <= set(free)
-    res = lns.improve(model, start, deadline=time.perf_counter() + 3, workers=1, budget=budget, width=3)
+    res = lns.improve(model, start, deadline=time.perf_counter() + 120, workers=1, budget=budget, width=3,
+                      tuning=Tuning(max_windows=6))
     assert any(w.kind == "cone" for w in res.windows)
     assert res.after <= res.before and model.admissible(res.best)
     r = replay(model, res.best)

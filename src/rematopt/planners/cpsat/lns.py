@@ -278,7 +278,7 @@ def improve(model: Model, start: Assignment, *, deadline: float, workers: int, s
             on_improve: Callable[[Assignment], None] | None = None, cones: bool = True,
             tuning: Tuning = TUNING) -> Result:
     """LNS from ``start`` (admissible in ``model``) until ``deadline`` (a
-    ``time.perf_counter()`` value), a window covering every stage is solved
+    ``time.perf_counter()`` value), ``tuning.max_windows`` windows, a window covering every stage is solved
     to optimality, or a Ctrl-C (``stop``). Windows slide by half their
     width, skipping those that cannot improve (overhead: no recompute or
     transfer cost inside; peak: a slot at the peak outside) and those
@@ -291,6 +291,9 @@ def improve(model: Model, start: Assignment, *, deadline: float, workers: int, s
     only), every other window is a value's cone instead (:func:`cone`):
     values and their whole lives, however far apart their stages."""
     began = time.perf_counter()
+    if deadline - began < tuning.min_window_s:  # no window would start: build nothing
+        before = model.objective_of(start)
+        return Result(start, before, before, (), False, 0.0)
     hood = Neighbourhoods(model)
     T = hood.T
     best, best_obj = start, model.objective_of(start)
@@ -328,7 +331,7 @@ def improve(model: Model, start: Assignment, *, deadline: float, workers: int, s
 
     while not (stop is not None and stop.requested):
         left = deadline - time.perf_counter()
-        if left < tuning.min_window_s:
+        if left < tuning.min_window_s or len(windows) == tuning.max_windows:
             break
         tried += 1
         if cones and model.peak is None and tried % 2 == 0:  # every other window: a value's cone

@@ -394,12 +394,76 @@ def export(ctx: Context, model: Model, path: str) -> None:
     Path(path).with_suffix(".mps").write_text(lp.backend.export())
 
 
+@dataclass(frozen=True)
+class Rounds:
+    """What the rounds left: the rounds searched, the round a Ctrl-C stopped
+    before its search (its hint), the relaxation proofs asked between them,
+    the whole-space lower bound (model integers), whether a relaxation
+    showed the whole space empty, the last model built, whether every model
+    asked for was built in time, and where the first round's hint came from."""
+
+    history: tuple[Round, ...]
+    stopped: Round | None
+    proofs: tuple[Proof, ...]
+    lower: int | None
+    empty: bool
+    model: Model | None
+    built_in_time: bool
+    hint_source: str | None
+    hint_objective: int | None
+
+
 def _run(ctx: Context, found: tuple[Outside | None, Lowest | None] | None = None) -> Plan:
-    """The rounds, from the outside plan ``found`` (made here if None)."""
-    cfg, g, t = ctx.cfg, ctx.graph, ctx.tuning
+    """The rounds, from the outside plan ``found`` (made here if None), then
+    what follows them: LNS, the rounded-down proof, the tie-break, the
+    outside plans an optimum is held against, the LP bound, the report."""
     # a valid plan before any model is built (the GPT decoder's takes 9 s)
-    outside, lowest = found or outside_plan(ctx, ctx.clock.at(warm_start_share(g, t)))
+    outside, lowest = found or outside_plan(ctx, ctx.clock.at(warm_start_share(ctx.graph, ctx.tuning)))
     outside_s = ctx.elapsed()
+    # the gaps bound first: it needs no model, and a big graph's first model
+    # may not be built in time
+    q = run_question(ctx)
+    whole = relaxation(ctx, q, "gaps", min(ctx.tuning.gap_bound_share * ctx.clock.limit, ctx.left()))
+    rs = search_rounds(ctx, q, whole, outside, outside_s, lowest)
+    if rs.model is None:  # not even the first model was built in time
+        return report_unbuilt(ctx, outside, whole, q)
+    history, proofs, lower, empty = rs.history, list(rs.proofs), rs.lower, rs.empty
+    done = returned_round(history) or rs.stopped
+    lns_stats = None
+    if done is not None and not ctx.stop.requested:  # LNS from the round's best, in the time left
+        done, lns_stats = lns.after_rounds(ctx, done, lower)
+    if (not rs.model.form.memory_exact and not ctx.stop.requested and not empty and rs.built_in_time
+            and whole.status != "INFEASIBLE" and ctx.left() > 0.05
+            and not (done is not None and lower is not None and done.objective <= lower)):
+        proof, lower, empty, outside = rounded_down_proof(ctx, done, lower, outside)
+        proofs += [proof] if proof is not None else []
+    chosen = done or (history[-1] if history else None)
+    model = chosen.model if chosen is not None else rs.model
+    primary_s = ctx.elapsed()
+    best, secondary_status, secondary = tie_broken(ctx, model, done)
+    outside = held_against(ctx, model, done, best, outside)
+    lp, lp_skipped = (None, None) if empty or whole.status == "INFEASIBLE" else lp_of(ctx, model)
+    if ctx.cfg.log_path:
+        ctx.trace.write(ctx.cfg.log_path)
+    outcome = Outcome(ctx=ctx, model=model, history=history, done=done, best=best,
+                      secondary=secondary is not None, secondary_status=secondary_status, whole=whole,
+                      proofs=tuple(proofs), lower=lower, empty=empty, outside=outside,
+                      hint_source=rs.hint_source, hint_objective=rs.hint_objective, lp_bound=lp,
+                      lp_skipped=lp_skipped, built_in_time=rs.built_in_time, primary_s=primary_s,
+                      build_s=sum(r.build_s for r in history) if history else model.build_s)
+    plan = report(outcome)
+    if lns_stats is not None:
+        plan.stats = plan.stats.with_details(lns=lns_stats)
+    return plan
+
+
+def search_rounds(ctx: Context, q: Question, whole: WholeBound, outside: Outside | None, outside_s: float,
+                  lowest: Lowest | None) -> Rounds:
+    """The rounds :mod:`strategy` chooses, each from the last one's plan (the
+    first from the warm start), with the relaxation proofs it asks between
+    them, until it is done, the space is shown empty, a Ctrl-C, or the time
+    limit runs out while a model is built."""
+    cfg, g, t = ctx.cfg, ctx.graph, ctx.tuning
     full = ctx.full
     full_pairs = full.count_pairs()
     remat_cache: dict[int | None, int] = {}
@@ -412,10 +476,6 @@ def _run(ctx: Context, found: tuple[Outside | None, Lowest | None] | None = None
         return remat_cache[depth]
 
     built_in_time = True
-    # the gaps bound first: it needs no model, and a big graph's first model
-    # may not be built in time
-    q = run_question(ctx)
-    whole = relaxation(ctx, q, "gaps", min(t.gap_bound_share * ctx.clock.limit, ctx.left()))
     lower = whole.bound
     history: list[Round] = []
     stopped_round: Round | None = None  # Ctrl-C before a round's search: its hint
@@ -489,54 +549,48 @@ def _run(ctx: Context, found: tuple[Outside | None, Lowest | None] | None = None
         except OutOfTime:  # the time limit is the whole solve's, model building included
             built_in_time = False
             break
+    return Rounds(tuple(history), stopped_round, tuple(proofs), lower, empty, model, built_in_time, hint_source,
+                  hint_obj)
 
-    if model is None:  # not even the first model was built in time
-        return report_unbuilt(ctx, outside, whole, q)
-    done = returned_round(history) or stopped_round
-    lns_stats = None
-    if done is not None and not ctx.stop.requested:  # LNS from the round's best, in the time left
-        done, lns_stats = lns.after_rounds(ctx, done, lower)
-    if (not model.form.memory_exact and not ctx.stop.requested and not empty and built_in_time
-            and whole.status != "INFEASIBLE" and ctx.left() > 0.05
-            and not (done is not None and lower is not None and done.objective <= lower)):
-        proof, lower, empty, outside = rounded_down_proof(ctx, done, lower, outside)
-        proofs += [proof] if proof is not None else []
-    chosen = done or (history[-1] if history else None)
-    if chosen is not None:
-        model = chosen.model
-    primary_s = ctx.elapsed()
+
+def tie_broken(ctx: Context, model: Model, done: Round | None) -> tuple[Assignment | None, int | None,
+                                                                         Assignment | None]:
+    """The returned round's best after the tie-break (run only on a proven
+    optimum), the tie-break's status (None: not run) and its plan (None: none found)."""
     best = done.best if done is not None else None
-    secondary = secondary_status = None
-    if best is not None and done.status == cp_model.OPTIMAL and not ctx.stop.requested:
-        secondary_status, secondary = tie_break(ctx, model, best, done.objective)
-        if secondary is not None:
-            best = secondary
-    if best is not None and done.status == cp_model.OPTIMAL and (cfg.hint is not None or cfg.warm_start != "auto"):
+    if best is None or done.status != cp_model.OPTIMAL or ctx.stop.requested:
+        return best, None, None
+    status, secondary = tie_break(ctx, model, best, done.objective)
+    return (secondary if secondary is not None else best), status, secondary
+
+
+def held_against(ctx: Context, model: Model, done: Round | None, best: Assignment | None,
+                 outside: Outside | None) -> Outside | None:
+    """The best plan from outside the staged space that ``best`` is held
+    against: ``outside``, the fast planners' plans (run now, if the warm
+    start did not) where ``best`` is a staged optimum, and ``best`` cleaned
+    of the computations nobody reads."""
+    if best is None:
+        return outside
+    if done.status == cp_model.OPTIMAL and (ctx.cfg.hint is not None or ctx.cfg.warm_start != "auto"):
         # an optimum is never claimed over a plan rematopt itself can make:
         # without the warm start's fast plans, run them now
         rivals = heuristic_plans(ctx)
-        rivals += without_dead(g, [p for p, _ in rivals])
+        rivals += without_dead(ctx.graph, [p for p, _ in rivals])
         rival = best_admitted(ctx, rivals + ([(outside.plan, outside.replay)] if outside else []))
         if rival is not None and (outside is None or rival.objective < outside.objective):
             outside = rival
-    if best is not None:  # a staged optimum too: its proof does not cover the cleaned plan
-        outside = cleaned(ctx, events(model.form, best), outside)
-    lp, lp_skipped = None, None
-    if cfg.lp_bound and not empty and not (whole is not None and whole.status == "INFEASIBLE"):
-        if model.variables > LP_MAX_VARIABLES:
-            lp_skipped = f"model has {model.variables:,} variables (> {LP_MAX_VARIABLES:,})"
-        else:  # the LP of the model solved (the whole space's LP takes minutes on n100)
-            try:
-                lp = lp_bound(ctx, model.depth, model.form.ix.also, max(1.0, ctx.clock.limit / 4))
-            except OutOfTime:
-                lp_skipped = "the time limit ran out while building the LP"
-    if cfg.log_path:
-        ctx.trace.write(cfg.log_path)
-    outcome = Outcome(ctx=ctx, model=model, history=tuple(history), done=done, best=best,
-                      secondary=secondary is not None, secondary_status=secondary_status, whole=whole, proofs=tuple(proofs), lower=lower,
-                      empty=empty, outside=outside, hint_source=hint_source, hint_objective=hint_obj,
-                      lp_bound=lp, lp_skipped=lp_skipped, built_in_time=built_in_time, primary_s=primary_s, build_s=sum(r.build_s for r in history) if history else model.build_s)
-    plan = report(outcome)
-    if lns_stats is not None:
-        plan.stats = plan.stats.with_details(lns=lns_stats)
-    return plan
+    # a staged optimum too: its proof does not cover the cleaned plan
+    return cleaned(ctx, events(model.form, best), outside)
+
+
+def lp_of(ctx: Context, model: Model) -> tuple[float | None, str | None]:
+    """The LP bound of ``model`` (``--lp-bound``), or why it was not solved."""
+    if not ctx.cfg.lp_bound:
+        return None, None
+    if model.variables > LP_MAX_VARIABLES:
+        return None, f"model has {model.variables:,} variables (> {LP_MAX_VARIABLES:,})"
+    try:  # the LP of the model solved (the whole space's LP takes minutes on n100)
+        return lp_bound(ctx, model.depth, model.form.ix.also, max(1.0, ctx.clock.limit / 4)), None
+    except OutOfTime:
+        return None, "the time limit ran out while building the LP"

@@ -88,6 +88,10 @@ class Tuning:
     # A window's search gets at most this many seconds (at least min_window_s).
     window_s: float = 5.0
     min_window_s: float = 0.2
+    # LNS stops after this many windows (None: only at its deadline): a
+    # search whose amount of work does not depend on the machine's load, as
+    # the tests ask of it (a 3 s LNS ran no window while other jobs loaded the machine).
+    max_windows: int | None = None
 
     # -- the peak objective's bisection (peak) ----------------------------------
     # The usual rounds get this share of the limit, the bisection the rest.

@@ -80,15 +80,15 @@ class SpaceBound:
 
 
 def bound(graph: Graph, budget: int | None, name: str, *, objective: str = "overhead", offload: bool = False,
-          transfer_cost_per_byte: float = 0.0, time_limit: float = 5.0, workers: int = 1, seed: int = 0
-          ) -> SpaceBound:
+          transfer_cost_per_byte: float = 0.0, time_limit: float = 5.0, workers: int = 1, seed: int = 0,
+          work: float | None = None) -> SpaceBound:
     """The bound ``name`` of every staged plan of ``graph`` (in its program
     order) under ``budget`` bytes (None: the no-remat peak), asked alone,
     as cpsat would ask it at that budget with those settings: what the
-    studies compare a run's plans against."""
+    studies compare a run's plans against. ``work``: see :class:`How`."""
     full = Stages(graph, offload)
     scale = cost_scale(graph, full, transfer_cost_per_byte)
     q = question(graph, objective, scale, per_byte=transfer_cost_per_byte, offload=offload,
                  cap_bytes=budget if budget is not None else no_remat_peak(graph))
-    r = ask(graph, q, name, time_limit=time_limit, workers=workers, seed=seed, ix=full)
+    r = ask(graph, q, name, time_limit=time_limit, workers=workers, seed=seed, work=work, ix=full)
     return SpaceBound(r.status, objective_units(graph, objective, scale, q.unit, r.bound), r.seconds)

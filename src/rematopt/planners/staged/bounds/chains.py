@@ -50,6 +50,7 @@ import bisect
 import itertools
 import time
 from collections import deque
+from dataclasses import replace
 from typing import Collection
 
 from ortools.sat.python import cp_model
@@ -146,7 +147,7 @@ def coarse_bound(graph: Graph, q: Question, how: How) -> WholeBound:
     bound CP-SAT proves where the whole chains model's it does not. First
     on as many stages as COARSE_PAIRS pairs allow (the whole chains model
     where it fits, see COARSE_HOPS), then on twice as many
-    while each is solved to optimality in the time left; the best bound of
+    while each is solved to optimality in the time (and work) left; the best bound of
     them all (an INFEASIBLE one shows the whole staged space empty)."""
     began = time.perf_counter()
     deadline = began + how.time_limit
@@ -158,23 +159,25 @@ def coarse_bound(graph: Graph, q: Question, how: How) -> WholeBound:
         rows = len(shape.critical)
     else:
         rows = _rows_within(shape, COARSE_PAIRS)
-    best, status = None, "UNKNOWN"
+    best, status, work = None, "UNKNOWN", 0.0
     while deadline - time.perf_counter() > 0.2:
         try:
             m, goal = _relaxation(graph, q, shape, deadline)
         except OutOfTime:
             break
-        r = solve_relaxation(m, goal, began, how, strong=True)
+        left = replace(how, work=None if how.work is None else how.work - work)
+        r = solve_relaxation(m, goal, began, left, strong=True)
+        work += r.work
         if r.status == "INFEASIBLE":
-            return WholeBound("INFEASIBLE", None, time.perf_counter() - began)
+            return WholeBound("INFEASIBLE", None, time.perf_counter() - began, work=work)
         if r.bound is not None:
             best = max(best or 0, r.bound)
         status = r.status
         if r.interrupted or r.status != "OPTIMAL" or rows == len(shape.critical):
-            return WholeBound(status, best, time.perf_counter() - began, r.interrupted)
+            return WholeBound(status, best, time.perf_counter() - began, r.interrupted, work)
         rows = min(2 * rows, len(shape.critical))
         shape.select(rows, COARSE_HOPS)
-    return WholeBound(status, best, time.perf_counter() - began)
+    return WholeBound(status, best, time.perf_counter() - began, work=work)
 
 
 def _rows_within(shape: "_Lifetimes", pairs: int) -> int:

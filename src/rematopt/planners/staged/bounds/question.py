@@ -45,6 +45,7 @@ class WholeBound:
     bound: int | None  # also after UNKNOWN: the search's bound so far
     seconds: float
     interrupted: bool = False  # stopped by Ctrl-C (``interruptible`` only)
+    work: float = 0.0  # CP-SAT's deterministic time spent (see :attr:`How.work`)
 
 
 @dataclass(frozen=True)
@@ -54,10 +55,15 @@ class How:
     INFEASIBLE then says that no staged plan does as well. ``interruptible``
     lets Ctrl-C stop the search (main thread only, see
     :func:`~..signals.solver_takes_ctrl_c`). ``ix``: the full staged space's
-    :class:`Stages` when at hand."""
+    :class:`Stages` when at hand. ``work``: CP-SAT's deterministic time
+    (``max_deterministic_time``, summed over the bound's solves) the bound
+    may spend, so that it reaches the same value on a loaded machine as on
+    an idle one, given the time (``time_limit`` still stops it); None: the
+    time limit alone."""
 
     below: int | None = None
     time_limit: float = 5.0
+    work: float | None = None
     workers: int = 1
     seed: int = 0
     interruptible: bool = False
