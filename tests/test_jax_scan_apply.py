@@ -98,7 +98,7 @@ def test_a_plan_that_differs_by_iteration_unrolls_and_says_so(decoder):
     assert "recomputes" in note.why["backward"] and "iteration 1" in note.why["backward"]
     (warning,) = said
     assert str(warning.message) == f"apply_plan: {g.name}: {note.describe()}"
-    assert note.describe().startswith("loop of 3 iterations at gpt_scan.py:")
+    assert note.describe().startswith("loop of 3 iterations at gpt.py:")  # the body is gpt.block
     assert_same_gradients(fn, planned, args)
     assert lowered_loops(planned, args)[0] == 0
 
