@@ -22,7 +22,8 @@ from rematopt.solve import solve
 CLASSES = planners.options_classes()
 FIELDS = [(name, f) for name in sorted(CLASSES) for f in fields(CLASSES[name])]
 # The solve command's own options, not any planner's.
-SOLVE_OWN = {"graph", "planner", "budget", "budget_ratio", "output", "as_json", "drop_unsafe_marks"}
+SOLVE_OWN = {"graph", "planner", "budget", "budget_ratio", "output", "as_json", "drop_unsafe_marks",
+             "verify", "factory_settings", "argnums"}  # the last three: solve MODULE:FACTORY --verify xla
 
 
 def good_value(cls, f):

@@ -98,3 +98,23 @@ print(json.dumps([v.chosen.label, v.chosen.fits, v.rounds, v.chosen.compiled.pea
                          cwd=Path(__file__).resolve().parents[1], env=env)
     assert run.returncode == 0, run.stderr[-2000:]
     assert json.loads(run.stdout.splitlines()[-1]) == ["plain step", False, 0, True]
+
+
+def test_a_factory_that_refuses_per_layer_remat_offers_whole_step_candidates_only(monkeypatch, capsys):
+    """keras_lm refuses remat per layer (with its reason): --verify xla goes on
+    with the whole-step policies and says why, instead of ending with exit 2."""
+    import sys
+    import types
+
+    from rematopt.cli.verify import per_layer
+
+    def factory(remat=None, **config):
+        if remat is not None:
+            raise TypeError("remat per layer: not offered here")
+        return (lambda p: p), (0.0,)
+
+    module = types.ModuleType("refuses_remat")
+    module.factory = factory
+    monkeypatch.setitem(sys.modules, "refuses_remat", module)
+    assert per_layer("refuses_remat:factory", {}) == {}
+    assert "no per-layer candidates" in capsys.readouterr().err

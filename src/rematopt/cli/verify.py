@@ -74,7 +74,14 @@ def per_layer(spec: str, config: dict) -> dict:
     factory = getattr(sys.modules.get(module), attr, None)
     if factory is None or "remat" not in inspect.signature(factory).parameters and not _takes_remat(factory):
         return {}
-    return {f"{name}, per layer": api.load_factory(spec, **config, remat=name)[0] for name in POLICIES}
+    out = {}
+    for name in POLICIES:
+        try:
+            out[f"{name}, per layer"] = api.load_factory(spec, **config, remat=name)[0]
+        except ImportFailure as e:  # a factory may refuse per-layer remat (keras_lm says why): whole-step only
+            click.echo(f"rematopt: no per-layer candidates: {e}", err=True)
+            return {}
+    return out
 
 
 def _takes_remat(factory) -> bool:
