@@ -8,29 +8,17 @@ per compile but ignores it there).
 
 from __future__ import annotations
 
-import importlib
 import json
 import sys
 import warnings
 from pathlib import Path
 
+# Every model in models/ at its instance config, one table with the closed-loop study's (gpt_scan
+# compiles to a while loop, so the walk's loop handling is tried on it).
+from rematopt.studies.closed_loop import MODELS
+
 ROOT = Path(__file__).resolve().parents[1]
 SCHEDULER_FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
-# Every model in models/ at its instance config (models/export_instances.py); gpt_scan compiles to a
-# while loop, so the walk's loop handling is tried on it.
-MODELS = {
-    "mlp": ("mlp", {}),
-    "gpt": ("gpt", {}),
-    "gpt_scan": ("gpt_scan", {}),
-    "resnet": ("resnet", {}),
-    "unet": ("unet", {}),
-    "flax_linen": ("flax_linen", {}),
-    "flax_nnx": ("flax_nnx", {}),
-    "equinox_lm": ("equinox_lm", {}),
-    "keras_llama": ("keras_lm", {"backbone": "llama"}),
-    "keras_gemma": ("keras_lm", {"backbone": "gemma"}),
-    "keras_gpt2": ("keras_lm", {"backbone": "gpt2", "dropout": 0.1}),
-}
 PLANNED_BUDGET = 0.7  # of the graph's no-remat peak: low enough that greedy recomputes in every model
 
 
@@ -45,15 +33,15 @@ def main(out: Path, names: list[str]) -> None:
     sys.path.insert(0, str(ROOT))
     import jax
 
-    from rematopt.jax import apply_plan, trace_grad
+    from rematopt.jax import apply_plan, load_factory, trace_grad
     from rematopt.reference import no_remat_peak
     from rematopt.solve import solve
 
     out.mkdir(parents=True, exist_ok=True)
     record = {}
     for name in names:
-        module, config = MODELS[name]
-        fn, args = importlib.import_module(f"models.{module}").factory(**config)
+        spec, config = MODELS[name]
+        fn, args = load_factory(spec, **config)
         steps = {"plain": fn}
         graph = trace_grad(fn, *args, name=name)
         plan = solve(graph, "greedy", budget_ratio=PLANNED_BUDGET).plan
