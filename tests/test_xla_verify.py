@@ -76,8 +76,9 @@ def test_bad_input_exits_2_with_one_line(args, message):
 
 
 def test_a_loop_with_no_candidate_of_its_own_answers_the_plain_step():
-    """With no stock candidates and no time to plan (the bench's call), the
-    answer is the plain step as compiled, said not to fit, not a crash."""
+    """With no stock candidates and no time to plan (the bench's call), or no
+    time left to compile the stock candidates, the answer is the plain step as
+    compiled, said not to fit, not a crash."""
     code = """
 import json
 from rematopt import jax as rj
@@ -86,6 +87,8 @@ loss, args = rj.load_factory("models.mlp:factory", layers=2, width=32, in_dim=16
 graph = rj.trace_grad(loss, *args)
 v = verify.verify(loss, args, graph, "greedy", 0.5, time_limit=0.0, stock={})
 print(json.dumps([v.chosen.label, v.chosen.fits, v.rounds, v.chosen.compiled.peak_bytes == v.plain.peak_bytes]))
+v = verify.verify(loss, args, graph, "greedy", 0.5, time_limit=0.0, stock=verify.stock_policies(loss))
+print(json.dumps([c.label for c in v.candidates]))
 """
     import os
     import subprocess
@@ -97,7 +100,9 @@ print(json.dumps([v.chosen.label, v.chosen.fits, v.rounds, v.chosen.compiled.pea
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          cwd=Path(__file__).resolve().parents[1], env=env)
     assert run.returncode == 0, run.stderr[-2000:]
-    assert json.loads(run.stdout.splitlines()[-1]) == ["plain step", False, 0, True]
+    assert json.loads(run.stdout.splitlines()[-2]) == ["plain step", False, 0, True]
+    # out of time before the stock policies: they are not compiled (the limit is the command's)
+    assert json.loads(run.stdout.splitlines()[-1]) == ["plain step"]
 
 
 def test_a_factory_that_refuses_per_layer_remat_offers_whole_step_candidates_only(monkeypatch, capsys):

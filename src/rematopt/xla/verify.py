@@ -173,6 +173,9 @@ def verify(loss_fn: Callable, args: Sequence, graph: Graph, planner: str, budget
     # the plain step is the answer where nothing else compiles smaller (a ratio of 1, or a loop out of time)
     candidates: list[Candidate] = [Candidate("plain step", "policy", plain, plain.peak_bytes <= budget)]
     for label, fn in (stock if stock is not None else stock_policies(loss_fn)).items():
+        if label not in known and time.perf_counter() - start >= time_limit:  # the limit is the whole loop's
+            say(f"{label}: not compiled, the time limit ran out")
+            continue
         c = figures(label, fn)
         candidates.append(Candidate(label, "policy", c, c.peak_bytes <= budget))
         say(f"{label}: XLA peak {human_bytes(c.peak_bytes)} ({'fits' if c.peak_bytes <= budget else 'misses'})")
