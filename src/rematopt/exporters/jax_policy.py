@@ -204,26 +204,27 @@ def _planned_step(step: Step, fates: Fates, scan: bool = True) -> tuple[Callable
 
     def units(node: int, recompute: bool = False, loop_of: int | None = None) -> list[Unit]:
         """The node's unit: its equations in program order with the views they
-        read; where the unit is in a loop, the equations of it made outside
-        every loop that read nothing made inside one (a view of a scan's first
-        carry or of an outer value; with ``fuse="xla"`` also a computation XLA
-        fused into the loop's kernel, such as the slice of a stacked dropout
-        key) go in a unit of their own before it, so the iterations a plan
-        treats alike run the same equations (the first one's would make that
-        value, the others not)."""
+        read; where the unit is in a loop, the equations of it (but its head)
+        made outside every loop from values made outside the unit or by such
+        equations (a view of a scan's first carry or of an outer value; with
+        ``fuse="xla"`` also a computation XLA fused into the loop's kernel,
+        such as the slice of a stacked dropout key) go in a unit of their own
+        before it, so the iterations a plan treats alike run the same
+        equations (the first one's would make that value, the others not)."""
+        head = group_of[node][-1]
         loop = loop_of_eqn(group_of[node if loop_of is None else loop_of][-1])
         views = view_eqns([r for k in group_of[node] for r in eqns[k].ins])
         every = sorted(set(group_of[node]) | views)
         apart: list[int] = []
         if loop is not None:
             inside = {v for k in every for v in eqns[k].outs}
-            outer: set = set()  # values of the node made outside every loop from outside values only
+            outer: set = set()  # values of apart equations
             for k in every:
                 reads = [r for r in eqns[k].ins if not isinstance(r, Const) and r in inside]
-                if loop_of_eqn(k) is None and all(r in outer for r in reads):
+                if k != head and loop_of_eqn(k) is None and all(r in outer for r in reads):
                     apart.append(k)
                     outer.update(eqns[k].outs)
-        own = [k for k in every if k not in set(apart)]
+        own = [k for k in every if k not in apart]
         made = [Unit(node, tuple(eqns[k] for k in apart), recompute, None)] if apart else []
         return made + [Unit(node, tuple(eqns[k] for k in own), recompute, loop)]
 
