@@ -230,14 +230,14 @@ def _planned_step(step: Step, fates: Fates, scan: bool = True) -> tuple[Callable
 
     # Recompute closure: forward nodes the backward pass needs and the plan
     # does not save, back to saved values and arguments. Values are named by
-    # their roots: a view is made again where it is read.
-    # (the backward nodes' equations: with fuse="xla" a forward equation XLA fuses into a backward
-    # kernel is one of them, computed again there for free)
-    bwd = [eqns[k] for k in sorted({k for node, members in group_of.items() if phase_of[node] == "backward"
-                                    for k in members}) if k not in step.view_eqns]
-    bwd_made = {v for e in bwd for v in e.outs}
-    bwd_reads = {root(r) for e in bwd for r in e.ins
-                 if not isinstance(r, Const) and root(r) not in bwd_made and root(r) != step.ct_id}
+    # their roots: a view is made again where it is read. A value is read
+    # from the node producing it unless the reading node makes it itself:
+    # with fuse="xla" a forward equation XLA fuses into a backward kernel is
+    # one of that node's, computed again there for free, and its value is
+    # that node's alone (a backward node reading it elsewhere, perhaps
+    # earlier, reads the forward node's, kept or recomputed as the plan says).
+    bwd_reads = {r for node in group_of if phase_of[node] == "backward" for r in inputs_of(node)
+                 if r != step.ct_id and phase_of.get(prod[r]) != "backward"}
     recompute: dict[int, list[int]] = {}  # node -> its external inputs
     todo = list(bwd_reads)
     while todo:
