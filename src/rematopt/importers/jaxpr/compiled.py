@@ -57,14 +57,17 @@ def equation_of(op_name: str) -> int | None:
     return int(found[-1]) if found else None
 
 
-def materialized(step: Step, module, producer: dict[int, int]) -> tuple[dict[int, int], set[int], dict[int, set[int]]]:
+def materialized(step: Step, module, producer: dict[int, int], copies: set[str]) -> tuple[dict[int, int], set[int], dict[int, set[int]],
+                                                                     dict[int, set[int]]]:
     """The equations whose results XLA's kernels write to memory, each with the position in the
     entry schedule of the first kernel writing it (a kernel inside a loop body: the loop's
     position), and the values written: the root of each fusion (each root operand of a
     multi-output fusion) and every other instruction that writes a buffer. Of an equation with
     several results, the ones of the kernel's shape (all where none matches). A view XLA copied
-    counts as the value it views. Third: per materialized equation, the equations its kernels
-    compute inside, which they recompute there even where another kernel stores them."""
+    counts as the value it views. Third and fourth, per materialized equation: the equations its
+    kernels read from memory, and those they compute (or view) inside, which they recompute there
+    even where another kernel stores them (:func:`_reads`; ``copies``: the kernels writing a second
+    buffer of an equation, read through)."""
     from ...xla.kernels import NOT_KERNELS
 
     eqns = step.flat.eqns
@@ -76,6 +79,7 @@ def materialized(step: Step, module, producer: dict[int, int]) -> tuple[dict[int
                 where.update((i.name, pos) for i in module.computations[called].instructions)
     first: dict[int, int] = {}
     inside: dict[int, set[int]] = {}
+    reads: dict[int, set[int]] = {}
     values: set[int] = set()
     for comp in module.computations.values():
         if not (comp.is_entry or _is_body(module, comp.name)):
@@ -83,10 +87,7 @@ def materialized(step: Step, module, producer: dict[int, int]) -> tuple[dict[int
         for inst in comp.instructions:
             if inst.opcode in NOT_KERNELS or inst.opcode in ("while", "conditional", "call"):
                 continue
-            fused = set()
-            for called in inst.called if inst.opcode == "fusion" else ():
-                fused.update(equation_of(i.metadata.op_name) for i in module.computations[called].instructions)
-            fused.discard(None)
+            read, fused = _reads(step, module, producer, comp, inst, copies)
             for source in _written(module, inst):
                 k = equation_of(source.metadata.op_name)
                 if k is None:
@@ -95,12 +96,84 @@ def materialized(step: Step, module, producer: dict[int, int]) -> tuple[dict[int
                 at = where.get(inst.name, 0)
                 first[k] = min(first.get(k, at), at)
                 inside.setdefault(k, set()).update(fused)
+                reads.setdefault(k, set()).update(read)
                 outs = eqns[k].outs
                 leaf = source.shape.leaves[0] if len(source.shape.leaves) == 1 else None
                 same = [v for v in outs if leaf is not None
                         and tuple(getattr(step.flat.avals[v], "shape", ())) == leaf.dims]
                 values.update(same if len(outs) > 1 and same else outs)
-    return first, values, inside
+    return first, values, inside, reads
+
+
+def _reads(step: Step, module, producer: dict[int, int], comp, inst, copies: set[str]) -> tuple[set[int], set[int]]:
+    """What the kernel ``inst`` reads by data flow: the equations whose buffers its operands are
+    (looked through aliases, through kernels no scope names and through ``copies``, an equation's
+    second buffer: XLA's transposed copies of a convolution's operands, which recompute the ReLU
+    they copy), and the equations it computes or views inside: its fused
+    instructions' (a bitcast tagged with a transpose is that transpose, done as a layout) and
+    those of the aliases and unnamed kernels it reads through."""
+    from ...xla.kernels import NOT_KERNELS
+
+    read: set[int] = set()
+    fused: set[int] = set()
+
+    def tag(i) -> None:
+        k = equation_of(i.metadata.op_name)
+        if k is not None:
+            fused.add(_root_eqn(step, k, producer))
+
+    def kernel(k_inst, seen: set[str]) -> None:
+        for called in k_inst.called if k_inst.opcode == "fusion" else ():
+            for i in module.computations[called].instructions:
+                tag(i)
+        for operand in k_inst.operands:
+            operand_of(operand, (), seen)
+
+    def operand_of(name: str, index: tuple, seen: set[str]) -> None:
+        x = comp.by_name.get(name)
+        if x is None or name in seen:
+            return
+        seen.add(name)
+        if x.opcode in ("bitcast", "opt-barrier", "optimization-barrier"):
+            tag(x)
+            operand_of(x.operands[0], index, seen)
+            return
+        if x.opcode == "get-tuple-element":
+            tag(x)
+            operand_of(x.operands[0], (int(x.attrs.get("index", "0")), *index), seen)
+            return
+        if x.opcode == "tuple":
+            if index and index[0] < len(x.operands):
+                operand_of(x.operands[index[0]], index[1:], seen)
+            return
+        if x.opcode in NOT_KERNELS or x.opcode in ("while", "conditional", "call"):
+            return
+        sources = _written(module, x)
+        if len(sources) > 1 and index:
+            sources = sources[index[0]:index[0] + 1]
+        ks = {equation_of(s.metadata.op_name) for s in sources} - {None}
+        if ks and name not in copies:
+            read.update(_root_eqn(step, k, producer) for k in ks)
+        else:  # a kernel no scope names reads for this one
+            kernel(x, seen)
+
+    kernel(inst, {inst.name})
+    return read, fused - read
+
+
+def name_unnamed(module) -> None:
+    """Give each kernel no scope names the equation of a bitcast of its result that has one: XLA's
+    rewrite of a backward convolution drops the metadata and keeps it on the bitcast only."""
+    from ...xla.kernels import NOT_KERNELS
+
+    for comp in module.computations.values():
+        for x in comp.instructions:
+            if x.opcode != "bitcast" or equation_of(x.metadata.op_name) is None or not x.operands:
+                continue
+            src = comp.by_name.get(x.operands[0])
+            if (src is not None and src.opcode not in NOT_KERNELS
+                    and all(equation_of(s.metadata.op_name) is None for s in _written(module, src))):
+                src.metadata.op_name = x.metadata.op_name
 
 
 def _eqn_of_buffer(step: Step, module, producer: dict[int, int], instruction: str, index: tuple) -> int | None:
@@ -118,27 +191,65 @@ def _eqn_of_buffer(step: Step, module, producer: dict[int, int], instruction: st
     return None
 
 
-def scratch_buffers(step: Step, module, producer: dict[int, int]) -> list[tuple[str, int, int, int | None]]:
-    """The temporaries XLA makes beyond one per materialized equation: of the buffers its kernels
-    write for one equation, all but the longest-lived (a transposed or padded copy of an operand
-    made for a convolution, a second layout of a value), and the buffers of kernels no scope names
-    (XLA's rewrites of the backward convolutions drop the metadata). Each as (instruction, bytes,
-    first position in the entry schedule, the equation of its last reader or None)."""
+def _buffers(step: Step, module, producer: dict[int, int]) -> tuple[dict[int, list], list, set[str]]:
+    """The entry's temporaries (:func:`rematopt.xla.memory.temporaries`) by the equation they hold,
+    each list ending in the one the equation's node stands for; those of kernels no scope names;
+    and the kernels that compute an equation again into a second buffer. The node stands for the
+    first buffer written, or the last-dying copy of it (a kernel reading it: a second layout);
+    a buffer computed again from other values (XLA's transposed copy of a ReLU output, made from
+    the convolution before it for a weight-gradient convolution) is a temporary of its reader."""
     from ...xla.memory import temporaries
 
-    schedule = module.entry.instructions
     by_eqn: dict[int, list] = {}
-    out = []
+    unnamed = []
     for buf, first, last in temporaries(module):
         if not buf.bytes:
             continue
         k = _eqn_of_buffer(step, module, producer, buf.instruction, buf.index)
         if k is None:
-            out.append((buf, first, last))
+            unnamed.append((buf, first, last))
         else:
             by_eqn.setdefault(k, []).append((buf, first, last))
+    entry = module.entry
+    again: set[str] = set()
+    for k, bufs in by_eqn.items():
+        bufs.sort(key=lambda t: (t[1], t[2]))
+        chain = {bufs[0][0].instruction}
+        for buf, _, _ in bufs[1:]:
+            if (len(step.flat.eqns[k].outs) > 1 or buf.instruction in chain
+                    or _operand_kernels(entry, entry.by_name[buf.instruction]) & chain):
+                chain.add(buf.instruction)
+            else:
+                again.add(buf.instruction)
+        bufs.sort(key=lambda t: (t[0].instruction in chain, t[2], -t[1]))
+    return by_eqn, unnamed, again
+
+
+def _operand_kernels(comp, inst) -> set[str]:
+    """The instructions whose buffers ``inst`` reads, looked through aliases."""
+    from ...xla.memory import ALIASES
+
+    out, todo = set(), list(inst.operands)
+    while todo:
+        x = comp.by_name.get(todo.pop())
+        if x is None or x.name in out:
+            continue
+        out.add(x.name)
+        if x.opcode in ALIASES:
+            todo.extend(x.operands)
+    return out
+
+
+def scratch_buffers(step: Step, module, producer: dict[int, int], by_eqn: dict[int, list],
+                    unnamed: list) -> list[tuple[str, int, int, int | None]]:
+    """The temporaries XLA makes beyond one per materialized equation: of the buffers its kernels
+    write for one equation, all but the longest-lived (a transposed or padded copy of an operand
+    made for a convolution, a second layout of a value), and the buffers of kernels no scope names
+    (XLA's rewrites of the backward convolutions drop the metadata). Each as (instruction, bytes,
+    first position in the entry schedule, the equation of its last reader or None)."""
+    schedule = module.entry.instructions
+    out = list(unnamed)
     for bufs in by_eqn.values():
-        bufs.sort(key=lambda t: (t[2], -t[1]))
         out.extend(bufs[:-1])
     found = []
     for buf, first, last in sorted(out, key=lambda t: t[1]):
@@ -163,7 +274,7 @@ def _written(module, inst):
     for r in roots:
         while equation_of(r.metadata.op_name) is None and r.operands and r.operands[0] in fused.by_name:
             r = fused.by_name[r.operands[0]]  # XLA's own root (a bitcast, a concatenate): its source
-        out.append(r)
+        out.append(r if equation_of(r.metadata.op_name) is not None or len(roots) > 1 else inst)
     return out
 
 
@@ -207,6 +318,7 @@ def compiled_groups(step: Step) -> tuple[list[list[int]], dict]:
 
     compiled = compile_named(step)
     module = parse_hlo(compiled.as_text())
+    name_unnamed(module)
     backend = backend_of(module)
     reference = xla_reference(compiled.memory_analysis(), backend)
     info = {"backend": backend, "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""), "kernels_peak_bytes":
@@ -214,14 +326,16 @@ def compiled_groups(step: Step) -> tuple[list[list[int]], dict]:
 
     eqns = step.flat.eqns
     producer = {v: k for k, e in enumerate(eqns) for v in e.outs}
-    position, stored, inside = materialized(step, module, producer)
+    by_eqn, unnamed, again = _buffers(step, module, producer)
+    position, stored, inside, reads = materialized(step, module, producer, again)
     step.kernels_of = kernels_by_equation(step, module, producer)
     step.positions = position
     step.in_place = frozenset(_root_eqn(step, k, producer) for inst in module.entry.instructions
                               if may_write_into_operand(module, inst)
                               for k in [equation_of(src.metadata.op_name) for src in _written(module, inst)]
                               if k is not None)
-    step.scratch = scratch_buffers(step, module, producer)
+    step.scratch = scratch_buffers(step, module, producer, by_eqn, unnamed)
+    step.written = {k: bufs[-1][0].bytes for k, bufs in by_eqn.items() if len(eqns[k].outs) == 1}
     for r in step.out_refs:
         if not isinstance(r, Const) and step.root_of(r) in producer:
             stored.add(step.root_of(r))
@@ -238,7 +352,7 @@ def compiled_groups(step: Step) -> tuple[list[list[int]], dict]:
                 v = step.root_of(r)
                 p = producer.get(v)
                 # a value no kernel stores is computed again inside each kernel reading it, and so
-                # is one a kernel of h computes inside though another kernel stores it
+                # is one a kernel of h computes inside (not reading it) though another kernel stores it
                 if (p is not None and (v not in stored or p in inside.get(h, ())) and p not in members
                         and p not in step.view_eqns):
                     members.add(p)
@@ -275,6 +389,8 @@ def xla_memory(step: Step, nodes: list, edges: list[tuple[int, int]]) -> list[in
         outs = step.flat.eqns[g[-1]].outs
         if len(outs) > 1 and any(v in step.stored for v in outs):
             nodes[step.node_of_group(i)].bytes = sum(aval_bytes(step.flat.avals[v]) for v in outs if v in step.stored)
+        elif g[-1] in step.written:  # a kernel may write less (a broadcast moved after it)
+            nodes[step.node_of_group(i)].bytes = step.written[g[-1]]
     node_of = {g[-1]: step.node_of_group(i) for i, g in enumerate(step.groups)}
     member_of: dict[int, int] = {}
     for i, g in enumerate(step.groups):

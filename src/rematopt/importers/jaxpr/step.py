@@ -53,6 +53,7 @@ class Step:
     positions: dict[int, int] = field(default_factory=dict)
     scratch: list = field(default_factory=list)
     stored: frozenset[int] = frozenset()  # the values XLA's kernels write
+    written: dict[int, int] = field(default_factory=dict)  # bytes of the buffer XLA writes per equation
     in_place: frozenset[int] = frozenset()  # equations an elementwise kernel writes (may reuse an operand)
     dead: int = 0                     # equations dropped because nothing reads their results
     unrolled: bool = False            # loops were unrolled (:mod:`.unroll`)
