@@ -52,9 +52,10 @@ def compile_named(step: Step):
 
 
 def equation_of(op_name: str) -> int | None:
-    """The equation an HLO instruction came from (its innermost ``rmq<k>`` scope)."""
-    found = _TAG.findall(op_name)
-    return int(found[-1]) if found else None
+    """The equation an HLO instruction came from (its innermost ``rmq<k>`` scope). Where XLA merged
+    instructions (``a;b``: a transpose of a transpose) the latest equation's, whose result it is."""
+    found = [int(tags[-1]) for part in op_name.split(";") if (tags := _TAG.findall(part))]
+    return max(found) if found else None
 
 
 def materialized(step: Step, module, producer: dict[int, int], copies: set[str]) -> tuple[dict[int, int], set[int], dict[int, set[int]],
@@ -134,7 +135,7 @@ def _reads(step: Step, module, producer: dict[int, int], comp, inst, copies: set
         if x is None or name in seen:
             return
         seen.add(name)
-        if x.opcode in ("bitcast", "opt-barrier", "optimization-barrier"):
+        if x.opcode in ("bitcast", "opt-barrier", "optimization-barrier", "while"):  # (a loop runs in its operand)
             tag(x)
             operand_of(x.operands[0], index, seen)
             return
@@ -146,7 +147,7 @@ def _reads(step: Step, module, producer: dict[int, int], comp, inst, copies: set
             if index and index[0] < len(x.operands):
                 operand_of(x.operands[index[0]], index[1:], seen)
             return
-        if x.opcode in NOT_KERNELS or x.opcode in ("while", "conditional", "call"):
+        if x.opcode in NOT_KERNELS or x.opcode in ("conditional", "call"):
             return
         sources = _written(module, x)
         if len(sources) > 1 and index:
@@ -195,9 +196,11 @@ def _buffers(step: Step, module, producer: dict[int, int]) -> tuple[dict[int, li
     """The entry's temporaries (:func:`rematopt.xla.memory.temporaries`) by the equation they hold,
     each list ending in the one the equation's node stands for; those of kernels no scope names;
     and the kernels that compute an equation again into a second buffer. The node stands for the
-    first buffer written, or the last-dying copy of it (a kernel reading it: a second layout);
-    a buffer computed again from other values (XLA's transposed copy of a ReLU output, made from
-    the convolution before it for a weight-gradient convolution) is a temporary of its reader."""
+    first buffer written, or the last-dying of it, its copies (a kernel reading it: a second
+    layout) and the buffers written while it lives (pieces: threefry's halves of random bits);
+    a buffer computed again from other values once those are gone (XLA's transposed copy of a
+    ReLU output, made from the convolution before it for a weight-gradient convolution) is a
+    temporary of its reader."""
     from ...xla.memory import temporaries
 
     by_eqn: dict[int, list] = {}
@@ -214,11 +217,12 @@ def _buffers(step: Step, module, producer: dict[int, int]) -> tuple[dict[int, li
     again: set[str] = set()
     for k, bufs in by_eqn.items():
         bufs.sort(key=lambda t: (t[1], t[2]))
-        chain = {bufs[0][0].instruction}
-        for buf, _, _ in bufs[1:]:
-            if (len(step.flat.eqns[k].outs) > 1 or buf.instruction in chain
+        chain, held = {bufs[0][0].instruction}, bufs[0][2]
+        for buf, first, last in bufs[1:]:
+            if (len(step.flat.eqns[k].outs) > 1 or buf.instruction in chain or first <= held
                     or _operand_kernels(entry, entry.by_name[buf.instruction]) & chain):
                 chain.add(buf.instruction)
+                held = max(held, last)
             else:
                 again.add(buf.instruction)
         bufs.sort(key=lambda t: (t[0].instruction in chain, t[2], -t[1]))
