@@ -25,6 +25,7 @@ from rematopt.studies.batch import read_rows  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--set", "layers=3", "--set", "width=32", "--set", "in_dim=32", "--set", "batch=256"]
+LIMIT = "120"  # seconds per loop: enough that rounds end by their count or the bracket, not by the clock
 
 
 def rematopt(*args, env=None):
@@ -34,7 +35,7 @@ def rematopt(*args, env=None):
 
 def verified_batch(out, *extra, ratios="0.9,0.4"):
     return rematopt("batch", "models.mlp:factory", *TINY, "--verify", "xla", "--planners", "greedy",
-                    "--budget-ratios", ratios, "--time-limit", "30", "--out", out, *extra)
+                    "--budget-ratios", ratios, "--time-limit", LIMIT, "--out", out, *extra)
 
 
 def test_rows_say_whether_the_compiled_step_fits_and_resume_skips_done_jobs(tmp_path):
@@ -65,6 +66,16 @@ def test_rows_say_whether_the_compiled_step_fits_and_resume_skips_done_jobs(tmp_
             replay = simulate(graph, Plan.load(out / r["plan_path"]))
             assert replay.valid and replay.peak_bytes == r["predicted_peak_bytes"]
     assert {r["fits"] for r in rows} == {True, False}
+
+    # a job's row says what solve --verify xla --json says of the same step, ratio and planner
+    solved = rematopt("solve", "models.mlp:factory", *TINY, "--verify", "xla", "--budget-ratio", "0.9", "-p", "greedy",
+                      "--time-limit", LIMIT, "--json")
+    assert solved.returncode == 0, solved.stderr[-2000:]
+    alone = json.loads(solved.stdout)
+    (row,) = [r for r in rows if r["budget_ratio"] == 0.9]
+    for k in ("fits", "chosen", "xla_peak_bytes", "predicted_peak_bytes", "budget_bytes", "xla_plain_peak_bytes",
+              "planning_budget_bytes", "rounds"):
+        assert row[k] == alone[k], k
 
     again = verified_batch(out, "--resume")
     assert again.returncode == 0, again.stderr[-2000:]
