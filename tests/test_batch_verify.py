@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -111,6 +113,41 @@ def test_a_factory_that_crashes_is_a_row_per_job_and_resume_runs_them_again(tmp_
                                   for r in rows)
     again = rematopt(*args, "--resume", env=env)
     assert "2 jobs to run (2 of them again)" in " ".join(again.stderr.split())
+
+
+HANGING = """
+import os, time
+
+def factory(**config):
+    with open(os.environ["HANG_PID_FILE"], "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(120)
+"""
+
+
+def test_ctrl_c_while_a_factory_is_prepared_ends_its_worker_and_writes_no_row(tmp_path):
+    (tmp_path / "hanging_model.py").write_text(HANGING)
+    pid_file = tmp_path / "pid"
+    env = dict(os.environ, HANG_PID_FILE=str(pid_file),
+               PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    out = tmp_path / "res"
+    proc = subprocess.Popen([sys.executable, "-m", "rematopt", "batch", "hanging_model:factory", "--verify", "xla",
+                             "--planners", "greedy", "--budget-ratios", "0.8", "--out", str(out)],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # Ctrl-C raises there
+    deadline = time.monotonic() + 120
+    while not pid_file.exists() or not pid_file.read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.2)
+    worker = int(pid_file.read_text())
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "interrupted" in err
+    with pytest.raises(ProcessLookupError):  # the worker went with the batch
+        for _ in range(50):
+            os.kill(worker, 0)
+            time.sleep(0.1)
+    assert not read_rows(out) and not list((out / "factories").glob("*/prepared.json"))
 
 
 @pytest.mark.parametrize("args, problem", [
