@@ -212,8 +212,10 @@ def prepare(f: FactoryInput, out: Path, timeout: float, memory_limit: int | None
     if proc.returncode != 0 or stopped or not made.exists():
         return _failure({"timeout": timeout, "memory_limit": memory_limit}, proc.returncode, text, stopped)
     got = json.loads(made.read_text())
-    say(f"{f.spec}: {got['graph_kind']} graph of {got['nodes']} nodes; plain step and {len(got['known']) - 1} "
-        f"stock policies compiled once for all its jobs ({time.perf_counter() - start:.1f} s)")
+    for note in got["notes"]:
+        say(f"{f.spec}: {note}")
+    say(f"{f.spec}: plain step and {len(got['known']) - 1} stock policies compiled once for all its jobs "
+        f"({time.perf_counter() - start:.1f} s)")
     return got
 
 
@@ -232,13 +234,13 @@ def _prepare_main(job: dict[str, Any]) -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     _limit_memory(job.get("memory_limit"))
     where = Path(job["dir"])
-    say = (lambda line: print(f"rematopt: {line}", file=sys.stderr, flush=True))
+    notes: list[str] = []  # what the batch says of the factory (no per-layer candidates, a traced graph)
     try:
-        step = load_step(job["spec"], job["config"], tuple(job["argnums"]), say)
+        step = load_step(job["spec"], job["config"], tuple(job["argnums"]), notes.append)
     except ImportFailure as e:
-        say(str(e))
+        print(f"rematopt: {e}", file=sys.stderr, flush=True)
         sys.exit(2)
-    graph, fallback = plan_graphs(step, say)
+    graph, fallback = plan_graphs(step, notes.append)
     graph.save(where / "graph.json")
     if fallback is not None:
         fallback.save(where / "traced.json")
@@ -251,7 +253,8 @@ def _prepare_main(job: dict[str, Any]) -> None:
     record = {"spec": step.spec, "config": step.config, "graph": "graph.json",
               "fallback": "traced.json" if fallback is not None else None,
               "graph_kind": "compiled" if graph.meta.get("fuse") == "xla" else "traced",
-              "nodes": graph.n, "edges": len(graph.edges), "known": known, "xla_settings": flags.record(settings)}
+              "nodes": graph.n, "edges": len(graph.edges), "known": known, "notes": notes,
+              "xla_settings": flags.record(settings)}
     tmp = where / f".{PREPARED}.tmp"
     tmp.write_text(json.dumps(record, indent=1, default=str))
     os.replace(tmp, where / PREPARED)  # its presence says the preparation is whole
