@@ -269,7 +269,7 @@ def job_key(graph_sha256: str, budget_ratio: float, planner: str, options: dict[
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
-def _slug(text: str) -> str:
+def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)[:80]
 
 
@@ -277,7 +277,7 @@ def make_spec(g: GraphInput, ratio: float, planner: str, options: dict[str, Any]
               memory_limit: int | None, timeout: float) -> dict[str, Any]:
     """Everything a worker needs to run one job, JSON-serialisable."""
     key = job_key(g.sha256, ratio, planner, options)
-    stem = f"plans/{_slug(g.name)}-{g.sha256[:8]}/{_slug(planner)}-r{ratio:g}-{key[:8]}"
+    stem = f"plans/{slug(g.name)}-{g.sha256[:8]}/{slug(planner)}-r{ratio:g}-{key[:8]}"
     opts = dict(options)
     log = stem.replace("plans/", "logs/", 1) + ".csv" if planner in EXACT else None
     if log:
@@ -395,7 +395,7 @@ def planned_row(spec: dict[str, Any]) -> dict[str, Any]:
         options["hint"] = Plan.load(out / spec["hint_path"])
     if options.get("log_path"):
         Path(options["log_path"]).parent.mkdir(parents=True, exist_ok=True)
-    _limit_memory(spec.get("memory_limit"))
+    limit_memory(spec.get("memory_limit"))
     sol = solve(graph, spec["planner"], budget=budget, **options)
     row = solution_row(spec, sol)
     if sol.has_plan:  # no plan file for a job without a plan
@@ -406,7 +406,7 @@ def planned_row(spec: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def _limit_memory(limit: int | None) -> None:
+def limit_memory(limit: int | None) -> None:
     """Cap this process's address space, so a runaway planner fails with
     MemoryError (or an abort) instead of taking the machine down."""
     if not limit:
@@ -454,7 +454,7 @@ def execute(spec: dict[str, Any]) -> dict[str, Any]:
                     row["status"] = "TIMEOUT"
         else:
             row = base_row(spec)
-            row["status"], row["error"] = _failure(spec, code, err_file.read_text(errors="replace"), stopped)
+            row["status"], row["error"] = failure_status(spec, code, err_file.read_text(errors="replace"), stopped)
     row["job_s"] = time.perf_counter() - start
     return row
 
@@ -471,7 +471,8 @@ def _stop(proc: subprocess.Popen) -> int | None:
         return None
 
 
-def _failure(spec: dict[str, Any], code: int | None, stderr: str, stopped: bool) -> tuple[str, str]:
+def failure_status(spec: dict[str, Any], code: int | None, stderr: str, stopped: bool) -> tuple[str, str]:
+    """``(status, error)`` of a worker that gave no row: TIMEOUT, OOM or CRASH, from how it ended."""
     tail = " | ".join(stderr.strip().splitlines()[-3:])
     if stopped:  # whatever the worker did with our SIGINT, it ran out of time
         return "TIMEOUT", f"stopped after {spec['timeout']:g} s (time limit + margin)"

@@ -47,8 +47,8 @@ from typing import Any, Callable, Iterable
 
 from .. import planners
 from ..errors import ImportFailure, RematoptError
-from .batch import (DEFAULT_MEMORY_LIMIT, DEFAULT_TIMEOUT_MARGIN, EXACT, BatchPlan, _failure, _limit_memory, _slug,
-                    base_row, check_jobs, job_key, previous_rows)
+from .batch import (DEFAULT_MEMORY_LIMIT, DEFAULT_TIMEOUT_MARGIN, EXACT, BatchPlan, base_row, check_jobs,
+                    failure_status, job_key, limit_memory, previous_rows, slug)
 
 PREPARED = "prepared.json"  # in each factory's directory: what its jobs share
 
@@ -103,7 +103,7 @@ def load_factories(specs: Iterable[str], config: dict[str, Any], argnums: tuple[
 
 
 def factory_dir(out: Path, f: FactoryInput) -> Path:
-    return out / "factories" / f"{_slug(f.name)}-{f.sha256[:8]}"
+    return out / "factories" / f"{slug(f.name)}-{f.sha256[:8]}"
 
 
 # -- the jobs ---------------------------------------------------------------------
@@ -142,7 +142,7 @@ def plan_verified(factories: list[FactoryInput], planner_names: list[str], ratio
                     "key": key, "graph": f.name, "family": f.family, "graph_file": f.spec, "graph_sha256": f.sha256,
                     "nodes": None, "edges": None, "budget_ratio": r, "budget": None, "planner": planner,
                     "planner_ref": planners.REGISTRY[planner], "options": options, "run_options": run_options,
-                    "out": str(out), "plan_path": f"plans/{_slug(f.name)}-{f.sha256[:8]}/{_slug(planner)}-r{r:g}-"
+                    "out": str(out), "plan_path": f"plans/{slug(f.name)}-{f.sha256[:8]}/{slug(planner)}-r{r:g}-"
                                                   f"{key[:8]}.json",
                     "log_path": None, "hint_path": None, "hint_from": None, "memory_limit": memory_limit,
                     "timeout": timeout, "time_limit": options.get("time_limit"),
@@ -210,7 +210,7 @@ def prepare(f: FactoryInput, out: Path, timeout: float, memory_limit: int | None
         lines = text.strip().splitlines()
         raise ImportFailure(lines[-1].removeprefix("rematopt: ") if lines else f"{f.spec}: the factory failed")
     if proc.returncode != 0 or stopped or not made.exists():
-        return _failure({"timeout": timeout, "memory_limit": memory_limit}, proc.returncode, text, stopped)
+        return failure_status({"timeout": timeout, "memory_limit": memory_limit}, proc.returncode, text, stopped)
     got = json.loads(made.read_text())
     for note in got["notes"]:
         say(f"{f.spec}: {note}")
@@ -232,7 +232,7 @@ def _prepare_main(job: dict[str, Any]) -> None:
     from ..xla.verify import compile_figures
 
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    _limit_memory(job.get("memory_limit"))
+    limit_memory(job.get("memory_limit"))
     where = Path(job["dir"])
     notes: list[str] = []  # what the batch says of the factory (no per-layer candidates, a traced graph)
     try:
@@ -275,7 +275,7 @@ def verified_row(spec: dict[str, Any]) -> dict[str, Any]:
     where = Path(job["dir"])
     prepared = json.loads((where / PREPARED).read_text())
     planners.REGISTRY[spec["planner"]] = spec["planner_ref"]
-    _limit_memory(spec.get("memory_limit"))
+    limit_memory(spec.get("memory_limit"))
     step = load_step(job["spec"], job["config"], tuple(job["argnums"]))
     graph = load_graph(where / prepared["graph"])
     fallback = load_graph(where / prepared["fallback"]) if prepared["fallback"] else None
