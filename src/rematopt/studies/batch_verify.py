@@ -206,9 +206,9 @@ def prepare(f: FactoryInput, out: Path, timeout: float, memory_limit: int | None
         proc.wait()
         raise
     text = err.decode(errors="replace")
-    if proc.returncode == 2 and not stopped:  # the worker's one line: the factory refused its settings
-        lines = text.strip().splitlines()
-        raise ImportFailure(lines[-1].removeprefix("rematopt: ") if lines else f"{f.spec}: the factory failed")
+    last = (text.strip().splitlines() or [""])[-1]
+    if proc.returncode == 2 and not stopped and last.startswith("rematopt: "):  # the factory refused its settings
+        raise ImportFailure(last.removeprefix("rematopt: "))
     if proc.returncode != 0 or stopped or not made.exists():
         return failure_status({"timeout": timeout, "memory_limit": memory_limit}, proc.returncode, text, stopped)
     got = json.loads(made.read_text())
