@@ -60,10 +60,11 @@ def batch_cmd(graphs: tuple[str, ...], planner_list: str, budget_ratios: str, ve
               factory_settings: tuple[str, ...], argnums: str, time_limit: float, timeout_margin: float, jobs: int,
               memory_limit: str, exact_max_nodes: int | None, out: str, resume: bool, executor: str,
               scheduler: str | None, **options: Any) -> None:
-    """Run every (graph, budget, planner) job over GRAPHS (files or directories
-    of *.json / *.mlir) and append one row per job to OUT/results.jsonl.
-    With --verify xla the inputs are JAX MODULE:FACTORY specs instead, and each
-    job's budget is a share of the compiled plain step's peak."""
+    """Run every (input, budget, planner) job and append one row per job to
+    OUT/results.jsonl. The inputs are graph files or directories of *.json /
+    *.mlir; with --verify xla, JAX MODULE:FACTORY specs instead (e.g.
+    models.gpt:factory), each job's budget a share of the compiled plain
+    step's peak."""
     from ..studies import batch, batch_verify
 
     names = planners.available() if planner_list == "all" else [p.strip() for p in planner_list.split(",") if p.strip()]
