@@ -58,17 +58,16 @@ def equation_of(op_name: str) -> int | None:
     return max(found) if found else None
 
 
-def materialized(step: Step, module, producer: dict[int, int], copies: set[str]) -> tuple[dict[int, int], set[int], dict[int, set[int]],
-                                                                     dict[int, set[int]]]:
+def materialized(step: Step, module, producer: dict[int, int],
+                 again: set[str]) -> tuple[dict[int, int], set[int], dict[int, set[int]]]:
     """The equations whose results XLA's kernels write to memory, each with the position in the
     entry schedule of the first kernel writing it (a kernel inside a loop body: the loop's
     position), and the values written: the root of each fusion (each root operand of a
     multi-output fusion) and every other instruction that writes a buffer. Of an equation with
     several results, the ones of the kernel's shape (all where none matches). A view XLA copied
-    counts as the value it views. Third and fourth, per materialized equation: the equations its
-    kernels read from memory, and those they compute (or view) inside, which they recompute there
-    even where another kernel stores them (:func:`_reads`; ``copies``: the kernels writing a second
-    buffer of an equation, read through)."""
+    counts as the value it views. Third: per materialized equation, the equations its kernels
+    compute (or view) inside without reading them from memory (:func:`_reads`), which they
+    recompute there even where another kernel stores them."""
     from ...xla.kernels import NOT_KERNELS
 
     eqns = step.flat.eqns
@@ -80,7 +79,6 @@ def materialized(step: Step, module, producer: dict[int, int], copies: set[str])
                 where.update((i.name, pos) for i in module.computations[called].instructions)
     first: dict[int, int] = {}
     inside: dict[int, set[int]] = {}
-    reads: dict[int, set[int]] = {}
     values: set[int] = set()
     for comp in module.computations.values():
         if not (comp.is_entry or _is_body(module, comp.name)):
@@ -88,7 +86,7 @@ def materialized(step: Step, module, producer: dict[int, int], copies: set[str])
         for inst in comp.instructions:
             if inst.opcode in NOT_KERNELS or inst.opcode in ("while", "conditional", "call"):
                 continue
-            read, fused = _reads(step, module, producer, comp, inst, copies)
+            fused = _reads(step, module, producer, comp, inst, again)
             for source in _written(module, inst):
                 k = equation_of(source.metadata.op_name)
                 if k is None:
@@ -97,22 +95,23 @@ def materialized(step: Step, module, producer: dict[int, int], copies: set[str])
                 at = where.get(inst.name, 0)
                 first[k] = min(first.get(k, at), at)
                 inside.setdefault(k, set()).update(fused)
-                reads.setdefault(k, set()).update(read)
                 outs = eqns[k].outs
                 leaf = source.shape.leaves[0] if len(source.shape.leaves) == 1 else None
                 same = [v for v in outs if leaf is not None
                         and tuple(getattr(step.flat.avals[v], "shape", ())) == leaf.dims]
                 values.update(same if len(outs) > 1 and same else outs)
-    return first, values, inside, reads
+    return first, values, inside
 
 
-def _reads(step: Step, module, producer: dict[int, int], comp, inst, copies: set[str]) -> tuple[set[int], set[int]]:
-    """What the kernel ``inst`` reads by data flow: the equations whose buffers its operands are
-    (looked through aliases, through kernels no scope names and through ``copies``, an equation's
-    second buffer: XLA's transposed copies of a convolution's operands, which recompute the ReLU
-    they copy), and the equations it computes or views inside: its fused
-    instructions' (a bitcast tagged with a transpose is that transpose, done as a layout) and
-    those of the aliases and unnamed kernels it reads through."""
+def _reads(step: Step, module, producer: dict[int, int], comp, inst, again: set[str]) -> set[int]:
+    """The equations the kernel ``inst`` computes or views inside and does not read from memory.
+    What it reads is found by data flow: the buffers its operands are, looked through aliases (a
+    while loop runs in its operand's), through kernels no scope names and through ``again`` (an
+    equation's buffer computed again from other values: XLA's transposed copy of a ReLU output
+    for a weight-gradient convolution, which reads the convolution before the ReLU). What it has
+    inside: the tags of its fused instructions (a bitcast tagged with a transpose is that
+    transpose, done as a layout; a bitcast of a parameter tagged with its producer is a read) and
+    of the aliases and kernels it reads through."""
     from ...xla.kernels import NOT_KERNELS
 
     read: set[int] = set()
@@ -153,13 +152,13 @@ def _reads(step: Step, module, producer: dict[int, int], comp, inst, copies: set
         if len(sources) > 1 and index:
             sources = sources[index[0]:index[0] + 1]
         ks = {equation_of(s.metadata.op_name) for s in sources} - {None}
-        if ks and name not in copies:
+        if ks and name not in again:
             read.update(_root_eqn(step, k, producer) for k in ks)
-        else:  # a kernel no scope names reads for this one
+        else:  # a kernel no scope names, or a value computed again, reads for this one
             kernel(x, seen)
 
     kernel(inst, {inst.name})
-    return read, fused - read
+    return fused - read
 
 
 def name_unnamed(module) -> None:
@@ -247,10 +246,9 @@ def _operand_kernels(comp, inst) -> set[str]:
 def scratch_buffers(step: Step, module, producer: dict[int, int], by_eqn: dict[int, list],
                     unnamed: list) -> list[tuple[str, int, int, int | None]]:
     """The temporaries XLA makes beyond one per materialized equation: of the buffers its kernels
-    write for one equation, all but the longest-lived (a transposed or padded copy of an operand
-    made for a convolution, a second layout of a value), and the buffers of kernels no scope names
-    (XLA's rewrites of the backward convolutions drop the metadata). Each as (instruction, bytes,
-    first position in the entry schedule, the equation of its last reader or None)."""
+    write for one equation (:func:`_buffers`), all but the one its node stands for, and the
+    buffers of kernels no scope names. Each as (instruction, bytes, first position in the entry
+    schedule, the equation of its last reader or None)."""
     schedule = module.entry.instructions
     out = list(unnamed)
     for bufs in by_eqn.values():
@@ -331,14 +329,15 @@ def compiled_groups(step: Step) -> tuple[list[list[int]], dict]:
     eqns = step.flat.eqns
     producer = {v: k for k, e in enumerate(eqns) for v in e.outs}
     by_eqn, unnamed, again = _buffers(step, module, producer)
-    position, stored, inside, reads = materialized(step, module, producer, again)
+    position, stored, inside = materialized(step, module, producer, again)
     step.kernels_of = kernels_by_equation(step, module, producer)
     step.positions = position
     step.scratch = scratch_buffers(step, module, producer, by_eqn, unnamed)
     step.written = {k: bufs[-1][0].bytes for k, bufs in by_eqn.items() if len(eqns[k].outs) == 1}
     if backend == "cpu":
         housed = {(b.instruction, b.index) for b in housed_in_outputs(module)}
-        step.housed = frozenset(k for k, bufs in by_eqn.items() if (bufs[-1][0].instruction, bufs[-1][0].index) in housed)
+        step.housed = frozenset(k for k, bufs in by_eqn.items()
+                                if (bufs[-1][0].instruction, bufs[-1][0].index) in housed)
         step.housed_scratch = frozenset(i for i, _ in housed)
     for r in step.out_refs:
         if not isinstance(r, Const) and step.root_of(r) in producer:
