@@ -361,11 +361,13 @@ def _bench_model(bench: Bench, model: Model, config: dict, rounds: int, ratios: 
         for ratio in ratios:
             slop = _slop(plain, ratio)
             row(f"xla-gpu@{ratio} (slop {slop})", "xla-gpu", ratio, slop=slop)
+    started = time.perf_counter()
     planned = _worker({**base, "plan_dir": str(work), "label": model.label, "ratios": list(ratios),
                        "time_limit": time_limit}, env, timeout)
     if "error" in planned:
         bench.notes.append(f"{model.label}: planning failed: {planned['error']}")
-        progress(f"{model.label:12} planning failed: {planned['error']}")
+    progress(f"{model.label:12} planning " + (f"failed: {planned['error']}" if "error" in planned else "done")
+             + f"  ({time.perf_counter() - started:.0f} s)")
     for ratio in ratios if "error" not in planned else ():
         p = planned["plans"].get(str(ratio), {})
         if "path" not in p:
