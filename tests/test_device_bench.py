@@ -54,6 +54,7 @@ def test_time_steps_interleaves_rounds_of_every_variant_and_keeps_going_past_a_f
     got = time_steps(spec)
     assert set(got["times"]) == {"plain", AGAIN, "layer:nothing_saveable"} and set(got["errors"]) == {"broken"}
     assert all(len(t) == 3 and min(t) > 0 for t in got["times"].values())
+    assert all(len(f) == 3 and min(f) >= 0 for f in got["faults"].values())
     assert got["peaks"]["plain"] == got["peaks"][AGAIN]  # a second compile of one program: the same memory
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -100,6 +101,7 @@ class Row:
     predicted_raw_ms: float | None = None  # on the data-sheet profile
     predicted_peak: int | None = None  # the plan's peak on the graph (rematopt rows)
     predicted_overhead: float | None = None  # the plan's recompute overhead on the graph
+    page_faults: int | None = None  # minor page faults per step (median over the rounds)
     kernels: int | None = None
     bytes_moved: int | None = None
     grad_error: float | None = None
@@ -173,15 +175,16 @@ def time_steps(spec: dict) -> dict:
     of every variant (the order rotated each round), so the machine's drift reaches all of them
     alike. The clock is ``spec["clock"]``: ``cpu``, the process's CPU time (the worker is pinned to
     one core, so this is the step's work on that core, whatever else loads the machine), or
-    ``wall``. Per variant, its milliseconds per round, and its compiled peak (a second copy of a
-    program must match the first). The compiles hit JAX's persistent cache the row processes
+    ``wall``. Per variant, its milliseconds and the process's minor page faults per round (pages the
+    step touched fresh: on CPU, XLA maps its temp buffer anew each step), and its compiled peak (a
+    second copy of a program must match the first). The compiles hit JAX's persistent cache the row processes
     filled."""
     import jax
 
     from ..xla.memory import xla_reference
 
     clock = time.process_time if spec["clock"] == "cpu" else time.perf_counter
-    steps, out = {}, {"times": {}, "peaks": {}, "errors": {}}
+    steps, out = {}, {"times": {}, "faults": {}, "peaks": {}, "errors": {}}
     for label, variant in spec["variants"].items():
         try:
             compiled, args, _ = _compile({**spec, **variant})
@@ -190,15 +193,16 @@ def time_steps(spec: dict) -> dict:
             out["errors"][label] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
             continue
         steps[label] = (compiled, args)
-        out["times"][label] = []
+        out["times"][label], out["faults"][label] = [], []
         out["peaks"][label] = xla_reference(compiled.memory_analysis(), jax.default_backend()).bytes
     labels = list(steps)
     for r in range(spec["rounds"]):
         for label in labels[r % len(labels):] + labels[:r % len(labels)]:
             compiled, args = steps[label]
-            t = clock()
+            faults, t = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, clock()
             jax.block_until_ready(compiled(*args))
             out["times"][label].append(1e3 * (clock() - t))
+            out["faults"][label].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults)
     return out
 
 
@@ -406,6 +410,7 @@ def _time(bench: Bench, model: str, specs: dict[str, dict], base: dict, pin: dic
         r.step_ms = min(times)
         halves = min(times[0::2]), min(times[1::2] or times)
         r.step_ms_spread = abs(halves[0] - halves[1]) / r.step_ms
+        r.page_faults = int(statistics.median(got["faults"][variant]))
     for variant, why in got["errors"].items():
         rows.get(variant, again).note += f" timing failed: {why}"
     if AGAIN in got["peaks"]:
@@ -534,8 +539,8 @@ def markdown(bench: Bench) -> str:
               "## Every row", "", f"Planning: {bench.planning}.", "",
               "| model | variant | compiled peak MB | device peak MB | step ms | predicted ms | overhead measured "
               "| overhead predicted | graph: plan peak MB | graph: plan overhead | kernels | GB moved "
-              "| max grad error | compile s | note |",
-              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+              "| page faults per step | max grad error | compile s | note |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in bench.rows:
         base = _plain_ms(bench, r.model)
         over = lambda x: "—" if x is None or base is None else f"{100 * (x / base[0] - 1):+.1f}%"  # noqa: E731
@@ -544,6 +549,7 @@ def markdown(bench: Bench) -> str:
                      f"| {_ms(r.predicted_ms)} | {over(r.step_ms)} | {pover} | {_mb(r.predicted_peak)} | "
                      f"{'—' if r.predicted_overhead is None else f'{100 * r.predicted_overhead:+.1f}%'} | "
                      f"{r.kernels or '—'} | {'—' if r.bytes_moved is None else f'{r.bytes_moved / 1e9:.2f}'} | "
+                     f"{'—' if r.page_faults is None else f'{r.page_faults:,}'} | "
                      f"{'—' if r.grad_error is None else f'{r.grad_error:.1e}'} | "
                      f"{'—' if r.compile_s is None else f'{r.compile_s:.1f}'} | {r.note} |")
     return "\n".join(lines) + "\n"
