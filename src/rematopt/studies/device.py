@@ -97,7 +97,7 @@ class Row:
     device_peak: int | None = None
     step_ms: float | None = None
     step_ms_spread: float | None = None  # fastest step of the even rounds against the odd ones, over step_ms
-    predicted_ms: float | None = None  # kernels priced on the calibrated profile
+    predicted_ms: float | None = None  # kernels priced on the profile fitted to the baselines
     predicted_raw_ms: float | None = None  # on the data-sheet profile
     predicted_peak: int | None = None  # the plan's peak on the graph (rematopt rows)
     predicted_overhead: float | None = None  # the plan's recompute overhead on the graph

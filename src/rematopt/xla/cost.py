@@ -126,8 +126,6 @@ def fit(steps: Sequence[StepCost], measured_s: Sequence[float], names: Sequence[
     k's compute and memory seconds on the data sheet, ``n``: kernels run), is linear in ``memory`` and
     ``launch_s`` once the balance ``compute / memory`` is fixed: each balance of :data:`BALANCES` is
     solved exactly (non-negative least squares), and the best refined between its neighbours."""
-    from scipy.optimize import minimize_scalar, nnls
-
     if not steps or len(steps) != len(measured_s) or len(steps) != len(names):
         raise ValueError(f"fit needs one measured time per step, got {len(steps)} steps, {len(measured_s)} times")
     if any(t <= 0 for t in measured_s) or any(s.seconds <= 0 for s in steps):
@@ -147,7 +145,7 @@ def fit(steps: Sequence[StepCost], measured_s: Sequence[float], names: Sequence[
 
     def solve(balance: float) -> tuple[float, np.ndarray]:
         columns = [roofline(balance)] + ([launches] if distinct >= 3 else [])
-        x, norm = nnls(np.stack(columns, axis=1) / measured[:, None], np.ones(len(steps)))
+        x, norm = _nnls(np.stack(columns, axis=1) / measured[:, None], np.ones(len(steps)))
         return (norm if x.any() else np.inf), x
 
     grid = BALANCES if distinct > 1 else np.array([1.0])
@@ -157,11 +155,10 @@ def fit(steps: Sequence[StepCost], measured_s: Sequence[float], names: Sequence[
         raise ValueError("fit: no positive rates price these steps at their measured times")
     balance = float(grid[i])
     if distinct > 1:  # between the grid's neighbours of the best point
-        lo, hi = np.log(grid[max(i - 1, 0)]), np.log(grid[min(i + 1, len(grid) - 1)])
-        near = minimize_scalar(lambda u: solve(float(np.exp(u)))[0], bounds=(lo, hi), method="bounded",
-                               options={"xatol": 1e-9})
-        if near.fun <= norms[i]:
-            balance = float(np.exp(near.x))
+        u = _golden(lambda u: solve(float(np.exp(u)))[0], np.log(grid[max(i - 1, 0)]),
+                    np.log(grid[min(i + 1, len(grid) - 1)]))
+        if solve(float(np.exp(u)))[0] <= norms[i]:
+            balance = float(np.exp(u))
     x = solve(balance)[1]
     memory, launch = float(x[0]), float(x[1]) if len(x) > 1 else 0.0
     compute = balance * memory
@@ -176,3 +173,36 @@ def fit(steps: Sequence[StepCost], measured_s: Sequence[float], names: Sequence[
                             f"bytes x{rate(1, memory):.4g} of the data sheet, {launch * 1e6:.3g} us per kernel")
     errors = tuple(float(e) for e in (memory * roofline(balance) + launch * launches) / measured - 1)
     return Fit(fitted, compute, memory, launch, tuple(names), errors)
+
+
+def _nnls(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, float]:
+    """Non-negative least squares for a few columns: the optimum is the unconstrained fit on its own
+    support, so the best non-negative one over every subset of columns is it."""
+    best = (np.zeros(a.shape[1]), float(np.linalg.norm(b)))
+    for mask in range(1, 2 ** a.shape[1]):
+        cols = [j for j in range(a.shape[1]) if mask >> j & 1]
+        sub = np.linalg.lstsq(a[:, cols], b, rcond=None)[0]
+        if (sub >= 0).all():
+            x = np.zeros(a.shape[1])
+            x[cols] = sub
+            norm = float(np.linalg.norm(a @ x - b))
+            if norm < best[1]:
+                best = (x, norm)
+    return best
+
+
+def _golden(f, lo: float, hi: float, steps: int = 80) -> float:
+    """Golden-section search for the minimum of ``f`` on [lo, hi] (f unimodal there)."""
+    g = (np.sqrt(5) - 1) / 2
+    a, b = lo + (1 - g) * (hi - lo), lo + g * (hi - lo)
+    fa, fb = f(a), f(b)
+    for _ in range(steps):
+        if fa <= fb:
+            hi, b, fb = b, a, fa
+            a = lo + (1 - g) * (hi - lo)
+            fa = f(a)
+        else:
+            lo, a, fa = a, b, fb
+            b = lo + g * (hi - lo)
+            fb = f(b)
+    return (lo + hi) / 2
