@@ -183,9 +183,11 @@ def test_cli_memory_json_and_bad_file(tmp_path, cpu_steps):
 # for the plain step, as measured (docs/xla.md). The scanned models compile to while loops and the
 # graph is of the unrolled step: they are held to XLA's figure for the unrolled equations the graph
 # is made of (meta.xla), the while loop's own figure being a different program. Issue 35 asks for
-# 3%; where it misses (docs/xla.md says why), the measured error bounds it.
+# 3%: each model is held to its measured error rounded up to half a percent, and at least 1%
+# (measured, jax 0.10.2: mlp +2.9%, keras gemma -1.9%, keras gpt2 -1.6%, keras llama -1.4%,
+# equinox_lm +2.1%; every other model within 1%).
 LOOPED = {"gpt_scan", "flax_linen", "flax_nnx", "equinox_lm"}
-GRAPH_TOLERANCE = {"unet": 0.16, "equinox_lm": 0.05, "keras_llama": 0.09, "keras_gemma": 0.07, "keras_gpt2": 0.18}
+GRAPH_TOLERANCE = {"mlp": 0.03, "keras_llama": 0.015, "keras_gemma": 0.02, "keras_gpt2": 0.02, "equinox_lm": 0.025}
 
 
 @pytest.mark.parametrize("model", EACH_MODEL)
@@ -200,4 +202,4 @@ def test_compiled_graph_peak(cpu_steps, model):
         assert meta["xla_bytes"] == plain
     reference = meta["xla_bytes"]
     peak = graphs["xla"]["no_remat_peak"]
-    assert abs(peak / reference - 1) < GRAPH_TOLERANCE.get(model, 0.03), (peak, reference)
+    assert abs(peak / reference - 1) < GRAPH_TOLERANCE.get(model, 0.01), (peak, reference)

@@ -96,6 +96,18 @@ def temporaries(module: HloModule) -> list[tuple[Buffer, int, int]]:
     return [(walk.buffers[b], first, last) for b, (first, last) in sorted(span.items())]
 
 
+def housed_in_outputs(module: HloModule) -> set[Buffer]:
+    """The entry's temporaries that XLA's CPU buffer assignment houses in the outputs' allocations
+    (:func:`cpu_allocations`): on CPU they cost no memory of their own."""
+    walk = _Walk(module, module.entry.name, entry=True)
+    span, shares, pinned, params, _ = walk.ranges()
+    sizes = {b.id: b.bytes for b in walk.buffers}
+    outs = pinned - params
+    housed = cpu_allocations(span, shares, {b: sizes[b] for b in outs}, walk._defined_positions(outs), sizes,
+                             len(walk.comp.instructions), walk._operand_buffers(), walk._post_order())
+    return {walk.buffers[b] for b in housed}
+
+
 def backend_of(module: HloModule) -> str:
     """"gpu" where the module launches GPU kernels (cuBLAS / cuDNN calls, Triton fusions, GPU
     backend configs), "cpu" otherwise."""
