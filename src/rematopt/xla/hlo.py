@@ -36,6 +36,9 @@ class Leaf:
 
     dtype: str
     dims: tuple[int, ...]
+    # minor-to-major order as printed (``{1,0}``; "" where none is): XLA shares a buffer between two
+    # arrays only where dtype, dims and layout all agree; not part of a leaf's equality
+    layout: str = field(default="", compare=False)
 
     @property
     def elements(self) -> int:
@@ -220,7 +223,7 @@ def parse_shape(text: str) -> Shape:
             raise HloError(f"bad shape at {text[pos:pos + 40]!r}")
         pos = m.end()
         dims = tuple(int(d.lstrip("<=")) for d in m.group(2).split(",") if d.strip()) if m.group(2) else ()
-        leaves.append(Leaf(m.group(1), dims))
+        leaves.append(Leaf(m.group(1), dims, m.group(3) or ""))
         index.append(prefix)
         return None
 
