@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .heap import Interval, Packing, best_packing
-from .hlo import POINTER_BYTES, Computation, HloModule, Instruction
+from .hlo import POINTER_BYTES, Computation, HloError, HloModule, Instruction
 
 # CPU XLA's buffer alignment: every offset in the preallocated temp of the 22 CPU steps of
 # tests/xla_steps.py (1,207 values not a multiple of 64 bytes in size among them) is a multiple of
@@ -155,6 +155,9 @@ class _Module:
             for name in self._sequential(inst):
                 if name in self.module.computations:
                     self._flatten(self.module.computations[name])
+            if inst.name in self.time:
+                raise HloError(f"instruction name {inst.name} repeats across computations "
+                               "(XLA names each instruction of a module once)")
             self.time[inst.name] = len(self.flat)
             self.inst[inst.name] = inst
             self.flat.append(inst)

@@ -87,17 +87,17 @@ def pack(intervals: list[Interval], alignment: int, order: str = "spatial") -> P
             m = intervals[j]
             busy |= (starts[:count] <= m.end) & (ends[:count] >= m.start)
         used = sorted(zip(lows[:count][busy].tolist(), highs[:count][busy].tolist()))
-        offset = _best_fit(used, intervals[i].size, need, alignment)
-        for j in members:
+        offset = best_fit(used, intervals[i].size, need, alignment)
+        for j in members:  # each member holds the group's largest size (XLA sizes them alike)
             m = intervals[j]
             offsets[j] = offset
-            starts[count], ends[count], lows[count], highs[count] = m.start, m.end, offset, offset + m.size
+            starts[count], ends[count], lows[count], highs[count] = m.start, m.end, offset, offset + need
             count += 1
-            heap = max(heap, offset + m.size)
+        heap = max(heap, offset + need)
     return Packing(heap, offsets, order, live_peak(intervals))
 
 
-def _best_fit(used: list[tuple[int, int]], size: int, need: int, alignment: int) -> int:
+def best_fit(used: list[tuple[int, int]], size: int, need: int, alignment: int) -> int:
     """The offset in the smallest free gap (ties: the lowest) that holds ``need`` bytes at its
     first aligned offset; gaps shorter than ``size`` are not gaps. Past the last used byte there is
     always room."""
