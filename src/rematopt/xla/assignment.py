@@ -102,14 +102,10 @@ def in_place_pairs(module: HloModule, inst: Instruction) -> dict[tuple[int, ...]
 def _indices(inst: Instruction) -> list[tuple[tuple[int, ...], int, bool]]:
     """(shape index, bytes, is a tuple table) for every array and tuple table of the output."""
     leaves = list(zip(inst.shape.index, inst.shape.leaves))
-    arity: dict[tuple[int, ...], int] = {}
-    if inst.shape.is_tuple:
-        arity[()] = inst.shape.tuple_arity or 0
-    for idx, _ in leaves:
+    arity = {(): inst.shape.tuple_arity or 0} if inst.shape.is_tuple else {}
+    for idx, _ in leaves:  # nested tuples: their arity from the indices below them
         for n in range(1, len(idx)):
             arity[idx[:n]] = max(arity.get(idx[:n], 0), idx[n] + 1)
-        if idx:
-            arity[idx[:-1]] = max(arity.get(idx[:-1], 0), idx[-1] + 1)
     out = [(idx, POINTER_BYTES * n, True) for idx, n in sorted(arity.items())]
     return out + [(idx, leaf.bytes, False) for idx, leaf in leaves]
 
@@ -130,7 +126,7 @@ class _Module:
         self.constant: set[int] = set()
         self.entry_param: set[int] = set()
         self.variant: dict[str, set[tuple[int, ...]]] = {}  # while -> the indices its body changes
-        self.loop_joins: list[list[int]] = []  # values one loop's state holds at one index
+        self.loop_joins: dict[tuple[str, tuple[int, ...]], list[int]] = {}  # (while, index) -> its values
         self._flatten(module.entry)
         self._dataflow()
         self.parent = list(range(len(self.values)))
@@ -187,8 +183,8 @@ class _Module:
         return out
 
     def _dataflow(self) -> None:
-        """Value sets of every position, to a fixed point (a loop's state is the union of what
-        enters the loop and what its body returns)."""
+        """Value sets of every position, to a fixed point (a loop inside a loop body is revisited
+        as the outer loop learns which of its indices change)."""
         for _ in range(8):
             before = {k: {i: list(v) for i, v in s.items()} for k, s in self.sets.items()}
             self._visit(self.module.entry)
@@ -265,8 +261,9 @@ class _Module:
                 break
             variant |= more
         for idx in variant:
-            self.loop_joins.append([v for vs in [init.get(idx, []), *(s.get(idx, []) for s in states.values()),
-                                                 self._of(body.root.name).get(idx, []) if body else []] for v in vs])
+            back = self._of(body.root.name).get(idx, []) if body else []
+            held = [init.get(idx, []), *(s.get(idx, []) for s in states.values()), back]
+            self.loop_joins[(inst.name, idx)] = [v for vs in held for v in vs]
         return states[inst.name]
 
     # -- buffers -----------------------------------------------------------------------------------
@@ -283,7 +280,7 @@ class _Module:
             self.parent[max(a, b)] = min(a, b)
 
     def _merge_buffers(self) -> None:
-        for values in self.loop_joins:
+        for values in self.loop_joins.values():
             for v in values[1:]:
                 self._join(values[0], v)
         for name, sets in self.sets.items():
