@@ -14,14 +14,15 @@ size of the allocations its buffer assignment makes, in three steps reproduced h
    is seen; a root's values live to their computation's end; entry parameters and outputs to the
    end; a loop's initial value ends where the body starts; in one buffer, each value ends where
    the next begins.
-3. **Allocations.** Buffers are taken largest first. Parameters and constants get their own
-   allocations, each output its own, and a temporary goes into an output's allocation it fits in
-   when their live ranges do not meet (:func:`_interferes`); the remaining temporaries (tuple
-   tables among them) are replayed in schedule order (an elementwise kernel may write into an
-   operand that dies there) and packed into one heap by :func:`rematopt.xla.heap.best_packing`.
+3. **Allocations.** Buffers are taken largest first. Parameters, constants and tuple tables get
+   their own allocations, each output its own, and a temporary goes into an output's allocation
+   it fits in when their live ranges do not meet (:func:`_interferes`); the remaining temporaries
+   are replayed in schedule order (an elementwise kernel may write into an operand that dies
+   there) and packed into one heap by :func:`rematopt.xla.heap.best_packing`.
 
-``temp_size_in_bytes`` is that heap's size: XLA counts every allocation that is neither a
-parameter, an output, a constant nor thread-local, and on CPU the heap is the only one.
+``temp_size_in_bytes`` counts every allocation that is neither a parameter, an output, a constant
+nor thread-local: the heap and the temporary tuple tables, which XLA lays one after another in one
+allocation.
 """
 
 from __future__ import annotations
@@ -63,12 +64,14 @@ class Value:
 @dataclass(frozen=True)
 class Assignment:
     """What XLA's buffer assignment allocates for the temporaries. ``temp_bytes`` is XLA's
-    ``temp_size_in_bytes``: the heap's size (the temporaries' packing, tuple tables among them);
-    ``offsets`` places each heap value in it; ``in_outputs`` maps each temporary housed in an
-    output's allocation to that output's value."""
+    ``temp_size_in_bytes``: the heap (the temporaries' packing) followed by the tuple tables'
+    allocations (``table_bytes`` in all), each at the next aligned offset, as XLA combines its
+    temporary allocations into one; ``offsets`` places each value there; ``in_outputs`` maps each
+    temporary housed in an output's allocation to that output's value."""
 
     temp_bytes: int
     heap: Packing
+    table_bytes: int
     values: list[Value]
     offsets: dict[int, int]
     in_outputs: dict[int, int]
@@ -475,21 +478,27 @@ def assign(module: HloModule, alignment: int = CPU_ALIGNMENT) -> Assignment:
     m = _Module(module)
     buffers = m.buffers()
     size = {b: max(m.values[v].bytes for v in members) for b, members in buffers.items()}
-    allocation, heap_buffers = _output_allocations(m, buffers, size)
+    allocation, heap_buffers, tables = _output_allocations(m, buffers, size)
     intervals = _heap_intervals(m, buffers, heap_buffers, size)
     heap = best_packing(intervals, alignment)
+    offsets = {intervals[k].key: off for k, off in heap.offsets.items()}
+    end = heap.heap_bytes
+    for b in sorted(tables, key=lambda b: min(m.ranges[v][0] for v in buffers[b])):  # one after another
+        base = -(-end // alignment) * alignment
+        offsets.update((v, base) for v in buffers[b])
+        end = base + size[b]
     housed = {v: buffers[home][0] for b, home in allocation.items() if b != home for v in buffers[b]}
-    return Assignment(temp_bytes=heap.heap_bytes, heap=heap, values=m.values,
-                      offsets={intervals[k].key: off for k, off in heap.offsets.items()}, in_outputs=housed)
+    return Assignment(temp_bytes=end, heap=heap, table_bytes=sum(size[b] for b in tables), values=m.values,
+                      offsets=offsets, in_outputs=housed)
 
 
 def _output_allocations(m: _Module, buffers: dict[int, list[int]],
-                        size: dict[int, int]) -> tuple[dict[int, int], list[int]]:
+                        size: dict[int, int]) -> tuple[dict[int, int], list[int], list[int]]:
     """Take the buffers largest first (then outputs first, then by post order): each output gets
     an allocation of its own, and a temporary the first output allocation it fits in without
     interfering, trying its operands' allocations first and then the others smallest first. A
-    tuple's table is never housed in nor houses another. Returns ``{buffer: its allocation's first
-    buffer}`` and the temporaries left for the heap."""
+    tuple's table gets an allocation of its own, never shared. Returns ``{buffer: its allocation's
+    first buffer}``, the temporaries left for the heap and the temporary tuple tables."""
     post = _post_order(m.module, m.flat)
     out_of = {b: m.lives_out(members) for b, members in buffers.items()}
     ranked = sorted(buffers, key=lambda b: (-size[b], not out_of[b],
@@ -498,13 +507,14 @@ def _output_allocations(m: _Module, buffers: dict[int, list[int]],
     held: dict[int, list[int]] = {}  # allocation -> its values
     outputs: list[int] = []  # reusable output allocations, largest first
     heap_buffers: list[int] = []
+    tables: list[int] = []
     for b in ranked:
         members = buffers[b]
         if any(v in m.constant or v in m.entry_param for v in members):
             continue
         if any(m.values[v].is_tuple for v in members):
             if not out_of[b]:
-                heap_buffers.append(b)
+                tables.append(b)
             continue
 
         def fits(a: int) -> bool:
@@ -537,7 +547,7 @@ def _output_allocations(m: _Module, buffers: dict[int, list[int]],
             held[b] = []
         allocation[b] = home
         held[home].extend(members)
-    return allocation, heap_buffers
+    return allocation, heap_buffers, tables
 
 
 def _heap_intervals(m: _Module, buffers: dict[int, list[int]], heap_buffers: list[int],

@@ -97,10 +97,10 @@ def compiled_memory(module: HloModule, backend: str | None = None) -> CompiledMe
     walk = _Walk(module, module.entry.name, entry=True).result("allocations" if backend == "cpu" else "pinned")
     if backend != "cpu":
         return replace(walk, live_peak_bytes=walk.peak_bytes)
-    heap = assign(module).heap
+    done = assign(module)
     fixed = walk.parameter_bytes + walk.output_bytes
-    return replace(walk, live_peak_bytes=fixed + heap.live_peak, heap_bytes=heap.heap_bytes,
-                   peak_bytes=fixed + heap.heap_bytes)
+    return replace(walk, live_peak_bytes=fixed + done.heap.live_peak + done.table_bytes, heap_bytes=done.temp_bytes,
+                   peak_bytes=fixed + done.temp_bytes)
 
 
 def temporaries(module: HloModule) -> list[tuple[Buffer, int, int]]:
