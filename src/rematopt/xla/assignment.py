@@ -134,6 +134,7 @@ class _Module:
         self._dataflow()
         self.parent = list(range(len(self.values)))
         self._merge_buffers()
+        self.outputs = {v for vs in self.sets.get(module.entry.root.name, {}).values() for v in vs}
         self.ranges = self._live_ranges()
 
     # -- step 1: the flattened schedule, values and their sets ----------------------------------
@@ -363,9 +364,7 @@ class _Module:
         return any(p == inst.parameter_number and i == index for p, i, _ in self.module.input_output_alias.values())
 
     def lives_out(self, members: list[int]) -> bool:
-        root = self.module.entry.root.name
-        out = {v for vs in self.sets.get(root, {}).values() for v in vs}
-        return any(v in out for v in members)
+        return any(v in self.outputs for v in members)
 
 
 # -- CanShareOperandBufferWithUser ------------------------------------------------------------------

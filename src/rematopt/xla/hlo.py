@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from ..errors import RematoptError
 
@@ -138,7 +139,7 @@ class Computation:
         for i in self.instructions:
             i.operand_shapes = [self.by_name[o].shape for o in i.operands if o in self.by_name]
 
-    @property
+    @cached_property
     def root(self) -> Instruction:
         for i in self.instructions:
             if i.is_root:
