@@ -42,9 +42,9 @@ def memory_cmd(hlo_file: str, backend: str, top: int, as_json: bool) -> None:
                    f"temporaries {human_bytes(result.temp_peak_bytes)}")
     else:  # CPU: XLA's figure is what it allocates, the temporaries' heap with its gaps
         live = result.live_peak_bytes - result.parameter_bytes - result.output_bytes
-        click.echo(f"allocated {human_bytes(result.peak_bytes)} ({result.peak_bytes:,} B): {parts}, temp heap "
+        click.echo(f"allocated {human_bytes(result.peak_bytes)} ({result.peak_bytes:,} B): {parts}, temp "
                    f"{human_bytes(result.heap_bytes)} ({result.heap_bytes:,} B)")
-        click.echo(f"live peak {human_bytes(result.live_peak_bytes)} ({result.live_peak_bytes:,} B): the heap's "
+        click.echo(f"live peak {human_bytes(result.live_peak_bytes)} ({result.live_peak_bytes:,} B): the "
                    f"temporaries at most {human_bytes(live)} at once, {human_bytes(result.heap_bytes - live)} of gaps")
         click.echo(f"the walk's peak over the entry falls {where} (temporaries {human_bytes(result.temp_peak_bytes)})")
     click.echo(f"XLA's own figure to compare with: {compare}")

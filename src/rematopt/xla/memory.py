@@ -55,12 +55,12 @@ class Buffer:
 class CompiledMemory:
     """The walk's result. ``peak_bytes`` is the figure to set beside XLA's own
     (:func:`xla_reference`): on GPU / TPU the live peak, on CPU the allocations XLA makes
-    (parameters + outputs + ``heap_bytes``). ``heap_bytes`` (CPU only) is the size of the heap
-    XLA's buffer assignment packs the temporaries into, gaps included
-    (:mod:`rematopt.xla.assignment`): XLA's ``temp_size_in_bytes``. ``live_peak_bytes`` is the
-    most memory live at once, what a device's allocator would hold: on GPU / TPU ``peak_bytes``; on
-    CPU parameters + outputs + the heap's temporaries at their live peak (the heap without its
-    gaps, over XLA's own live ranges, loop bodies included).
+    (parameters + outputs + ``heap_bytes``). ``heap_bytes`` (CPU only) is XLA's
+    ``temp_size_in_bytes``: the heap its buffer assignment packs the temporaries into, gaps
+    included, and the tuple tables after it (:mod:`rematopt.xla.assignment`). ``live_peak_bytes``
+    is the most memory live at once, what a device's allocator would hold: on GPU / TPU
+    ``peak_bytes``; on CPU parameters + outputs + tuple tables + the heap's temporaries at their
+    live peak (the heap without its gaps, over XLA's own live ranges, loop bodies included).
 
     ``temp_peak_bytes``, ``peak_index`` (a position in ``schedule``), ``peak_instruction`` and
     ``live`` (what is live there, largest first) locate the walk's own peak over the entry
