@@ -13,14 +13,16 @@ from rematopt.xla.heap import Interval, best_fit, best_packing, live_peak, pack
 
 def test_best_fit_leaves_gaps():
     """Worked by hand: a 3-byte buffer at t=0 and another at t=5, a 1-byte buffer over t=0..4 and
-    another over t=4..5. Largest first puts both 3-byte buffers at 0, so the first 1-byte one goes
-    above them (3) and the second above that (4): a 5-byte heap, where 4 bytes are ever live
-    together and 4 suffice (the long 1-byte buffer at 0, everything else above it)."""
+    another over t=4..5. Largest first puts both 3-byte buffers at 0, the long 1-byte one above
+    them (3) and the short one above that (4): a 5-byte heap, where at most 4 bytes are live
+    together and 4 suffice (the long 1-byte buffer at 0, the t=0 one at 1, the t=5 one at 0, the
+    short 1-byte one at 3). Longest first does no better: the long one at 0, the short one at 1,
+    the t=5 buffer past it at 2."""
     intervals = [Interval(0, 1, 4, 5), Interval(1, 1, 0, 4), Interval(2, 3, 5, 5), Interval(3, 3, 0, 0)]
     spatial = pack(intervals, 1, "spatial")
     assert spatial.offsets == {2: 0, 3: 0, 1: 3, 0: 4}
     assert spatial.heap_bytes == 5
-    assert pack(intervals, 1, "temporal").heap_bytes == 5  # longest first: 0, 1, then 2 and 1
+    assert pack(intervals, 1, "temporal").heap_bytes == 5
     assert best_packing(intervals, 1).heap_bytes == 5
     assert live_peak(intervals) == 4
 
