@@ -37,7 +37,7 @@ MODELS = {
     "keras_llama": ("models.keras_lm:factory", "keras_hub", {**SMALL, "backbone": "llama", "hidden": 32,
                                                               "kv_heads": 1, "seq": 64, "batch": 4}),
 }
-RATIO = 0.7  # of the compiled graph's no-remat peak: DTR recomputes in both (measured 52 and 18 nodes)
+RATIO = 0.7  # of the compiled graph's no-remat peak: DTR recomputes in both (measured 45 and 36 nodes)
 STEP = """
 import json, sys, warnings
 sys.path[:0] = [{root!r}, {root!r} + "/tests"]
@@ -101,6 +101,7 @@ def test_plans_apply_with_the_plain_gradients(model, variant):
 
 def test_the_plan_compiles_below_the_plain_step_and_recomputes(model):
     plain, plan = model["plain"], model["plan"]
-    # measured 0.77 (flax_linen) and 0.90 (keras_llama) of the plain step's peak
+    # measured 0.763 (flax_linen) and 0.840 (keras_llama) of the plain step's peak; the keep-all plan
+    # applied compiles to 0.755 and 1.000 (flax_linen's plain step itself compiles larger than its replay)
     assert plan["xla"] < plain["xla"]
     assert plan["flops"] > plain["flops"]
