@@ -1,6 +1,7 @@
-"""``rematopt bench device``'s tables: the verdict's choice of baseline on hand-made rows, the slop
-factor aimed at a ratio, and (``pytest -m slow``) one real run of the bench on a tiny MLP, every
-row in its own process, whose report has the shape the issue asks for. Timings are never asserted."""
+"""``rematopt bench device``'s tables: the verdict's choice of baseline on hand-made rows, the noise
+figure, the slop factor aimed at a ratio, the interleaved timing of a tiny MLP's variants, and
+(``pytest -m slow``) one real run of the bench on a tiny MLP, every row in its own process, whose
+report has the shape the issue asks for. Timings are never asserted."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import pytest
 
 pytest.importorskip("jax")
 
-from rematopt.studies.device import Bench, Row, _slop, pareto, run_bench, verdict  # noqa: E402
+from rematopt.studies.device import AGAIN, MODELS, Bench, Row, _slop, noise, pareto, run_bench, time_steps, verdict  # noqa: E402,E501
+from rematopt.xla.cost import Fit  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,6 +35,29 @@ def test_verdict_takes_the_fastest_baseline_that_fits_and_says_where_the_plan_mi
     assert not by_ratio[0.5]["plan_fits"] and by_ratio[0.5]["verdict"] == "does not fit as compiled"
 
 
+def test_noise_is_the_widest_gap_between_two_measurements_of_one_step():
+    b = Bench("cpu", "cpu", rows=[
+        Row("m", "plain", "plain", step_ms=10.0, step_ms_spread=0.01),
+        Row("m", AGAIN, "plain", step_ms=10.5, step_ms_spread=0.02),
+        Row("m", "layer:a", "layer", step_ms=14.0, step_ms_spread=0.03),
+    ])
+    assert noise(b, "m") == pytest.approx(0.05)  # plain against its second compile: 0.5 / 10
+    b.rows[2].step_ms_spread = 0.08  # the even rounds' fastest step against the odd rounds', over a variant
+    assert noise(b, "m") == pytest.approx(0.08)
+    assert noise(b, "other") is None
+
+
+def test_time_steps_interleaves_rounds_of_every_variant_and_keeps_going_past_a_failure():
+    spec = {"model": MODELS["mlp"].spec, "config": MODELS["mlp"].quick, "rounds": 3, "clock": "cpu", "variants": {
+        "plain": {}, AGAIN: {}, "layer:nothing_saveable": {"remat": "nothing_saveable", "scope": "layer"},
+        "broken": {"remat": "no_such_policy", "scope": "layer"}}}
+    got = time_steps(spec)
+    assert set(got["times"]) == {"plain", AGAIN, "layer:nothing_saveable"} and set(got["errors"]) == {"broken"}
+    assert all(len(t) == 3 and min(t) > 0 for t in got["times"].values())
+    assert all(len(f) == 3 and min(f) >= 0 for f in got["faults"].values())
+    assert got["peaks"]["plain"] == got["peaks"][AGAIN]  # a second compile of one program: the same memory
+
+
 def test_pareto_front_and_slop():
     assert pareto([(3, 1), (1, 5), (2, 2), (2.5, 3)]) == [(1, 5), (2, 2), (3, 1)]
     plain = Row("m", "plain", "plain", compiled_peak=10_000, argument_bytes=500, output_bytes=500,
@@ -48,13 +73,19 @@ def test_bench_on_a_tiny_model_writes_the_report(tmp_path):
                       progress=lines.append, cwd=ROOT)
     kinds = [r.kind for r in bench.rows]
     assert kinds.count("plain") == 2 and kinds.count("layer") == 2 and kinds.count("step") == 1
-    assert kinds[-1] == "rematopt" and len(lines) == len(bench.rows)  # a progress line per measured row
+    assert kinds[-1] == "rematopt" and bench.rows[1].variant == AGAIN
+    # a line per row process (for a missing plan, its reason), the planning's and the timing's: one more
+    # than the rows, plain (again) having no process of its own
+    assert len(lines) == len(bench.rows) + 1
     for r in bench.rows:
         if r.kind != "rematopt" or r.compiled_peak:
-            assert r.compiled_peak > 0 and r.step_ms > 0 and r.grad_error < 1e-5, r
+            assert r.compiled_peak > 0 and r.step_ms > 0 and r.predicted_ms > 0, r
             assert r.compiled_peak_is == "temp + arguments + outputs - aliases"
+            assert r.variant == AGAIN or r.grad_error < 1e-5
     plain = [r for r in bench.rows if r.kind == "plain"]
     assert all(r.compiled_peak == plain[0].compiled_peak for r in plain)  # same program, same memory
+    fitted = bench.fits["mlp"]
+    assert isinstance(fitted, Fit) and set(fitted.fitted_on) == {r.variant for r in bench.rows if r.kind != "rematopt"}
     folder = tmp_path / bench.backend
     md = (folder / "device.md").read_text()
     assert md.index("## Verdict") < md.index("## Every row")

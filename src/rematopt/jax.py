@@ -28,9 +28,9 @@ from .importers.jaxpr import trace, trace_grad
 from .importers.jaxpr.primitives import GuessedPrimitive
 
 
-def load_factory(spec: str, **config: Any) -> tuple[Callable, tuple]:
-    """Import ``MODULE:FACTORY`` (the current directory first on the path) and
-    call it with ``config``; ImportFailure unless it returns ``(loss_fn, args)``."""
+def import_factory(spec: str) -> Callable:
+    """Import ``MODULE:FACTORY`` (the current directory first on the path)
+    without calling it; ImportFailure naming ``spec`` when that fails."""
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise ImportFailure(f"{spec}: expected MODULE:FACTORY, e.g. models.gpt:factory")
@@ -44,6 +44,13 @@ def load_factory(spec: str, **config: Any) -> tuple[Callable, tuple]:
     factory = getattr(module, attr, None)
     if not callable(factory):
         raise ImportFailure(f"{spec}: {module_name} has no callable {attr}")
+    return factory
+
+
+def load_factory(spec: str, **config: Any) -> tuple[Callable, tuple]:
+    """Import ``MODULE:FACTORY`` (:func:`import_factory`) and call it with
+    ``config``; ImportFailure unless it returns ``(loss_fn, args)``."""
+    factory = import_factory(spec)
     try:
         made = factory(**config)
     except TypeError as e:
@@ -54,5 +61,5 @@ def load_factory(spec: str, **config: Any) -> tuple[Callable, tuple]:
     return fn, tuple(args) if isinstance(args, (tuple, list)) else (args,)
 
 
-__all__ = ["Fates", "GuessedPrimitive", "LoopNote", "Measurement", "UnrolledLoop", "apply_plan", "load_factory",
-           "measure", "policy", "policy_table", "residual_fates", "trace", "trace_grad"]
+__all__ = ["Fates", "GuessedPrimitive", "LoopNote", "Measurement", "UnrolledLoop", "apply_plan", "import_factory",
+           "load_factory", "measure", "policy", "policy_table", "residual_fates", "trace", "trace_grad"]

@@ -28,14 +28,21 @@ def comma_floats(text: str) -> list[float]:
 
 
 @click.command(name="batch")
-@click.argument("graphs", nargs=-1, required=True, type=click.Path())
+@click.argument("graphs", nargs=-1, required=True, metavar="GRAPHS_OR_FACTORIES...")
 @click.option("--planners", "planner_list", default="all", show_default=True,
               help="Comma-separated planner names, or 'all' for every planner available here.")
 @click.option("--budget-ratios", default="0.9,0.8,0.7,0.6,0.5", show_default=True,
-              help="Budgets as fractions of each graph's no-remat peak.")
+              help="Budgets as fractions of each graph's no-remat peak (--verify xla: of the compiled plain step's).")
+@click.option("--verify", type=click.Choice(["xla"]),
+              help="The inputs are JAX MODULE:FACTORY specs: each job runs solve's closed loop (plan, apply, "
+                   "compile with the installed XLA, re-plan) and its row says whether the compiled step fits.")
+@click.option("--set", "factory_settings", multiple=True, metavar="KEY=VALUE",
+              help="--verify: keyword argument for every factory (repeatable), as for solve --verify xla.")
+@click.option("--argnums", default="0", show_default=True, help="--verify: differentiated arguments, e.g. 0 or 0,1.")
 @planner_options(exclude=("hint", "log_path", "time_limit"))  # the batch sets these per job
 @click.option("--time-limit", type=float, default=60.0, show_default=True,
-              help="Per-job solver time limit, seconds; a worker is killed at this plus --timeout-margin.")
+              help="Per-job solver time limit, seconds (--verify xla: the job's whole loop); a worker is killed at "
+                   "this plus --timeout-margin.")
 @click.option("--timeout-margin", type=float, default=30.0, show_default=True,
               help="Seconds a job may run past --time-limit before its worker is killed.")
 @click.option("--jobs", "-j", type=int, default=1, show_default=True,
@@ -49,34 +56,60 @@ def comma_floats(text: str) -> list[float]:
                    "jobs run, a rerun's row replacing the old one.")
 @click.option("--executor", type=click.Choice(["local", "dask"]), default="local", show_default=True)
 @click.option("--scheduler", help="dask scheduler address (with --executor dask).")
-def batch_cmd(graphs: tuple[str, ...], planner_list: str, budget_ratios: str, time_limit: float,
-              timeout_margin: float, jobs: int, memory_limit: str, exact_max_nodes: int | None, out: str,
-              resume: bool, executor: str, scheduler: str | None, **options: Any) -> None:
-    """Run every (graph, budget, planner) job over GRAPHS (files or directories
-    of *.json / *.mlir) and append one row per job to OUT/results.jsonl."""
-    from ..studies import batch
+def batch_cmd(graphs: tuple[str, ...], planner_list: str, budget_ratios: str, verify: str | None,
+              factory_settings: tuple[str, ...], argnums: str, time_limit: float, timeout_margin: float, jobs: int,
+              memory_limit: str, exact_max_nodes: int | None, out: str, resume: bool, executor: str,
+              scheduler: str | None, **options: Any) -> None:
+    """Run every (input, budget, planner) job and append one row per job to
+    OUT/results.jsonl. The inputs are graph files or directories of *.json /
+    *.mlir; with --verify xla, JAX MODULE:FACTORY specs instead (e.g.
+    models.gpt:factory), each job's budget a share of the compiled plain
+    step's peak."""
+    from ..studies import batch, batch_verify
 
     names = planners.available() if planner_list == "all" else [p.strip() for p in planner_list.split(",") if p.strip()]
     if not names:
         raise RematoptError("--planners: no planner named")
     if jobs < 1:
         raise RematoptError(f"--jobs must be >= 1, got {jobs}")
-    inputs, skipped = batch.load_inputs(graphs)
     err = Console(stderr=True)
-    for path, reason in skipped:
-        err.print(f"[yellow]skipped[/] {path}: {reason}", markup=True, highlight=False)
-    if not inputs:
-        raise RematoptError(f"{', '.join(graphs)}: no graph files found")
+    say = (lambda line: click.echo(f"rematopt: {line}", err=True))
     options["time_limit"] = time_limit
-    plan = batch.plan_batch(inputs, names, comma_floats(budget_ratios), out, options, resume=resume,
-                            memory_limit=parse_bytes(memory_limit) or None, timeout_margin=timeout_margin,
-                            exact_max_nodes=exact_max_nodes,
-                            default_workers=max(1, (os.cpu_count() or 1) // jobs))
+    ratios = comma_floats(budget_ratios)
+    limits = dict(memory_limit=parse_bytes(memory_limit) or None, timeout_margin=timeout_margin,
+                  default_workers=max(1, (os.cpu_count() or 1) // jobs))
+    if verify:
+        if exact_max_nodes is not None:
+            raise RematoptError("--exact-max-nodes: graph inputs only (a --verify xla graph is made in the batch)")
+        from ..xla import flags
+        from .jax import key_values, parse_argnums
+
+        flags.apply(flags.CPU_VERIFY)  # before any JAX backend starts; the workers inherit it
+        factories = batch_verify.load_factories(graphs, key_values(factory_settings), parse_argnums(argnums))
+        plan = batch_verify.plan_verified(factories, names, ratios, out, options, resume=resume, **limits)
+        Path(out).mkdir(parents=True, exist_ok=True)
+        batch_verify.prepare_jobs(plan, factories, say)
+        sources, what = [f.spec for f in factories], "factories"
+    else:
+        if factory_settings:
+            raise RematoptError("--set configures JAX factories: it goes with --verify xla")
+        for g in graphs:
+            if batch_verify.is_factory_spec(g):
+                raise RematoptError(f"{g}: a JAX MODULE:FACTORY input goes with --verify xla "
+                                    f"(or trace it first: rematopt import jax {g} -o GRAPH.json)")
+        inputs, skipped = batch.load_inputs(graphs)
+        for path, reason in skipped:
+            err.print(f"[yellow]skipped[/] {path}: {reason}", markup=True, highlight=False)
+        if not inputs:
+            raise RematoptError(f"{', '.join(graphs)}: no graph files found")
+        plan = batch.plan_batch(inputs, names, ratios, out, options, resume=resume, exact_max_nodes=exact_max_nodes,
+                                **limits)
+        sources, what = [str(g.path) for g in inputs], "graphs"
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    record_command(out_dir, names, inputs)
+    record_command(out_dir, names, sources)
     total = len(plan.specs) + len(plan.skipped)
-    err.print(f"{len(inputs)} graphs x {len(comma_floats(budget_ratios))} budgets x {len(names)} planners: "
+    err.print(f"{len(sources)} {what} x {len(ratios)} budgets x {len(names)} planners: "
               f"{total} jobs to run ({len(plan.rerun)} of them again), {len(plan.done)} already done",
               highlight=False)
     counts: dict[str, int] = {}
@@ -93,13 +126,13 @@ def batch_cmd(graphs: tuple[str, ...], planner_list: str, budget_ratios: str, ti
     click.echo(f"wrote {out_dir / batch.RESULTS} ({', '.join(f'{k} {v}' for k, v in sorted(counts.items())) or 'no new rows'})")
 
 
-def record_command(out: Path, names: list[str], inputs: list) -> None:
+def record_command(out: Path, names: list[str], sources: list[str]) -> None:
     """Keep the command line that made the results, for the report's index."""
     path = out / "batch.json"
     history = json.loads(path.read_text()) if path.exists() else []
     history.append({"command": shlex.join(["rematopt", *sys.argv[1:]]), "cwd": os.getcwd(),
                     "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                    "planners": names, "graphs": [str(g.path) for g in inputs]})
+                    "planners": names, "graphs": sources})
     path.write_text(json.dumps(history, indent=1) + "\n")
 
 

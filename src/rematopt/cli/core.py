@@ -288,7 +288,7 @@ def import_nodelink(file: str, output: str) -> None:
               help="scale: where the instances are made (on first use) and kept.")
 @click.option("--models", default=None, help="device: models by name (default: gpt, unet, flax_linen, keras_llama).")
 @click.option("--quick", is_flag=True, help="device: small sizes and fewer rows (under 5 minutes on 2 cores).")
-@click.option("--runs", type=int, default=None, help="device: timed steps per row after a warm-up (default 7; 3 quick).")
+@click.option("--runs", type=int, default=None, help="device: interleaved timing rounds, one step of every variant each (default 9; 5 quick).")
 @click.option("--out", type=click.Path(file_okay=False), default="reports/device", show_default=True,
               help="device: the report goes to OUT/<backend>/.")
 def bench(what: str, sizes: str, graphs: str | None, ratios: str | None, time_limit: float, bound_limit: float,

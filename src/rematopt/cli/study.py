@@ -70,7 +70,7 @@ def gaps_cmd(graphs: tuple[str, ...], decoders: str, graph_folder: str, budget_r
         batch = gaps.jobs(inputs, comma_floats(budget_ratios), res, time_limit, resume, timeout_margin,
                           max(1, (os.cpu_count() or 1) // jobs))
         res.mkdir(parents=True, exist_ok=True)
-        record_command(res, planners.available(), inputs)
+        record_command(res, planners.available(), [str(g.path) for g in inputs])
         run_batch(batch, res, jobs=jobs, on_row=on_row)
         click.echo(f"wrote {res / 'results.jsonl'} ({', '.join(f'{k} {v}' for k, v in sorted(counts.items()))})")
     from ..studies.report import commands

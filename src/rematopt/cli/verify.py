@@ -3,13 +3,11 @@ and check the plan on the step XLA compiles (:mod:`rematopt.xla.verify`)."""
 
 from __future__ import annotations
 
-import inspect
-import sys
 from typing import Any
 
 import click
 
-from ..errors import ImportFailure, RematoptError
+from ..errors import RematoptError
 from ..xla import flags
 from .common import check_writable, emit_json, figures_table, since_start
 
@@ -26,26 +24,17 @@ def run(spec: str, settings: tuple[str, ...], argnums: tuple[int, ...], planner:
     check_writable(output)
     # before JAX starts its backend: the CPU scheduler is read once, then (a CPU-only flag, inert elsewhere)
     flags.apply(flags.CPU_VERIFY)
-    from .jax import jax_api, key_values
+    from ..xla.factory import load_step, plan_graphs
+    from ..xla.verify import verify
+    from .jax import key_values
 
-    load_factory, trace_grad = jax_api("load_factory", "trace_grad")
-    from ..xla.verify import stock_policies, verify
-
-    config = key_values(settings)
-    fn, args = load_factory(spec, **config)
     say = (lambda line: click.echo(f"rematopt: {line}", err=True))
-    name = spec.partition(":")[0].rsplit(".", 1)[-1]
-    traced = trace_grad(fn, *args, argnums=argnums, name=name, meta={"model": spec, "config": config})
-    try:
-        graph, fallback = trace_grad(fn, *args, argnums=argnums, fuse="xla", name=name,
-                                     meta={"model": spec, "config": config}), traced
-        say(f"graph: {graph.n} nodes as XLA's compiled plain step materializes them (traced: {traced.n})")
-    except ImportFailure as e:
-        say(f"planning on the traced graph: the compiled graph failed ({e})")
-        graph, fallback = traced, None
+    step = load_step(spec, key_values(settings), argnums, say)
+    config = step.config
+    graph, fallback = plan_graphs(step, say)
     left = (DEFAULT_TIME_LIMIT if time_limit is None else time_limit) - since_start()
-    verdict = verify(fn, args, graph, planner, budget_ratio, time_limit=max(1.0, left), options=options,
-                     stock=stock_policies(fn, per_layer(spec, config)), progress=say, fallback=fallback)
+    verdict = verify(step.fn, step.args, graph, planner, budget_ratio, time_limit=max(1.0, left), options=options,
+                     stock=step.stock, progress=say, fallback=fallback)
     chosen = verdict.chosen
     if output and chosen.plan is not None:
         chosen.plan.save(output)
@@ -64,27 +53,3 @@ def run(spec: str, settings: tuple[str, ...], argnums: tuple[int, ...], planner:
         click.echo(f"rematopt: {spec}: the answer is {chosen.label}, not a plan; {output} not written", err=True)
 
 
-def per_layer(spec: str, config: dict) -> dict:
-    """The factory's own per-layer stock policies, where it offers them (a
-    ``remat`` keyword, ``models/``' convention), as loss functions by label."""
-    from .. import jax as api
-    from ..xla.verify import POLICIES
-
-    module, _, attr = spec.partition(":")
-    factory = getattr(sys.modules.get(module), attr, None)
-    if factory is None or "remat" not in inspect.signature(factory).parameters and not _takes_remat(factory):
-        return {}
-    out = {}
-    for name in POLICIES:
-        try:
-            out[f"{name}, per layer"] = api.load_factory(spec, **config, remat=name)[0]
-        except ImportFailure as e:  # a factory may refuse per-layer remat (keras_lm says why): whole-step only
-            click.echo(f"rematopt: no per-layer candidates: {e}", err=True)
-            return {}
-    return out
-
-
-def _takes_remat(factory) -> bool:
-    """``factory(**overrides)`` checks the keys against its CONFIG: a ``remat`` key there is offered."""
-    config = getattr(sys.modules.get(factory.__module__), "CONFIG", None)
-    return isinstance(config, dict) and "remat" in config

@@ -269,7 +269,7 @@ def job_key(graph_sha256: str, budget_ratio: float, planner: str, options: dict[
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
-def _slug(text: str) -> str:
+def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)[:80]
 
 
@@ -277,7 +277,7 @@ def make_spec(g: GraphInput, ratio: float, planner: str, options: dict[str, Any]
               memory_limit: int | None, timeout: float) -> dict[str, Any]:
     """Everything a worker needs to run one job, JSON-serialisable."""
     key = job_key(g.sha256, ratio, planner, options)
-    stem = f"plans/{_slug(g.name)}-{g.sha256[:8]}/{_slug(planner)}-r{ratio:g}-{key[:8]}"
+    stem = f"plans/{slug(g.name)}-{g.sha256[:8]}/{slug(planner)}-r{ratio:g}-{key[:8]}"
     opts = dict(options)
     log = stem.replace("plans/", "logs/", 1) + ".csv" if planner in EXACT else None
     if log:
@@ -343,37 +343,21 @@ def solution_row(spec: dict[str, Any], sol: "Solution") -> dict[str, Any]:
 
 
 def run_job(spec: dict[str, Any]) -> dict[str, Any]:
-    """Run one job in this process (the worker side): load, budget, plan,
-    replay, save the plan. Failures become rows; nothing is raised."""
-    from ..plan import Plan
-    from ..reference import resolve_budget
-    from ..solve import PlanMismatch, solve
+    """Run one job in this process (the worker side): a plan of a graph
+    (:func:`planned_row`) or, for a ``--verify xla`` job, the closed loop on
+    a JAX factory's step (:func:`~rematopt.studies.batch_verify.verified_row`).
+    Failures become rows; nothing is raised."""
+    from ..solve import PlanMismatch
 
     row = base_row(spec)
     out = Path(spec["out"])
     try:
-        planners.REGISTRY[spec["planner"]] = spec["planner_ref"]
-        graph = load_graph(spec["graph_file"])
-        budget = resolve_budget(graph, ratio=spec["budget_ratio"], check=False)
-        row["budget"] = budget
-        try:
-            resolve_budget(graph, budget=budget, check=spec["planner"] in REFUSE_IMPOSSIBLE_BUDGET)
-        except BudgetError as e:
-            row.update(status="INFEASIBLE_BUDGET", error=str(e))
-            return row
-        options = dict(spec["run_options"], progress=False)
-        if spec.get("hint_path"):
-            options["hint"] = Plan.load(out / spec["hint_path"])
-        if options.get("log_path"):
-            Path(options["log_path"]).parent.mkdir(parents=True, exist_ok=True)
-        _limit_memory(spec.get("memory_limit"))
-        sol = solve(graph, spec["planner"], budget=budget, **options)
-        row = solution_row(spec, sol)
-        if sol.has_plan:  # no plan file for a job without a plan
-            path = out / spec["plan_path"]
-            path.parent.mkdir(parents=True, exist_ok=True)
-            sol.plan.save(path)
-            row["plan_path"] = spec["plan_path"]
+        if "verify" in spec:
+            from .batch_verify import verified_row
+
+            row = verified_row(spec)
+        else:
+            row = planned_row(spec)
     except KeyboardInterrupt:  # the SIGINT of the hard timeout, before the planner could return
         row.update(status="TIMEOUT", error="stopped before the planner returned")
     except MemoryError:
@@ -389,7 +373,40 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def _limit_memory(limit: int | None) -> None:
+def planned_row(spec: dict[str, Any]) -> dict[str, Any]:
+    """Load the graph, budget, plan, replay, save the plan: the job's row."""
+    from ..plan import Plan
+    from ..reference import resolve_budget
+    from ..solve import solve
+
+    row = base_row(spec)
+    out = Path(spec["out"])
+    planners.REGISTRY[spec["planner"]] = spec["planner_ref"]
+    graph = load_graph(spec["graph_file"])
+    budget = resolve_budget(graph, ratio=spec["budget_ratio"], check=False)
+    row["budget"] = budget
+    try:
+        resolve_budget(graph, budget=budget, check=spec["planner"] in REFUSE_IMPOSSIBLE_BUDGET)
+    except BudgetError as e:
+        row.update(status="INFEASIBLE_BUDGET", error=str(e))
+        return row
+    options = dict(spec["run_options"], progress=False)
+    if spec.get("hint_path"):
+        options["hint"] = Plan.load(out / spec["hint_path"])
+    if options.get("log_path"):
+        Path(options["log_path"]).parent.mkdir(parents=True, exist_ok=True)
+    limit_memory(spec.get("memory_limit"))
+    sol = solve(graph, spec["planner"], budget=budget, **options)
+    row = solution_row(spec, sol)
+    if sol.has_plan:  # no plan file for a job without a plan
+        path = out / spec["plan_path"]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        sol.plan.save(path)
+        row["plan_path"] = spec["plan_path"]
+    return row
+
+
+def limit_memory(limit: int | None) -> None:
     """Cap this process's address space, so a runaway planner fails with
     MemoryError (or an abort) instead of taking the machine down."""
     if not limit:
@@ -437,7 +454,7 @@ def execute(spec: dict[str, Any]) -> dict[str, Any]:
                     row["status"] = "TIMEOUT"
         else:
             row = base_row(spec)
-            row["status"], row["error"] = _failure(spec, code, err_file.read_text(errors="replace"), stopped)
+            row["status"], row["error"] = failure_status(spec, code, err_file.read_text(errors="replace"), stopped)
     row["job_s"] = time.perf_counter() - start
     return row
 
@@ -454,7 +471,8 @@ def _stop(proc: subprocess.Popen) -> int | None:
         return None
 
 
-def _failure(spec: dict[str, Any], code: int | None, stderr: str, stopped: bool) -> tuple[str, str]:
+def failure_status(spec: dict[str, Any], code: int | None, stderr: str, stopped: bool) -> tuple[str, str]:
+    """``(status, error)`` of a worker that gave no row: TIMEOUT, OOM or CRASH, from how it ended."""
     tail = " | ".join(stderr.strip().splitlines()[-3:])
     if stopped:  # whatever the worker did with our SIGINT, it ran out of time
         return "TIMEOUT", f"stopped after {spec['timeout']:g} s (time limit + margin)"
@@ -485,6 +503,29 @@ class BatchPlan:
     rerun: dict[str, dict[str, Any]] = field(default_factory=dict)  # key -> unfinished earlier row, run again
 
 
+def check_jobs(planner_names: list[str], ratios: list[float], options: dict[str, Any]) -> None:
+    """PlannerError for an unknown or unavailable planner or a bad option
+    value, BudgetError for a ratio that is not a finite number > 0: before any job runs."""
+    for name in planner_names:
+        planners.get(name)  # unknown or not importable: fail before any job runs
+        parse(planners.options_class(name), options, name)  # a bad value too
+    for r in ratios:
+        if not (r > 0 and math.isfinite(r)):
+            raise BudgetError(f"budget ratio must be a finite number > 0, got {r}")
+
+
+def previous_rows(out: Path, resume: bool) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """``(done, earlier)``: the finished and the unfinished rows of ``out``
+    by key; RematoptError when ``out`` holds results and ``resume`` is off."""
+    rows = read_rows(out)
+    if rows and not resume:
+        raise RematoptError(f"{out}: already holds {len(rows)} results; pass --resume to continue that "
+                            "batch, or choose a new --out directory")
+    # SKIPPED too runs again: a resume may lift the cap
+    return ({row["key"]: row for row in rows if finished(row)},
+            {row["key"]: row for row in rows if not finished(row)})
+
+
 def plan_batch(inputs: list[GraphInput], planner_names: list[str], ratios: list[float], out: str | Path,
                options: dict[str, Any] | None = None, resume: bool = False,
                memory_limit: int | None = DEFAULT_MEMORY_LIMIT, timeout_margin: float = DEFAULT_TIMEOUT_MARGIN,
@@ -500,18 +541,8 @@ def plan_batch(inputs: list[GraphInput], planner_names: list[str], ratios: list[
     """
     out = Path(out).resolve()
     options = {k: v for k, v in (options or {}).items() if v is not None}
-    for name in planner_names:
-        planners.get(name)  # unknown or not importable: fail before any job runs
-        parse(planners.options_class(name), options, name)  # a bad value too
-    for r in ratios:
-        if not (r > 0 and math.isfinite(r)):
-            raise BudgetError(f"budget ratio must be a finite number > 0, got {r}")
-    rows = read_rows(out)
-    if rows and not resume:
-        raise RematoptError(f"{out}: already holds {len(rows)} results; pass --resume to continue that "
-                            "batch, or choose a new --out directory")
-    done = {row["key"]: row for row in rows if finished(row)}  # SKIPPED too runs again: a resume may lift the cap
-    earlier = {row["key"]: row for row in rows if not finished(row)}
+    check_jobs(planner_names, ratios, options)
+    done, earlier = previous_rows(out, resume)
     timeout = float(options.get("time_limit") or 3600.0) + timeout_margin
     specs, skipped, rerun = [], [], {}
     order = sorted(planner_names, key=lambda p: p in EXACT)
@@ -592,7 +623,7 @@ def run_batch(batch: BatchPlan, out: str | Path, jobs: int = 1, executor: str = 
                 if spec is None:
                     break
                 pending.remove(spec)
-                if spec["planner"] in EXACT:
+                if spec["planner"] in EXACT and "verify" not in spec:  # a closed loop plans at budgets of its own
                     hint = best_hint([*batch.done.values(), *new], spec)
                     if hint:
                         spec.update(hint_path=hint["plan_path"], hint_from=hint["planner"])

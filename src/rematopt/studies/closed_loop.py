@@ -39,28 +39,26 @@ def rows(names: list[str], ratios: tuple[float, ...] = RATIOS, planner: str = "c
     """One record per (model, ratio). The plain and stock compiles are made
     once per model, before the loops, so each ratio's ``time_limit`` goes to
     its planning rounds."""
-    from ..jax import load_factory, trace_grad
-    from ..xla.verify import compile_figures, stock_policies, verify
+    from ..xla.factory import load_step, plan_graphs
+    from ..xla.verify import compile_figures, verify
 
     out = []
     for name in names:
         spec, config = MODELS[name]
-        fn, args = load_factory(spec, **config)
         start = time.perf_counter()
-        traced = trace_grad(fn, *args)
-        try:
-            graph, fallback, how = trace_grad(fn, *args, fuse="xla"), traced, "compiled"
-        except Exception as e:  # noqa: BLE001 - the table says which graph was planned on
-            graph, fallback, how = traced, None, f"traced ({type(e).__name__})"
-        stock = stock_policies(fn)
+        step = load_step(spec, config, say=lambda line: say(f"{name}: {line}"))
+        graph, fallback = plan_graphs(step, say=lambda line: say(f"{name}: {line}"))
+        traced = fallback or graph
+        how = "compiled" if fallback is not None else "traced"
         settings = flags.for_backend("cpu")
-        known = {label: compile_figures(f, args, (0,), settings) for label, f in {"plain": fn, **stock}.items()}
+        known = {label: compile_figures(f, step.args, step.argnums, settings)
+                 for label, f in {"plain": step.fn, **step.stock}.items()}
         for ratio in ratios:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                v = verify(fn, args, graph, planner, ratio, time_limit=time_limit, options={"workers": workers},
-                           stock=stock, progress=lambda line: say(f"{name} {ratio}: {line}"), known=known,
-                           fallback=fallback)
+                v = verify(step.fn, step.args, graph, planner, ratio, time_limit=time_limit,
+                           options={"workers": workers}, stock=step.stock, known=known, fallback=fallback,
+                           progress=lambda line: say(f"{name} {ratio}: {line}"))
             rec = {"model": name, "spec": spec, "config": config, "graph": how, "graph_nodes": graph.n,
                    "traced_nodes": traced.n,
                    "planner": planner, "time_limit": time_limit, "trace_s": time.perf_counter() - start,

@@ -1,10 +1,10 @@
 """``rematopt bench device``: the remat JAX users write against rematopt's plans, as the device runs them.
 
 For each model, every variant of its training step (``jax.jit(jax.value_and_grad(loss))``) is
-compiled and run on the backend present, each in a fresh process (so one row's memory does not
+compiled and run once on the backend present, each in a fresh process (so one row's memory does not
 leak into the next, and XLA's process-wide flags are the row's own):
 
-- ``plain``: the step as written (run twice: the spread of the two medians is the noise floor);
+- ``plain``: the step as written;
 - ``layer:<policy>`` / ``step:<policy>``: the factory's ``remat=`` per layer, in the model library's
   idiom, and on the whole loss;
 - ``xla-gpu@r`` (GPU only): the plain step under XLA's own GPU rematerialization, its slop factor
@@ -12,12 +12,15 @@ leak into the next, and XLA's process-wide flags are the row's own):
 - ``rematopt@r``: a plan for r x the plain step's peak applied with ``rematopt.jax.apply_plan``.
 
 Each row: XLA's compiled peak (``peak_memory_in_bytes`` on GPU / TPU; temp + arguments + outputs -
-aliases on CPU, which computes no peak), the device's peak where it reports one, the step time
-(median of ``runs`` after a warm-up), the time its kernels price at on the calibrated device
-profile (:mod:`rematopt.xla.cost`: the plain step's measured time fixes the profile's scale), and
-the largest gradient difference from the plain step. On CPU every row runs under XLA's
-memory-minimizing scheduler (``--xla_cpu_enable_concurrency_optimized_scheduler=false``), without
-which XLA's CPU schedule undoes rematerialization.
+aliases on CPU, which computes no peak), the device's peak where it reports one, and the largest
+gradient difference from the plain step. Then one process times every variant of the model in
+interleaved rounds (and a second compile of the plain step, ``plain (again)``, beside them: the noise
+floor); a row's step time is its fastest round. On CPU the clock is the process's CPU time with the
+worker pinned to one core, so the other work on a shared machine does not enter the figure; on a
+GPU, wall-clock time. Last, each row's kernels are priced (:mod:`rematopt.xla.cost`) on a profile
+fitted to the baselines' measured times; the plans are predicted, not fitted. On CPU every row runs
+under XLA's memory-minimizing scheduler (``--xla_cpu_enable_concurrency_optimized_scheduler=false``),
+without which XLA's CPU schedule undoes rematerialization.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -34,12 +38,19 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from ..xla.cost import Fit, StepCost, fit
+
 CPU_SCHEDULER = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
 POLICIES = ("nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable")
 RATIOS = (0.8, 0.6, 0.5)
 # --quick (under 5 minutes on the 2-core machine): fewer rows, each a process of about 10 s there
 QUICK_POLICIES = {"layer": ("nothing_saveable", "dots_saveable"), "step": ("dots_saveable",)}
 QUICK_RATIOS = (0.8,)
+# Interleaved timing rounds (one step of every variant each). On the shared 2-core machine the CPU
+# time of one step varies by under 5% between rounds (quick gpt, load average 10); the fastest of
+# 5 rounds is steady to within that.
+ROUNDS, QUICK_ROUNDS = 9, 5
+AGAIN = "plain (again)"
 # XLA's GPU memory limit is (0.8 x device memory - inputs - outputs) x slop / 100 (issue 36).
 GPU_LIMIT_SHARE = 0.8
 
@@ -85,12 +96,12 @@ class Row:
     compiled_peak_is: str = ""
     device_peak: int | None = None
     step_ms: float | None = None
-    step_ms_min: float | None = None
-    step_ms_spread: float | None = None  # (max - min) / median of the timed runs
-    predicted_ms: float | None = None  # kernels priced on the calibrated profile
+    step_ms_spread: float | None = None  # fastest step of the even rounds against the odd ones, over step_ms
+    predicted_ms: float | None = None  # kernels priced on the profile fitted to the baselines
     predicted_raw_ms: float | None = None  # on the data-sheet profile
     predicted_peak: int | None = None  # the plan's peak on the graph (rematopt rows)
     predicted_overhead: float | None = None  # the plan's recompute overhead on the graph
+    page_faults: int | None = None  # minor page faults per step (median over the rounds)
     kernels: int | None = None
     bytes_moved: int | None = None
     grad_error: float | None = None
@@ -103,15 +114,11 @@ class Row:
 
 # ---------------------------------------------------------------- one row, in its own process
 
-def measure(spec: dict) -> dict:
-    """Compile and run one variant (``spec`` as :func:`_row_spec` makes it); a dict of :class:`Row`'s fields."""
+def _compile(spec: dict):
+    """The variant ``spec`` names, compiled: (compiled, args, compile seconds)."""
     import jax
-    import numpy as np
 
-    from ..importers.costmodel import device
     from ..jax import load_factory
-    from ..xla.cost import step_cost
-    from ..xla.memory import xla_reference
 
     config = dict(spec["config"])
     if spec.get("remat"):
@@ -123,13 +130,31 @@ def measure(spec: dict) -> dict:
         from ..plan import Plan
 
         fn = apply_plan(fn, load_graph(spec["graph"]), Plan.load(spec["plan"]))
-    backend = jax.default_backend()
     start = time.perf_counter()
     compiled = jax.jit(jax.value_and_grad(fn)).lower(*args).compile(**_options(spec))
-    compile_s = time.perf_counter() - start
-    ref = xla_reference(compiled.memory_analysis(), backend)
-    cost = step_cost(compiled.as_text(), device(spec["device"]))
-    out = jax.block_until_ready(compiled(*args))  # the warm-up
+    return compiled, args, time.perf_counter() - start
+
+
+def measure(spec: dict) -> dict:
+    """Compile and run one variant once (``spec`` as :func:`_bench_model` makes it): its memory, its
+    kernels' price, its gradients against the plain step's; a dict of :class:`Row`'s fields. The
+    compiled module's text goes to ``spec["hlo"]`` for the calibration; step times are
+    :func:`time_steps`'s."""
+    import jax
+    import numpy as np
+
+    from ..importers.costmodel import device
+    from ..xla.cost import step_cost
+    from ..xla.memory import xla_reference
+
+    compiled, args, compile_s = _compile(spec)
+    backend = jax.default_backend()
+    analysis = compiled.memory_analysis()
+    ref = xla_reference(analysis, backend)
+    text = compiled.as_text()
+    Path(spec["hlo"]).write_text(text)
+    cost = step_cost(text, device(spec["device"]))
+    out = jax.block_until_ready(compiled(*args))
     grads = [np.asarray(x) for x in jax.tree_util.tree_leaves(out[1])]
     if spec["grads"] and not Path(spec["grads"]).exists():
         np.savez(spec["grads"], *grads)
@@ -137,20 +162,48 @@ def measure(spec: dict) -> dict:
     else:
         with np.load(spec["grads"]) as base:
             error = max((float(np.max(np.abs(g - base[f"arr_{i}"]))) for i, g in enumerate(grads)), default=0.0)
-    times = []
-    for _ in range(spec["runs"]):
-        t = time.perf_counter()
-        jax.block_until_ready(compiled(*args))
-        times.append(time.perf_counter() - t)
-    median = statistics.median(times)
     stats = jax.devices()[0].memory_stats() or {}
     return {"compiled_peak": ref.bytes, "compiled_peak_is": ref.what, "device_peak": stats.get("peak_bytes_in_use"),
-            "step_ms": 1e3 * median, "step_ms_min": 1e3 * min(times), "step_ms_spread": (max(times) - min(times)) / median,
             "predicted_raw_ms": 1e3 * cost.seconds, "kernels": len(cost.kernels), "bytes_moved": cost.bytes_moved,
             "grad_error": error, "compile_s": compile_s, "backend": backend,
-            "argument_bytes": int(compiled.memory_analysis().argument_size_in_bytes),
-            "output_bytes": int(compiled.memory_analysis().output_size_in_bytes),
+            "argument_bytes": int(analysis.argument_size_in_bytes), "output_bytes": int(analysis.output_size_in_bytes),
             "device_memory": stats.get("bytes_limit")}
+
+
+def time_steps(spec: dict) -> dict:
+    """Time every variant of one model in one process, in interleaved rounds: each round runs one step
+    of every variant (the order rotated each round), so the machine's drift reaches all of them
+    alike. The clock is ``spec["clock"]``: ``cpu``, the process's CPU time (the worker is pinned to
+    one core, so this is the step's work on that core, whatever else loads the machine), or
+    ``wall``. Per variant, its milliseconds and the process's minor page faults per round (pages the
+    step touched fresh: on CPU, XLA maps its temp buffer anew each step), and its compiled peak (a
+    second copy of a program must match the first). The compiles hit JAX's persistent cache the row processes
+    filled."""
+    import jax
+
+    from ..xla.memory import xla_reference
+
+    clock = time.process_time if spec["clock"] == "cpu" else time.perf_counter
+    steps, out = {}, {"times": {}, "faults": {}, "peaks": {}, "errors": {}}
+    for label, variant in spec["variants"].items():
+        try:
+            compiled, args, _ = _compile({**spec, **variant})
+            jax.block_until_ready(compiled(*args))  # the warm-up
+        except Exception as e:  # one variant's failure is its row's note, the others still run
+            out["errors"][label] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+            continue
+        steps[label] = (compiled, args)
+        out["times"][label], out["faults"][label] = [], []
+        out["peaks"][label] = xla_reference(compiled.memory_analysis(), jax.default_backend()).bytes
+    labels = list(steps)
+    for r in range(spec["rounds"]):
+        for label in labels[r % len(labels):] + labels[:r % len(labels)]:
+            compiled, args = steps[label]
+            faults, t = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, clock()
+            jax.block_until_ready(compiled(*args))
+            out["times"][label].append(1e3 * (clock() - t))
+            out["faults"][label].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults)
+    return out
 
 
 def _options(spec: dict) -> dict:
@@ -226,6 +279,9 @@ class Bench:
     notes: list[str] = field(default_factory=list)
     planning: str = ""
     ratios: tuple[float, ...] = RATIOS
+    clock: str = "cpu"  # what a step time is: "cpu" (the process's CPU time, one core) or "wall"
+    costs: dict[tuple[str, str], StepCost] = field(default_factory=dict)  # (model, variant): its kernels, data sheet
+    fits: dict[str, Fit | str] = field(default_factory=dict)  # per model: the fitted profile, or why there is none
 
 
 def run_bench(models: tuple[str, ...] = DEFAULT_MODELS, quick: bool = False, runs: int | None = None,
@@ -234,20 +290,21 @@ def run_bench(models: tuple[str, ...] = DEFAULT_MODELS, quick: bool = False, run
               configs: dict[str, dict] | None = None) -> Bench:
     """Measure every variant of every model; writes the report after each row (Ctrl-C keeps them)."""
     cwd = cwd or Path.cwd()
-    runs = runs or (3 if quick else 7)
+    runs = runs or (QUICK_ROUNDS if quick else ROUNDS)
     ratios = ratios or (QUICK_RATIOS if quick else RATIOS)
     time_limit = time_limit or (60.0 if quick else 120.0)  # --verify xla: tracing, compiles and rounds
     env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {CPU_SCHEDULER}".strip(),
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])}
     backend = _worker({"probe": True, "cwd": str(cwd)}, env, 120).get("backend", "cpu")
     profile = {"cpu": "cpu", "gpu": "h200", "tpu": "tpu-v4"}.get(backend, "cpu")
-    bench = Bench(backend, profile, ratios=ratios)
+    bench = Bench(backend, profile, ratios=ratios, clock="cpu" if backend == "cpu" else "wall")
     bench.planning = ("cpsat on the graph traced with fuse='xla' (nodes as XLA's compiled plain step makes "
                       "them) under --verify xla's closed loop (rematopt.xla.verify, stock policies left out: "
                       "they are rows of their own): the planning budget is bisected until the applied plan's "
                       "compiled peak fits r x the compiled plain peak, within the time limit")
     if backend == "cpu":
-        bench.notes.append(f"CPU rows run under XLA_FLAGS={CPU_SCHEDULER} (the memory-minimizing scheduler).")
+        bench.notes.append(f"CPU rows run under XLA_FLAGS={CPU_SCHEDULER} (the memory-minimizing scheduler), "
+                           f"each worker pinned to core {min(os.sched_getaffinity(0))}.")
     try:
         for name in models:
             model = MODELS[name]
@@ -261,16 +318,26 @@ def run_bench(models: tuple[str, ...] = DEFAULT_MODELS, quick: bool = False, run
     return bench
 
 
-def _bench_model(bench: Bench, model: Model, config: dict, runs: int, ratios: tuple[float, ...], time_limit: float,
+def _bench_model(bench: Bench, model: Model, config: dict, rounds: int, ratios: tuple[float, ...], time_limit: float,
                  quick: bool, env: dict, cwd: Path, out: Path | None, progress: Callable[[str], None]) -> None:
+    from ..importers.costmodel import device
+    from ..xla.cost import step_cost
+    from ..xla.hlo import read_hlo
+
     work = Path(tempfile.mkdtemp(prefix=f"rematopt-device-{model.label}-"))
-    base = {"model": model.spec, "config": config, "runs": runs, "grads": str(work / "grads.npz"),
-            "device": bench.device, "cwd": str(cwd)}
+    # the timing process's compiles hit the cache the row processes fill
+    env = {**env, "JAX_COMPILATION_CACHE_DIR": str(work / "jax-cache"),
+           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+    base = {"model": model.spec, "config": config, "grads": str(work / "grads.npz"), "device": bench.device,
+            "cwd": str(cwd)}
+    pin = {"pin": min(os.sched_getaffinity(0))} if bench.clock == "cpu" else {}
     timeout = 900.0
+    specs: dict[str, dict] = {}  # variant: what compiles it, for the timing process
 
     def row(variant: str, kind: str, ratio: float | None = None, **extra) -> Row | None:
         started = time.perf_counter()
-        got = _worker({**base, **extra}, env, timeout)
+        hlo = work / f"hlo_{len(specs)}.txt"
+        got = _worker({**base, **pin, **extra, "hlo": str(hlo)}, env, timeout)
         r = Row(model.label, variant, kind, ratio)
         if "error" in got:
             r.note = got["error"]
@@ -278,9 +345,10 @@ def _bench_model(bench: Bench, model: Model, config: dict, runs: int, ratios: tu
             for k, v in got.items():
                 if hasattr(r, k):
                     setattr(r, k, v)
+            bench.costs[model.label, variant] = step_cost(read_hlo(hlo), device(bench.device))
+            specs[variant] = extra
         bench.rows.append(r)
-        _calibrate(bench, model.label)
-        progress(f"{model.label:12} {variant:42} " + (f"peak {r.compiled_peak / 1e6:9.2f} MB  step {r.step_ms:8.2f} ms"
+        progress(f"{model.label:12} {variant:42} " + (f"peak {r.compiled_peak / 1e6:9.2f} MB  {r.kernels:5} kernels"
                                                       if r.compiled_peak else f"-- {r.note}")
                  + f"  ({time.perf_counter() - started:.0f} s)")
         if out:
@@ -290,7 +358,6 @@ def _bench_model(bench: Bench, model: Model, config: dict, runs: int, ratios: tu
     plain = row("plain", "plain")
     if plain is None:
         return
-    row("plain (again)", "plain")
     for scope in ("layer", "step"):
         for policy in QUICK_POLICIES[scope] if quick else POLICIES:
             row(f"{scope}:{policy}", scope, remat=policy, scope=scope)
@@ -298,22 +365,62 @@ def _bench_model(bench: Bench, model: Model, config: dict, runs: int, ratios: tu
         for ratio in ratios:
             slop = _slop(plain, ratio)
             row(f"xla-gpu@{ratio} (slop {slop})", "xla-gpu", ratio, slop=slop)
+    started = time.perf_counter()
     planned = _worker({**base, "plan_dir": str(work), "label": model.label, "ratios": list(ratios),
                        "time_limit": time_limit}, env, timeout)
     if "error" in planned:
         bench.notes.append(f"{model.label}: planning failed: {planned['error']}")
-        progress(f"{model.label:12} planning failed: {planned['error']}")
-        return
-    for ratio in ratios:
+    progress(f"{model.label:12} planning " + (f"failed: {planned['error']}" if "error" in planned else "done")
+             + f"  ({time.perf_counter() - started:.0f} s)")
+    for ratio in ratios if "error" not in planned else ():
         p = planned["plans"].get(str(ratio), {})
         if "path" not in p:
             bench.rows.append(Row(model.label, f"rematopt@{ratio}", "rematopt", ratio,
                                   note=f"no plan: {p.get('status', 'not run')}"))
+            progress(f"{model.label:12} rematopt@{ratio}: {bench.rows[-1].note}")
             continue
         r = row(f"rematopt@{ratio}", "rematopt", ratio, graph=p["graph"], plan=p["path"])
         if r is not None:
             r.predicted_peak, r.predicted_overhead = p["peak"], p["overhead"]
             r.note = f"{p['status']}, graph of {p['nodes']} nodes"
+    _time(bench, model.label, specs, base, pin, rounds, env, timeout, progress)
+    _calibrate(bench, model.label)
+    if out:
+        write_report(bench, out)
+
+
+def _time(bench: Bench, model: str, specs: dict[str, dict], base: dict, pin: dict, rounds: int, env: dict,
+          timeout: float, progress: Callable[[str], None]) -> None:
+    """Every measured variant's step time from :func:`time_steps` (one process, interleaved rounds), with
+    a second compile of the plain step, timed alongside, as the row ``plain (again)``."""
+    started = time.perf_counter()
+    variants = {**specs, AGAIN: specs["plain"]}
+    got = _worker({**base, **pin, "variants": variants, "rounds": rounds, "clock": bench.clock}, env, timeout)
+    rows = {r.variant: r for r in bench.rows if r.model == model}
+    plain = rows["plain"]
+    again = Row(model, AGAIN, "plain", note="a second compile of the plain step, timed in the same rounds: "
+                "the noise floor")
+    bench.rows.insert(bench.rows.index(plain) + 1, again)
+    if "error" in got:
+        again.note = f"timing failed: {got['error']}"
+        progress(f"{model:12} timing failed: {got['error']}")
+        return
+    for variant, times in got["times"].items():
+        r = rows.get(variant, again)
+        r.step_ms = min(times)
+        halves = min(times[0::2]), min(times[1::2] or times)
+        r.step_ms_spread = abs(halves[0] - halves[1]) / r.step_ms
+        r.page_faults = int(statistics.median(got["faults"][variant]))
+    for variant, why in got["errors"].items():
+        rows.get(variant, again).note += f" timing failed: {why}"
+    if AGAIN in got["peaks"]:
+        again.compiled_peak, again.compiled_peak_is = got["peaks"][AGAIN], plain.compiled_peak_is
+        for k in ("predicted_raw_ms", "kernels", "bytes_moved"):
+            setattr(again, k, getattr(plain, k))
+        bench.costs[model, AGAIN] = bench.costs[model, "plain"]
+    progress(f"{model:12} {len(got['times'])} variants timed in {rounds} interleaved rounds "
+             f"({bench.clock} clock; plain {plain.step_ms or float('nan'):.2f} ms, again "
+             f"{again.step_ms or float('nan'):.2f} ms)  ({time.perf_counter() - started:.0f} s)")
 
 
 def _slop(plain: Row, ratio: float) -> int:
@@ -327,28 +434,36 @@ def _slop(plain: Row, ratio: float) -> int:
 
 
 def _calibrate(bench: Bench, model: str) -> None:
-    """Every row's predicted time on the profile scaled so the plain step's (median of the plain rows)
-    prediction is its measured time (:func:`rematopt.xla.cost.calibrate` with one scale)."""
-    plains = [r for r in bench.rows if r.model == model and r.kind == "plain" and r.step_ms and r.predicted_raw_ms]
-    if not plains:
+    """Fit the profile (:func:`rematopt.xla.cost.fit`) to the baselines' measured steps (plain, the
+    policies, XLA's GPU remat: not the plans the bench judges) and price every row on it."""
+    fitted = [r for r in bench.rows if r.model == model and r.kind != "rematopt" and r.step_ms
+              and (model, r.variant) in bench.costs]
+    if not fitted:
+        bench.fits[model] = "no baseline was timed"
         return
-    scale = statistics.median(r.step_ms for r in plains) / statistics.median(r.predicted_raw_ms for r in plains)
+    try:
+        f = fit([bench.costs[model, r.variant] for r in fitted], [r.step_ms / 1e3 for r in fitted],
+                [r.variant for r in fitted])
+    except ValueError as e:
+        bench.fits[model] = str(e)
+        return
+    bench.fits[model] = f
     for r in bench.rows:
-        if r.model == model and r.predicted_raw_ms:
-            r.predicted_ms = r.predicted_raw_ms * scale
+        if r.model == model and (model, r.variant) in bench.costs:
+            r.predicted_ms = 1e3 * f.price(bench.costs[model, r.variant]).seconds
 
 
 # ---------------------------------------------------------------- the report
 
 def noise(bench: Bench, model: str) -> float | None:
-    """The relative spread of the plain step's repeated measurements: the two fresh-process medians
-    and each one's own spread of runs; the larger."""
-    plains = [r for r in bench.rows if r.model == model and r.kind == "plain" and r.step_ms]
+    """How far two measurements of one step time can differ: the larger of the relative difference
+    between the plain step and its second compile, and, over every variant, between the fastest step
+    of the even rounds and of the odd rounds."""
+    rows = [r for r in bench.rows if r.model == model and r.step_ms]
+    plains = [r.step_ms for r in rows if r.kind == "plain"]
     if not plains:
         return None
-    medians = [r.step_ms for r in plains]
-    between = (max(medians) - min(medians)) / statistics.median(medians)
-    return max([between] + [r.step_ms_spread or 0.0 for r in plains])
+    return max([(max(plains) - min(plains)) / min(plains)] + [r.step_ms_spread or 0.0 for r in rows])
 
 
 def verdict(bench: Bench) -> list[dict]:
@@ -397,9 +512,13 @@ def _ms(x) -> str:
 def markdown(bench: Bench) -> str:
     import jax
 
+    clock = ("the process's CPU time on one pinned core (other load on the machine does not enter it)"
+             if bench.clock == "cpu" else "wall-clock time")
     lines = [f"# rematopt bench device: {bench.backend}", "",
-             f"jax {jax.__version__}, backend `{bench.backend}`, cost profile `{bench.device}` (scaled per model "
-             "so the plain step's kernels price at its measured time). " + " ".join(bench.notes), "",
+             f"jax {jax.__version__}, backend `{bench.backend}`, cost profile `{bench.device}` (its FLOP and byte "
+             "rates and a per-kernel launch cost fitted per model to the baselines' measured steps). Step time: "
+             f"the fastest of interleaved rounds, each running one step of every variant, {clock}. "
+             + " ".join(bench.notes), "",
              "## Verdict", "",
              "Budget: r x the plain step's compiled peak. Fastest baseline: the quickest of plain, the "
              "per-layer and whole-step policies (and XLA's GPU remat on a GPU) whose compiled peak fits.", "",
@@ -413,14 +532,15 @@ def markdown(bench: Bench) -> str:
                      f"{_mb(b.compiled_peak if b else None)} | {_ms(b.step_ms if b else None)} | "
                      f"{_mb(p.compiled_peak if p else None)} | {_ms(p.step_ms if p else None)} | {ratio} | "
                      f"±{100 * v['noise']:.1f}% | {v['verdict']} |")
-    lines += ["", "Noise: per model, the larger of the spread between two plain-step medians measured in separate "
-              "processes and the spread (max - min over median) of one process's timed runs.", "",
+    lines += ["", "Noise: per model, the largest relative difference between two measurements of one step time: "
+              "the plain step against its second compile, and each variant's fastest step in the even rounds "
+              "against the odd rounds.", "",
               "## Predicted against measured", "", _prediction_summary(bench), "",
               "## Every row", "", f"Planning: {bench.planning}.", "",
               "| model | variant | compiled peak MB | device peak MB | step ms | predicted ms | overhead measured "
               "| overhead predicted | graph: plan peak MB | graph: plan overhead | kernels | GB moved "
-              "| max grad error | compile s | note |",
-              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+              "| page faults per step | max grad error | compile s | note |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in bench.rows:
         base = _plain_ms(bench, r.model)
         over = lambda x: "—" if x is None or base is None else f"{100 * (x / base[0] - 1):+.1f}%"  # noqa: E731
@@ -429,6 +549,7 @@ def markdown(bench: Bench) -> str:
                      f"| {_ms(r.predicted_ms)} | {over(r.step_ms)} | {pover} | {_mb(r.predicted_peak)} | "
                      f"{'—' if r.predicted_overhead is None else f'{100 * r.predicted_overhead:+.1f}%'} | "
                      f"{r.kernels or '—'} | {'—' if r.bytes_moved is None else f'{r.bytes_moved / 1e9:.2f}'} | "
+                     f"{'—' if r.page_faults is None else f'{r.page_faults:,}'} | "
                      f"{'—' if r.grad_error is None else f'{r.grad_error:.1e}'} | "
                      f"{'—' if r.compile_s is None else f'{r.compile_s:.1f}'} | {r.note} |")
     return "\n".join(lines) + "\n"
@@ -443,23 +564,37 @@ def _plain_ms(bench: Bench, model: str) -> tuple[float, float] | None:
 
 
 def _prediction_summary(bench: Bench) -> str:
-    """Per model: how far the calibrated prediction of each variant's step time, and of each plan's
-    overhead over the plain step, is from the measurement."""
-    out = ["| model | plain: predicted vs measured | variants within 15% | worst variant | plans: predicted "
-           "overhead - measured (points) |", "|---|---:|---:|---|---|"]
+    """Per model: the fitted profile, how far it prices the steps it was fitted on, and how far it
+    predicts the plans it was not fitted on: their step time, and their overhead over the plain step
+    (both priced by the same function, so the overhead is predicted(plan) / predicted(plain) - 1)."""
+    out = ["The profile is fitted on the baselines (plain and the policies); rematopt's plans are predicted, "
+           "not fitted.", "",
+           "| model | fitted profile | plain: predicted vs measured | baselines within 15% | worst baseline "
+           "| plans: predicted vs measured time | plans: predicted overhead - measured (points) |",
+           "|---|---|---:|---:|---|---|---|"]
     for model in dict.fromkeys(r.model for r in bench.rows):
+        f = bench.fits.get(model)
         base = _plain_ms(bench, model)
-        if base is None:
+        if not isinstance(f, Fit) or base is None:
+            out.append(f"| {model} | no fit: {f or 'not timed'} | — | — | — | — | — |")
             continue
         rows = [r for r in bench.rows if r.model == model and r.step_ms and r.predicted_ms]
-        errs = [(r.predicted_ms / r.step_ms - 1, r.variant) for r in rows]
+        errs = [(r.predicted_ms / r.step_ms - 1, r.variant) for r in rows if r.kind != "rematopt"]
         within = sum(abs(e) <= 0.15 for e, _ in errs)
         worst = max(errs, key=lambda e: abs(e[0]))
-        plans = [f"{r.variant} {100 * ((r.predicted_ms / base[1]) - (r.step_ms / base[0])):+.1f}"
-                 for r in rows if r.kind == "rematopt"]
-        out.append(f"| {model} | {100 * (base[1] / base[0] - 1):+.1f}% (calibrated on it) | {within} of {len(errs)} "
-                   f"| {worst[1]} {100 * worst[0]:+.1f}% | {', '.join(plans) or '—'} |")
+        plans = [r for r in rows if r.kind == "rematopt"]
+        times = ", ".join(f"{r.variant} {100 * (r.predicted_ms / r.step_ms - 1):+.1f}%" for r in plans)
+        overheads = ", ".join(f"{r.variant} {100 * ((r.predicted_ms / base[1]) - (r.step_ms / base[0])):+.1f}"
+                              for r in plans)
+        profile = (f"FLOPs x{_per(f.compute):.3g}, bytes x{_per(f.memory):.3g} of the data sheet, "
+                   f"{1e6 * f.launch_s:.3g} us per kernel")
+        out.append(f"| {model} | {profile} | {100 * (base[1] / base[0] - 1):+.1f}% | {within} of {len(errs)} "
+                   f"| {worst[1]} {100 * worst[0]:+.1f}% | {times or '—'} | {overheads or '—'} |")
     return "\n".join(out)
+
+
+def _per(factor: float) -> float:
+    return 1 / factor if factor > 0 else math.inf
 
 
 def write_report(bench: Bench, folder: Path) -> None:
@@ -517,7 +652,8 @@ def figure(bench: Bench, path: Path) -> None:
         ax.set_title(model)
         ax.set_xlabel("compiled peak (MB)")
         ax.set_ylabel("step time (ms)")
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:  # nothing to label before the rows are timed
+            ax.legend(fontsize=7)
     fig.suptitle(f"memory against step time ({bench.backend})")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -527,6 +663,8 @@ def figure(bench: Bench, path: Path) -> None:
 def main(argv: list[str]) -> int:
     """The worker: one JSON spec in, one JSON line out."""
     spec = json.loads(argv[0])
+    if "pin" in spec:  # before JAX starts, so XLA's CPU thread pool is sized to the one core
+        os.sched_setaffinity(0, {spec["pin"]})
     if spec.get("probe"):
         import jax
 
@@ -534,6 +672,9 @@ def main(argv: list[str]) -> int:
         return 0
     if "plan_dir" in spec:
         print(json.dumps(plan_step({**spec, "dir": spec["plan_dir"]})))
+        return 0
+    if "variants" in spec:
+        print(json.dumps(time_steps(spec)))
         return 0
     print(json.dumps(measure(spec)))
     return 0

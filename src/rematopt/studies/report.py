@@ -182,6 +182,37 @@ def exact_table(df: pd.DataFrame) -> pd.DataFrame:
     return ex.sort_values(["nodes", "graph", "budget_ratio"], ascending=[True, True, False]).reset_index(drop=True)
 
 
+VERIFIED_COLUMNS = ["graph", "budget_ratio", "planner", "fits", "budget", "xla_peak_bytes", "xla_plain_peak_bytes",
+                    "chosen", "predicted_peak_bytes", "model_status", "overhead", "rounds"]
+
+
+def verified_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows of ``batch --verify xla`` jobs (none in a batch of graphs)."""
+    return df[df["verify"] == "xla"] if "verify" in df else df.iloc[0:0]
+
+
+def verified_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per --verify xla job: whether the compiled step fits, the chosen
+    candidate, its compiled and predicted peaks, what the model said of it."""
+    v = verified_rows(df).reindex(columns=VERIFIED_COLUMNS)
+    return v.sort_values(["graph", "budget_ratio", "planner"], ascending=[True, False, True]).reset_index(drop=True)
+
+
+def verified_lines(df: pd.DataFrame) -> list[str]:
+    v = verified_rows(df)
+    if v.empty:
+        return []
+    from ..xla.flags import describe
+
+    told = sorted({describe(json.loads(x)) for x in v["xla_settings"].dropna()})
+    fit = v["fits"].astype("boolean")
+    return [f"{len(v)} jobs ran with --verify xla ({'; '.join(told) or 'XLA settings not recorded'}): their budget, "
+            f"peak and overhead are the compiled step's (peak: XLA's own figure; budget: the ratio x the compiled "
+            f"plain step's peak; overhead: XLA's FLOPs over the plain step's), FEASIBLE meaning the compiled step "
+            f"fits and OVER_BUDGET that no candidate does; their gaps are measured against the plain step's FLOPs. "
+            f"{int(fit.sum())} of {len(v)} fit as compiled."]
+
+
 def to_markdown(df: pd.DataFrame) -> str:
     """A GitHub table (pandas' own needs the optional ``tabulate``)."""
     def fmt(v):
@@ -218,6 +249,8 @@ def write_report(results_dir: str | Path, out: str | Path, title: str | None = N
         "exact": ("Exact-solver runs", exact_table(df), None),
         "budgets": ("Overhead and peak of each planner, per graph and budget", raw, shown),
     }
+    if not verified_rows(df).empty:
+        tables["verified"] = ("--verify xla jobs: the compiled step against its budget", verified_table(df), None)
     for name, (_, table, md) in tables.items():
         table.to_csv(out / f"{name}.csv", index=False)
         (out / f"{name}.md").write_text(to_markdown(md if md is not None else table))
@@ -280,6 +313,7 @@ def summary_lines(df: pd.DataFrame) -> list[str]:
              f"{', '.join(sorted(df['planner'].unique()))}.",
              f"Versions: {'; '.join(versions) or 'unknown'}."]
     lines += exact_origin_lines(df)
+    lines += verified_lines(df)
     beat = df[~df["exact"] & (df["ref_kind"] == "optimum") & (df["gap_to_ref"] < 0)]
     if len(beat):
         which = "; ".join(f"{r.planner} on {r.graph} r={r.budget_ratio:g} ({100 * r.gap_to_ref:.3f}%)"

@@ -10,13 +10,20 @@ fused kernels take about 12 ms). Dots, convolutions and library calls run on the
 A recomputation is priced by compiling the planned step and pricing its kernels: what XLA fused
 into existing kernels grows them, what it could not fuse adds kernels.
 
-:func:`calibrate` scales a profile so a measured step's predicted time matches the measurement;
-the same scale then prices every other variant of that step on that machine.
+:func:`fit` calibrates a profile on measured steps: least squares over their kernels finds how much
+slower than the data sheet the machine's FLOPs and its bytes run, and what a kernel launch costs;
+the fitted profile then prices the other variants of that step on that machine. Fit it on steps
+other than the ones it is meant to judge (``rematopt bench device`` fits on the baselines and
+predicts rematopt's plans).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
+from typing import Sequence
+
+import numpy as np
 
 from ..importers.costmodel import Device
 from .hlo import HloModule, parse_hlo
@@ -65,28 +72,137 @@ def on_matrix_units(kernel: Kernel) -> bool:
     return kernel.kind.startswith(MATRIX_KINDS)
 
 
-def kernel_cost(kernel: Kernel, device: Device) -> KernelCost:
+def kernel_cost(kernel: Kernel, device: Device, launch_s: float = 0.0) -> KernelCost:
+    """Its roofline on ``device``, plus ``launch_s`` (what starting a kernel costs), per run."""
+    compute, memory = _sides(kernel, device)
+    return KernelCost(kernel, (max(compute, memory) + launch_s) * kernel.trip_count,
+                      "compute" if compute > memory else "memory")
+
+
+def _sides(kernel: Kernel, device: Device) -> tuple[float, float]:
+    """(compute seconds, memory seconds) of one run of ``kernel`` on ``device``."""
     rate = device.flops_per_s if on_matrix_units(kernel) else (device.vector_flops_per_s or device.flops_per_s)
-    compute = kernel.flops / rate
-    memory = (kernel.bytes_read + kernel.bytes_written) / device.bytes_per_s
-    return KernelCost(kernel, max(compute, memory) * kernel.trip_count, "compute" if compute > memory else "memory")
+    return kernel.flops / rate, (kernel.bytes_read + kernel.bytes_written) / device.bytes_per_s
 
 
-def step_cost(module: HloModule | str, device: Device) -> StepCost:
+def step_cost(module: HloModule | str, device: Device, launch_s: float = 0.0) -> StepCost:
     """Price every kernel of ``module`` (a parsed module, or ``compiled.as_text()``) on ``device``."""
     if isinstance(module, str):
         module = parse_hlo(module)
-    return StepCost(device, tuple(kernel_cost(k, device) for k in kernels(module)))
+    return StepCost(device, tuple(kernel_cost(k, device, launch_s) for k in kernels(module)))
 
 
-def calibrate(device: Device, predicted: StepCost, measured_s: float, where: str) -> Device:
-    """``device`` with every rate scaled by one factor so ``predicted`` takes ``measured_s``: the
-    balance of FLOPs to bytes stays the data sheet's, the absolute speed becomes the machine's.
-    ``where`` says what was measured (it goes into the profile's source)."""
-    if predicted.seconds <= 0 or measured_s <= 0:
-        raise ValueError(f"cannot calibrate on a step of {predicted.seconds} s predicted, {measured_s} s measured")
-    scale = predicted.seconds / measured_s
-    vector = None if device.vector_flops_per_s is None else device.vector_flops_per_s * scale
-    return replace(device, name=f"{device.name}@calibrated", flops_per_s=device.flops_per_s * scale,
-                   bytes_per_s=device.bytes_per_s * scale, vector_flops_per_s=vector,
-                   source=f"{device.source}; every rate x{scale:.4g} so that {where} takes {measured_s:.4g} s")
+@dataclass(frozen=True)
+class Fit:
+    """A profile fitted to measured steps: every kernel run takes ``max(flops / (FLOP rate / compute),
+    bytes / (bandwidth / memory)) + launch_s``, ``compute`` and ``memory`` being how many times slower
+    than the data sheet the machine ran them."""
+
+    device: Device  # the data sheet's rates divided by the fitted factors; its source says what it was fitted on
+    compute: float
+    memory: float
+    launch_s: float
+    fitted_on: tuple[str, ...]
+    errors: tuple[float, ...]  # each fitted step's predicted / measured - 1
+
+    def price(self, step: StepCost) -> StepCost:
+        """``step``'s kernels priced on the fitted profile."""
+        return StepCost(self.device, tuple(kernel_cost(k.kernel, self.device, self.launch_s) for k in step.kernels))
+
+
+# The balance of the machine's FLOP rate to its bandwidth, against the data sheet's, is searched
+# over this grid (10^-4 .. 10^4, 40 points a decade); for each, the rest of the fit is linear.
+BALANCES = np.logspace(-4, 4, 321)
+
+
+def fit(steps: Sequence[StepCost], measured_s: Sequence[float], names: Sequence[str]) -> Fit:
+    """Fit ``compute``, ``memory`` and ``launch_s`` (:class:`Fit`) to ``steps`` (all priced on the same
+    data-sheet profile), which took ``measured_s``: least squares on the relative error of each step's
+    predicted time, every parameter non-negative. As many parameters as the steps tell apart: three
+    distinct programs or more fit all three; two fit the two factors (no launch cost); one scales every
+    rate by one factor.
+
+    A step's time, ``sum_k max(compute * c_k, memory * m_k) + launch_s * n`` (``c_k``, ``m_k``: kernel
+    k's compute and memory seconds on the data sheet, ``n``: kernels run), is linear in ``memory`` and
+    ``launch_s`` once the balance ``compute / memory`` is fixed: each balance of :data:`BALANCES` is
+    solved exactly (non-negative least squares), and the best refined between its neighbours."""
+    if not steps or len(steps) != len(measured_s) or len(steps) != len(names):
+        raise ValueError(f"fit needs one measured time per step, got {len(steps)} steps, {len(measured_s)} times")
+    if any(t <= 0 for t in measured_s) or any(s.seconds <= 0 for s in steps):
+        raise ValueError(f"cannot fit on steps of {[s.seconds for s in steps]} s predicted, {list(measured_s)} s measured")
+    device = steps[0].device
+    if any(s.device != device for s in steps):
+        raise ValueError("fit: the steps are priced on different profiles")
+    sides = [np.array([_sides(k.kernel, device) for k in s.kernels]).reshape(-1, 2) for s in steps]
+    trips = [np.array([k.kernel.trip_count for k in s.kernels], dtype=float) for s in steps]
+    launches = np.array([t.sum() for t in trips])
+    measured = np.asarray(measured_s, dtype=float)
+    distinct = len({(len(s.kernels), s.bytes_moved, s.flops) for s in steps})
+
+    def roofline(balance: float) -> np.ndarray:
+        """Each step's seconds with ``memory`` = 1 and ``compute`` = ``balance``, no launch cost."""
+        return np.array([np.maximum(balance * sd[:, 0], sd[:, 1]) @ tr for sd, tr in zip(sides, trips)])
+
+    def solve(balance: float) -> tuple[float, np.ndarray]:
+        columns = [roofline(balance)] + ([launches] if distinct >= 3 else [])
+        x, norm = _nnls(np.stack(columns, axis=1) / measured[:, None], np.ones(len(steps)))
+        return (norm if x.any() else np.inf), x
+
+    grid = BALANCES if distinct > 1 else np.array([1.0])
+    norms = [solve(b)[0] for b in grid]
+    i = int(np.argmin(norms))
+    if not np.isfinite(norms[i]):
+        raise ValueError("fit: no positive rates price these steps at their measured times")
+    balance = float(grid[i])
+    if distinct > 1:  # between the grid's neighbours of the best point
+        u = _golden(lambda u: solve(float(np.exp(u)))[0], np.log(grid[max(i - 1, 0)]),
+                    np.log(grid[min(i + 1, len(grid) - 1)]))
+        if solve(float(np.exp(u)))[0] <= norms[i]:
+            balance = float(np.exp(u))
+    x = solve(balance)[1]
+    memory, launch = float(x[0]), float(x[1]) if len(x) > 1 else 0.0
+    compute = balance * memory
+
+    def rate(sheet: float, factor: float) -> float:  # a factor of 0: the kernels' work did not show in the times
+        return sheet / factor if factor > 0 else math.inf
+
+    vector = None if device.vector_flops_per_s is None else rate(device.vector_flops_per_s, compute)
+    fitted = replace(device, name=f"{device.name}@fitted", flops_per_s=rate(device.flops_per_s, compute),
+                     bytes_per_s=rate(device.bytes_per_s, memory), vector_flops_per_s=vector,
+                     source=f"{device.source}; fitted to {', '.join(names)}: FLOPs x{rate(1, compute):.4g}, "
+                            f"bytes x{rate(1, memory):.4g} of the data sheet, {launch * 1e6:.3g} us per kernel")
+    errors = tuple(float(e) for e in (memory * roofline(balance) + launch * launches) / measured - 1)
+    return Fit(fitted, compute, memory, launch, tuple(names), errors)
+
+
+def _nnls(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, float]:
+    """Non-negative least squares for a few columns: the optimum is the unconstrained fit on its own
+    support, so the best non-negative one over every subset of columns is it."""
+    best = (np.zeros(a.shape[1]), float(np.linalg.norm(b)))
+    for mask in range(1, 2 ** a.shape[1]):
+        cols = [j for j in range(a.shape[1]) if mask >> j & 1]
+        sub = np.linalg.lstsq(a[:, cols], b, rcond=None)[0]
+        if (sub >= 0).all():
+            x = np.zeros(a.shape[1])
+            x[cols] = sub
+            norm = float(np.linalg.norm(a @ x - b))
+            if norm < best[1]:
+                best = (x, norm)
+    return best
+
+
+def _golden(f, lo: float, hi: float, steps: int = 80) -> float:
+    """Golden-section search for the minimum of ``f`` on [lo, hi] (f unimodal there)."""
+    g = (np.sqrt(5) - 1) / 2
+    a, b = lo + (1 - g) * (hi - lo), lo + g * (hi - lo)
+    fa, fb = f(a), f(b)
+    for _ in range(steps):
+        if fa <= fb:
+            hi, b, fb = b, a, fa
+            a = lo + (1 - g) * (hi - lo)
+            fa = f(a)
+        else:
+            lo, a, fa = a, b, fb
+            b = lo + g * (hi - lo)
+            fb = f(b)
+    return (lo + hi) / 2
