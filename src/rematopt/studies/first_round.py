@@ -30,25 +30,27 @@ def rows(name: str, planners: tuple[str, ...], ratios: tuple[float, ...]) -> lis
     """One record per (planner, ratio) for model ``name``."""
     import jax
 
+    from .. import planners as registry
     from ..exporters.jax_applied import applied_peak
-    from ..jax import apply_plan, load_factory, trace_grad
+    from ..jax import apply_plan
     from ..reference import no_remat_peak
     from ..solve import solve
-    from .. import planners as registry
+    from ..xla.factory import load_step, plan_graphs
     from ..xla.verify import compile_figures
 
-    spec, config = MODELS[name]
-    fn, args = load_factory(spec, **config)
+    step = load_step(*MODELS[name])
+    fn, args = step.fn, step.args
     settings = flags.for_backend(jax.default_backend())
-    plain, _ = compile_figures(fn, args, (0,), settings)
-    graphs = ((trace_grad(fn, *args, fuse="xla"), "compiled"), (trace_grad(fn, *args), "traced"))
+    plain, _ = compile_figures(fn, args, step.argnums, settings)
+    graphs = [g for g in plan_graphs(step) if g is not None]
     out = []
     for planner in planners:
         opts = {"time_limit": CPSAT_SECONDS, "workers": 1} if "time_limit" in registry.options(planner) else {}
         for ratio in ratios:
             rec: dict[str, Any] = {"model": name, "planner": planner, "ratio": ratio, "xla_plain": plain.peak_bytes,
                                    "plain_flops": plain.flops}
-            for graph, where in graphs:
+            for graph in graphs:
+                where = "compiled" if graph.meta.get("fuse") == "xla" else "traced"
                 g0 = no_remat_peak(graph)
                 b, sol = int(g0 * ratio), None
                 for _ in range(TRIES):
@@ -65,7 +67,7 @@ def rows(name: str, planners: tuple[str, ...], ratios: tuple[float, ...]) -> lis
                 try:
                     with warnings.catch_warnings():
                         warnings.simplefilter("ignore")
-                        c, _ = compile_figures(apply_plan(fn, graph, sol.plan), args, (0,), settings)
+                        c, _ = compile_figures(apply_plan(fn, graph, sol.plan), args, step.argnums, settings)
                 except Exception as e:  # noqa: BLE001 - as the loop does: a plan that does not apply, the traced graph
                     rec["apply_error"] = f"{type(e).__name__}: {e}"[:200]
                     continue
