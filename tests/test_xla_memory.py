@@ -15,6 +15,8 @@ import pytest
 
 from conftest import rematopt
 from rematopt.xla import parse_hlo, read_hlo
+from rematopt.xla.assignment import assign
+from rematopt.xla.hlo import HloError
 from rematopt.xla.memory import backend_of, compiled_memory, xla_reference
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,12 +26,10 @@ GPU_MODULES = {"plain": "plain", "dots_saveable": "dots_saveable", "cpsat@0.8": 
 sys.path.insert(0, str(Path(__file__).parent))
 from xla_steps import MODELS, SCHEDULER_FLAG  # noqa: E402
 
-# Where the walk is known to miss XLA's CPU figure by more than 1%, and why (measured with jax 0.10.2):
-# XLA's heap simulator packs the temporaries into one allocation and can leave gaps (gpt: its packing
-# is 808,448 B, the temporaries' live peak 760,320 B); in a while loop the walk adds the body's own
-# peak at the call point, which over-counts what XLA overlaps with the loop's operands (gpt_scan).
-WIDER = {"gpt_plain": 0.035, "gpt_greedy": 0.035, "gpt_scan_plain": 0.06, "gpt_scan_greedy": 0.02,
-         "flax_nnx_plain": 0.03}
+# On CPU XLA's figure is its allocations: parameters + outputs + its temp allocation, the heap its
+# buffer assignment packs the temporaries into and the tuple tables after it
+# (rematopt.xla.assignment). Measured with jax 0.10.2: the heap is XLA's to the byte on all 22 steps
+# (checked against the assignments XLA dumps with --xla_dump_to), so it is held to the byte.
 TOLERANCE = 0.01
 # The models built on flax / equinox / keras take a minute each to import and compile here: they run
 # with ``pytest -m slow``; the models written in JAX alone run by default.
@@ -103,7 +103,23 @@ def test_cpu_steps(cpu_steps, model, variant):
     assert ref.what == "temp + arguments + outputs - aliases"
     assert walk.parameter_bytes == stats[step]["argument_size_in_bytes"]
     assert walk.output_bytes == stats[step]["output_size_in_bytes"]
-    assert abs(walk.peak_bytes / ref.bytes - 1) < WIDER.get(step, TOLERANCE), (walk.peak_bytes, ref.bytes)
+    assert abs(walk.peak_bytes / ref.bytes - 1) < TOLERANCE, (walk.peak_bytes, ref.bytes)
+    assert walk.heap_bytes == stats[step]["temp_size_in_bytes"]
+    # the live peak is what the heap holds at once: never more than the heap, never less than the
+    # parameters and outputs
+    fixed = walk.parameter_bytes + walk.output_bytes
+    assert fixed < walk.live_peak_bytes <= walk.peak_bytes
+
+
+def test_cpu_heap_has_gaps(cpu_steps):
+    """gpt's temporaries do not pack into their live peak: XLA's heap leaves gaps, and the figure
+    compared with XLA's is the heap, not the live peak."""
+    out, stats = cpu_steps("gpt")
+    walk = compiled_memory(read_hlo(out / "gpt_plain.hlo"))
+    temp = stats["gpt_plain"]["temp_size_in_bytes"]
+    live_temp = walk.live_peak_bytes - walk.parameter_bytes - walk.output_bytes
+    assert live_temp < temp * 0.98  # more than 2% of XLA's heap is gaps
+    assert walk.heap_bytes == temp
 
 
 @pytest.mark.parametrize("model", EACH_MODEL)
@@ -115,7 +131,8 @@ def test_planned_steps_differ(cpu_steps, model):
 
 def test_in_place_and_loop_rules():
     """Hand-written modules: an elementwise fusion writes into its dying operand; a
-    dynamic-update-slice writes in place; a while body's own peak is added at the loop."""
+    dynamic-update-slice writes in place; a while body's own peak is added at the loop; on CPU,
+    temporaries live in outputs' allocations before the outputs are written."""
     text = """HloModule m, is_scheduled=true
 
 %f (p0: f32[256]) -> f32[256] {
@@ -133,11 +150,11 @@ def test_in_place_and_loop_rules():
   ROOT %r = (s32[], f32[1024]{0}) tuple(%i, %y)
 }
 
-%cond (t: (s32[], f32[1024])) -> pred[] {
-  %t = (s32[], f32[1024]{0}) parameter(0)
-  %i = s32[] get-tuple-element(%t), index=0
+%cond (u: (s32[], f32[1024])) -> pred[] {
+  %u = (s32[], f32[1024]{0}) parameter(0)
+  %j = s32[] get-tuple-element(%u), index=0
   %n = s32[] constant(4)
-  ROOT %lt = pred[] compare(%i, %n), direction=LT
+  ROOT %lt = pred[] compare(%j, %n), direction=LT
 }
 
 ENTRY %main (a: f32[256], z: f32[1024]) -> (f32[256], f32[1024]) {
@@ -164,14 +181,34 @@ ENTRY %main (a: f32[256], z: f32[1024]) -> (f32[256], f32[1024]) {
     # the copy it was given (an output), and y is written into it
     assert walk.temp_peak_bytes == 16384 + 4096
     assert walk.peak_instruction == "w"
+    # on CPU: b and c live in d's allocation (an output, written after they die), the loop's state
+    # in the output it becomes, so the heap holds the body's broadcast and slice, live together;
+    # the loop's tuple table (two pointers) has an allocation of its own, laid after the heap
+    module = parse_hlo(text)
+    cpu = compiled_memory(module, "cpu")
+    assert cpu.heap_bytes == 16384 + 4096 + 16
+    assert cpu.peak_bytes == cpu.parameter_bytes + cpu.output_bytes + cpu.heap_bytes
+    assert cpu.live_peak_bytes == cpu.peak_bytes  # nothing else is live beside them: no gaps
+    done = assign(module)
+    housed = {done.values[v].instruction: done.values[o].instruction for v, o in done.in_outputs.items()}
+    assert housed == {"b": "d", "c": "d"}
+    placed = {done.values[v].instruction: off for v, off in done.offsets.items()}
+    assert {placed["tmp"], placed["sl"]} == {0, 16384}
+    assert placed["init"] == placed["w"] == 16384 + 4096 and done.table_bytes == 16
+    # XLA names every instruction of a module once; a module that repeats a name is refused
+    with pytest.raises(HloError, match="repeats across computations"):
+        compiled_memory(parse_hlo(text.replace("%u", "%t").replace("%j", "%i")), "cpu")
 
 
 def test_cli_memory_json_and_bad_file(tmp_path, cpu_steps):
-    out, _ = cpu_steps("mlp")
+    out, stats = cpu_steps("mlp")
     done = rematopt("xla", "memory", out / "mlp_plain.hlo", "--json")
     assert done.returncode == 0, done.stderr
     got = json.loads(done.stdout)
     assert got["peak_bytes"] == compiled_memory(read_hlo(out / "mlp_plain.hlo")).peak_bytes
+    # the heap is XLA's temp allocation; the live peak never exceeds what is allocated
+    assert got["heap_bytes"] == stats["mlp_plain"]["temp_size_in_bytes"]
+    assert got["live_peak_bytes"] <= got["peak_bytes"]
     assert got["backend"] == "cpu" and "XLA computes no peak on CPU" in got["compare_with"]
     bad = tmp_path / "bad.hlo"
     bad.write_text("not hlo\n")
@@ -183,9 +220,11 @@ def test_cli_memory_json_and_bad_file(tmp_path, cpu_steps):
 # for the plain step, as measured (docs/xla.md). The scanned models compile to while loops and the
 # graph is of the unrolled step: they are held to XLA's figure for the unrolled equations the graph
 # is made of (meta.xla), the while loop's own figure being a different program. Issue 35 asks for
-# 3%; where it misses (docs/xla.md says why), the measured error bounds it.
+# 3%: each model is held to its measured error rounded up to half a percent, and at least 1%
+# (measured, jax 0.10.2: mlp +2.9%, keras gemma -1.9%, keras gpt2 -1.6%, keras llama -1.4%,
+# equinox_lm +2.1%; every other model within 1%).
 LOOPED = {"gpt_scan", "flax_linen", "flax_nnx", "equinox_lm"}
-GRAPH_TOLERANCE = {"unet": 0.16, "equinox_lm": 0.05, "keras_llama": 0.09, "keras_gemma": 0.07, "keras_gpt2": 0.18}
+GRAPH_TOLERANCE = {"mlp": 0.03, "keras_llama": 0.015, "keras_gemma": 0.02, "keras_gpt2": 0.02, "equinox_lm": 0.025}
 
 
 @pytest.mark.parametrize("model", EACH_MODEL)
@@ -200,4 +239,4 @@ def test_compiled_graph_peak(cpu_steps, model):
         assert meta["xla_bytes"] == plain
     reference = meta["xla_bytes"]
     peak = graphs["xla"]["no_remat_peak"]
-    assert abs(peak / reference - 1) < GRAPH_TOLERANCE.get(model, 0.03), (peak, reference)
+    assert abs(peak / reference - 1) < GRAPH_TOLERANCE.get(model, 0.01), (peak, reference)

@@ -35,9 +35,18 @@ def memory_cmd(hlo_file: str, backend: str, top: int, as_json: bool) -> None:
                    "instructions": len(module.schedule), **result.summary()})
         return
     click.echo(f"{hlo_file}: {module.name} ({chosen}), {len(module.schedule)} scheduled instructions")
-    click.echo(f"peak {human_bytes(result.peak_bytes)} ({result.peak_bytes:,} B) at #{result.peak_index} "
-               f"{result.peak_instruction}: parameters {human_bytes(result.parameter_bytes)}, outputs "
-               f"{human_bytes(result.output_bytes)}, temporaries {human_bytes(result.temp_peak_bytes)}")
+    parts = f"parameters {human_bytes(result.parameter_bytes)}, outputs {human_bytes(result.output_bytes)}"
+    where = f"at #{result.peak_index} {result.peak_instruction}"
+    if result.heap_bytes is None:  # GPU / TPU: XLA's figure is the live peak
+        click.echo(f"peak {human_bytes(result.peak_bytes)} ({result.peak_bytes:,} B) {where}: {parts}, "
+                   f"temporaries {human_bytes(result.temp_peak_bytes)}")
+    else:  # CPU: XLA's figure is what it allocates, the temporaries' heap with its gaps
+        live = result.live_peak_bytes - result.parameter_bytes - result.output_bytes
+        click.echo(f"allocated {human_bytes(result.peak_bytes)} ({result.peak_bytes:,} B): {parts}, temp "
+                   f"{human_bytes(result.heap_bytes)} ({result.heap_bytes:,} B)")
+        click.echo(f"live peak {human_bytes(result.live_peak_bytes)} ({result.live_peak_bytes:,} B): the "
+                   f"temporaries at most {human_bytes(live)} at once, {human_bytes(result.heap_bytes - live)} of gaps")
+        click.echo(f"the walk's peak over the entry falls {where} (temporaries {human_bytes(result.temp_peak_bytes)})")
     click.echo(f"XLA's own figure to compare with: {compare}")
     temps = [b for b in result.live if b.kind == "temp"][:top]
     if temps:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from ..errors import RematoptError
 
@@ -36,6 +37,9 @@ class Leaf:
 
     dtype: str
     dims: tuple[int, ...]
+    # minor-to-major order as printed (``{1,0}``; "" where none is): XLA shares a buffer between two
+    # arrays only where dtype, dims and layout all agree; not part of a leaf's equality
+    layout: str = field(default="", compare=False)
 
     @property
     def elements(self) -> int:
@@ -135,7 +139,7 @@ class Computation:
         for i in self.instructions:
             i.operand_shapes = [self.by_name[o].shape for o in i.operands if o in self.by_name]
 
-    @property
+    @cached_property
     def root(self) -> Instruction:
         for i in self.instructions:
             if i.is_root:
@@ -220,7 +224,7 @@ def parse_shape(text: str) -> Shape:
             raise HloError(f"bad shape at {text[pos:pos + 40]!r}")
         pos = m.end()
         dims = tuple(int(d.lstrip("<=")) for d in m.group(2).split(",") if d.strip()) if m.group(2) else ()
-        leaves.append(Leaf(m.group(1), dims))
+        leaves.append(Leaf(m.group(1), dims, m.group(3) or ""))
         index.append(prefix)
         return None
 

@@ -13,33 +13,29 @@ share one. The walk follows the same rules:
 - entry parameters are the caller's: live throughout; an output that is a parameter counts once;
 - outputs as the backend counts them: on GPU they own their memory for the whole step (as
   ``peak_memory_in_bytes`` counts them); on CPU each has an allocation that XLA's buffer assignment
-  lends to temporaries until the output is written (:func:`cpu_allocations`), and the figure is
-  the sum of the allocations (temp + arguments + outputs; XLA computes no peak there);
+  lends to temporaries until the output is written (:func:`cpu_allocations`);
 - a while / conditional / call body's own peak (what it allocates beyond its operands) is added at
   the call point.
 
 A buffer is allocated when its instruction runs and freed after its last use; the peak is taken with
 the instruction's outputs and inputs live together.
+
+That live peak is XLA's figure on GPU. On CPU XLA computes no peak: its figure is the sum of the
+allocations (temp + arguments + outputs), and its temp is a heap into which buffer assignment packs
+the temporaries with gaps between them, larger than their live peak (gpt: 808,448 B against
+760,320 B). :func:`compiled_memory` reports both; :mod:`rematopt.xla.assignment` makes the heap.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from .assignment import ELEMENTWISE, assign, in_place_pairs
 from .hlo import POINTER_BYTES, HloModule, Instruction
 
 ALIASES = frozenset({"bitcast", "get-tuple-element", "tuple", "opt-barrier", "optimization-barrier"})
 # Ops that produce no buffer of their own in device memory.
 NO_BUFFER = frozenset({"constant", "after-all", "partition-id", "replica-id"})
-ELEMENTWISE = frozenset({
-    "abs", "add", "and", "atan2", "cbrt", "ceil", "clamp", "compare", "complex", "convert", "cosine",
-    "divide", "exponential", "exponential-minus-one", "floor", "imag", "is-finite", "log", "log-plus-one",
-    "logistic", "maximum", "minimum", "multiply", "negate", "not", "or", "popcnt", "power", "real",
-    "remainder", "round-nearest-afz", "round-nearest-even", "rsqrt", "select", "shift-left",
-    "shift-right-arithmetic", "shift-right-logical", "sign", "sine", "sqrt", "subtract", "tan", "tanh",
-    "xor", "erf", "bitcast-convert", "copy",
-})
-IN_PLACE = frozenset({"dynamic-update-slice", "scatter"})
 
 
 @dataclass(frozen=True)
@@ -57,8 +53,19 @@ class Buffer:
 
 @dataclass
 class CompiledMemory:
-    """The walk's result. ``peak_bytes`` counts parameters, outputs and the temporaries live at
-    ``peak_index`` (a position in ``schedule``); ``live`` is what is live there, largest first."""
+    """The walk's result. ``peak_bytes`` is the figure to set beside XLA's own
+    (:func:`xla_reference`): on GPU / TPU the live peak, on CPU the allocations XLA makes
+    (parameters + outputs + ``heap_bytes``). ``heap_bytes`` (CPU only) is XLA's
+    ``temp_size_in_bytes``: the heap its buffer assignment packs the temporaries into, gaps
+    included, and the tuple tables after it (:mod:`rematopt.xla.assignment`). ``live_peak_bytes``
+    is the most memory live at once, what a device's allocator would hold: on GPU / TPU
+    ``peak_bytes``; on CPU parameters + outputs + tuple tables + the heap's temporaries at their
+    live peak (the heap without its gaps, over XLA's own live ranges, loop bodies included).
+
+    ``temp_peak_bytes``, ``peak_index`` (a position in ``schedule``), ``peak_instruction`` and
+    ``live`` (what is live there, largest first) locate the walk's own peak over the entry
+    computation, where a loop's body adds its peak at the loop (an upper bound there: gpt_scan's
+    walk reads 5.4% over its live peak)."""
 
     peak_bytes: int
     peak_index: int
@@ -68,10 +75,13 @@ class CompiledMemory:
     temp_peak_bytes: int
     live: list[Buffer]
     timeline: list[int] = field(default_factory=list)  # live bytes after each schedule step's allocation
+    live_peak_bytes: int = 0
+    heap_bytes: int | None = None
 
     def summary(self) -> dict:
         return {
-            "peak_bytes": self.peak_bytes, "peak_index": self.peak_index,
+            "peak_bytes": self.peak_bytes, "live_peak_bytes": self.live_peak_bytes, "heap_bytes": self.heap_bytes,
+            "peak_index": self.peak_index,
             "peak_instruction": self.peak_instruction, "parameter_bytes": self.parameter_bytes,
             "output_bytes": self.output_bytes, "temp_peak_bytes": self.temp_peak_bytes,
             "live": [{"instruction": b.instruction, "index": list(b.index), "bytes": b.bytes, "kind": b.kind,
@@ -82,10 +92,15 @@ class CompiledMemory:
 def compiled_memory(module: HloModule, backend: str | None = None) -> CompiledMemory:
     """Peak memory of the module's entry schedule, and what is live at the peak, counted as XLA
     counts it on ``backend`` ("cpu", "gpu", "tpu"; by default the one the module was compiled for,
-    :func:`backend_of`)."""
+    :func:`backend_of`); on CPU, also the heap XLA packs the temporaries into."""
     backend = backend or backend_of(module)
-    walk = _Walk(module, module.entry.name, entry=True)
-    return walk.result("allocations" if backend == "cpu" else "pinned")
+    walk = _Walk(module, module.entry.name, entry=True).result("allocations" if backend == "cpu" else "pinned")
+    if backend != "cpu":
+        return replace(walk, live_peak_bytes=walk.peak_bytes)
+    done = assign(module)
+    fixed = walk.parameter_bytes + walk.output_bytes
+    return replace(walk, live_peak_bytes=fixed + done.heap.live_peak + done.table_bytes, heap_bytes=done.temp_bytes,
+                   peak_bytes=fixed + done.temp_bytes)
 
 
 def temporaries(module: HloModule) -> list[tuple[Buffer, int, int]]:
@@ -94,6 +109,18 @@ def temporaries(module: HloModule) -> list[tuple[Buffer, int, int]]:
     walk = _Walk(module, module.entry.name, entry=True)
     span = walk.ranges()[0]
     return [(walk.buffers[b], first, last) for b, (first, last) in sorted(span.items())]
+
+
+def housed_in_outputs(module: HloModule) -> set[Buffer]:
+    """The entry's temporaries that XLA's CPU buffer assignment houses in the outputs' allocations
+    (:func:`cpu_allocations`): on CPU they cost no memory of their own."""
+    walk = _Walk(module, module.entry.name, entry=True)
+    span, shares, pinned, params, _ = walk.ranges()
+    sizes = {b.id: b.bytes for b in walk.buffers}
+    outs = pinned - params
+    housed = cpu_allocations(span, shares, {b: sizes[b] for b in outs}, walk._defined_positions(outs), sizes,
+                             len(walk.comp.instructions), walk._operand_buffers(), walk._post_order())
+    return {walk.buffers[b] for b in housed}
 
 
 def backend_of(module: HloModule) -> str:
@@ -196,7 +223,7 @@ class _Walk:
             elif op in NO_BUFFER:
                 pass
             else:
-                aliased = self._in_place(inst)
+                aliased = in_place_pairs(self.module, inst)
                 for idx, leaf in zip(inst.shape.index, inst.shape.leaves):
                     if idx in aliased:
                         number, operand_index = aliased[idx]
@@ -207,28 +234,6 @@ class _Walk:
                                 continue
                     ids[idx] = self._new(inst, idx, leaf.bytes, "temp")
             self.of[inst.name] = ids
-
-    def _in_place(self, inst: Instruction) -> dict[tuple[int, ...], tuple[int, tuple[int, ...]]]:
-        """Output index -> (operand number, operand index) for outputs XLA writes in place."""
-        pairs = dict(inst.output_operand_aliasing)
-        if inst.opcode in IN_PLACE:
-            pairs.setdefault((), (0, ()))
-        elif inst.opcode == "fusion" and inst.called:
-            fused = self.module.computations.get(inst.called[0])
-            if fused is not None:
-                roots = [fused.root]
-                if fused.root.opcode == "tuple":
-                    roots = [fused.by_name[o] for o in fused.root.operands]
-                for k, root in enumerate(roots):
-                    target = root
-                    while target.opcode == "bitcast" and target.operands:
-                        target = fused.by_name[target.operands[0]]
-                    if target.opcode in IN_PLACE and target.operands:
-                        src = fused.by_name.get(target.operands[0])
-                        if src is not None and src.opcode == "parameter":
-                            idx = (k,) if fused.root.opcode == "tuple" else ()
-                            pairs.setdefault(idx, (src.parameter_number, ()))
-        return pairs
 
     # -- the walk --------------------------------------------------------------------------------
 

@@ -52,19 +52,22 @@ def compile_named(step: Step):
 
 
 def equation_of(op_name: str) -> int | None:
-    """The equation an HLO instruction came from (its innermost ``rmq<k>`` scope)."""
-    found = _TAG.findall(op_name)
-    return int(found[-1]) if found else None
+    """The equation an HLO instruction came from (its innermost ``rmq<k>`` scope). Where XLA merged
+    instructions (``a;b``: a transpose of a transpose) the latest equation's, whose result it is."""
+    found = [int(tags[-1]) for part in op_name.split(";") if (tags := _TAG.findall(part))]
+    return max(found) if found else None
 
 
-def materialized(step: Step, module, producer: dict[int, int]) -> tuple[dict[int, int], set[int], dict[int, set[int]]]:
+def materialized(step: Step, module, producer: dict[int, int],
+                 again: set[str]) -> tuple[dict[int, int], set[int], dict[int, set[int]]]:
     """The equations whose results XLA's kernels write to memory, each with the position in the
     entry schedule of the first kernel writing it (a kernel inside a loop body: the loop's
     position), and the values written: the root of each fusion (each root operand of a
     multi-output fusion) and every other instruction that writes a buffer. Of an equation with
     several results, the ones of the kernel's shape (all where none matches). A view XLA copied
     counts as the value it views. Third: per materialized equation, the equations its kernels
-    compute inside, which they recompute there even where another kernel stores them."""
+    compute (or view) inside without reading them from memory (:func:`_reads`), which they
+    recompute there even where another kernel stores them."""
     from ...xla.kernels import NOT_KERNELS
 
     eqns = step.flat.eqns
@@ -83,10 +86,7 @@ def materialized(step: Step, module, producer: dict[int, int]) -> tuple[dict[int
         for inst in comp.instructions:
             if inst.opcode in NOT_KERNELS or inst.opcode in ("while", "conditional", "call"):
                 continue
-            fused = set()
-            for called in inst.called if inst.opcode == "fusion" else ():
-                fused.update(equation_of(i.metadata.op_name) for i in module.computations[called].instructions)
-            fused.discard(None)
+            fused = _reads(step, module, producer, comp, inst, again)
             for source in _written(module, inst):
                 k = equation_of(source.metadata.op_name)
                 if k is None:
@@ -101,6 +101,79 @@ def materialized(step: Step, module, producer: dict[int, int]) -> tuple[dict[int
                         and tuple(getattr(step.flat.avals[v], "shape", ())) == leaf.dims]
                 values.update(same if len(outs) > 1 and same else outs)
     return first, values, inside
+
+
+def _reads(step: Step, module, producer: dict[int, int], comp, inst, again: set[str]) -> set[int]:
+    """The equations the kernel ``inst`` computes or views inside and does not read from memory.
+    What it reads is found by data flow: the buffers its operands are, looked through aliases (a
+    while loop runs in its operand's), through kernels no scope names and through ``again`` (an
+    equation's buffer computed again from other values: XLA's transposed copy of a ReLU output
+    for a weight-gradient convolution, which reads the convolution before the ReLU). What it has
+    inside: the tags of its fused instructions (a bitcast tagged with a transpose is that
+    transpose, done as a layout; a bitcast of a parameter tagged with its producer is a read) and
+    of the aliases and kernels it reads through."""
+    from ...xla.kernels import NOT_KERNELS
+
+    read: set[int] = set()
+    fused: set[int] = set()
+
+    def tag(i) -> None:
+        k = equation_of(i.metadata.op_name)
+        if k is not None:
+            fused.add(_root_eqn(step, k, producer))
+
+    def kernel(k_inst, seen: set[str]) -> None:
+        for called in k_inst.called if k_inst.opcode == "fusion" else ():
+            for i in module.computations[called].instructions:
+                tag(i)
+        for operand in k_inst.operands:
+            operand_of(operand, (), seen)
+
+    def operand_of(name: str, index: tuple, seen: set[str]) -> None:
+        x = comp.by_name.get(name)
+        if x is None or name in seen:
+            return
+        seen.add(name)
+        if x.opcode in ("bitcast", "opt-barrier", "optimization-barrier", "while"):  # (a loop runs in its operand)
+            tag(x)
+            operand_of(x.operands[0], index, seen)
+            return
+        if x.opcode == "get-tuple-element":
+            tag(x)
+            operand_of(x.operands[0], (int(x.attrs.get("index", "0")), *index), seen)
+            return
+        if x.opcode == "tuple":
+            if index and index[0] < len(x.operands):
+                operand_of(x.operands[index[0]], index[1:], seen)
+            return
+        if x.opcode in NOT_KERNELS or x.opcode in ("conditional", "call"):
+            return
+        sources = _written(module, x)
+        if len(sources) > 1 and index:
+            sources = sources[index[0]:index[0] + 1]
+        ks = {equation_of(s.metadata.op_name) for s in sources} - {None}
+        if ks and name not in again:
+            read.update(_root_eqn(step, k, producer) for k in ks)
+        else:  # a kernel no scope names, or a value computed again, reads for this one
+            kernel(x, seen)
+
+    kernel(inst, {inst.name})
+    return fused - read
+
+
+def name_unnamed(module) -> None:
+    """Give each kernel no scope names the equation of a bitcast of its result that has one: XLA's
+    rewrite of a backward convolution drops the metadata and keeps it on the bitcast only."""
+    from ...xla.kernels import NOT_KERNELS
+
+    for comp in module.computations.values():
+        for x in comp.instructions:
+            if x.opcode != "bitcast" or equation_of(x.metadata.op_name) is None or not x.operands:
+                continue
+            src = comp.by_name.get(x.operands[0])
+            if (src is not None and src.opcode not in NOT_KERNELS
+                    and all(equation_of(s.metadata.op_name) is None for s in _written(module, src))):
+                src.metadata.op_name = x.metadata.op_name
 
 
 def _eqn_of_buffer(step: Step, module, producer: dict[int, int], instruction: str, index: tuple) -> int | None:
@@ -118,27 +191,67 @@ def _eqn_of_buffer(step: Step, module, producer: dict[int, int], instruction: st
     return None
 
 
-def scratch_buffers(step: Step, module, producer: dict[int, int]) -> list[tuple[str, int, int, int | None]]:
-    """The temporaries XLA makes beyond one per materialized equation: of the buffers its kernels
-    write for one equation, all but the longest-lived (a transposed or padded copy of an operand
-    made for a convolution, a second layout of a value), and the buffers of kernels no scope names
-    (XLA's rewrites of the backward convolutions drop the metadata). Each as (instruction, bytes,
-    first position in the entry schedule, the equation of its last reader or None)."""
+def _buffers(step: Step, module, producer: dict[int, int]) -> tuple[dict[int, list], list, set[str]]:
+    """The entry's temporaries (:func:`rematopt.xla.memory.temporaries`) by the equation they hold,
+    each list ending in the one the equation's node stands for; those of kernels no scope names;
+    and the kernels that compute an equation again into a second buffer. The node stands for the
+    first buffer written, or the last-dying of it, its copies (a kernel reading it: a second
+    layout) and the buffers written while it lives (pieces: threefry's halves of random bits);
+    a buffer computed again from other values once those are gone (XLA's transposed copy of a
+    ReLU output, made from the convolution before it for a weight-gradient convolution) is a
+    temporary of its reader."""
     from ...xla.memory import temporaries
 
-    schedule = module.entry.instructions
     by_eqn: dict[int, list] = {}
-    out = []
+    unnamed = []
     for buf, first, last in temporaries(module):
         if not buf.bytes:
             continue
         k = _eqn_of_buffer(step, module, producer, buf.instruction, buf.index)
         if k is None:
-            out.append((buf, first, last))
+            unnamed.append((buf, first, last))
         else:
             by_eqn.setdefault(k, []).append((buf, first, last))
+    entry = module.entry
+    again: set[str] = set()
+    for k, bufs in by_eqn.items():
+        bufs.sort(key=lambda t: (t[1], t[2]))
+        chain, held = {bufs[0][0].instruction}, bufs[0][2]
+        for buf, first, last in bufs[1:]:
+            if (len(step.flat.eqns[k].outs) > 1 or buf.instruction in chain or first <= held
+                    or _operand_kernels(entry, entry.by_name[buf.instruction]) & chain):
+                chain.add(buf.instruction)
+                held = max(held, last)
+            else:
+                again.add(buf.instruction)
+        bufs.sort(key=lambda t: (t[0].instruction in chain, t[2], -t[1]))
+    return by_eqn, unnamed, again
+
+
+def _operand_kernels(comp, inst) -> set[str]:
+    """The instructions whose buffers ``inst`` reads, looked through aliases."""
+    from ...xla.memory import ALIASES
+
+    out, todo = set(), list(inst.operands)
+    while todo:
+        x = comp.by_name.get(todo.pop())
+        if x is None or x.name in out:
+            continue
+        out.add(x.name)
+        if x.opcode in ALIASES:
+            todo.extend(x.operands)
+    return out
+
+
+def scratch_buffers(step: Step, module, producer: dict[int, int], by_eqn: dict[int, list],
+                    unnamed: list) -> list[tuple[str, int, int, int | None]]:
+    """The temporaries XLA makes beyond one per materialized equation: of the buffers its kernels
+    write for one equation (:func:`_buffers`), all but the one its node stands for, and the
+    buffers of kernels no scope names. Each as (instruction, bytes, first position in the entry
+    schedule, the equation of its last reader or None)."""
+    schedule = module.entry.instructions
+    out = list(unnamed)
     for bufs in by_eqn.values():
-        bufs.sort(key=lambda t: (t[2], -t[1]))
         out.extend(bufs[:-1])
     found = []
     for buf, first, last in sorted(out, key=lambda t: t[1]):
@@ -163,7 +276,7 @@ def _written(module, inst):
     for r in roots:
         while equation_of(r.metadata.op_name) is None and r.operands and r.operands[0] in fused.by_name:
             r = fused.by_name[r.operands[0]]  # XLA's own root (a bitcast, a concatenate): its source
-        out.append(r)
+        out.append(r if equation_of(r.metadata.op_name) is not None or len(roots) > 1 else inst)
     return out
 
 
@@ -203,10 +316,11 @@ def compiled_groups(step: Step) -> tuple[list[list[int]], dict]:
     import os
 
     from ...xla.hlo import parse_hlo
-    from ...xla.memory import may_write_into_operand, backend_of, compiled_memory, xla_reference
+    from ...xla.memory import backend_of, compiled_memory, housed_in_outputs, xla_reference
 
     compiled = compile_named(step)
     module = parse_hlo(compiled.as_text())
+    name_unnamed(module)
     backend = backend_of(module)
     reference = xla_reference(compiled.memory_analysis(), backend)
     info = {"backend": backend, "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""), "kernels_peak_bytes":
@@ -214,14 +328,17 @@ def compiled_groups(step: Step) -> tuple[list[list[int]], dict]:
 
     eqns = step.flat.eqns
     producer = {v: k for k, e in enumerate(eqns) for v in e.outs}
-    position, stored, inside = materialized(step, module, producer)
+    by_eqn, unnamed, again = _buffers(step, module, producer)
+    position, stored, inside = materialized(step, module, producer, again)
     step.kernels_of = kernels_by_equation(step, module, producer)
     step.positions = position
-    step.in_place = frozenset(_root_eqn(step, k, producer) for inst in module.entry.instructions
-                              if may_write_into_operand(module, inst)
-                              for k in [equation_of(src.metadata.op_name) for src in _written(module, inst)]
-                              if k is not None)
-    step.scratch = scratch_buffers(step, module, producer)
+    step.scratch = scratch_buffers(step, module, producer, by_eqn, unnamed)
+    step.written = {k: bufs[-1][0].bytes for k, bufs in by_eqn.items() if len(eqns[k].outs) == 1}
+    if backend == "cpu":
+        housed = {(b.instruction, b.index) for b in housed_in_outputs(module)}
+        step.housed = frozenset(k for k, bufs in by_eqn.items()
+                                if (bufs[-1][0].instruction, bufs[-1][0].index) in housed)
+        step.housed_scratch = frozenset(i for i, _ in housed)
     for r in step.out_refs:
         if not isinstance(r, Const) and step.root_of(r) in producer:
             stored.add(step.root_of(r))
@@ -238,7 +355,7 @@ def compiled_groups(step: Step) -> tuple[list[list[int]], dict]:
                 v = step.root_of(r)
                 p = producer.get(v)
                 # a value no kernel stores is computed again inside each kernel reading it, and so
-                # is one a kernel of h computes inside though another kernel stores it
+                # is one a kernel of h computes inside (not reading it) though another kernel stores it
                 if (p is not None and (v not in stored or p in inside.get(h, ())) and p not in members
                         and p not in step.view_eqns):
                     members.add(p)
@@ -261,12 +378,11 @@ def xla_memory(step: Step, nodes: list, edges: list[tuple[int, int]]) -> list[in
     - XLA gives each result (a gradient) an allocation for the whole step: each output node's bytes
       move to a persistent input node (``extra.allocation_of``: the node it holds);
     - on CPU its buffer assignment houses temporaries in those allocations until the output is
-      written (an elementwise kernel's result may take the place of an operand dying there,
-      ``step.in_place``) (:func:`rematopt.xla.memory.cpu_allocations`, the rule the walk reproduces XLA's
-      figures with); the same rule over the nodes' live ranges in the graph's order picks the
-      nodes housed there, which cost nothing of their own (``extra.housed``: their bytes)."""
+      written (:func:`rematopt.xla.memory.housed_in_outputs`, the rule the walk reproduces XLA's
+      figures with, over the compiled plain step): the nodes whose buffers it houses there cost
+      nothing of their own (``extra.housed``: their bytes). (The same rule over the graph's own
+      live ranges housed other buffers of equal size: flax_linen +3.9%, equinox_lm +4.2%.)"""
     from ...graph import Node
-    from ...xla.memory import cpu_allocations
 
     base = list(range(len(nodes)))
     if step.compiled is not None:  # the nodes that are the step's inputs and groups (an exporter's)
@@ -275,6 +391,8 @@ def xla_memory(step: Step, nodes: list, edges: list[tuple[int, int]]) -> list[in
         outs = step.flat.eqns[g[-1]].outs
         if len(outs) > 1 and any(v in step.stored for v in outs):
             nodes[step.node_of_group(i)].bytes = sum(aval_bytes(step.flat.avals[v]) for v in outs if v in step.stored)
+        elif g[-1] in step.written:  # a kernel may write less (a broadcast moved after it)
+            nodes[step.node_of_group(i)].bytes = step.written[g[-1]]
     node_of = {g[-1]: step.node_of_group(i) for i, g in enumerate(step.groups)}
     member_of: dict[int, int] = {}
     for i, g in enumerate(step.groups):
@@ -294,25 +412,14 @@ def xla_memory(step: Step, nodes: list, edges: list[tuple[int, int]]) -> list[in
         edges.append((nid, succ))
         before.setdefault(slot, []).append(nid)
     order = [i for t, nid in enumerate(base) for i in (*before.get(t, []), nid)]
-    pos = {nid: t for t, nid in enumerate(order)}
-
-    last = {v.id: pos[v.id] for v in nodes}
-    operands: dict[int, list[int]] = {}
-    for u, v in edges:
-        last[u] = max(last[u], pos[v])
-        operands.setdefault(v, []).append(u)
     outputs = {v.id: v.bytes for v in nodes if v.output and not v.is_input and v.bytes}
-    if step.compiled and step.compiled.get("backend") == "cpu":
-        temps = {v.id: (pos[v.id], last[v.id]) for v in nodes if not v.is_input and not v.output}
-        # an elementwise kernel may write into an operand of its size that dies there
-        shares = {i: [j for j in operands.get(i, []) if j in temps and last[j] == pos[i]
-                      and nodes[j].bytes == nodes[i].bytes]
-                  for i in temps if i < len(base) and step.groups[i - step.n_inputs][-1] in step.in_place}
-        housed = cpu_allocations(temps, shares, outputs, {i: pos[i] for i in outputs}, {v.id: v.bytes for v in nodes},
-                                  len(nodes), operands, pos)
-        for i in sorted(housed):
-            nodes[i].extra["housed"] = nodes[i].bytes
-            nodes[i].bytes = 0
+    for v in nodes:
+        if v.is_input or v.output:
+            continue
+        head = step.groups[v.id - step.n_inputs][-1] if v.id < len(base) else None
+        if head in step.housed or v.extra.get("xla_buffer") in step.housed_scratch:
+            v.extra["housed"] = v.bytes
+            v.bytes = 0
     for i in sorted(outputs):
         node = nodes[i]
         nodes.append(Node(len(nodes), name=f"allocation:{node.name}", op="input", kind="input",

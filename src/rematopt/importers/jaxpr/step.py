@@ -53,7 +53,10 @@ class Step:
     positions: dict[int, int] = field(default_factory=dict)
     scratch: list = field(default_factory=list)
     stored: frozenset[int] = frozenset()  # the values XLA's kernels write
-    in_place: frozenset[int] = frozenset()  # equations an elementwise kernel writes (may reuse an operand)
+    written: dict[int, int] = field(default_factory=dict)  # bytes of the buffer XLA writes per equation
+    # fuse="xla" on CPU: equations whose buffer, and scratch instructions, XLA houses in an output's allocation
+    housed: frozenset[int] = frozenset()
+    housed_scratch: frozenset[str] = frozenset()
     dead: int = 0                     # equations dropped because nothing reads their results
     unrolled: bool = False            # loops were unrolled (:mod:`.unroll`)
     # Per flat leaf: (leaf of the caller's arguments, slice index) when unrolling
