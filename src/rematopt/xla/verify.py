@@ -54,7 +54,8 @@ class Candidate:
     compiled: Compiled
     fits: bool
     planning_budget: int | None = None   # bytes on the graph the planner was given
-    predicted_peak: int | None = None    # the plan's peak on the graph
+    predicted_peak: int | None = None    # the applied step's peak on the graph (exporters.jax_applied)
+    plan_peak: int | None = None         # the plan's own peak on the graph (the planner's figure)
     overhead: float | None = None        # the plan's recompute overhead on the graph
     status: str = ""                     # the planner's status (OPTIMAL speaks of the graph model)
     plan: Plan | None = field(default=None, compare=False, repr=False)
@@ -63,6 +64,7 @@ class Candidate:
         return {"label": self.label, "kind": self.kind, "fits": self.fits, "xla_peak_bytes": self.compiled.peak_bytes,
                 "xla_flops": self.compiled.flops, "xla_bytes_accessed": self.compiled.bytes_accessed,
                 "planning_budget_bytes": self.planning_budget, "predicted_peak_bytes": self.predicted_peak,
+                "plan_peak_bytes": self.plan_peak,
                 "overhead": self.overhead, "status": self.status}
 
 
@@ -105,7 +107,8 @@ class Verdict:
         return {"fits": self.fits, "budget_bytes": self.budget, "budget_ratio": self.budget_ratio,
                 "xla_plain_peak_bytes": self.plain.peak_bytes, "xla_reference": self.reference,
                 "graph_no_remat_peak_bytes": self.graph_peak, "chosen": c.label, "kind": c.kind,
-                "predicted_peak_bytes": c.predicted_peak, "xla_peak_bytes": c.compiled.peak_bytes,
+                "predicted_peak_bytes": c.predicted_peak, "plan_peak_bytes": c.plan_peak,
+                "xla_peak_bytes": c.compiled.peak_bytes,
                 "planning_budget_bytes": c.planning_budget, "status": c.status, "overhead": c.overhead,
                 "xla_flops": c.compiled.flops, "xla_plain_flops": self.plain.flops, "rounds": self.rounds,
                 "wall_s": self.wall_s, "xla_settings": self.settings,
@@ -151,6 +154,7 @@ def verify(loss_fn: Callable, args: Sequence, graph: Graph, planner: str, budget
     the stock labels), reused across budgets of one model; ``fallback``: the
     graph to plan on instead when a plan of ``graph`` does not apply (the
     traced graph, for a compiled one)."""
+    from ..exporters.jax_applied import applied_peak
     from ..exporters.jax_policy import apply_plan
     from ..solve import solve
 
@@ -228,10 +232,12 @@ def verify(loss_fn: Callable, args: Sequence, graph: Graph, planner: str, budget
             continue
         fits = c.peak_bytes <= budget
         where = "compiled" if graph.meta.get("fuse") == "xla" else "traced"
+        predicted = applied_peak(graph, sol.plan)
         candidates.append(Candidate(f"{planner} plan, {where} graph (planning budget {human_bytes(b)})", "plan", c,
-                                    fits, b,
-                                    sol.replay.peak_bytes, sol.replay.overhead, sol.status, sol.plan))
-        say(f"round {rounds}: planning budget {human_bytes(b)}: predicted {human_bytes(sol.replay.peak_bytes)}, "
+                                    fits, b, predicted, sol.replay.peak_bytes, sol.replay.overhead, sol.status,
+                                    sol.plan))
+        say(f"round {rounds}: planning budget {human_bytes(b)}: plan peak {human_bytes(sol.replay.peak_bytes)}, "
+            f"applied {human_bytes(predicted)}, "
             f"XLA peak {human_bytes(c.peak_bytes)} ({'fits' if fits else 'misses'})")
         if sol.status == "OVER_BUDGET" and not fits and lo is None:
             break  # the planner's least plan misses: a lower planning budget gives no other
