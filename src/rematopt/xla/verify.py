@@ -197,7 +197,7 @@ def verify(loss_fn: Callable, args: Sequence, graph: Graph, planner: str, budget
         rounds += used
     fitting = [k for k in candidates if k.fits]
     chosen = (min(fitting, key=lambda k: (k.compiled.flops, k.compiled.bytes_accessed, k.compiled.peak_bytes))
-              if fitting else min(candidates, key=lambda k: k.compiled.peak_bytes))
+              if fitting else min(candidates, key=lambda k: (k.compiled.peak_bytes, k.compiled.flops)))
     return Verdict(budget, budget_ratio, plain, reference, no_remat_peak(graph), chosen, tuple(candidates), rounds,
                    flags.record(settings), time.perf_counter() - start,
                    {name: no_remat_peak(g) for name, g in orders.items()})
