@@ -31,16 +31,19 @@ STEP = """
 import json, sys
 sys.path.insert(0, {root!r})
 import jax
-from models import mlp
+from models import mlp, unet
 from rematopt.exporters.jax_applied import applied_peak
 from rematopt.jax import apply_plan, trace_grad
 from rematopt.solve import solve
 from rematopt.xla.verify import xla_peak
-fn, args = mlp.factory()
-graph = trace_grad(fn, *args, fuse="xla")
-sol = solve(graph, "greedy", budget_ratio=0.8)
-c = jax.jit(jax.value_and_grad(apply_plan(fn, graph, sol.plan))).lower(*args).compile()
-print(json.dumps({{"plan": sol.replay.peak_bytes, "applied": applied_peak(graph, sol.plan), "xla": xla_peak(c)[0]}}))
+out = {{}}
+for name, factory, ratio in (("mlp", mlp.factory, 0.8), ("unet", unet.factory, 0.6)):
+    fn, args = factory()
+    graph = trace_grad(fn, *args, fuse="xla")
+    sol = solve(graph, "greedy", budget_ratio=ratio)
+    c = jax.jit(jax.value_and_grad(apply_plan(fn, graph, sol.plan))).lower(*args).compile()
+    out[name] = {{"plan": sol.replay.peak_bytes, "applied": applied_peak(graph, sol.plan), "xla": xla_peak(c)[0]}}
+print(json.dumps(out))
 """
 
 
@@ -58,13 +61,27 @@ def test_without_recomputation_the_applied_step_is_the_plan():
     assert applied_peak(graph, sol.plan) >= sol.replay.peak_bytes
 
 
-def test_applied_peak_is_what_xla_compiles():
+@pytest.fixture(scope="module")
+def compiled_steps():
     env = dict(os.environ, XLA_FLAGS=SCHEDULER_FLAG, JAX_PLATFORMS="cpu")
     run = subprocess.run([sys.executable, "-c", STEP.format(root=str(ROOT))], env=env,
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
-    got = json.loads(run.stdout.strip().splitlines()[-1])
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def test_applied_peak_is_what_xla_compiles(compiled_steps):
+    got = compiled_steps["mlp"]
     # mlp at its instance config, greedy at 0.8 of the compiled graph's peak: measured plan 2,230,100 B,
     # applied 2,295,636 B, XLA 2,296,748 B (the plan frees and recomputes what the step computes once)
     assert abs(got["applied"] - got["xla"]) <= 0.01 * got["xla"]
     assert got["plan"] < got["applied"]
+
+
+def test_first_round_prediction_within_5_percent(compiled_steps):
+    # issue 35: unet at its instance config, greedy at 0.6 (the loop's first round): measured plan 414,596 B,
+    # applied 533,380 B, XLA 551,396 B (0.967); the plan's own peak against the step XLA ordered itself
+    # (apply_plan ordered=False, 562,148 B) was 0.738
+    got = compiled_steps["unet"]
+    assert abs(got["applied"] - got["xla"]) <= 0.05 * got["xla"]
+    assert got["plan"] < 0.9 * got["xla"]

@@ -46,7 +46,11 @@ def test_a_budget_some_candidate_fits_is_met_as_compiled():
     assert d["fits"]  # measured: whole-step dots_saveable compiles to 0.85 of the plain step here
     assert "plain step: XLA peak" in err and "round 1:" in err  # progress per round on stderr
     plans = [c for c in d["candidates"] if c["kind"] == "plan"]
-    assert plans and all(c["predicted_peak_bytes"] and c["planning_budget_bytes"] for c in plans)
+    assert plans and all(c["plan_peak_bytes"] and c["planning_budget_bytes"] for c in plans)
+    # each plan compiles in its own order, with the applied step's peak as the prediction, and in XLA's
+    ordered = [c for c in plans if not c["label"].endswith("XLA's order")]
+    assert ordered and all(c["predicted_peak_bytes"] for c in ordered)
+    assert len(plans) == 2 * len(ordered)
 
 
 def test_the_eager_order_fits_where_xlas_order_does_not():
