@@ -195,8 +195,11 @@ def _planned_step(step: Step, fates: Fates, scan: bool = True, ordered: bool = T
                 r = eqns[view_at[r]].ins[0]
         return ks
 
-    def views_for(refs) -> list:
-        return [eqns[k] for k in sorted(view_eqns(refs))]
+    def make_views(refs, env: dict) -> dict:
+        """Make the views ``refs`` are of their roots in ``env`` (a root a
+        scan made is a :class:`Piece` of its stack, taken out first)."""
+        execute([Unit(-1, tuple(eqns[k] for k in sorted(view_eqns(refs))))], env, run_forward)
+        return env
 
     def inputs_of(node: int) -> list[int]:
         inside = {v for k in group_of[node] for v in eqns[k].outs}
@@ -209,27 +212,40 @@ def _planned_step(step: Step, fates: Fates, scan: bool = True, ordered: bool = T
 
     def units(node: int, recompute: bool = False, loop_of: int | None = None) -> list[Unit]:
         """The node's unit: its equations in program order with the views they
-        read; where the unit is in a loop, views made outside every loop (a
-        scan's first carry, a slice of an outer value) go in a unit of their
-        own before it, so the iterations a plan treats alike run the same
-        equations (the first one's would make that view, the others not)."""
+        read; where the unit is in a loop, the equations of it (but its head)
+        made outside every loop from values made outside the unit or by such
+        equations (a view of a scan's first carry or of an outer value; with
+        ``fuse="xla"`` also a computation XLA fused into the loop's kernel,
+        such as the slice of a stacked dropout key) go in a unit of their own
+        before it, so the iterations a plan treats alike run the same
+        equations (the first one's would make that value, the others not)."""
+        head = group_of[node][-1]
         loop = loop_of_eqn(group_of[node if loop_of is None else loop_of][-1])
         views = view_eqns([r for k in group_of[node] for r in eqns[k].ins])
-        apart = sorted(k for k in views if loop is not None and loop_of_eqn(k) is None)
-        own = sorted(set(group_of[node]) | (views - set(apart)))
+        every = sorted(set(group_of[node]) | views)
+        apart: list[int] = []
+        if loop is not None:
+            inside = {v for k in every for v in eqns[k].outs}
+            outer: set = set()  # values of apart equations
+            for k in every:
+                reads = [r for r in eqns[k].ins if not isinstance(r, Const) and r in inside]
+                if k != head and loop_of_eqn(k) is None and all(r in outer for r in reads):
+                    apart.append(k)
+                    outer.update(eqns[k].outs)
+        own = [k for k in every if k not in apart]
         made = [Unit(node, tuple(eqns[k] for k in apart), recompute, None)] if apart else []
         return made + [Unit(node, tuple(eqns[k] for k in own), recompute, loop)]
 
     # Recompute closure: forward nodes the backward pass needs and the plan
     # does not save, back to saved values and arguments. Values are named by
-    # their roots: a view is made again where it is read.
-    # (the backward nodes' equations: with fuse="xla" a forward equation XLA fuses into a backward
-    # kernel is one of them, computed again there for free)
-    bwd = [eqns[k] for k in sorted({k for node, members in group_of.items() if phase_of[node] == "backward"
-                                    for k in members}) if k not in step.view_eqns]
-    bwd_made = {v for e in bwd for v in e.outs}
-    bwd_reads = {root(r) for e in bwd for r in e.ins
-                 if not isinstance(r, Const) and root(r) not in bwd_made and root(r) != step.ct_id}
+    # their roots: a view is made again where it is read. A value is read
+    # from the node producing it unless the reading node makes it itself:
+    # with fuse="xla" a forward equation XLA fuses into a backward kernel is
+    # one of that node's, computed again there for free, and its value is
+    # that node's alone (a backward node reading it elsewhere, perhaps
+    # earlier, reads the forward node's, kept or recomputed as the plan says).
+    bwd_reads = {r for node in group_of if phase_of[node] == "backward" for r in inputs_of(node)
+                 if r != step.ct_id and phase_of.get(prod[r]) != "backward"}
     recompute: dict[int, list[int]] = {}  # node -> its external inputs
     todo = list(bwd_reads)
     while todo:
@@ -305,7 +321,7 @@ def _planned_step(step: Step, fates: Fates, scan: bool = True, ordered: bool = T
     def forward_env(leaves):
         env = {v: piece(leaves, k) for k, v in enumerate(step.arg_ids)}
         execute(forward_pass, env, run_forward)
-        return evaluate(views_for([loss_ref]), env)
+        return make_views([loss_ref], env)
 
     held: dict[str, Any] = {}
 
@@ -345,7 +361,7 @@ def _planned_step(step: Step, fates: Fates, scan: bool = True, ordered: bool = T
                    for v, (b, index) in zip(saved_vals, held["layout"]))
         env[step.ct_id] = ct
         execute(backward_pass, env, run_backward, ct)
-        evaluate(views_for(grad_refs), env)
+        make_views(grad_refs, env)
         ct_of = dict(zip(grad_leaves, grad_refs))
         return tuple(_leaf_cotangent(env, [ct_of.get(k) for k in ks], [flat.avals[step.arg_ids[k]] for k in ks],
                                      _stacked_dims([sources[k][1] for k in ks]))
