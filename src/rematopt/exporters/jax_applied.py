@@ -18,9 +18,10 @@ A plan's own peak (:func:`~rematopt.simulate.simulate`) is of its events;
   ranges in the step it compiles (:func:`_housed`).
 
 Measured on the models' compiled graphs (CPU, memory-minimizing scheduler,
-the first round of ``--verify xla``; docs/xla.md): the plan's peak against
-XLA's figure, then this one: mlp cpsat at 0.8 0.942 -> 1.000, resnet cpsat
-0.5 0.802 -> 0.967, unet greedy 0.6 0.786 -> 0.965.
+the first round of ``--verify xla``; docs/xla.md), this peak against XLA's
+figure for the step in the plan's order, then the plan's own peak against
+the same: mlp cpsat at 0.5 1.000 and 0.914, unet greedy 0.6 0.967 and 0.752,
+keras llama greedy 0.8 1.018 and 0.802.
 """
 
 from __future__ import annotations
@@ -85,9 +86,9 @@ def _housed(graph: Graph, born: dict, last: dict, operands: dict, size: dict, en
     """The copies XLA's CPU buffer assignment houses in the outputs' allocations
     (:func:`~rematopt.xla.memory.cpu_allocations`), over the applied step's live
     ranges: the graph's ``extra.housed`` nodes were picked over the plain
-    step's, which a plan changes (gpt at its instance config, cpsat at 0.5:
-    applied peak 0.872 of XLA's figure with the plain step's housing, 0.905
-    with the applied step's). A copy may take the place of a same-size operand
+    step's, which a plan changes (gpt at its instance config, cpsat at 0.5,
+    on the compiled graph before the mapping merge: applied peak 0.872 of
+    XLA's figure with the plain step's housing, 0.905 with the applied step's). A copy may take the place of a same-size operand
     dying there (the graph does not say which kernels are elementwise: any)."""
     from ..xla.memory import cpu_allocations
 
