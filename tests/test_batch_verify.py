@@ -76,7 +76,7 @@ def test_rows_say_whether_the_compiled_step_fits_and_resume_skips_done_jobs(tmp_
     alone = json.loads(solved.stdout)
     (row,) = [r for r in rows if r["budget_ratio"] == 0.9]
     for k in ("fits", "chosen", "xla_peak_bytes", "predicted_peak_bytes", "budget_bytes", "xla_plain_peak_bytes",
-              "planning_budget_bytes", "rounds"):
+              "planning_budget_bytes", "order", "rounds"):
         assert row[k] == alone[k], k
 
     again = verified_batch(out, "--resume")
