@@ -68,13 +68,15 @@ class Candidate:
     status: str = ""                     # the planner's status (OPTIMAL speaks of the graph model)
     plan: Plan | None = field(default=None, compare=False, repr=False)
     order: str | None = None             # the graph order the plan was made in (plan_orders), None for a policy
+    ordered: bool = True                 # applied with the plan's order tied (apply_plan's ``ordered``)
 
     def record(self) -> dict[str, Any]:
         return {"label": self.label, "kind": self.kind, "fits": self.fits, "xla_peak_bytes": self.compiled.peak_bytes,
                 "xla_flops": self.compiled.flops, "xla_bytes_accessed": self.compiled.bytes_accessed,
                 "planning_budget_bytes": self.planning_budget, "predicted_peak_bytes": self.predicted_peak,
                 "plan_peak_bytes": self.plan_peak,
-                "overhead": self.overhead, "status": self.status, "order": self.order}
+                "overhead": self.overhead, "status": self.status, "order": self.order,
+                "ordered": self.ordered if self.kind == "plan" else None}
 
 
 @dataclass(frozen=True)
@@ -281,10 +283,10 @@ def _search(loss_fn: Callable, args: Sequence, argnums: tuple[int, ...], graph: 
         label = f"{planner} plan, {where} graph, {order} order (planning budget {human_bytes(b)})"
         try:
             c, _ = compile_figures(apply_plan(loss_fn, graph, sol.plan), args, argnums, settings)
-            variants = [(label, c, applied_peak(graph, sol.plan))]
+            variants = [(label, c, applied_peak(graph, sol.plan), True)]
             if where == "compiled" and jax.default_backend() == "cpu":  # the plan's order tied, or XLA's own
                 free, _ = compile_figures(apply_plan(loss_fn, graph, sol.plan, ordered=False), args, argnums, settings)
-                variants.append((f"{label}, XLA's order", free, None))  # planned in ``order``, run in XLA's
+                variants.append((f"{label}, XLA's order", free, None, False))  # planned in ``order``, run in XLA's
         except Exception as e:  # noqa: BLE001 - a plan the exporter cannot run: say so, plan elsewhere
             say(f"{order} order, round {rounds}: the plan does not apply ({type(e).__name__}: {e})"
                 + ("; planning on the traced graph" if fallback is not None else "; no more planning in it"))
@@ -295,10 +297,10 @@ def _search(loss_fn: Callable, args: Sequence, argnums: tuple[int, ...], graph: 
             b = int(g0 * budget / plain.peak_bytes)
             tried.clear()
             continue
-        for name, k, predicted in variants:
+        for name, k, predicted, ordered in variants:
             candidates.append(Candidate(name, "plan", k, k.peak_bytes <= budget, b, predicted, sol.replay.peak_bytes,
-                                        sol.replay.overhead, sol.status, sol.plan, order))
-        c = min((k for _, k, _ in variants), key=lambda k: k.peak_bytes)
+                                        sol.replay.overhead, sol.status, sol.plan, order, ordered))
+        c = min((k for _, k, _, _ in variants), key=lambda k: k.peak_bytes)
         fits = c.peak_bytes <= budget
         say(f"{order} order, round {rounds}: planning budget {human_bytes(b)}: plan peak "
             f"{human_bytes(sol.replay.peak_bytes)}, applied {human_bytes(variants[0][2])}, "
