@@ -50,6 +50,7 @@ def test_a_budget_some_candidate_fits_is_met_as_compiled():
     # each plan compiles in its own order, with the applied step's peak as the prediction, and in XLA's
     ordered = [c for c in plans if not c["label"].endswith("XLA's order")]
     assert ordered and all(c["predicted_peak_bytes"] for c in ordered)
+    assert all(c["ordered"] == (c in ordered) for c in plans)  # how to apply it as it was compiled
     assert len(plans) == 2 * len(ordered)
 
 
