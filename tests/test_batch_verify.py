@@ -66,7 +66,7 @@ def test_rows_say_whether_the_compiled_step_fits_and_resume_skips_done_jobs(tmp_
         if r["plan_path"]:  # the chosen plan, replayed on the graph it was made for
             graph = load_graph(prepared.parent / shared["graph"])
             replay = simulate(graph, Plan.load(out / r["plan_path"]))
-            assert replay.valid and replay.peak_bytes == r["predicted_peak_bytes"]
+            assert replay.valid and replay.peak_bytes == r["plan_peak_bytes"]
     assert {r["fits"] for r in rows} == {True, False}
 
     # a job's row says what solve --verify xla --json says of the same step, ratio and planner
@@ -76,7 +76,7 @@ def test_rows_say_whether_the_compiled_step_fits_and_resume_skips_done_jobs(tmp_
     alone = json.loads(solved.stdout)
     (row,) = [r for r in rows if r["budget_ratio"] == 0.9]
     for k in ("fits", "chosen", "xla_peak_bytes", "predicted_peak_bytes", "budget_bytes", "xla_plain_peak_bytes",
-              "planning_budget_bytes", "rounds"):
+              "planning_budget_bytes", "order", "rounds"):
         assert row[k] == alone[k], k
 
     again = verified_batch(out, "--resume")

@@ -77,9 +77,11 @@ def test_plans_of_compiled_graphs_apply(graphs):
     for plan in (no_remat_plan(compiled), solve(compiled, "jax-nothing-saveable").plan):
         planned = apply_plan(_step, compiled, plan)
         assert jnp.allclose(jax.grad(planned)(*ARGS), want, rtol=1e-5, atol=1e-6)
-    # the no-remat plan runs the plain step's work
+    # the no-remat plan runs the plain step's work, in XLA's order; in its own order (CPU) plus the ties' adds
     flops = lambda f: jax.jit(jax.grad(f)).lower(*ARGS).compile().cost_analysis()["flops"]  # noqa: E731
-    assert flops(apply_plan(_step, compiled, no_remat_plan(compiled))) == plain["flops"]
+    assert flops(apply_plan(_step, compiled, no_remat_plan(compiled), ordered=False)) == plain["flops"]
+    tied = flops(apply_plan(_step, compiled, no_remat_plan(compiled)))
+    assert plain["flops"] <= tied <= 1.05 * plain["flops"]
 
 
 def test_cli_fuse_xla(tmp_path):

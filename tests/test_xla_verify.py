@@ -46,7 +46,27 @@ def test_a_budget_some_candidate_fits_is_met_as_compiled():
     assert d["fits"]  # measured: whole-step dots_saveable compiles to 0.85 of the plain step here
     assert "plain step: XLA peak" in err and "round 1:" in err  # progress per round on stderr
     plans = [c for c in d["candidates"] if c["kind"] == "plan"]
-    assert plans and all(c["predicted_peak_bytes"] and c["planning_budget_bytes"] for c in plans)
+    assert plans and all(c["plan_peak_bytes"] and c["planning_budget_bytes"] for c in plans)
+    # each plan compiles in its own order, with the applied step's peak as the prediction, and in XLA's
+    ordered = [c for c in plans if not c["label"].endswith("XLA's order")]
+    assert ordered and all(c["predicted_peak_bytes"] for c in ordered)
+    assert all(c["ordered"] == (c in ordered) for c in plans)  # how to apply it as it was compiled
+    assert len(plans) == 2 * len(ordered)
+
+
+def test_the_eager_order_fits_where_xlas_order_does_not():
+    """resnet at its instance config, 0.8 of the plain step (608,592 B): XLA's plain order runs the
+    weight-gradient convolutions last, and no plan in it compiles below 742 KiB; in the eager order
+    (rematopt.reorder) dtr's first plan compiles to 586,148 B, predicted 595,844 (1.017)."""
+    d, err = verified("models.resnet:factory", "--budget-ratio", "0.8", "-p", "dtr", "--time-limit", "120")
+    check_verdict(d)
+    assert set(d["orders_no_remat_peak_bytes"]) == {"xla", "eager"}
+    assert d["orders_no_remat_peak_bytes"]["eager"] < 0.85 * d["orders_no_remat_peak_bytes"]["xla"]
+    plans = [c for c in d["candidates"] if c["kind"] == "plan"]
+    assert {c["order"] for c in plans} == {"xla", "eager"} and "eager order, round 1:" in err
+    assert not any(c["fits"] for c in plans if c["order"] == "xla")
+    assert d["fits"] and d["kind"] == "plan" and d["order"] == "eager"
+    assert abs(d["predicted_peak_bytes"] - d["xla_peak_bytes"]) <= 0.05 * d["xla_peak_bytes"]
 
 
 def test_where_nothing_fits_the_first_line_says_so(tmp_path):

@@ -45,8 +45,11 @@ def run(spec: str, settings: tuple[str, ...], argnums: tuple[int, ...], planner:
     else:
         click.echo(verdict.headline())
         if chosen.kind == "plan":
-            click.echo(f"on the graph model: {chosen.status}, predicted peak {chosen.predicted_peak:,} B, "
-                       f"{chosen.overhead:+.1%} recompute")
+            applied = "" if chosen.predicted_peak is None else f"; the step as applied: {chosen.predicted_peak:,} B"
+            click.echo(f"on the graph model: {chosen.status}, plan peak {chosen.plan_peak:,} B, "
+                       f"{chosen.overhead:+.1%} recompute{applied}")
+            if not chosen.ordered:
+                click.echo("compiled in XLA's own order (untied): apply it with apply_plan(..., ordered=False)")
         figures_table(f"{planner} on {spec}, verified by XLA", {k: v for k, v in info.items()
                                                                 if not isinstance(v, (list, dict))})
     if output and chosen.plan is None:

@@ -27,7 +27,9 @@ Why it is built this way:
   compiled program: FEASIBLE when the chosen step fits, OVER_BUDGET when no
   candidate does. What the graph model says of the chosen plan is in
   ``model_status`` (the planner's OPTIMAL is about its planning budget on
-  the graph), ``predicted_peak_bytes`` and ``model_overhead``; the rest of
+  the graph), ``plan_peak_bytes`` (the plan's), ``predicted_peak_bytes`` (the
+  step as applied), ``order`` (the graph order the plan was made in) and
+  ``model_overhead``; the rest of
   ``solve --verify xla --json`` is there under its own names
   (``xla_settings`` and ``candidates`` as JSON text).
 """
@@ -294,8 +296,9 @@ def verified_row(spec: dict[str, Any]) -> dict[str, Any]:
         config=json.dumps(job["config"], sort_keys=True), graph_kind=prepared["graph_kind"],
         model_status=s["status"] or None, model_overhead=s["overhead"],
         **{k: s[k] for k in ("fits", "budget_bytes", "xla_plain_peak_bytes", "xla_reference",
-                             "graph_no_remat_peak_bytes", "chosen", "kind", "predicted_peak_bytes", "xla_peak_bytes",
-                             "planning_budget_bytes", "xla_flops", "xla_plain_flops", "rounds")},
+                             "graph_no_remat_peak_bytes", "chosen", "kind", "predicted_peak_bytes", "plan_peak_bytes",
+                             "xla_peak_bytes",
+                             "planning_budget_bytes", "order", "xla_flops", "xla_plain_flops", "rounds")},
         xla_settings=json.dumps(s["xla_settings"], sort_keys=True, default=str),
         candidates=json.dumps(s["candidates"], default=str),
     )

@@ -129,7 +129,7 @@ def _compile(spec: dict):
         from ..jax import apply_plan
         from ..plan import Plan
 
-        fn = apply_plan(fn, load_graph(spec["graph"]), Plan.load(spec["plan"]))
+        fn = apply_plan(fn, load_graph(spec["graph"]), Plan.load(spec["plan"]), ordered=spec.get("ordered", True))
     start = time.perf_counter()
     compiled = jax.jit(jax.value_and_grad(fn)).lower(*args).compile(**_options(spec))
     return compiled, args, time.perf_counter() - start
@@ -253,7 +253,7 @@ def plan_step(spec: dict) -> dict:
         out["plans"][str(ratio)] = {"status": f"--verify xla: cpsat {c.status}, {'fits' if c.fits else 'misses'} "
                                               f"after {v.rounds} round{'s' * (v.rounds != 1)}",
                                     "path": str(path), "graph": str(folder / "graph.json"), "nodes": graph.n,
-                                    "peak": c.predicted_peak, "overhead": c.overhead}
+                                    "peak": c.predicted_peak, "overhead": c.overhead, "ordered": c.ordered}
     return out
 
 
@@ -379,7 +379,8 @@ def _bench_model(bench: Bench, model: Model, config: dict, rounds: int, ratios: 
                                   note=f"no plan: {p.get('status', 'not run')}"))
             progress(f"{model.label:12} rematopt@{ratio}: {bench.rows[-1].note}")
             continue
-        r = row(f"rematopt@{ratio}", "rematopt", ratio, graph=p["graph"], plan=p["path"])
+        r = row(f"rematopt@{ratio}", "rematopt", ratio, graph=p["graph"], plan=p["path"],
+                ordered=p.get("ordered", True))
         if r is not None:
             r.predicted_peak, r.predicted_overhead = p["peak"], p["overhead"]
             r.note = f"{p['status']}, graph of {p['nodes']} nodes"

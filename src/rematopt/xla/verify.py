@@ -9,6 +9,14 @@ planning budget is bracketed between one whose plan fits and one whose plan
 misses, and bisected, for a bounded number of rounds. JAX's stock policies
 compile beside the plans, so the answer is never worse than the best of them
 that fits; the answer is the fitting candidate with the fewest compiled FLOPs.
+On CPU a plan of the compiled graph compiles twice: in its own order (each
+backward kernel tied to the one before, the step its predicted peak is of)
+and in the order XLA's scheduler picks, which is sometimes lower. A compiled
+graph is planned in two orders (:func:`plan_orders`), each in its share of
+the time: XLA's schedule of the plain step, and the eager one
+(:mod:`rematopt.reorder`), which XLA runs because the plan's order is tied
+(resnet at 0.8: every plan in XLA's order misses, the eager order's fits);
+each candidate records the order its plan was made in.
 
 A candidate "fits" when XLA's figure is within the budget: a statement about
 the compiled program, never about the graph model.
@@ -54,16 +62,21 @@ class Candidate:
     compiled: Compiled
     fits: bool
     planning_budget: int | None = None   # bytes on the graph the planner was given
-    predicted_peak: int | None = None    # the plan's peak on the graph
+    predicted_peak: int | None = None    # the applied step's peak on the graph (exporters.jax_applied)
+    plan_peak: int | None = None         # the plan's own peak on the graph (the planner's figure)
     overhead: float | None = None        # the plan's recompute overhead on the graph
     status: str = ""                     # the planner's status (OPTIMAL speaks of the graph model)
     plan: Plan | None = field(default=None, compare=False, repr=False)
+    order: str | None = None             # the graph order the plan was made in (plan_orders), None for a policy
+    ordered: bool = True                 # applied with the plan's order tied (apply_plan's ``ordered``)
 
     def record(self) -> dict[str, Any]:
         return {"label": self.label, "kind": self.kind, "fits": self.fits, "xla_peak_bytes": self.compiled.peak_bytes,
                 "xla_flops": self.compiled.flops, "xla_bytes_accessed": self.compiled.bytes_accessed,
                 "planning_budget_bytes": self.planning_budget, "predicted_peak_bytes": self.predicted_peak,
-                "overhead": self.overhead, "status": self.status}
+                "plan_peak_bytes": self.plan_peak,
+                "overhead": self.overhead, "status": self.status, "order": self.order,
+                "ordered": self.ordered if self.kind == "plan" else None}
 
 
 @dataclass(frozen=True)
@@ -81,6 +94,7 @@ class Verdict:
     rounds: int
     settings: dict[str, Any]
     wall_s: float
+    orders: dict[str, int] = field(default_factory=dict)  # the orders planned in: their no-remat peaks on the graph
 
     @property
     def fits(self) -> bool:
@@ -105,10 +119,12 @@ class Verdict:
         return {"fits": self.fits, "budget_bytes": self.budget, "budget_ratio": self.budget_ratio,
                 "xla_plain_peak_bytes": self.plain.peak_bytes, "xla_reference": self.reference,
                 "graph_no_remat_peak_bytes": self.graph_peak, "chosen": c.label, "kind": c.kind,
-                "predicted_peak_bytes": c.predicted_peak, "xla_peak_bytes": c.compiled.peak_bytes,
+                "predicted_peak_bytes": c.predicted_peak, "plan_peak_bytes": c.plan_peak,
+                "xla_peak_bytes": c.compiled.peak_bytes,
                 "planning_budget_bytes": c.planning_budget, "status": c.status, "overhead": c.overhead,
+                "order": c.order,
                 "xla_flops": c.compiled.flops, "xla_plain_flops": self.plain.flops, "rounds": self.rounds,
-                "wall_s": self.wall_s, "xla_settings": self.settings,
+                "wall_s": self.wall_s, "xla_settings": self.settings, "orders_no_remat_peak_bytes": self.orders,
                 "candidates": [k.record() for k in self.candidates]}
 
 
@@ -145,15 +161,14 @@ def verify(loss_fn: Callable, args: Sequence, graph: Graph, planner: str, budget
            progress: Callable[[str], None] | None = None,
            known: dict[str, tuple[Compiled, str]] | None = None, fallback: Graph | None = None) -> Verdict:
     """The cheapest candidate whose compiled peak is within ``budget_ratio`` x
-    the compiled plain step's (module docstring). ``stock``: label -> loss
+    the compiled plain step's (module docstring), planning in each of
+    :func:`plan_orders`' orders in turn, each in its share of the time left.
+    ``stock``: label -> loss
     function of the stock-policy candidates (:func:`stock_policies`);
     ``known``: figures already compiled under these labels (``"plain"`` and
     the stock labels), reused across budgets of one model; ``fallback``: the
     graph to plan on instead when a plan of ``graph`` does not apply (the
     traced graph, for a compiled one)."""
-    from ..exporters.jax_policy import apply_plan
-    from ..solve import solve
-
     start = time.perf_counter()
     settings = settings or flags.for_backend(jax.default_backend())
     flags.apply(settings)
@@ -180,20 +195,70 @@ def verify(loss_fn: Callable, args: Sequence, graph: Graph, planner: str, budget
         candidates.append(Candidate(label, "policy", c, c.peak_bytes <= budget))
         say(f"{label}: XLA peak {human_bytes(c.peak_bytes)} ({'fits' if c.peak_bytes <= budget else 'misses'})")
 
-    g0 = no_remat_peak(graph)
     options = dict(options or {})
+    orders = plan_orders(graph)
+    rounds = 0
+    for k, (name, ordered) in enumerate(orders.items()):
+        left = time_limit - (time.perf_counter() - start)
+        deadline = start + time_limit - left * (len(orders) - k - 1) / (len(orders) - k)  # its share of what is left
+        found, used = _search(loss_fn, args, argnums, ordered, name, planner, budget, plain, options, settings, say,
+                              deadline, fallback if k == 0 else None, no_remat_peak(graph))
+        candidates += found
+        rounds += used
+    fitting = [k for k in candidates if k.fits]
+    chosen = (min(fitting, key=lambda k: (k.compiled.flops, k.compiled.bytes_accessed, k.compiled.peak_bytes))
+              if fitting else min(candidates, key=lambda k: (k.compiled.peak_bytes, k.compiled.flops)))
+    return Verdict(budget, budget_ratio, plain, reference, no_remat_peak(graph), chosen, tuple(candidates), rounds,
+                   flags.record(settings), time.perf_counter() - start,
+                   {name: no_remat_peak(g) for name, g in orders.items()})
+
+
+def plan_orders(graph: Graph) -> dict[str, Graph]:
+    """The orders the loop plans in, by name: the graph's own ("xla": XLA's
+    schedule of the plain step, for a compiled graph), and for a compiled
+    graph, whose plans ``apply_plan`` ties in the plan's order, the eager one
+    (:func:`rematopt.reorder.eager`) where it lowers the no-remat peak."""
+    from ..reorder import eager
+
+    own = "xla" if graph.meta.get("fuse") == "xla" else "program"
+    if own != "xla":
+        return {own: graph}
+    moved = eager(graph)
+    if no_remat_peak(moved) >= no_remat_peak(graph):
+        return {own: graph}
+    return {own: graph, "eager": moved}
+
+
+def _search(loss_fn: Callable, args: Sequence, argnums: tuple[int, ...], graph: Graph, order: str, planner: str,
+            budget: int, plain: Compiled, options: dict[str, Any], settings: flags.XlaSettings,
+            say: Callable[[str], None], deadline: float, fallback: Graph | None,
+            base_peak: int) -> tuple[list[Candidate], int]:
+    """Plans of ``graph`` (in its ``order``) bracketed and bisected on the
+    planning budget until ``deadline`` or :data:`MAX_ROUNDS`: the candidates
+    compiled, and the rounds run. The first planning budget is the budget's
+    share of the plain step scaled by ``base_peak`` (the no-remat peak of the
+    graph in XLA's order) over the plain step's figure: the graph model's
+    bias, which a reordering does not change."""
+    from ..exporters.jax_applied import applied_peak
+    from ..exporters.jax_policy import apply_plan
+    from ..solve import solve
+
+    candidates: list[Candidate] = []
+    g0 = no_remat_peak(graph)
     rounds = 0
     lo: int | None = None   # largest planning budget whose plan fits
-    hi = g0                 # smallest whose plan misses (the no-remat plan compiles to the plain step)
+    # smallest whose plan misses: in XLA's order the no-remat plan compiles to the plain step; in another
+    # order it may fit, so it is tried (b is at most g0) and nothing above it
+    hi = g0 if order in ("xla", "program") else g0 + 1
     floor = 0               # largest planning budget the planner found no plan for
-    b = int(g0 * budget / plain.peak_bytes)  # the same share of the graph's peak
+    b = min(g0, int(base_peak * budget / plain.peak_bytes))
     tried: set[int] = set()
     began: float | None = None  # when the previous round began
     while rounds < MAX_ROUNDS and b > floor and b not in tried:
         tried.add(b)
         now = time.perf_counter()
         last_round = 0.0 if began is None else now - began
-        left = time_limit - (now - start)
+        left = deadline - now
         if left <= last_round:  # a round takes about as long as the one before: it would not end in time
             break
         began = now
@@ -207,32 +272,41 @@ def verify(loss_fn: Callable, args: Sequence, graph: Graph, planner: str, budget
         except BudgetError:
             sol = None
         if sol is None or not sol.has_plan:
-            say(f"round {rounds}: planning budget {human_bytes(b)}: no plan "
+            say(f"{order} order, round {rounds}: planning budget {human_bytes(b)}: no plan "
                 f"({'below the bound' if sol is None else sol.status})")
             floor = b
             b = (b + hi) // 2 if lo is None else (lo + hi) // 2
             if lo is not None and hi - lo < RESOLUTION * g0:
                 break
             continue
+        where = "compiled" if graph.meta.get("fuse") == "xla" else "traced"
+        label = f"{planner} plan, {where} graph, {order} order (planning budget {human_bytes(b)})"
         try:
             c, _ = compile_figures(apply_plan(loss_fn, graph, sol.plan), args, argnums, settings)
+            variants = [(label, c, applied_peak(graph, sol.plan), True)]
+            if where == "compiled" and jax.default_backend() == "cpu":  # the plan's order tied, or XLA's own
+                free, _ = compile_figures(apply_plan(loss_fn, graph, sol.plan, ordered=False), args, argnums, settings)
+                variants.append((f"{label}, XLA's order", free, None, False))  # planned in ``order``, run in XLA's
         except Exception as e:  # noqa: BLE001 - a plan the exporter cannot run: say so, plan elsewhere
-            say(f"round {rounds}: the plan does not apply ({type(e).__name__}: {e})"
-                + ("; planning on the traced graph" if fallback is not None else "; no more planning"))
+            say(f"{order} order, round {rounds}: the plan does not apply ({type(e).__name__}: {e})"
+                + ("; planning on the traced graph" if fallback is not None else "; no more planning in it"))
             if fallback is None:
                 break
-            graph, fallback = fallback, None
+            graph, fallback, order = fallback, None, "program"
             g0, lo, hi, floor = no_remat_peak(graph), None, no_remat_peak(graph), 0
             b = int(g0 * budget / plain.peak_bytes)
             tried.clear()
             continue
+        for name, k, predicted, ordered in variants:
+            candidates.append(Candidate(name, "plan", k, k.peak_bytes <= budget, b, predicted, sol.replay.peak_bytes,
+                                        sol.replay.overhead, sol.status, sol.plan, order, ordered))
+        c = min((k for _, k, _, _ in variants), key=lambda k: k.peak_bytes)
         fits = c.peak_bytes <= budget
-        where = "compiled" if graph.meta.get("fuse") == "xla" else "traced"
-        candidates.append(Candidate(f"{planner} plan, {where} graph (planning budget {human_bytes(b)})", "plan", c,
-                                    fits, b,
-                                    sol.replay.peak_bytes, sol.replay.overhead, sol.status, sol.plan))
-        say(f"round {rounds}: planning budget {human_bytes(b)}: predicted {human_bytes(sol.replay.peak_bytes)}, "
-            f"XLA peak {human_bytes(c.peak_bytes)} ({'fits' if fits else 'misses'})")
+        say(f"{order} order, round {rounds}: planning budget {human_bytes(b)}: plan peak "
+            f"{human_bytes(sol.replay.peak_bytes)}, applied {human_bytes(variants[0][2])}, "
+            f"XLA peak {human_bytes(variants[0][1].peak_bytes)}"
+            + (f" (in XLA's order {human_bytes(variants[1][1].peak_bytes)})" if len(variants) > 1 else "")
+            + f" ({'fits' if fits else 'misses'})")
         if sol.status == "OVER_BUDGET" and not fits and lo is None:
             break  # the planner's least plan misses: a lower planning budget gives no other
         if fits:
@@ -245,11 +319,7 @@ def verify(loss_fn: Callable, args: Sequence, graph: Graph, planner: str, budget
             if hi - lo < RESOLUTION * g0:
                 break
             b = (lo + hi) // 2
-    fitting = [k for k in candidates if k.fits]
-    chosen = (min(fitting, key=lambda k: (k.compiled.flops, k.compiled.bytes_accessed, k.compiled.peak_bytes))
-              if fitting else min(candidates, key=lambda k: k.compiled.peak_bytes))
-    return Verdict(budget, budget_ratio, plain, reference, g0, chosen, tuple(candidates), rounds,
-                   flags.record(settings), time.perf_counter() - start)
+    return candidates, rounds
 
 
 def _planner_options(planner: str) -> set[str]:

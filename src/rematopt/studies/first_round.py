@@ -1,0 +1,116 @@
+"""The first round of ``--verify xla``, measured: for every model in
+``models/`` (at its instance config) and each budget ratio, the plan made at
+that share of the graph's no-remat peak (moved up toward it, as the loop
+does, while the planner finds none), its own peak, the peak of the step
+``apply_plan`` runs (:func:`~rematopt.exporters.jax_applied.applied_peak`,
+the loop's prediction), and XLA's figures for the compiled step in the
+plan's order and in XLA's (``ordered=False``): how far the prediction is
+off before the loop corrects it. Run from a checkout
+(models/ is imported), on CPU under the memory-minimizing scheduler:
+
+    python -m rematopt.studies.first_round OUT.jsonl [planners=greedy,cpsat] [ratios=0.8,0.6,0.5] [MODEL ...]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+from ..errors import BudgetError
+from ..xla import flags
+from .closed_loop import MODELS, RATIOS
+
+CPSAT_SECONDS = 8.0  # per plan: the loop's first round gets about this much on a model of this size
+TRIES = 4            # planning budgets tried, each halfway up to the no-remat peak, before giving up
+
+
+def rows(name: str, planners: tuple[str, ...], ratios: tuple[float, ...]) -> list[dict[str, Any]]:
+    """One record per (planner, ratio) for model ``name``."""
+    import jax
+
+    from .. import planners as registry
+    from ..exporters.jax_applied import applied_peak
+    from ..jax import apply_plan
+    from ..reference import no_remat_peak
+    from ..solve import solve
+    from ..xla.factory import load_step, plan_graphs
+    from ..xla.verify import compile_figures
+
+    step = load_step(*MODELS[name])
+    fn, args = step.fn, step.args
+    settings = flags.for_backend(jax.default_backend())
+    plain, _ = compile_figures(fn, args, step.argnums, settings)
+    graphs = [g for g in plan_graphs(step) if g is not None]
+    out = []
+    for planner in planners:
+        opts = {"time_limit": CPSAT_SECONDS, "workers": 1} if "time_limit" in registry.options(planner) else {}
+        for ratio in ratios:
+            rec: dict[str, Any] = {"model": name, "planner": planner, "ratio": ratio, "xla_plain": plain.peak_bytes,
+                                   "plain_flops": plain.flops}
+            for graph in graphs:
+                where = "compiled" if graph.meta.get("fuse") == "xla" else "traced"
+                g0 = no_remat_peak(graph)
+                b, sol = int(g0 * ratio), None
+                for _ in range(TRIES):
+                    try:
+                        sol = solve(graph, planner, budget=b, **opts)
+                    except BudgetError:
+                        sol = None
+                    if sol is not None and sol.has_plan:
+                        break
+                    b = (b + g0) // 2
+                if sol is None or not sol.has_plan:
+                    rec.update(graph=where, error="no plan")
+                    break
+                try:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        c, _ = compile_figures(apply_plan(fn, graph, sol.plan), args, step.argnums, settings)
+                        free, _ = compile_figures(apply_plan(fn, graph, sol.plan, ordered=False), args, step.argnums,
+                                                  settings)
+                except Exception as e:  # noqa: BLE001 - as the loop does: a plan that does not apply, the traced graph
+                    rec["apply_error"] = f"{type(e).__name__}: {e}"[:200]
+                    continue
+                rec.update(graph=where, planning_ratio=b / g0, status=sol.status, plan_peak=sol.replay.peak_bytes,
+                           applied_peak=applied_peak(graph, sol.plan), xla=c.peak_bytes, flops=c.flops,
+                           xla_unordered=free.peak_bytes, flops_unordered=free.flops)
+                break
+            out.append(rec)
+    return out
+
+
+def markdown(records: list[dict[str, Any]]) -> str:
+    head = ("| model | planner | ratio | graph | plan peak / XLA, XLA's order | applied peak / XLA, plan's order "
+            "| XLA / plain: XLA's order, plan's | FLOPs vs plain: XLA's order, plan's |\n"
+            "|---|---|---:|---|---:|---:|---:|---:|\n")
+    lines = []
+    for r in records:
+        if "xla" not in r:
+            lines.append(f"| {r['model']} | {r['planner']} | {r['ratio']} | {r.get('graph', '')} | "
+                         f"{r.get('error', r.get('apply_error', ''))} | | | |")
+            continue
+        near = lambda x: f"**{x:.3f}**" if abs(x - 1) <= 0.05 else f"{x:.3f}"  # noqa: E731
+        lines.append(f"| {r['model']} | {r['planner']} | {r['ratio']} | {r['graph']} | "
+                     f"{near(r['plan_peak'] / r['xla_unordered'])} | {near(r['applied_peak'] / r['xla'])} | "
+                     f"{r['xla_unordered'] / r['xla_plain']:.3f}, {r['xla'] / r['xla_plain']:.3f} | "
+                     f"{100 * (r['flops_unordered'] / r['plain_flops'] - 1):+.1f}%, "
+                     f"{100 * (r['flops'] / r['plain_flops'] - 1):+.1f}% |")
+    return head + "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    flags.apply(flags.CPU_VERIFY)  # before the backend starts
+    path, given = Path(sys.argv[1]), sys.argv[2:]
+    chosen = {"planners": ("greedy", "cpsat"), "ratios": RATIOS}
+    while given and "=" in given[0]:
+        key, value = given.pop(0).split("=")
+        chosen[key] = tuple(float(x) for x in value.split(",")) if key == "ratios" else tuple(value.split(","))
+    with path.open("a") as f:
+        for name in given or list(MODELS):
+            for rec in rows(name, chosen["planners"], chosen["ratios"]):
+                print(json.dumps(rec), file=sys.stderr, flush=True)
+                f.write(json.dumps(rec) + "\n")
+                f.flush()

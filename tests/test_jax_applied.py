@@ -1,0 +1,87 @@
+"""The prediction ``--verify xla`` holds against XLA: the peak of the step
+``apply_plan`` runs (``exporters.jax_applied``), which computes every forward
+node once in the forward pass and each recomputed value once, where the plan
+itself may free and recompute a value again. Checked on the graph (the plan
+without recomputation is its own applied step) and against XLA's figure for
+the compiled step, in a fresh process under the memory-minimizing scheduler
+(the flag only takes effect in XLA_FLAGS)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("jax")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from xla_steps import SCHEDULER_FLAG  # noqa: E402
+
+from rematopt.exporters.jax_applied import applied_peak  # noqa: E402
+from rematopt.jax import trace_grad  # noqa: E402
+from rematopt.reference import no_remat_plan  # noqa: E402
+from rematopt.simulate import simulate  # noqa: E402
+from rematopt.solve import solve  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+STEP = """
+import json, sys
+sys.path.insert(0, {root!r})
+import jax
+from models import mlp, unet
+from rematopt.exporters.jax_applied import applied_peak
+from rematopt.jax import apply_plan, trace_grad
+from rematopt.solve import solve
+from rematopt.xla.verify import xla_peak
+out = {{}}
+for name, factory, ratio in (("mlp", mlp.factory, 0.8), ("unet", unet.factory, 0.6)):
+    fn, args = factory()
+    graph = trace_grad(fn, *args, fuse="xla")
+    sol = solve(graph, "greedy", budget_ratio=ratio)
+    c = jax.jit(jax.value_and_grad(apply_plan(fn, graph, sol.plan))).lower(*args).compile()
+    out[name] = {{"plan": sol.replay.peak_bytes, "applied": applied_peak(graph, sol.plan), "xla": xla_peak(c)[0]}}
+print(json.dumps(out))
+"""
+
+
+def test_without_recomputation_the_applied_step_is_the_plan():
+    sys.path.insert(0, str(ROOT))
+    from models import gpt
+
+    fn, args = gpt.factory(layers=2, width=32, heads=2, seq=16, batch=2, vocab=64)
+    graph = trace_grad(fn, *args)
+    plan = no_remat_plan(graph)
+    assert applied_peak(graph, plan) == simulate(graph, plan).peak_bytes
+    # a plan that recomputes: the applied step holds each value at least as long as the plan does
+    sol = solve(graph, "greedy", budget_ratio=0.7)
+    assert sol.replay.overhead > 0
+    assert applied_peak(graph, sol.plan) >= sol.replay.peak_bytes
+
+
+@pytest.fixture(scope="module")
+def compiled_steps():
+    env = dict(os.environ, XLA_FLAGS=SCHEDULER_FLAG, JAX_PLATFORMS="cpu")
+    run = subprocess.run([sys.executable, "-c", STEP.format(root=str(ROOT))], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def test_applied_peak_is_what_xla_compiles(compiled_steps):
+    got = compiled_steps["mlp"]
+    # mlp at its instance config, greedy at 0.8 of the compiled graph's peak: measured plan 2,230,100 B,
+    # applied 2,295,636 B, XLA 2,296,748 B (the plan frees and recomputes what the step computes once)
+    assert abs(got["applied"] - got["xla"]) <= 0.01 * got["xla"]
+    assert got["plan"] < got["applied"]
+
+
+def test_first_round_prediction_within_5_percent(compiled_steps):
+    # issue 35: unet at its instance config, greedy at 0.6 (the loop's first round): measured plan 414,596 B,
+    # applied 533,380 B, XLA 551,396 B (0.967); the plan's own peak against the step XLA ordered itself
+    # (apply_plan ordered=False, 562,148 B) was 0.738
+    got = compiled_steps["unet"]
+    assert abs(got["applied"] - got["xla"]) <= 0.05 * got["xla"]
+    assert got["plan"] < 0.9 * got["xla"]
