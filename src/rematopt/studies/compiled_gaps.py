@@ -29,7 +29,8 @@ from ..solve import solve
 
 RATIOS = (0.8, 0.6)
 # Seconds per solve, one worker: 78 solves (13 instances, 3 graphs, 2 ratios),
-# most compiled ones refused below the floor, took 20 minutes of one core.
+# most compiled ones refused below the floor, took 13 minutes of one core
+# (docs/xla.md, "cpsat on the compiled graphs").
 LIMIT_S = 20.0
 # floor: the cheap peak lower bound (working set, resident inputs) as a ratio
 # of the no-remat peak; a budget ratio under it is not solved.
