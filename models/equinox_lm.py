@@ -45,10 +45,7 @@ class Decoder(eqx.Module):
     blocks: Block  # stacked: every array leaf has a leading ``layers`` axis
     ln: eqx.nn.LayerNorm
 
-    remat: Remat = eqx.field(static=True)
-
-    def __init__(self, c: dict, key: jax.Array, remat: Remat = Remat()):
-        self.remat = remat
+    def __init__(self, c: dict, key: jax.Array):
         k_embed, k_pos, k_blocks = jax.random.split(key, 3)
         self.embed = eqx.nn.Embedding(c["vocab"], c["width"], key=k_embed)
         self.pos = jax.random.normal(k_pos, (c["seq"], c["width"])) * 0.02
@@ -56,8 +53,10 @@ class Decoder(eqx.Module):
         self.blocks = eqx.filter_vmap(make)(jax.random.split(k_blocks, c["layers"]))
         self.ln = eqx.nn.LayerNorm(c["width"])
 
-    def __call__(self, tokens: jax.Array, key: jax.Array) -> jax.Array:
-        """Logits of one sequence of ``tokens``."""
+    def __call__(self, tokens: jax.Array, key: jax.Array, remat: Remat = Remat()) -> jax.Array:
+        """Logits of one sequence of ``tokens``. ``remat`` is an argument, not a field: the model's
+        pytree (the step's arguments) is then the same under every policy, so the stock policies
+        are candidates on the plain step's arguments (``rematopt.xla.verify``)."""
         x = jax.vmap(self.embed)(tokens) + self.pos
         params, static = eqx.partition(self.blocks, eqx.is_array)
 
@@ -65,8 +64,8 @@ class Decoder(eqx.Module):
             p, k = scanned
             return eqx.combine(p, static)(x, k), None
 
-        if self.remat.per_layer:
-            layer = eqx.filter_checkpoint(layer, policy=self.remat.policy, prevent_cse=False)
+        if remat.per_layer:
+            layer = eqx.filter_checkpoint(layer, policy=remat.policy, prevent_cse=False)
 
         keys = jax.random.split(key, jax.tree_util.tree_leaves(params)[0].shape[0])
         x, _ = jax.lax.scan(layer, x, (params, keys))
@@ -78,13 +77,13 @@ def factory(remat: str | None = None, remat_scope: str = "layer", **overrides):
     ``model`` is the decoder's array leaves (``eqx.partition(model, eqx.is_array)``)."""
     c = configure(CONFIG, overrides)
     r = Remat.of(remat, remat_scope)
-    params, static = eqx.partition(Decoder(c, jax.random.PRNGKey(c["seed"]), r), eqx.is_array)
+    params, static = eqx.partition(Decoder(c, jax.random.PRNGKey(c["seed"])), eqx.is_array)
     tokens = jnp.asarray(rng(c["seed"] + 1).integers(0, c["vocab"], (c["batch"], c["seq"] + 1), dtype=np.int32))
 
     def loss_fn(params, tokens, key):
         model = eqx.combine(params, static)
         keys = jax.random.split(key, tokens.shape[0])
-        logits = jax.vmap(model)(tokens[:, :-1], keys)
+        logits = jax.vmap(lambda t, k: model(t, k, r))(tokens[:, :-1], keys)
         return cross_entropy(logits, tokens[:, 1:])
 
     return r.step(loss_fn), (params, tokens, jax.random.PRNGKey(c["seed"] + 2))
