@@ -432,22 +432,9 @@ def _post_order(module: HloModule, flat: list[Instruction]) -> dict[str, int]:
     """instruction -> its position in a post order of its computation from the root (then the
     others, in order), the entry's first: XLA's tie-break between buffers of one size."""
     order: dict[str, int] = {}
-    comps = list(dict.fromkeys(i.computation for i in flat))
-    for cname in comps:
-        comp = module.computations[cname]
-        by, seen = comp.by_name, set()
-        for start in [comp.root] + [i for i in comp.instructions if i is not comp.root]:
-            stack = [(start, False)]
-            while stack:
-                inst, done = stack.pop()
-                if done:
-                    order.setdefault(inst.name, len(order))
-                    continue
-                if inst.name in seen:
-                    continue
-                seen.add(inst.name)
-                stack.append((inst, True))
-                stack.extend((by[o], False) for o in reversed(inst.operands) if o in by and o not in seen)
+    for cname in dict.fromkeys(i.computation for i in flat):
+        for name in module.computations[cname].post_order:
+            order.setdefault(name, len(order))
     return order
 
 

@@ -146,6 +146,25 @@ class Computation:
                 return i
         return self.instructions[-1]
 
+    @cached_property
+    def post_order(self) -> list[str]:
+        """Instruction names in a post order from the root (then from each other instruction, in
+        order): XLA's tie-break between buffers of one size."""
+        by, order, seen = self.by_name, {}, set()
+        for start in [self.root] + [i for i in self.instructions if i is not self.root]:
+            stack = [(start, False)]
+            while stack:
+                inst, done = stack.pop()
+                if done:
+                    order.setdefault(inst.name, len(order))
+                    continue
+                if inst.name in seen:
+                    continue
+                seen.add(inst.name)
+                stack.append((inst, True))
+                stack.extend((by[o], False) for o in reversed(inst.operands) if o in by and o not in seen)
+        return list(order)
+
     @property
     def parameters(self) -> list[Instruction]:
         return sorted((i for i in self.instructions if i.opcode == "parameter"), key=lambda i: i.parameter_number)

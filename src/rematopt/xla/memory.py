@@ -336,20 +336,7 @@ class _Walk:
     def _post_order(self) -> dict[int, int]:
         """buffer -> its instruction's position in a post order from the root (XLA breaks ties
         between buffers of one size by it)."""
-        by, order, seen = self.comp.by_name, {}, set()
-        roots = [self.comp.root] + [i for i in self.comp.instructions if i is not self.comp.root]
-        for start in roots:
-            stack = [(start, False)]
-            while stack:
-                inst, done = stack.pop()
-                if done:
-                    order.setdefault(inst.name, len(order))
-                    continue
-                if inst.name in seen:
-                    continue
-                seen.add(inst.name)
-                stack.append((inst, True))
-                stack.extend((by[o], False) for o in reversed(inst.operands) if o in by and o not in seen)
+        order = {name: k for k, name in enumerate(self.comp.post_order)}
         out: dict[int, int] = {}
         for inst in self.comp.instructions:
             for b in self.of[inst.name].values():
