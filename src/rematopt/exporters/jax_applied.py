@@ -28,7 +28,10 @@ from __future__ import annotations
 
 from ..graph import Graph
 from ..plan import COMPUTE, Plan
-from .jax_policy import residual_fates
+from .jax_policy import REARRANGE, residual_fates
+
+# Kernels that read their operands as whole buffers in memory (XLA's CPU library calls), never fusing a slice.
+LIBRARY_CALLS = frozenset({"dot_general", "conv_general_dilated"})
 
 
 def applied_peak(graph: Graph, plan: Plan) -> int:
@@ -46,7 +49,7 @@ def applied_peak(graph: Graph, plan: Plan) -> int:
         if o == COMPUTE:
             back = phase[i] == "backward" or (t >= start and i in fates.recomputed and (i, "f") in steps)
             steps.setdefault((i, "b" if back else "f"))
-    order = list(steps)
+    order = _outputs_written_last(graph, list(steps))
 
     def read(u: int, by: str) -> tuple[int, str]:
         """The copy of ``u`` that a computation of pass ``by`` reads."""
@@ -64,6 +67,8 @@ def applied_peak(graph: Graph, plan: Plan) -> int:
     for k, (i, c) in enumerate(order):
         operands[(i, c)] = [read(u, c) for u in graph.preds[i]]
         last.update((r, k) for r in operands[(i, c)])
+    for u, (first, end) in _slice_copies(graph, order).items():
+        born[(u, "s")], last[(u, "s")] = first, end
     size = {copy: (graph.nodes[copy[0]].extra or {}).get("housed", graph.bytes[copy[0]]) for copy in born}
     housed = _housed(graph, born, last, operands, size, len(order))
     rises, frees = [0] * len(order), [0] * (len(order) + 1)  # frees[-1]: before the first computation
@@ -72,7 +77,7 @@ def applied_peak(graph: Graph, plan: Plan) -> int:
             rises[k] += size[copy]
     for copy, k in last.items():
         node = graph.nodes[copy[0]]
-        if copy not in housed and not (node.output or node.persistent):
+        if copy not in housed and (copy[1] == "s" or not (node.output or node.persistent)):
             frees[k] += size[copy]
     mem = peak = graph.initial_bytes - frees[-1]
     for k in range(len(order)):
@@ -80,6 +85,48 @@ def applied_peak(graph: Graph, plan: Plan) -> int:
         peak = max(peak, mem)
         mem -= frees[k]
     return max(peak, graph.initial_bytes)
+
+
+def _outputs_written_last(graph: Graph, order: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    """``order`` with the backward outputs that only rearrange a library call's
+    result (:data:`~.jax_policy.REARRANGE`: a weight gradient transposed into the
+    parameter's layout) moved after the last backward computation, where XLA's
+    scheduler writes them in the tied step: the tie after such a kernel reads one
+    element of it, which XLA computes from the library call's result directly,
+    so nothing but the step's output needs the kernel, and the library call's
+    result lives until then (keras gemma at its instance config, cpsat at 0.8:
+    eight such gradients, written at the step's end)."""
+    def late(i: int) -> bool:
+        node, preds = graph.nodes[i], graph.preds[i]
+        return (node.phase == "backward" and node.op in REARRANGE and not graph.succs[i]
+                and (node.output or "allocation" in (node.extra or {}))
+                and len(preds) == 1 and graph.nodes[preds[0]].op in LIBRARY_CALLS)
+
+    moved = [c for c in order if c[1] == "b" and late(c[0])]
+    if not moved:
+        return order
+    rest = [c for c in order if c not in moved]
+    end = max(k for k, (_, c) in enumerate(rest) if c == "b") + 1
+    return rest[:end] + moved + rest[end:]
+
+
+def _slice_copies(graph: Graph, order: list[tuple[int, str]]) -> dict[int, tuple[int, int]]:
+    """The copies XLA makes of stacked arguments' slices, each as ``{input node:
+    (first, last)}`` positions in ``order``. A graph with unrolled loops has an
+    input per slice (``extra.iteration``), where ``apply_plan``'s step slices the
+    caller's stacked leaf; a library call (:data:`LIBRARY_CALLS`) reads its
+    operands as whole buffers, so XLA writes the slice it reads to a buffer of its
+    own, once (CSE) for every such reader, and holds it from the first to the
+    last (gpt_scan at its instance config, greedy at 0.8: twelve weight slices,
+    393,216 B, live from the forward pass's dots to the backward pass's). Other
+    kernels fuse the slice and read the stack in place."""
+    sliced = {u for u in graph.initial_resident if "iteration" in (graph.nodes[u].extra or {})}
+    out: dict[int, tuple[int, int]] = {}
+    for k, (i, _) in enumerate(order):
+        if graph.nodes[i].op in LIBRARY_CALLS:
+            for u in sliced.intersection(graph.preds[i]):
+                out[u] = (out.get(u, (k, k))[0], k)
+    return out
 
 
 def _housed(graph: Graph, born: dict, last: dict, operands: dict, size: dict, end: int) -> set:
