@@ -26,6 +26,8 @@ keras llama greedy 0.8 1.018 and 0.802.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..graph import Graph
 from ..plan import COMPUTE, Plan
 from .jax_policy import residual_fates
@@ -36,6 +38,40 @@ def applied_peak(graph: Graph, plan: Plan) -> int:
     ``graph``'s memory model (module docstring): each value is allocated when
     its pass computes it and freed after its last reader there, as the
     simulator frees a plan's values; outputs and persistent values never."""
+    step = applied_step(graph, plan)
+    n = len(step.order)
+    rises, frees = [0] * n, [0] * (n + 1)  # frees[-1]: before the first computation
+    for copy, k in step.born.items():
+        if k >= 0 and copy not in step.housed:
+            rises[k] += step.size[copy]
+    for copy, k in step.last.items():
+        node = graph.nodes[copy[0]]
+        if copy not in step.housed and not (node.output or node.persistent):
+            frees[k] += step.size[copy]
+    mem = peak = graph.initial_bytes - frees[-1]
+    for k in range(n):
+        mem += rises[k]
+        peak = max(peak, mem)
+        mem -= frees[k]
+    return max(peak, graph.initial_bytes)
+
+
+@dataclass(frozen=True)
+class AppliedStep:
+    """The computations of the applied step in order, each a (node, copy): "f"
+    the forward pass's, "b" the backward's; each copy's ``born`` and ``last``
+    position there (-1: before the first), its bytes, and the copies XLA's CPU
+    buffer assignment houses in the outputs' allocations."""
+
+    order: list[tuple[int, str]]
+    born: dict[tuple[int, str], int]
+    last: dict[tuple[int, str], int]
+    size: dict[tuple[int, str], int]
+    housed: set[tuple[int, str]]
+
+
+def applied_step(graph: Graph, plan: Plan) -> AppliedStep:
+    """The live ranges of the values of ``apply_plan``'s step for ``plan`` (module docstring)."""
     phase = [v.phase for v in graph.nodes]
     fates = residual_fates(graph, plan)
     ops, nodes = plan.ops.tolist(), plan.nodes.tolist()
@@ -54,50 +90,59 @@ def applied_peak(graph: Graph, plan: Plan) -> int:
             return (u, "b")
         return (u, "f")
 
+    operands = {(i, c): [read(u, c) for u in graph.preds[i]] for i, c in order}
+    # apply_plan recomputes what the backward pass reads, not every value the plan computes again
+    # (resnet, cpsat at 0.8: a convolution recomputed for a sum the step keeps, which XLA drops)
+    needed = {copy for copy in order if copy[1] == "f" or phase[copy[0]] == "backward"}
+    for copy in reversed(order):
+        if copy in needed:
+            needed.update(operands[copy])
+    order = [copy for copy in order if copy in needed]
+
     born = {(u, "f"): -1 for u in graph.initial_resident}  # counted in the initial bytes
     first_backward = next(k for k, (_, c) in enumerate(order) if c == "b")
     born.update({(u, "b"): first_backward for u in fates.offloaded})
     for k, copy in enumerate(order):
         born.setdefault(copy, k)
     last = dict(born)
-    operands: dict[tuple[int, str], list[tuple[int, str]]] = {}
-    for k, (i, c) in enumerate(order):
-        operands[(i, c)] = [read(u, c) for u in graph.preds[i]]
-        last.update((r, k) for r in operands[(i, c)])
-    size = {copy: (graph.nodes[copy[0]].extra or {}).get("housed", graph.bytes[copy[0]]) for copy in born}
-    housed = _housed(graph, born, last, operands, size, len(order))
-    rises, frees = [0] * len(order), [0] * (len(order) + 1)  # frees[-1]: before the first computation
-    for copy, k in born.items():
-        if k >= 0 and copy not in housed:
-            rises[k] += size[copy]
-    for copy, k in last.items():
-        node = graph.nodes[copy[0]]
-        if copy not in housed and not (node.output or node.persistent):
-            frees[k] += size[copy]
-    mem = peak = graph.initial_bytes - frees[-1]
-    for k in range(len(order)):
-        mem += rises[k]
-        peak = max(peak, mem)
-        mem -= frees[k]
-    return max(peak, graph.initial_bytes)
+    first_read: dict[tuple[int, str], int] = {}
+    for k, copy in enumerate(order):
+        for r in operands[copy]:
+            last[r] = k
+            first_read.setdefault(r, k)
+    extra = {copy: graph.nodes[copy[0]].extra or {} for copy in born}
+    # a buffer XLA makes on its own (a transposed copy for a convolution) is made for its reader,
+    # wherever the plan first computed its node
+    born.update((c, first_read[c]) for c in born if graph.nodes[c[0]].op == "xla_buffer" and c in first_read)
+    # a result XLA copies into the output's layout holds its kernel's buffer to the step's end
+    copied = {c for c in born if "layout_copy" in extra[c]}
+    last.update((c, len(order) - 1) for c in copied)
+    size = {c: extra[c].get("layout_copy", extra[c].get("housed", graph.bytes[c[0]])) for c in born}
+    housed = _housed(graph, born, last, operands, size, len(order), copied)
+    return AppliedStep(order, born, last, size, housed)
 
 
-def _housed(graph: Graph, born: dict, last: dict, operands: dict, size: dict, end: int) -> set:
+def _housed(graph: Graph, born: dict, last: dict, operands: dict, size: dict, end: int, copied: set) -> set:
     """The copies XLA's CPU buffer assignment houses in the outputs' allocations
     (:func:`~rematopt.xla.memory.cpu_allocations`), over the applied step's live
     ranges: the graph's ``extra.housed`` nodes were picked over the plain
     step's, which a plan changes (gpt at its instance config, cpsat at 0.5,
     on the compiled graph before the mapping merge: applied peak 0.872 of
     XLA's figure with the plain step's housing, 0.905 with the applied step's). A copy may take the place of a same-size operand
-    dying there (the graph does not say which kernels are elementwise: any)."""
+    dying there (the graph does not say which kernels are elementwise: any).
+    An output in ``copied`` is a temporary to the step's end, and its
+    allocation is written there, by XLA's copy, and houses temporaries until
+    then (resnet, cpsat at 0.8: 3 of the 7 allocations the weight gradients
+    are copied into house 16 temporaries written earlier, 181 KiB)."""
     from ..xla.memory import cpu_allocations
 
-    outputs = {copy: graph.bytes[graph.nodes[copy[0]].extra["allocation"]] for copy in born
-               if "allocation" in (graph.nodes[copy[0]].extra or {})}
+    allocation = {c: ("allocation", c) if c in copied else c for c in born
+                  if "allocation" in (graph.nodes[c[0]].extra or {})}
+    outputs = {a: graph.bytes[graph.nodes[c[0]].extra["allocation"]] for c, a in allocation.items()}
     if not outputs:
         return set()
+    written = {a: end - 1 if a != c else born[c] for c, a in allocation.items()}  # copied as the step ends
     temps = {c: (k, last[c]) for c, k in born.items() if k >= 0 and c not in outputs}
     shares = {c: [o for o in operands.get(c, []) if o in temps and last[o] == born[c] and size[o] == size[c]]
               for c in temps}
-    return cpu_allocations(temps, shares, outputs, {a: born[a] for a in outputs}, {**size, **outputs}, end,
-                           operands, born)
+    return cpu_allocations(temps, shares, outputs, written, {**size, **outputs}, end, operands, {**born, **written})
