@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..graph import Graph
+from ..importers.jaxpr.cost import fusible, fusion_consumer
 from ..plan import COMPUTE, Plan
 from .jax_policy import residual_fates
 
@@ -104,10 +105,32 @@ def applied_step(graph: Graph, plan: Plan) -> AppliedStep:
     born.update({(u, "b"): first_backward for u in fates.offloaded})
     for k, copy in enumerate(order):
         born.setdefault(copy, k)
+    # a recomputed elementwise or layout op XLA fuses into each kernel reading it: no buffer of its
+    # own, and those kernels read what it reads. Not into a library call (a convolution), unless
+    # that reads it through XLA's copy of it (an xla_buffer of its bytes), which computes it
+    readers: dict[tuple[int, str], list[tuple[int, str]]] = {}
+    for copy in order:
+        for r in operands[copy]:
+            readers.setdefault(r, []).append(copy)
+
+    def fuses(copy: tuple[int, str], reader: tuple[int, str]) -> bool:
+        node = graph.nodes[reader[0]]
+        return (fusion_consumer(node.op) or (node.extra or {}).get("fused", 1) > 1
+                or any(graph.nodes[u].op == "xla_buffer" and size0(u) == size0(copy[0]) for u in graph.preds[node.id]))
+
+    def size0(u: int) -> int:
+        return (graph.nodes[u].extra or {}).get("housed", graph.bytes[u])
+
+    fused = {c for c in order if c[1] == "b" and phase[c[0]] == "forward" and fusible(graph.nodes[c[0]].op)
+             and all(fuses(c, r) for r in readers.get(c, []))}
+
+    def reads(copy: tuple[int, str]) -> list[tuple[int, str]]:
+        return [r for o in operands[copy] for r in (reads(o) if o in fused else [o])]
+
     last = dict(born)
     first_read: dict[tuple[int, str], int] = {}
     for k, copy in enumerate(order):
-        for r in operands[copy]:
+        for r in reads(copy):
             last[r] = k
             first_read.setdefault(r, k)
     extra = {copy: graph.nodes[copy[0]].extra or {} for copy in born}
@@ -117,7 +140,8 @@ def applied_step(graph: Graph, plan: Plan) -> AppliedStep:
     # a result XLA copies into the output's layout holds its kernel's buffer to the step's end
     copied = {c for c in born if "layout_copy" in extra[c]}
     last.update((c, len(order) - 1) for c in copied)
-    size = {c: extra[c].get("layout_copy", extra[c].get("housed", graph.bytes[c[0]])) for c in born}
+    size = {c: 0 if c in fused else extra[c].get("layout_copy", extra[c].get("housed", graph.bytes[c[0]]))
+            for c in born}
     housed = _housed(graph, born, last, operands, size, len(order), copied)
     return AppliedStep(order, born, last, size, housed)
 
