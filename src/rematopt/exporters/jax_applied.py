@@ -15,13 +15,23 @@ A plan's own peak (:func:`~rematopt.simulate.simulate`) is of its events;
   later reader gets one long-lived copy;
 - an offloaded value returns to the device when the backward pass starts;
 - on CPU, XLA houses temporaries in the outputs' allocations by their live
-  ranges in the step it compiles (:func:`_housed`).
+  ranges in the step it compiles (:func:`_housed`);
+- what XLA does on its own: a result it writes in a layout of its own
+  (``extra.layout_copy``: a convolution's weight gradient) it copies into the
+  output at the step's end, so its buffer lives from the kernel to there and
+  the output's allocation is free until then; its own buffers (``xla_buffer``
+  nodes: a transposed copy for a convolution) are made for their first
+  reader, wherever the plan computes them; a recomputed elementwise or layout
+  op is fused into the kernels reading it (they read what it reads), unless a
+  library call reads it directly; a recomputation nothing in the backward
+  pass reads is not made.
 
 Measured on the models' compiled graphs (CPU, memory-minimizing scheduler,
 the first round of ``--verify xla``; docs/xla.md), this peak against XLA's
 figure for the step in the plan's order, then the plan's own peak against
-the same: mlp cpsat at 0.5 1.000 and 0.914, unet greedy 0.6 0.967 and 0.752,
-keras llama greedy 0.8 1.018 and 0.802.
+the same: mlp cpsat at 0.5 1.000 and 0.914, unet greedy 0.6 0.985 and 0.752,
+keras llama greedy 0.8 1.018 and 0.802; what XLA does on its own took resnet
+cpsat 0.8 from 1.119 to 1.000 and unet cpsat 0.8 from 0.946 to 1.001.
 """
 
 from __future__ import annotations
@@ -156,8 +166,8 @@ def _housed(graph: Graph, born: dict, last: dict, operands: dict, size: dict, en
     dying there (the graph does not say which kernels are elementwise: any).
     An output in ``copied`` is a temporary to the step's end, and its
     allocation is written there, by XLA's copy, and houses temporaries until
-    then (resnet, cpsat at 0.8: 3 of the 7 allocations the weight gradients
-    are copied into house 16 temporaries written earlier, 181 KiB)."""
+    then (resnet, cpsat at 0.8: XLA houses 20 temporaries in the 6 weight
+    gradients' allocations, all written before the copies)."""
     from ..xla.memory import cpu_allocations
 
     allocation = {c: ("allocation", c) if c in copied else c for c in born
