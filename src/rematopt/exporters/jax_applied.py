@@ -148,15 +148,18 @@ def applied_step(graph: Graph, plan: Plan) -> AppliedStep:
     # wherever the plan first computed its node
     born.update((c, first_read[c]) for c in born if graph.nodes[c[0]].op == "xla_buffer" and c in first_read)
     # a result XLA copies into the output's layout holds its kernel's buffer to the step's end
-    copied = {c for c in born if "layout_copy" in extra[c]}
+    copied = sorted((c for c in born if "layout_copy" in extra[c]), key=lambda c: extra[c]["layout_copy_order"])
     last.update((c, len(order) - 1) for c in copied)
+    # the copies one after another, in the order of the results (resnet, cpsat at 0.8: as XLA runs them):
+    # a buffer copied earlier may be housed in the allocation of a result copied later
+    copied_at = {c: len(order) - 1 + j / len(copied) for j, c in enumerate(copied)}
     size = {c: 0 if c in fused else extra[c].get("layout_copy", extra[c].get("housed", graph.bytes[c[0]]))
             for c in born}
-    housed = _housed(graph, born, last, operands, size, len(order), copied)
+    housed = _housed(graph, born, last, operands, size, len(order), copied_at)
     return AppliedStep(order, born, last, size, housed)
 
 
-def _housed(graph: Graph, born: dict, last: dict, operands: dict, size: dict, end: int, copied: set) -> set:
+def _housed(graph: Graph, born: dict, last: dict, operands: dict, size: dict, end: int, copied: dict) -> set:
     """The copies XLA's CPU buffer assignment houses in the outputs' allocations
     (:func:`~rematopt.xla.memory.cpu_allocations`), over the applied step's live
     ranges: the graph's ``extra.housed`` nodes were picked over the plain
@@ -164,9 +167,9 @@ def _housed(graph: Graph, born: dict, last: dict, operands: dict, size: dict, en
     on the compiled graph before the mapping merge: applied peak 0.872 of
     XLA's figure with the plain step's housing, 0.905 with the applied step's). A copy may take the place of a same-size operand
     dying there (the graph does not say which kernels are elementwise: any).
-    An output in ``copied`` is a temporary to the step's end, and its
-    allocation is written there, by XLA's copy, and houses temporaries until
-    then (resnet, cpsat at 0.8: XLA houses 20 temporaries in the 6 weight
+    An output in ``copied`` is a temporary to its copy (at the position
+    given, at the step's end), and its allocation is written there and houses
+    temporaries until then (resnet, cpsat at 0.8: XLA houses 20 temporaries in the 6 weight
     gradients' allocations, all written before the copies)."""
     from ..xla.memory import cpu_allocations
 
@@ -175,8 +178,8 @@ def _housed(graph: Graph, born: dict, last: dict, operands: dict, size: dict, en
     outputs = {a: graph.bytes[graph.nodes[c[0]].extra["allocation"]] for c, a in allocation.items()}
     if not outputs:
         return set()
-    written = {a: end - 1 if a != c else born[c] for c, a in allocation.items()}  # copied as the step ends
-    temps = {c: (k, last[c]) for c, k in born.items() if k >= 0 and c not in outputs}
+    written = {a: copied[c] if a != c else born[c] for c, a in allocation.items()}
+    temps = {c: (k, copied.get(c, last[c])) for c, k in born.items() if k >= 0 and c not in outputs}
     shares = {c: [o for o in operands.get(c, []) if o in temps and last[o] == born[c] and size[o] == size[c]]
               for c in temps}
     return cpu_allocations(temps, shares, outputs, written, {**size, **outputs}, end, operands, {**born, **written})

@@ -285,7 +285,7 @@ def layout_copies(step: Step, module, producer: dict[int, int]) -> dict[int, int
         k = _eqn_of_buffer(step, module, producer, x.operands[0], ())
         k = _eqn_of_buffer(step, module, producer, src.name, ()) if k is None else k
         if k is not None and len(src.shape.leaves) == 1:
-            out[k] = src.shape.leaves[0].bytes
+            out[k] = src.shape.leaves[0].bytes  # (in the order of the results: the order XLA copies them in)
     return out
 
 
@@ -471,6 +471,7 @@ def xla_memory(step: Step, nodes: list, edges: list[tuple[int, int]]) -> list[in
         head = step.groups[i - step.n_inputs][-1] if step.n_inputs <= i < len(base) else None
         if head in step.layout_copied:
             node.extra["layout_copy"] = step.layout_copied[head]
+            node.extra["layout_copy_order"] = list(step.layout_copied).index(head)
         order.insert(0, len(nodes) - 1)
     return order
 
