@@ -110,6 +110,8 @@ def applied_step(graph: Graph, plan: Plan) -> AppliedStep:
             needed.update(operands[copy])
     order = [copy for copy in order if copy in needed]
 
+    again = _made_again(graph, order, operands, read)
+
     born = {(u, "f"): -1 for u in graph.initial_resident}  # counted in the initial bytes
     first_backward = next(k for k, (_, c) in enumerate(order) if c == "b")
     born.update({(u, "b"): first_backward for u in fates.offloaded})
@@ -119,7 +121,7 @@ def applied_step(graph: Graph, plan: Plan) -> AppliedStep:
     # own, and those kernels read what it reads. Not into a library call (a convolution), unless
     # that reads it through XLA's copy of it (an xla_buffer of its bytes), which computes it
     readers: dict[tuple[int, str], list[tuple[int, str]]] = {}
-    for copy in order:
+    for copy in [*order, *again]:
         for r in operands[copy]:
             readers.setdefault(r, []).append(copy)
 
@@ -131,8 +133,8 @@ def applied_step(graph: Graph, plan: Plan) -> AppliedStep:
     def size0(u: int) -> int:
         return (graph.nodes[u].extra or {}).get("housed", graph.bytes[u])
 
-    fused = {c for c in order if c[1] == "b" and phase[c[0]] == "forward" and fusible(graph.nodes[c[0]].op)
-             and all(fuses(c, r) for r in readers.get(c, []))}
+    fused = {c for c in [*order, *again] if c[1] == "b" and phase[c[0]] == "forward"
+             and fusible(graph.nodes[c[0]].op) and all(fuses(c, r) for r in readers.get(c, []))}
 
     def reads(copy: tuple[int, str]) -> list[tuple[int, str]]:
         return [r for o in operands[copy] for r in (reads(o) if o in fused else [o])]
@@ -143,6 +145,9 @@ def applied_step(graph: Graph, plan: Plan) -> AppliedStep:
         for r in reads(copy):
             last[r] = k
             first_read.setdefault(r, k)
+    # a value made again that a library call reads is written for it
+    born.update((c, first_read[c]) for c in again if c in first_read and c not in fused)
+    last.update((c, born[c]) for c in again if c in born and c not in last)
     extra = {copy: graph.nodes[copy[0]].extra or {} for copy in born}
     # a buffer XLA makes on its own (a transposed copy for a convolution) is made for its reader,
     # wherever the plan first computed its node
@@ -157,6 +162,34 @@ def applied_step(graph: Graph, plan: Plan) -> AppliedStep:
             for c in born}
     housed = _housed(graph, born, last, operands, size, len(order), copied_at)
     return AppliedStep(order, born, last, size, housed)
+
+
+def _made_again(graph: Graph, order: list, operands: dict, read) -> dict:
+    """The forward values the backward pass makes again inside one of its kernels (a ``fuse="xla"``
+    node holds the equations XLA fused into its kernel), as copies ``(u, "b")`` with their operands.
+    ``apply_plan`` makes each once and the kernels after it read that one, not the kept forward
+    value (resnet, greedy at 0.7 in the eager order: a ReLU kept for a recomputed convolution is
+    made again by the select that reads it; XLA drops the kept one). Rewrites ``operands`` so."""
+    groups = graph.meta.get("groups") if graph.meta.get("fuse") == "xla" else None
+    if not groups:
+        return {}
+    base = graph.meta["xla"]["step_nodes"] - len(groups)
+    node_of = {g[-1]: base + j for j, g in enumerate(groups)}
+    made_at: dict[int, int] = {}
+    for k, (i, c) in enumerate(order):
+        if c == "b" and base <= i < base + len(groups):
+            for e in groups[i - base][:-1]:
+                u = node_of.get(e)
+                if u is not None and graph.nodes[u].phase == "forward" and (u, "b") not in operands:
+                    made_at.setdefault(u, k)
+    again = {}
+    for k, copy in enumerate(order):
+        for j, (u, c) in enumerate(operands[copy]):
+            if c == "f" and made_at.get(u, k) < k:
+                operands[copy][j] = (u, "b")
+                again[(u, "b")] = None
+    operands.update({c: [read(o, "b") for o in graph.preds[c[0]]] for c in again})
+    return again
 
 
 def _housed(graph: Graph, born: dict, last: dict, operands: dict, size: dict, end: int, copied: dict) -> set:
