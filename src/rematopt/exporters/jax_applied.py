@@ -44,6 +44,11 @@ from ..importers.jaxpr.cost import fusible, fusion_consumer
 from ..plan import COMPUTE, Plan
 from .jax_policy import residual_fates
 
+# Elementwise ops XLA's fusion does not compute again in each of several readers (its IsExpensive:
+# transcendentals and divisions); it writes them once (keras gemma, greedy at 0.8: a recomputed softmax exp
+# read by three backward kernels is an 8 KiB buffer at XLA's peak).
+EXPENSIVE = frozenset({"exp", "exp2", "expm1", "log", "log1p", "tanh", "logistic", "sqrt", "rsqrt", "cbrt", "pow",
+                       "div", "rem", "erf", "erfc", "erf_inv", "sin", "cos", "tan", "atan2"})
 # Kernels that read their operands as whole buffers in memory (XLA's CPU library calls), never fusing a slice.
 LIBRARY_CALLS = frozenset({"dot_general", "conv_general_dilated"})
 
@@ -139,7 +144,8 @@ def applied_step(graph: Graph, plan: Plan) -> AppliedStep:
         return (graph.nodes[u].extra or {}).get("housed", graph.bytes[u])
 
     fused = {c for c in [*order, *again] if c[1] == "b" and phase[c[0]] == "forward"
-             and fusible(graph.nodes[c[0]].op) and all(fuses(c, r) for r in readers.get(c, []))}
+             and fusible(graph.nodes[c[0]].op) and all(fuses(c, r) for r in readers.get(c, []))
+             and (len(readers.get(c, [])) <= 1 or graph.nodes[c[0]].op not in EXPENSIVE)}
 
     def reads(copy: tuple[int, str]) -> list[tuple[int, str]]:
         return [r for o in operands[copy] for r in (reads(o) if o in fused else [o])]
