@@ -17,7 +17,7 @@ from conftest import rematopt
 from rematopt.xla import parse_hlo, read_hlo
 from rematopt.xla.assignment import assign
 from rematopt.xla.hlo import HloError
-from rematopt.xla.memory import backend_of, compiled_memory, xla_reference
+from rematopt.xla.memory import Call, backend_of, compiled_memory, xla_reference
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU_DIR = ROOT.parent / "shared" / "gpu" / "h200_gpt8"
@@ -180,7 +180,12 @@ ENTRY %main (a: f32[256], z: f32[1024]) -> (f32[256], f32[1024]) {
     # the body's own peak, its 16 KiB broadcast and 4 KiB slice, at the loop; the loop's buffer is
     # the copy it was given (an output), and y is written into it
     assert walk.temp_peak_bytes == 16384 + 4096
-    assert walk.peak_instruction == "w"
+    # the peak falls inside the loop's body, as it slices the broadcast, on every iteration; what
+    # is live there is the body's two temporaries beside the parameters and outputs
+    assert (walk.peak_instruction, walk.peak_index, walk.peak_computation) == ("sl", 4, "body")
+    assert walk.peak_context == [Call("w", "main", "body")] and walk.where == "#4 sl in the body of w"
+    assert sorted((b.instruction, b.kind) for b in walk.live if b.kind == "temp") == [("sl", "temp"), ("tmp", "temp")]
+    assert sum(b.bytes for b in walk.live) == walk.peak_bytes
     # on CPU: b and c live in d's allocation (an output, written after they die), the loop's state
     # in the output it becomes, so the heap holds the body's broadcast and slice, live together;
     # the loop's tuple table (two pointers) has an allocation of its own, laid after the heap

@@ -35,22 +35,22 @@ def memory_cmd(hlo_file: str, backend: str, top: int, as_json: bool) -> None:
                    "instructions": len(module.schedule), **result.summary()})
         return
     click.echo(f"{hlo_file}: {module.name} ({chosen}), {len(module.schedule)} scheduled instructions")
-    parts = f"parameters {human_bytes(result.parameter_bytes)}, outputs {human_bytes(result.output_bytes)}"
-    where = f"at #{result.peak_index} {result.peak_instruction}"
+    parts = (f"parameters {human_bytes(result.parameter_bytes)}, outputs {human_bytes(result.output_bytes)}, "
+             f"temporaries {human_bytes(result.temp_peak_bytes)}")
     if result.heap_bytes is None:  # GPU / TPU: XLA's figure is the live peak
-        click.echo(f"peak {human_bytes(result.peak_bytes)} ({result.peak_bytes:,} B) {where}: {parts}, "
-                   f"temporaries {human_bytes(result.temp_peak_bytes)}")
+        click.echo(f"peak {human_bytes(result.peak_bytes)} ({result.peak_bytes:,} B) at {result.where}: {parts}")
     else:  # CPU: XLA's figure is what it allocates, the temporaries' heap with its gaps
-        live = result.live_peak_bytes - result.parameter_bytes - result.output_bytes
-        click.echo(f"allocated {human_bytes(result.peak_bytes)} ({result.peak_bytes:,} B): {parts}, temp "
+        gaps = result.peak_bytes - result.live_peak_bytes
+        click.echo(f"allocated {human_bytes(result.peak_bytes)} ({result.peak_bytes:,} B): parameters "
+                   f"{human_bytes(result.parameter_bytes)}, outputs {human_bytes(result.output_bytes)}, temp "
                    f"{human_bytes(result.heap_bytes)} ({result.heap_bytes:,} B)")
-        click.echo(f"live peak {human_bytes(result.live_peak_bytes)} ({result.live_peak_bytes:,} B): the "
-                   f"temporaries at most {human_bytes(live)} at once, {human_bytes(result.heap_bytes - live)} of gaps")
-        click.echo(f"the walk's peak over the entry falls {where} (temporaries {human_bytes(result.temp_peak_bytes)})")
+        click.echo(f"live peak {human_bytes(result.live_peak_bytes)} ({result.live_peak_bytes:,} B) at "
+                   f"{result.where}: {parts} ({human_bytes(gaps)} of temp is the heap's gaps)")
     click.echo(f"XLA's own figure to compare with: {compare}")
     temps = [b for b in result.live if b.kind == "temp"][:top]
     if temps:
         click.echo("largest temporaries live at the peak:")
     for b in temps:
         where = f"  {b.source}" if b.source else ""
-        click.echo(f"  {human_bytes(b.bytes):>10}  {b.instruction}  {b.op_name}{where}")
+        index = "{" + ",".join(map(str, b.index)) + "}" if b.index else ""
+        click.echo(f"  {human_bytes(b.bytes):>10}  {b.instruction}{index}  {b.op_name}{where}")
