@@ -17,6 +17,7 @@ from conftest import rematopt
 from rematopt.xla import parse_hlo, read_hlo
 from rematopt.xla.assignment import assign
 from rematopt.xla.hlo import HloError
+from rematopt.sizes import human_bytes
 from rematopt.xla.memory import Call, backend_of, compiled_memory, xla_reference
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,6 +112,39 @@ def test_cpu_steps(cpu_steps, model, variant):
     assert fixed < walk.live_peak_bytes <= walk.peak_bytes
 
 
+@pytest.mark.parametrize("model", EACH_MODEL)
+@pytest.mark.parametrize("variant", ["plain", "greedy"])
+def test_cpu_live_set_at_the_peak(cpu_steps, model, variant):
+    """On CPU the peak's place and what is live there are read from XLA's buffer assignment: the
+    buffers live there sum to the live peak to the byte, by kind to XLA's arguments, its outputs
+    and the temporaries at their peak; the heap's temporaries among them are live together, so
+    the packing gives them disjoint bytes of XLA's temp; the place is an instruction of the named
+    computation, run from the entry through the context."""
+    out, stats = cpu_steps(model)
+    step = f"{model}_{variant}"
+    module = read_hlo(out / f"{step}.hlo")
+    mem = compiled_memory(module)
+    kinds = {k: sum(b.bytes for b in mem.live if b.kind == k) for k in ("parameter", "output", "temp")}
+    assert sum(b.bytes for b in mem.live) == mem.live_peak_bytes == sum(kinds.values())
+    assert kinds["parameter"] == mem.parameter_bytes == stats[step]["argument_size_in_bytes"]
+    assert kinds["output"] == mem.output_bytes == stats[step]["output_size_in_bytes"]
+    assert kinds["temp"] == mem.temp_peak_bytes <= mem.heap_bytes == stats[step]["temp_size_in_bytes"]
+    assert mem.timeline[mem.peak_step] == max(mem.timeline) == mem.live_peak_bytes
+    offsets = assign(module).offsets
+    placed = sorted((offsets[b.id], offsets[b.id] + b.bytes) for b in mem.live if b.kind == "temp")
+    assert all(end <= start for (_, end), (start, _) in zip(placed, placed[1:]))
+    assert placed[-1][1] <= mem.heap_bytes
+    comp = mem.peak_computation
+    for call in reversed(mem.peak_context):
+        assert comp in module.computations[call.computation].by_name[call.instruction].called
+        comp = call.computation
+    assert comp == module.entry_name
+    assert module.computations[mem.peak_computation].instructions[mem.peak_index].name == mem.peak_instruction
+    # each buffer named by the program's value that made it
+    largest = next(b for b in mem.live if b.kind == "temp")
+    assert largest.op_name.startswith("jit(") and largest.source
+
+
 def test_cpu_heap_has_gaps(cpu_steps):
     """gpt's temporaries do not pack into their live peak: XLA's heap leaves gaps, and the figure
     compared with XLA's is the heap, not the live peak."""
@@ -194,6 +228,14 @@ ENTRY %main (a: f32[256], z: f32[1024]) -> (f32[256], f32[1024]) {
     assert cpu.heap_bytes == 16384 + 4096 + 16
     assert cpu.peak_bytes == cpu.parameter_bytes + cpu.output_bytes + cpu.heap_bytes
     assert cpu.live_peak_bytes == cpu.peak_bytes  # nothing else is live beside them: no gaps
+    # the heap is fullest in the body, as it slices the broadcast (the place read from XLA's
+    # assignment over the schedule flattened through the loop); live there beside the parameters
+    # and outputs: the two temporaries and the loop's tuple table
+    assert cpu.where == "#4 sl in the body of w" and cpu.peak_computation == "body"
+    assert sorted((b.instruction, b.bytes) for b in cpu.live if b.kind == "temp") == [
+        ("init", 16), ("sl", 4096), ("tmp", 16384)]
+    assert sum(b.bytes for b in cpu.live) == cpu.live_peak_bytes
+    assert cpu.timeline[cpu.peak_step] == max(cpu.timeline) == cpu.live_peak_bytes
     done = assign(module)
     housed = {done.values[v].instruction: done.values[o].instruction for v, o in done.in_outputs.items()}
     assert housed == {"b": "d", "c": "d"}
@@ -215,10 +257,23 @@ def test_cli_memory_json_and_bad_file(tmp_path, cpu_steps):
     assert got["heap_bytes"] == stats["mlp_plain"]["temp_size_in_bytes"]
     assert got["live_peak_bytes"] <= got["peak_bytes"]
     assert got["backend"] == "cpu" and "XLA computes no peak on CPU" in got["compare_with"]
+    # where the peak falls and what is live there, the same keys on every backend
+    assert sum(b["bytes"] for b in got["live"]) == got["live_peak_bytes"]
+    assert {b["kind"] for b in got["live"]} == {"parameter", "output", "temp"}
+    assert got["peak_computation"] and got["peak_context"] == []  # mlp's step has no loop
+    text = rematopt("xla", "memory", out / "mlp_plain.hlo").stdout
+    assert f"live peak {human_bytes(got['live_peak_bytes'])} ({got['live_peak_bytes']:,} B) at " \
+           f"#{got['peak_index']} {got['peak_instruction']}:" in text
+
+
+def test_cli_memory_bad_input(tmp_path):
+    """A missing file, a directory, a file that is not HLO: one line naming it, exit status 2."""
     bad = tmp_path / "bad.hlo"
     bad.write_text("not hlo\n")
-    done = rematopt("xla", "memory", bad)
-    assert done.returncode == 2 and done.stderr.count("\n") == 1 and str(bad) in done.stderr
+    for path in (bad, tmp_path / "missing.hlo", tmp_path):
+        done = rematopt("xla", "memory", path, "--json")
+        assert done.returncode == 2 and done.stderr.count("\n") == 1 and str(path) in done.stderr, done.stderr
+        assert done.stdout == ""
 
 
 # The graph of what XLA materializes (trace_grad(fuse="xla")): its no-remat peak against XLA's figure

@@ -14,7 +14,7 @@ def xla_group() -> None:
 
 
 @xla_group.command(name="memory")
-@click.argument("hlo_file", type=click.Path(dir_okay=False))
+@click.argument("hlo_file", type=click.Path())
 @click.option("--backend", type=click.Choice(["auto", "cpu", "gpu", "tpu"]), default="auto", show_default=True,
               help="Count memory as XLA does on this backend (auto: the one the module was compiled for).")
 @click.option("--top", type=int, default=10, show_default=True, help="Live buffers to list at the peak.")
