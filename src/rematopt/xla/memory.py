@@ -46,7 +46,9 @@ NO_BUFFER = frozenset({"constant", "after-all", "partition-id", "replica-id"})
 
 @dataclass(frozen=True)
 class Buffer:
-    """One array XLA allocates: written by ``instruction`` at shape index ``index``."""
+    """One array XLA allocates: written by ``instruction`` at shape index ``index``. ``id`` numbers
+    it in the walk, or for a CPU temporary is its value in the assignment
+    (:attr:`rematopt.xla.assignment.Assignment.values`, ``offsets``)."""
 
     id: int
     instruction: str
