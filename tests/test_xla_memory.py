@@ -79,6 +79,11 @@ def test_gpu_fixture_within_one_percent(measured, variant):
     # outputs and parameters as XLA sized them
     assert walk.parameter_bytes == measured[variant]["argument_size_in_bytes"]
     assert walk.output_bytes == measured[variant]["output_size_in_bytes"]
+    # what is live at the peak is the peak, to the byte, by kind
+    kinds = {k: sum(b.bytes for b in walk.live if b.kind == k) for k in ("parameter", "output", "temp")}
+    assert sum(b.bytes for b in walk.live) == walk.peak_bytes == walk.live_peak_bytes
+    assert (kinds["parameter"], kinds["output"], kinds["temp"]) == (
+        walk.parameter_bytes, walk.output_bytes, walk.temp_peak_bytes)
 
 
 def test_gpu_peak_attributed_to_program_lines(measured):

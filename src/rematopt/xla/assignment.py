@@ -1,8 +1,9 @@
 """XLA's buffer assignment of a scheduled module, as its CPU backend makes it: what
 ``compiled.memory_analysis()`` sums into ``temp_size_in_bytes``.
 
-The walk in :mod:`rematopt.xla.memory` finds the live peak. XLA's CPU figure is not a peak but the
-size of the allocations its buffer assignment makes, in three steps reproduced here:
+XLA's CPU figure is not a peak but the size of the allocations its buffer assignment makes, in
+three steps reproduced here (the live peak, where it falls and what is live there are read from
+the heap's replay, :func:`rematopt.xla.memory.compiled_memory`):
 
 1. **Values and buffers.** Every array (and tuple index table) an instruction of the entry
    computation or of a computation it runs in sequence (a while's condition and body, a call, a

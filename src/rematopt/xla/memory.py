@@ -133,9 +133,9 @@ class CompiledMemory:
 
 
 def compiled_memory(module: HloModule, backend: str | None = None) -> CompiledMemory:
-    """Peak memory of the module's entry schedule, and what is live at the peak, counted as XLA
-    counts it on ``backend`` ("cpu", "gpu", "tpu"; by default the one the module was compiled for,
-    :func:`backend_of`); on CPU, also the heap XLA packs the temporaries into."""
+    """The compiled step's memory counted as XLA counts it on ``backend`` ("cpu", "gpu", "tpu"; by
+    default the one the module was compiled for, :func:`backend_of`): its figure, the live peak,
+    where that falls and what is live there; on CPU, also the heap XLA packs the temporaries into."""
     backend = backend or backend_of(module)
     walk = _Walk(module, module.entry.name, entry=True)
     if backend != "cpu":
@@ -148,29 +148,28 @@ def _heap_peak(module: HloModule, fixed: list[Buffer], done: Assignment) -> Comp
     """CPU: the allocations XLA makes, and the live peak read from its buffer assignment: the
     first tick of the heap simulator's clock at which the heap holds the most, the instruction
     running then, and the heap's temporaries live then beside the parameters, outputs and tuple
-    tables."""
-    occupied = occupancy(done.intervals)
-    tick = int(occupied.argmax()) if len(occupied) else 0
-    held = live_at(done.intervals, tick) if len(occupied) else []
-    step = min(done.ticks[tick], len(done.schedule) - 1) if tick < len(done.ticks) else 0
-    base = sum(b.bytes for b in fixed) + sum(done.tables.values())
-    timeline = _steps(done, occupied, occupancy(done.intervals, after=True), base)
-    temps = [(done.intervals[i].key, nbytes) for i, nbytes in held] + list(done.tables.items())
-    by_name = {inst.name: inst for inst in done.schedule}
+    tables (where the heap holds nothing, everything live is live throughout: the first step)."""
+    at, after = occupancy(done.intervals), occupancy(done.intervals, after=True)
+    tick = int(at.argmax()) if len(at) else None
+    inst = done.schedule[done.ticks[tick]] if tick is not None else module.schedule[0]
+    by_name = {i.name: i for i in done.schedule}
+    temps = [(done.intervals[i].key, nbytes) for i, nbytes in (live_at(done.intervals, tick) if at.size else [])]
+    temps += done.tables.items()
     live = fixed + [_buffer(by_name[done.values[v].instruction], v, done.values[v].index, nbytes, "temp")
                     for v, nbytes in temps]
     live.sort(key=lambda b: (-b.bytes, b.kind, b.instruction, b.index))
-    inst = done.schedule[step] if done.schedule else module.entry.root
-    comp = module.computations[inst.computation]
     parameter_bytes = sum(b.bytes for b in fixed if b.kind == "parameter")
     output_bytes = sum(b.bytes for b in fixed if b.kind == "output")
     temp_peak = done.heap.live_peak + done.table_bytes
+    comp = module.computations[inst.computation]
     return CompiledMemory(
         peak_bytes=parameter_bytes + output_bytes + done.temp_bytes, peak_index=comp.instructions.index(inst),
         peak_instruction=inst.name, parameter_bytes=parameter_bytes, output_bytes=output_bytes,
-        temp_peak_bytes=temp_peak, live=live, timeline=timeline, live_peak_bytes=parameter_bytes + output_bytes + temp_peak,
-        heap_bytes=done.temp_bytes, peak_computation=comp.name, peak_context=_context(module, done.callers, comp.name),
-        peak_step=step)
+        temp_peak_bytes=temp_peak, live=live,
+        timeline=_steps(done, at, after, parameter_bytes + output_bytes + done.table_bytes),
+        live_peak_bytes=parameter_bytes + output_bytes + temp_peak, heap_bytes=done.temp_bytes,
+        peak_computation=comp.name, peak_context=_context(module, done.callers, comp.name),
+        peak_step=done.schedule.index(inst))
 
 
 def _steps(done: Assignment, at: np.ndarray, after: np.ndarray, base: int) -> list[int]:
