@@ -135,8 +135,8 @@ def test_cpu_live_set_at_the_peak(cpu_steps, model, variant):
     assert kinds["output"] == mem.output_bytes == stats[step]["output_size_in_bytes"]
     assert kinds["temp"] == mem.temp_peak_bytes <= mem.heap_bytes == stats[step]["temp_size_in_bytes"]
     assert mem.timeline[mem.peak_step] == max(mem.timeline) == mem.live_peak_bytes
-    offsets = assign(module).offsets
-    placed = sorted((offsets[b.id], offsets[b.id] + b.bytes) for b in mem.live if b.kind == "temp")
+    done = assign(module)
+    placed = sorted((done.offsets[b.id], done.offsets[b.id] + b.bytes) for b in mem.live if b.kind == "temp")
     assert all(end <= start for (_, end), (start, _) in zip(placed, placed[1:]))
     assert placed[-1][1] <= mem.heap_bytes
     comp = mem.peak_computation
@@ -148,6 +148,14 @@ def test_cpu_live_set_at_the_peak(cpu_steps, model, variant):
     # each buffer named by the program's value that made it
     largest = next(b for b in mem.live if b.kind == "temp")
     assert largest.op_name.startswith("jit(") and largest.source
+    # an output's allocation holding a temporary at the peak: one XLA houses there, live then
+    for b in mem.live:
+        if b.holds:
+            assert b.kind == "output" and b.holds.bytes <= b.bytes
+            out = done.values[done.in_outputs[b.holds.id]]
+            assert (out.instruction, out.index) == (b.instruction, b.index)
+            first, last = done.ranges[b.holds.id]
+            assert first <= mem.peak_step <= last
 
 
 def test_cpu_heap_has_gaps(cpu_steps):
@@ -159,6 +167,9 @@ def test_cpu_heap_has_gaps(cpu_steps):
     live_temp = walk.live_peak_bytes - walk.parameter_bytes - walk.output_bytes
     assert live_temp < temp * 0.98  # more than 2% of XLA's heap is gaps
     assert walk.heap_bytes == temp
+    # at the peak, in the backward pass, outputs' allocations still hold forward activations
+    # XLA houses there until the gradients are written
+    assert any(b.holds and "/jvp(" in b.holds.op_name and "transpose(" not in b.holds.op_name for b in walk.live)
 
 
 @pytest.mark.parametrize("model", EACH_MODEL)
@@ -266,6 +277,7 @@ def test_cli_memory_json_and_bad_file(tmp_path, cpu_steps):
     assert sum(b["bytes"] for b in got["live"]) == got["live_peak_bytes"]
     assert {b["kind"] for b in got["live"]} == {"parameter", "output", "temp"}
     assert got["peak_computation"] and got["peak_context"] == []  # mlp's step has no loop
+    assert all(b["holds"] is None or b["kind"] == "output" for b in got["live"])
     text = rematopt("xla", "memory", out / "mlp_plain.hlo").stdout
     assert f"live peak {human_bytes(got['live_peak_bytes'])} ({got['live_peak_bytes']:,} B) at " \
            f"#{got['peak_index']} {got['peak_instruction']}:" in text

@@ -35,7 +35,9 @@ def memory_cmd(hlo_file: str, backend: str, top: int, as_json: bool) -> None:
                    "instructions": len(module.schedule), **result.summary()})
         return
     click.echo(f"{hlo_file}: {module.name} ({chosen}), {len(module.schedule)} scheduled instructions")
-    parts = (f"parameters {human_bytes(result.parameter_bytes)}, outputs {human_bytes(result.output_bytes)}, "
+    holding = sum(b.holds.bytes for b in result.live if b.holds)
+    holding = f" ({human_bytes(holding)} of them holding temporaries)" if holding else ""
+    parts = (f"parameters {human_bytes(result.parameter_bytes)}, outputs {human_bytes(result.output_bytes)}{holding}, "
              f"temporaries {human_bytes(result.temp_peak_bytes)}")
     if result.heap_bytes is None:  # GPU / TPU: XLA's figure is the live peak
         click.echo(f"peak {human_bytes(result.peak_bytes)} ({result.peak_bytes:,} B) at {result.where}: {parts}")
@@ -47,10 +49,13 @@ def memory_cmd(hlo_file: str, backend: str, top: int, as_json: bool) -> None:
         click.echo(f"live peak {human_bytes(result.live_peak_bytes)} ({result.live_peak_bytes:,} B) at "
                    f"{result.where}: {parts} ({human_bytes(gaps)} of temp is the heap's gaps)")
     click.echo(f"XLA's own figure to compare with: {compare}")
-    temps = [b for b in result.live if b.kind == "temp"][:top]
+    # the temporaries, and on CPU those XLA keeps in an output's allocation until the output is written
+    temps = [(b, "") for b in result.live if b.kind == "temp"]
+    temps += [(b.holds, f"  (in output {b.instruction}'s allocation)") for b in result.live if b.holds]
+    temps = sorted(temps, key=lambda t: -t[0].bytes)[:top]
     if temps:
         click.echo("largest temporaries live at the peak:")
-    for b in temps:
+    for b, housed in temps:
         where = f"  {b.source}" if b.source else ""
         index = "{" + ",".join(map(str, b.index)) + "}" if b.index else ""
-        click.echo(f"  {human_bytes(b.bytes):>10}  {b.instruction}{index}  {b.op_name}{where}")
+        click.echo(f"  {human_bytes(b.bytes):>10}  {b.instruction}{index}  {b.op_name}{where}{housed}")

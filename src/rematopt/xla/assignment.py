@@ -73,7 +73,8 @@ class Assignment:
     Where the heap is fullest: ``intervals`` are the heap's temporaries (each keyed by its value)
     on the heap simulator's clock, ``ticks`` maps each tick of that clock to a position in
     ``schedule`` (the flattened schedule of step 2), ``callers`` each computation run in sequence
-    to the instruction that runs it, and ``tables`` each temporary tuple table's value to its bytes."""
+    to the instruction that runs it, ``tables`` each temporary tuple table's value to its bytes and
+    ``ranges`` each value to its live range ``(first, last)`` in ``schedule``."""
 
     temp_bytes: int
     heap: Packing
@@ -86,6 +87,7 @@ class Assignment:
     schedule: list[Instruction]
     callers: dict[str, str]
     tables: dict[int, int]
+    ranges: dict[int, tuple[int, int]]
 
 
 def in_place_pairs(module: HloModule, inst: Instruction) -> dict[tuple[int, ...], tuple[int, tuple[int, ...]]]:
@@ -489,7 +491,8 @@ def assign(module: HloModule, alignment: int = CPU_ALIGNMENT) -> Assignment:
     housed = {v: buffers[home][0] for b, home in allocation.items() if b != home for v in buffers[b]}
     return Assignment(temp_bytes=end, heap=heap, table_bytes=sum(size[b] for b in tables), values=m.values,
                       offsets=offsets, in_outputs=housed, intervals=intervals, ticks=ticks, schedule=m.flat,
-                      callers=m.callers, tables={buffers[b][0]: size[b] for b in tables})
+                      callers=m.callers, tables={buffers[b][0]: size[b] for b in tables},
+                      ranges={v: (first, last) for v, (first, last, *_) in m.ranges.items()})
 
 
 def _output_allocations(m: _Module, buffers: dict[int, list[int]],

@@ -48,7 +48,9 @@ NO_BUFFER = frozenset({"constant", "after-all", "partition-id", "replica-id"})
 class Buffer:
     """One array XLA allocates: written by ``instruction`` at shape index ``index``. ``id`` numbers
     it in the walk, or for a CPU temporary is its value in the assignment
-    (:attr:`rematopt.xla.assignment.Assignment.values`, ``offsets``)."""
+    (:attr:`rematopt.xla.assignment.Assignment.values`, ``offsets``). On CPU an output's
+    allocation may hold a temporary before the output is written: ``holds`` is the one it holds
+    at the peak."""
 
     id: int
     instruction: str
@@ -57,6 +59,7 @@ class Buffer:
     kind: str  # "parameter", "output", "temp"; "caller" for a nested computation's parameters
     op_name: str = ""
     source: str = ""  # "file:line" of the innermost frame, where the metadata names one
+    holds: Buffer | None = None
 
 
 @dataclass(frozen=True)
@@ -118,8 +121,7 @@ class CompiledMemory:
                               "trip_count": c.trip_count} for c in self.peak_context],
             "parameter_bytes": self.parameter_bytes,
             "output_bytes": self.output_bytes, "temp_peak_bytes": self.temp_peak_bytes,
-            "live": [{"instruction": b.instruction, "index": list(b.index), "bytes": b.bytes, "kind": b.kind,
-                      "op_name": b.op_name, "source": b.source} for b in self.live],
+            "live": [{**_entry(b), "holds": _entry(b.holds) if b.holds else None} for b in self.live],
         }
 
     @property
@@ -130,6 +132,11 @@ class CompiledMemory:
             trips = f" ({call.trip_count} iterations)" if call.trip_count is not None else ""
             out += f" in the {call.runs} of {call.instruction}{trips}"
         return out
+
+
+def _entry(b: Buffer) -> dict:
+    return {"instruction": b.instruction, "index": list(b.index), "bytes": b.bytes, "kind": b.kind,
+            "op_name": b.op_name, "source": b.source}
 
 
 def compiled_memory(module: HloModule, backend: str | None = None) -> CompiledMemory:
@@ -147,16 +154,26 @@ def compiled_memory(module: HloModule, backend: str | None = None) -> CompiledMe
 def _heap_peak(module: HloModule, fixed: list[Buffer], done: Assignment) -> CompiledMemory:
     """CPU: the allocations XLA makes, and the live peak read from its buffer assignment: the
     first tick of the heap simulator's clock at which the heap holds the most, the instruction
-    running then, and the heap's temporaries live then beside the parameters, outputs and tuple
-    tables (where the heap holds nothing, everything live is live throughout: the first step)."""
+    running then, and the heap's temporaries live then beside the parameters, the outputs (each
+    with the temporary its allocation holds then, if any) and the tuple tables. Where the heap
+    holds nothing, everything live is live throughout: the peak is put at the first step."""
     at, after = occupancy(done.intervals), occupancy(done.intervals, after=True)
-    tick = int(at.argmax()) if len(at) else None
-    inst = done.schedule[done.ticks[tick]] if tick is not None else module.schedule[0]
+    tick = int(at.argmax()) if at.size else None
+    step = done.ticks[tick] if tick is not None else done.schedule.index(module.schedule[0])
+    inst = done.schedule[step]
     by_name = {i.name: i for i in done.schedule}
-    temps = [(done.intervals[i].key, nbytes) for i, nbytes in (live_at(done.intervals, tick) if at.size else [])]
-    temps += done.tables.items()
-    live = fixed + [_buffer(by_name[done.values[v].instruction], v, done.values[v].index, nbytes, "temp")
-                    for v, nbytes in temps]
+
+    def value(v: int, nbytes: int | None = None) -> Buffer:
+        val = done.values[v]
+        return _buffer(by_name[val.instruction], v, val.index, val.bytes if nbytes is None else nbytes, "temp")
+
+    held = {}  # output (instruction, index) -> the temporary its allocation holds at the peak
+    for v, out in sorted(done.in_outputs.items(), key=lambda pair: done.ranges[pair[0]]):
+        if done.ranges[v][0] <= step <= done.ranges[v][1]:
+            held[done.values[out].instruction, done.values[out].index] = value(v)
+    heap = [(done.intervals[i].key, nbytes) for i, nbytes in (live_at(done.intervals, tick) if at.size else [])]
+    live = [replace(b, holds=held.get((b.instruction, b.index))) for b in fixed]
+    live += [value(v, nbytes) for v, nbytes in [*heap, *done.tables.items()]]
     live.sort(key=lambda b: (-b.bytes, b.kind, b.instruction, b.index))
     parameter_bytes = sum(b.bytes for b in fixed if b.kind == "parameter")
     output_bytes = sum(b.bytes for b in fixed if b.kind == "output")
@@ -168,8 +185,7 @@ def _heap_peak(module: HloModule, fixed: list[Buffer], done: Assignment) -> Comp
         temp_peak_bytes=temp_peak, live=live,
         timeline=_steps(done, at, after, parameter_bytes + output_bytes + done.table_bytes),
         live_peak_bytes=parameter_bytes + output_bytes + temp_peak, heap_bytes=done.temp_bytes,
-        peak_computation=comp.name, peak_context=_context(module, done.callers, comp.name),
-        peak_step=done.schedule.index(inst))
+        peak_computation=comp.name, peak_context=_context(module, done.callers, comp.name), peak_step=step)
 
 
 def _steps(done: Assignment, at: np.ndarray, after: np.ndarray, base: int) -> list[int]:
