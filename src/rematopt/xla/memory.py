@@ -95,7 +95,7 @@ class CompiledMemory:
     from XLA's buffer assignment, the heap's temporaries as it holds them (a group of values
     sharing an address counted once, at its size) and every temporary tuple table (each has an
     allocation of its own); a temporary XLA houses in an output's allocation is counted as that
-    output. ``timeline`` is the live bytes at each step of the schedule (GPU / TPU: the entry's;
+    output (it is the output's ``holds``). ``timeline`` is the live bytes at each step of the schedule (GPU / TPU: the entry's;
     CPU: the flattened one, loop bodies before their loop), ``peak_step`` the peak's step there."""
 
     peak_bytes: int
