@@ -51,11 +51,11 @@ def memory_cmd(hlo_file: str, backend: str, top: int, as_json: bool) -> None:
     click.echo(f"XLA's own figure to compare with: {compare}")
     # the temporaries, and on CPU those XLA keeps in an output's allocation until the output is written
     temps = [(b, "") for b in result.live if b.kind == "temp"]
-    temps += [(b.holds, f"  (in output {b.instruction}'s allocation)") for b in result.live if b.holds]
+    temps += [(b.holds, f"(in output {b.instruction}'s allocation)") for b in result.live if b.holds]
     temps = sorted(temps, key=lambda t: -t[0].bytes)[:top]
     if temps:
         click.echo("largest temporaries live at the peak:")
     for b, housed in temps:
-        where = f"  {b.source}" if b.source else ""
         index = "{" + ",".join(map(str, b.index)) + "}" if b.index else ""
-        click.echo(f"  {human_bytes(b.bytes):>10}  {b.instruction}{index}  {b.op_name}{where}{housed}")
+        click.echo("  ".join(filter(None, [f"  {human_bytes(b.bytes):>10}", b.instruction + index, b.op_name,
+                                           b.source, housed])))

@@ -445,7 +445,8 @@ class _Walk:
         if where is not None:  # the peak falls inside a body run here
             inst = schedule[pos]
             live += where.live
-            call = Call(inst.name, self.comp.name, _runs(inst, where.peak_computation), _trip_count(inst))
+            called = where.peak_context[0].computation if where.peak_context else where.peak_computation
+            call = Call(inst.name, self.comp.name, _runs(inst, called), _trip_count(inst))
             where = replace(where, peak_context=[call, *where.peak_context])
         live.sort(key=lambda b: (-b.bytes, b.kind, b.instruction, b.index))
         return CompiledMemory(
