@@ -44,3 +44,22 @@ def test_missing_instance(tmp_path):
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == ["error: instances/no_such_model.json: no such instance file"]
     assert not (tmp_path / "gaps.md").exists()
+
+
+def table_rows(path: Path) -> list[dict[str, str]]:
+    lines = path.read_text().splitlines()
+    head = [c.strip() for c in lines[2].strip("|").split("|")]
+    return [dict(zip(head, (c.strip() for c in line.strip("|").split("|")))) for line in lines[4:]]
+
+
+def test_deterministic_time_rows_repeat(tmp_path):
+    """Under --deterministic-time two runs write the same rows (wall seconds aside)."""
+    runs = []
+    for k in range(2):
+        out = tmp_path / f"gaps{k}.md"
+        r = study(out, "mlp_l4_w256", "--limit", "120", "--deterministic-time", "0.5")
+        assert r.returncode == 0, r.stderr
+        assert "0.5 s of CP-SAT's deterministic time" in out.read_text().splitlines()[0]
+        runs.append([{k: v for k, v in x.items() if k != "seconds"} for x in table_rows(out)])
+    assert runs[0] == runs[1]
+    assert {x["stopped_by"] for x in runs[0]} <= {"", "deterministic_time"}  # never the wall clock here
