@@ -40,7 +40,8 @@ def study_group() -> None:
 @click.option("--report-only", is_flag=True, help="Write the report from --results without running anything.")
 @click.option("--output", "-o", default="reports/gap_study", show_default=True, type=click.Path(file_okay=False))
 def gaps_cmd(graphs: tuple[str, ...], decoders: str, graph_folder: str, budget_ratios: str, time_limit: float,
-             deterministic_time: float | None, timeout_margin: float, jobs: int, results: str, resume: bool, report_only: bool, output: str) -> None:
+             deterministic_time: float | None, timeout_margin: float, jobs: int, results: str, resume: bool,
+             report_only: bool, output: str) -> None:
     """Run every registered planner over GRAPHS (default: the published graphs
     in ../shared/benchmarks/nodelink and instances/) and the decoders at each
     budget ratio, then write the certified gap report to OUTPUT."""
