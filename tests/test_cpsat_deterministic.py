@@ -54,7 +54,7 @@ def outcome(sol: Solution) -> tuple:
     """What a deterministic run must repeat: the plan, its figures and bounds, the work spent."""
     st = sol.plan.stats
     return (list(sol.plan.ops), list(sol.plan.nodes), st["status"], st.get("objective"), st.get("best_bound"), st.get("gap"),
-            st.get("plan_from"), [r["status"] for r in st.get("rounds", [])], st["limits"]["deterministic_spent"])
+            st.get("plan_from"), [r["status"] for r in st.get("rounds", [])], st["deterministic_spent"])
 
 
 @pytest.mark.parametrize("options", [
@@ -67,19 +67,19 @@ def test_same_plan_and_bounds_under_load(options):
     quiet = solve(GRAPH, "cpsat", **run)
     with cpu_burner():
         loaded = solve(GRAPH, "cpsat", **run)
-    assert quiet.plan.stats["limits"]["deterministic"] and loaded.plan.stats["limits"]["deterministic"]
+    assert quiet.plan.stats["deterministic"] and loaded.plan.stats["deterministic"]
     assert outcome(loaded) == outcome(quiet)
-    assert 0 < quiet.plan.stats["limits"]["deterministic_spent"]
+    assert 0 < quiet.plan.stats["deterministic_spent"]
     if options.get("lns") != "on":  # not proven in the work given: the limit is what ended it
         assert quiet.plan.stats["status"] == "FEASIBLE"
-        assert quiet.plan.stats["limits"]["stopped_by"] == "deterministic_time"
+        assert quiet.plan.stats["stopped_by"] == "deterministic_time"
 
 
 def test_wall_clock_still_ends_it():
     """A deterministic limit far beyond what the wall clock allows: the wall
     clock ends the run, with the best plan so far, marked not deterministic."""
     s = solve(GRAPH, "cpsat", budget=BUDGET, deterministic_time=10_000, time_limit=1.0, lp_bound=False)
-    lim = s.plan.stats["limits"]
+    lim = s.plan.stats
     assert lim["stopped_by"] == "time_limit" and lim["deterministic"] is False
     assert lim["deterministic_spent"] < 10_000
     assert s.has_plan  # the warm start's plan at least, replayed by solve()
@@ -87,9 +87,11 @@ def test_wall_clock_still_ends_it():
 
 def test_wall_clock_run_records_its_limit():
     s = solve(GRAPH, "cpsat", budget=BUDGET, time_limit=0.5, workers=1, lp_bound=False)
-    lim = s.plan.stats["limits"]
-    assert lim == {"time_limit": 0.5, "deterministic_time": None, "deterministic_spent": None,
-                   "stopped_by": "time_limit", "deterministic": False}
+    lim = s.plan.stats
+    assert {k: lim[k] for k in ("time_limit", "deterministic_time", "deterministic_spent", "stopped_by",
+                                "deterministic")} == {"time_limit": 0.5, "deterministic_time": None,
+                                                      "deterministic_spent": None, "stopped_by": "time_limit",
+                                                      "deterministic": False}
 
 
 def test_one_worker_only():

@@ -71,7 +71,7 @@ def solve_row(instance: str, kind: str, graph: Graph, ratio: float, limit: float
     claim = next((f"{k.split('_')[0]} in {st[k]}" for k in ("optimal_in", "infeasible_in") if st.get(k)), None)
     return {**row, "status": s.status, "claim": claim, "gap": st.get("gap"),
             "overhead": s.replay.overhead if s.has_plan else None, "seconds": round(s.wall_s, 1),
-            "stopped_by": st["limits"]["stopped_by"]}
+            "stopped_by": st["stopped_by"]}
 
 
 def rows(paths: Iterable[Path], ratios: Iterable[float] = RATIOS, limit: float = LIMIT_S,

@@ -299,7 +299,7 @@ def exact_origin_lines(df: pd.DataFrame) -> list[str]:
     limit = f"{', '.join(f'{t:g}' for t in limits)} s per job" if limits else "its default time limit"
     if work:  # cpsat --deterministic-time: the same rows on any load, unless the wall clock came first
         limit += (f" and {', '.join(f'{t:g}' for t in work)} s of CP-SAT's deterministic time on one worker "
-                  "(rows with limits.deterministic false were cut by the wall clock)")
+                  "(rows whose stats say deterministic false were cut by the wall clock)")
     line = (f"The exact planner ran with {limit}: its rows hold its own plan on {len(ex) - len(theirs)} of "
             f"{len(ex)} instances it met")
     if len(theirs):

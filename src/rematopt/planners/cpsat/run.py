@@ -69,7 +69,7 @@ def run(graph: Graph, cfg: Settings) -> Plan:
     checkpoint with the best plan so far. The time is read from a
     :class:`~..meter.Meter`: with ``deterministic_time``, the deterministic
     time of the run's CP-SAT solves, the wall clock only its outer bound;
-    the plan's ``limits`` says which limit ended the run."""
+    the plan's ``stopped_by`` says which limit ended the run (:func:`limits`)."""
     m = Meter() if cfg.deterministic_time is None else Meter(cfg.deterministic_time,
                                                              time.perf_counter() + cfg.time_limit)
     with metered(m):
@@ -80,17 +80,18 @@ def run(graph: Graph, cfg: Settings) -> Plan:
             else:
                 plan = bounded(ctx)
     plan = over_all_plans(graph, cfg.budget, cfg.objective, cfg.offload, plan)
-    plan.stats = plan.stats.with_details(limits=limits(cfg, m, ctx.stop.requested, plan.stats["status"]))
+    plan.stats = plan.stats.with_details(**limits(cfg, m, ctx.stop.requested, plan.stats))
     return plan
 
 
-def limits(cfg: Settings, m: Meter, interrupted: bool, status: str) -> dict[str, Any]:
-    """The plan's ``limits``: the limits the run had, the deterministic time
+def limits(cfg: Settings, m: Meter, interrupted: bool, st: Stats) -> dict[str, Any]:
+    """The plan's record of its limits: the limits the run had, the deterministic time
     it spent, and which ended it (``stopped_by``: ``time_limit``,
     ``deterministic_time``, ``interrupt``, or None where it proved its
-    answer first); ``deterministic``: whether the run is the one
+    answer first, over every plan or over the staged space: ``optimal_in``,
+    ``infeasible_in``); ``deterministic``: whether the run is the one
     ``deterministic_time`` makes on any load (not when the wall clock cut it)."""
-    proven = status in ("OPTIMAL", "INFEASIBLE")
+    proven = st["status"] in ("OPTIMAL", "INFEASIBLE") or bool(st.get("optimal_in") or st.get("infeasible_in"))
     if interrupted:
         by = "interrupt"
     elif m.wall_ran_out or (not m.deterministic and not proven):
