@@ -7,6 +7,7 @@ wall clock outside such a run."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -122,3 +123,19 @@ def test_meter_reads_its_end_once_the_wall_clock_ran_out():
     m = meter.Meter(5.0, time.perf_counter() + 3600.0, spent=1.0)
     with meter.metered(m):
         assert meter.now() == 1.0 and not meter.past(2.0) and meter.past(0.5)
+
+
+def test_batch_runs_deterministic_jobs_on_one_worker(tmp_path):
+    """``rematopt batch`` / ``study gaps`` with a deterministic limit: cpsat's
+    jobs get one worker whatever the batch's default, and their rows say so."""
+    from rematopt.studies import batch
+
+    path = tmp_path / "random_layered_n24.json"
+    synthetic.random_layered(24, seed=1).save(path)
+    inputs, _ = batch.load_inputs([path])
+    bp = batch.plan_batch(inputs, ["cpsat"], [0.9], tmp_path / "res",
+                          {"time_limit": 60, "deterministic_time": 0.2}, default_workers=2)
+    assert [s["run_options"]["workers"] for s in bp.specs] == [1]
+    rows = batch.run_batch(bp, tmp_path / "res")
+    st = json.loads(rows[0]["stats"])
+    assert rows[0]["has_plan"] and st["deterministic"] is True and st["deterministic_time"] == 0.2
