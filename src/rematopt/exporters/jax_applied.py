@@ -162,9 +162,11 @@ def applied_step(graph: Graph, plan: Plan) -> AppliedStep:
     for u, (first, end) in _slice_copies(graph, order).items():
         born[(u, "s")], last[(u, "s")] = first, end
     extra = {copy: graph.nodes[copy[0]].extra or {} for copy in born}
-    # a buffer XLA makes on its own (a transposed copy for a convolution) is made for its reader,
-    # wherever the plan first computed its node
-    born.update((c, first_read[c]) for c in born if graph.nodes[c[0]].op == "xla_buffer" and c in first_read)
+    # a buffer XLA makes on its own for a library call (a transposed copy for a convolution) is made
+    # for it, wherever the plan first computed its node; others stay where the plan makes them
+    # (equinox_lm, greedy at 0.8: applied / XLA 0.894 moved to their first readers, 0.939 not)
+    born.update((c, first_read[c]) for c in born if graph.nodes[c[0]].op == "xla_buffer" and c in first_read
+                and graph.nodes[order[first_read[c]][0]].op in LIBRARY_CALLS)
     # a result XLA copies into the output's layout holds its kernel's buffer to the step's end
     copied = sorted((c for c in born if "layout_copy" in extra[c]), key=lambda c: extra[c]["layout_copy_order"])
     last.update((c, len(order) - 1) for c in copied)
