@@ -10,18 +10,21 @@ fused kernels take about 12 ms). Dots, convolutions and library calls run on the
 A recomputation is priced by compiling the planned step and pricing its kernels: what XLA fused
 into existing kernels grows them, what it could not fuse adds kernels.
 
-:func:`fit` calibrates a profile on measured steps: least squares over their kernels finds how much
-slower than the data sheet the machine's FLOPs and its bytes run, and what a kernel launch costs;
-the fitted profile then prices the other variants of that step on that machine. Fit it on steps
-other than the ones it is meant to judge (``rematopt bench device`` fits on the baselines and
-predicts rematopt's plans).
+:func:`calibrate` scales a profile so that one measured step (the plain step) is priced at its
+measured time; the scaled profile then predicts every other variant of that step on that machine
+(``rematopt bench device`` calibrates on the plain step, on the rates :mod:`rematopt.xla.machine`
+measured on the CPU, and predicts the policies and rematopt's plans). On CPU a step also pays for
+the page faults of the buffers it allocates anew (:func:`step_faults`), at a measured price per
+fault. :func:`fit` instead fits the FLOP and byte factors and a launch cost to several measured
+steps by least squares; with the three to five baselines of a bench model it is under-determined
+(it priced quick gpt's bytes at 1,760 times the data sheet), so the bench does not use it.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -81,7 +84,12 @@ def kernel_cost(kernel: Kernel, device: Device, launch_s: float = 0.0) -> Kernel
 
 def _sides(kernel: Kernel, device: Device) -> tuple[float, float]:
     """(compute seconds, memory seconds) of one run of ``kernel`` on ``device``."""
-    rate = device.flops_per_s if on_matrix_units(kernel) else (device.vector_flops_per_s or device.flops_per_s)
+    if kernel.kind == "dot" and device.dot_flops_per_s:
+        rate = device.dot_flops_per_s
+    elif on_matrix_units(kernel):
+        rate = device.flops_per_s
+    else:
+        rate = device.vector_flops_per_s or device.flops_per_s
     return kernel.flops / rate, (kernel.bytes_read + kernel.bytes_written) / device.bytes_per_s
 
 
@@ -108,6 +116,67 @@ class Fit:
     def price(self, step: StepCost) -> StepCost:
         """``step``'s kernels priced on the fitted profile."""
         return StepCost(self.device, tuple(kernel_cost(k.kernel, self.device, self.launch_s) for k in step.kernels))
+
+
+# glibc's malloc serves a request above its mmap threshold with fresh pages, which the kernel zero-fills
+# on first touch, one minor fault a page; the threshold rises to the largest chunk freed but never above
+# this ceiling (DEFAULT_MMAP_THRESHOLD_MAX, 32 MiB on 64-bit). Measured with jax 0.10.2 on a jitted
+# step, per step after the warm-up: temp buffer 30.3 MB, 0 faults; 34.3 MB, 8,365 (its pages + 1);
+# 128.3 MB, 31,315; quick gpt's plain step (132.8 MB temp), 32,431 (docs/device.md).
+MMAP_CEILING = 32 << 20
+PAGE = 4096
+
+
+def step_faults(allocations: Iterable[int]) -> int:
+    """Minor page faults per step predicted from the buffers XLA's CPU runtime allocates anew each step
+    (:func:`step_allocations`): each one above glibc's :data:`MMAP_CEILING` is mapped fresh and every
+    page of it faults once, one more for malloc's header. Scratch that YNNPACK fusions allocate inside
+    a kernel is not counted (docs/device.md: it faults where glibc trims it, which this does not predict)."""
+    return sum(b // PAGE + 1 for b in allocations if b > MMAP_CEILING)
+
+
+def step_allocations(module: HloModule | str, temp_bytes: int) -> list[int]:
+    """The buffers one run of a compiled CPU step allocates: its temp buffer (``temp_bytes``, XLA's
+    ``temp_size_in_bytes``) and each output not aliased to a parameter."""
+    if isinstance(module, str):
+        module = parse_hlo(module)
+    shape = module.entry.root.shape
+    aliased = set(module.input_output_alias)
+    return [temp_bytes] + [leaf.bytes for index, leaf in zip(shape.index, shape.leaves) if index not in aliased]
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A profile scaled to one measured step: a step takes ``scale x`` its kernels' time on ``device``
+    (``launch_s`` more per kernel run) plus ``fault_s`` per page fault. The scale absorbs what the
+    micro-benchmarks miss (the kernels' sizes, caches); the fault price is the kernel's (the operating
+    system's) work, measured, not scaled."""
+
+    device: Device
+    scale: float
+    launch_s: float
+    fault_s: float
+    calibrated_on: str
+
+    def kernel_seconds(self, step: StepCost) -> float:
+        """``step``'s kernels on the profile, unscaled."""
+        return sum(kernel_cost(k.kernel, self.device, self.launch_s).seconds for k in step.kernels)
+
+    def seconds(self, step: StepCost, faults: int = 0) -> float:
+        """The predicted time of ``step``, whose runs fault ``faults`` pages (:func:`step_faults`)."""
+        return self.scale * self.kernel_seconds(step) + faults * self.fault_s
+
+
+def calibrate(step: StepCost, measured_s: float, device: Device, faults: int = 0, launch_s: float = 0.0,
+              fault_s: float = 0.0, name: str = "plain") -> Calibration:
+    """Scale ``device`` so that ``step`` (which faults ``faults`` pages a run) is priced at ``measured_s``:
+    the one figure taken from a measured step. Calibrate on one step and predict the others."""
+    unscaled = Calibration(device, 1.0, launch_s, fault_s, name)
+    kernels, rest = unscaled.kernel_seconds(step), measured_s - faults * fault_s
+    if kernels <= 0 or rest <= 0:
+        raise ValueError(f"cannot calibrate on {name}: {measured_s * 1e3:.3g} ms measured, of which "
+                         f"{faults * fault_s * 1e3:.3g} ms page faults, {kernels * 1e3:.3g} ms of kernels priced")
+    return replace(unscaled, scale=rest / kernels)
 
 
 # The balance of the machine's FLOP rate to its bandwidth, against the data sheet's, is searched
