@@ -151,7 +151,7 @@ def measure(spec: dict) -> dict:
     import numpy as np
 
     from ..importers.costmodel import device
-    from ..xla.cost import step_allocations, step_cost, step_faults
+    from ..xla.cost import step_cost, step_faults
     from ..xla.memory import xla_reference
 
     compiled, args, compile_s = _compile(spec)
@@ -161,7 +161,7 @@ def measure(spec: dict) -> dict:
     text = compiled.as_text()
     Path(spec["hlo"]).write_text(text)
     cost = step_cost(text, device(spec["device"]))
-    faults = step_faults(step_allocations(text, int(analysis.temp_size_in_bytes))) if backend == "cpu" else 0
+    faults = step_faults(text, int(analysis.temp_size_in_bytes)) if backend == "cpu" else 0
     out = jax.block_until_ready(compiled(*args))
     grads = [np.asarray(x) for x in jax.tree_util.tree_leaves(out[1])]
     if spec["grads"] and not Path(spec["grads"]).exists():

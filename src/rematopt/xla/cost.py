@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from ..importers.costmodel import Device
-from .hlo import HloModule, parse_hlo
+from .hlo import HloModule, Instruction, parse_hlo
 from .kernels import Kernel, kernels
 
 # Kernels that run on the matrix units: library GEMM / convolution calls, lone dots and
@@ -127,22 +127,65 @@ MMAP_CEILING = 32 << 20
 PAGE = 4096
 
 
-def step_faults(allocations: Iterable[int]) -> int:
-    """Minor page faults per step predicted from the buffers XLA's CPU runtime allocates anew each step
-    (:func:`step_allocations`): each one above glibc's :data:`MMAP_CEILING` is mapped fresh and every
-    page of it faults once, one more for malloc's header. Scratch that YNNPACK fusions allocate inside
-    a kernel is not counted (docs/device.md: it faults where glibc trims it, which this does not predict)."""
-    return sum(b // PAGE + 1 for b in allocations if b > MMAP_CEILING)
-
-
-def step_allocations(module: HloModule | str, temp_bytes: int) -> list[int]:
-    """The buffers one run of a compiled CPU step allocates: its temp buffer (``temp_bytes``, XLA's
-    ``temp_size_in_bytes``) and each output not aliased to a parameter."""
+def step_faults(module: HloModule | str, temp_bytes: int) -> int:
+    """Minor page faults per run of a compiled CPU step (run by one thread, as the bench pins it),
+    predicted from the program: the pages of the buffers it allocates anew above glibc's mmap ceiling
+    (:func:`fresh_buffers`), and the scratch its YNNPACK fusions hand back to the kernel
+    (:func:`scratch_faults`). Checked against ``getrusage`` on a jitted step and quick gpt's steps
+    (tests/test_xla_cost.py)."""
     if isinstance(module, str):
         module = parse_hlo(module)
+    fresh = fresh_buffers(module, temp_bytes)
+    return sum(b // PAGE + 1 for b in fresh if b > MMAP_CEILING) + scratch_faults(module, fresh)
+
+
+def fresh_buffers(module: HloModule, temp_bytes: int) -> list[int]:
+    """The buffers one run of a compiled CPU step allocates: its temp buffer (``temp_bytes``, XLA's
+    ``temp_size_in_bytes``) and each output not aliased to a parameter. Each one above
+    :data:`MMAP_CEILING` is mapped fresh and every page of it faults, one more for malloc's header."""
     shape = module.entry.root.shape
     aliased = set(module.input_output_alias)
     return [temp_bytes] + [leaf.bytes for index, leaf in zip(shape.index, shape.leaves) if index not in aliased]
+
+
+# Inside a fusion, YNNPACK allocates with malloc, per call, each value it cannot stream: a packed copy of
+# each dot's right operand, a dot operand the fusion computes, and a value two instructions read (quick
+# gpt's per-layer nothing_saveable step: 16 allocations of 8.4 MB a step, 3 of them at once in each of
+# its 4 softmax-backward fusions, by an LD_PRELOAD malloc log; a dot's left operand and a dot output
+# that one reduction reads are streamed, tests/test_xla_cost.py). glibc's trim threshold is twice the largest chunk it mapped and freed under the
+# mmap ceiling (there an 8.4 MB scratch buffer: its temp buffer is above the ceiling): a fusion whose
+# scratch exceeds it gives the pages back on free (strace: 4 x madvise(MADV_DONTNEED) of 25.0 MB a
+# step) and faults them all again next call.
+SCRATCH_EXEMPT = frozenset({"parameter", "constant", "broadcast", "bitcast", "iota"})
+
+
+def fusion_scratch(module: HloModule, fusion: Instruction) -> list[int]:
+    """The buffers (bytes) a YNNPACK fusion allocates per call, by the rule above."""
+    comp = module.computations[fusion.called[0]]
+    users: dict[str, int] = {}
+    for inst in comp.instructions:
+        for o in dict.fromkeys(inst.operands):
+            users[o] = users.get(o, 0) + 1
+    dots = [inst for inst in comp.instructions if inst.opcode == "dot"]
+    dot_operands = {o for inst in dots for o in inst.operands[:2]}
+    out = [comp.by_name[inst.operands[1]].bytes for inst in dots]
+    for inst in comp.instructions:
+        if inst.opcode not in SCRATCH_EXEMPT and not inst.is_root and (
+                inst.name in dot_operands or users.get(inst.name, 0) > 1):
+            out.append(inst.bytes)
+    return out
+
+
+def scratch_faults(module: HloModule, fresh: Sequence[int] = ()) -> int:
+    """Page faults per step of the YNNPACK fusions' scratch (:func:`fusion_scratch`): every run of a
+    fusion whose scratch exceeds glibc's trim threshold (twice the step's largest buffer under the mmap
+    ceiling, of its scratch and its ``fresh`` buffers, :func:`fresh_buffers`) faults each of its pages."""
+    by_name = {i.name: i for c in module.computations.values() for i in c.instructions}
+    runs = [(fusion_scratch(module, by_name[k.name]), k.trip_count) for k in kernels(module)
+            if k.kind == "fusion:kCustom" and by_name[k.name].backend_config().get("fusion_config", {}).get("kind")
+            == "__ynn_fusion"]
+    largest = max((b for b in [*fresh, *(b for scratch, _ in runs for b in scratch)] if b <= MMAP_CEILING), default=0)
+    return sum(trips * (sum(scratch) // PAGE) for scratch, trips in runs if sum(scratch) > 2 * largest)
 
 
 @dataclass(frozen=True)
