@@ -19,8 +19,9 @@ floor); a row's step time is its fastest round. On CPU the clock is the process'
 worker pinned to one core, so the other work on a shared machine does not enter the figure; on a
 GPU, wall-clock time. Last, each row's kernels are priced (:mod:`rematopt.xla.cost`) on the rates
 micro-benchmarks measured on the core (:mod:`rematopt.xla.machine`; on a GPU its data sheet), scaled
-so that the plain step's predicted time is its measured time, plus on CPU the page faults the step's
-fresh buffers take at their measured price; every other row is predicted. On CPU every row runs
+so that the plain step's predicted time is its measured time, plus on CPU the page faults the compiled
+program predicts (:func:`rematopt.xla.cost.step_faults`) at their measured price; every other row is
+predicted. On CPU every row runs
 under XLA's memory-minimizing scheduler (``--xla_cpu_enable_concurrency_optimized_scheduler=false``),
 without which XLA's CPU schedule undoes rematerialization.
 """
@@ -108,7 +109,7 @@ class Row:
     predicted_peak: int | None = None  # the plan's peak on the graph (rematopt rows)
     predicted_overhead: float | None = None  # the plan's recompute overhead on the graph
     page_faults: int | None = None  # minor page faults per step (median over the rounds)
-    predicted_faults: int | None = None  # from the compiled program: its fresh buffers' pages (xla.cost.step_faults)
+    predicted_faults: int | None = None  # per step, from the compiled program (xla.cost.step_faults)
     kernels: int | None = None
     bytes_moved: int | None = None
     grad_error: float | None = None
@@ -602,8 +603,9 @@ def _prediction_summary(bench: Bench) -> str:
     baselines, and the plans: their step time, and their overhead over the plain step (both priced by
     the same function, so the overhead is predicted(plan) / predicted(plain) - 1)."""
     out = ["The profile is scaled on the plain step alone; every other row is predicted: the second compile of "
-           "the plain step, the policies, rematopt's plans. Page faults: the pages of the buffers a step "
-           "allocates anew above glibc's mmap ceiling (xla.cost.step_faults), at the measured price per fault.", "",
+           "the plain step, the policies, rematopt's plans. Page faults, predicted from the compiled program "
+           "(xla.cost.step_faults): the pages of the buffers a step allocates anew above glibc's mmap ceiling, and "
+           "the scratch of YNNPACK fusions that glibc gives back to the kernel; each at the measured price.", "",
            "| model | scale on the measured rates | plain's page faults | plain (again): predicted vs measured "
            "| baselines within 15% | worst baseline | plans: predicted vs measured time "
            "| plans: predicted overhead - measured (points) |",
