@@ -152,10 +152,10 @@ def fresh_buffers(module: HloModule, temp_bytes: int) -> list[int]:
 # each dot's right operand, a dot operand the fusion computes, and a value two instructions read (quick
 # gpt's per-layer nothing_saveable step: 16 allocations of 8.4 MB a step, 3 of them at once in each of
 # its 4 softmax-backward fusions, by an LD_PRELOAD malloc log; a dot's left operand and a dot output
-# that one reduction reads are streamed, tests/test_xla_cost.py). glibc's trim threshold is twice the largest chunk it mapped and freed under the
-# mmap ceiling (there an 8.4 MB scratch buffer: its temp buffer is above the ceiling): a fusion whose
-# scratch exceeds it gives the pages back on free (strace: 4 x madvise(MADV_DONTNEED) of 25.0 MB a
-# step) and faults them all again next call.
+# that one reduction reads are streamed, tests/test_xla_cost.py). glibc's trim threshold is twice the
+# largest chunk it mapped and freed under the mmap ceiling (there an 8.4 MB scratch buffer: its temp
+# buffer is above the ceiling): a fusion whose scratch exceeds it gives the pages back on free
+# (strace: 4 x madvise(MADV_DONTNEED) of 25.0 MB a step) and faults them all again next call.
 SCRATCH_EXEMPT = frozenset({"parameter", "constant", "broadcast", "bitcast", "iota"})
 
 

@@ -8,9 +8,9 @@ by a micro-benchmark on the core the steps run on, with the step's own clock (pr
 jitted GEMMs for the matrix rate (XLA's CPU runs them as YNNPACK fusions), the same GEMMs with both
 operands transposed for the lone dots it leaves to Eigen (weight gradients; 2 to 4 times slower), a
 long elementwise chain in cache for the vector rate, a large elementwise op for the bandwidth, a
-chain of tiny kernels for what starting a kernel costs, and fresh anonymous pages for a page fault (XLA's CPU runtime takes its temp buffer from malloc each
-step; above glibc's mmap threshold the kernel zero-fills every page of it on first touch,
-:func:`rematopt.xla.cost.step_faults`).
+chain of tiny kernels for what starting a kernel costs, and fresh anonymous pages for a page fault
+(XLA's CPU runtime takes its temp buffer from malloc each step; above glibc's mmap threshold the
+kernel zero-fills every page of it on first touch, :func:`rematopt.xla.cost.step_faults`).
 """
 
 from __future__ import annotations
@@ -49,13 +49,14 @@ class Machine:
 
     def device(self) -> Device:
         """The ``cpu`` profile with this machine's rates."""
-        return Device("cpu@measured", self.flops_per_s, self.bytes_per_s, f"measured on this machine: {self.describe()}",
-                      vector_flops_per_s=self.vector_flops_per_s, dot_flops_per_s=self.dot_flops_per_s)
+        return Device("cpu@measured", self.flops_per_s, self.bytes_per_s,
+                      f"measured on this machine: {self.describe()}", vector_flops_per_s=self.vector_flops_per_s,
+                      dot_flops_per_s=self.dot_flops_per_s)
 
     def describe(self) -> str:
-        return (f"GEMM {self.flops_per_s / 1e9:.3g} GFLOP/s, lone dot {self.dot_flops_per_s / 1e9:.3g} GFLOP/s, vector {self.vector_flops_per_s / 1e9:.3g} GFLOP/s, "
-                f"{self.bytes_per_s / 1e9:.3g} GB/s, {self.launch_s * 1e6:.3g} us a kernel, "
-                f"{self.fault_s * 1e6:.3g} us a page fault")
+        return (f"GEMM {self.flops_per_s / 1e9:.3g} GFLOP/s, lone dot {self.dot_flops_per_s / 1e9:.3g} GFLOP/s, "
+                f"vector {self.vector_flops_per_s / 1e9:.3g} GFLOP/s, {self.bytes_per_s / 1e9:.3g} GB/s, "
+                f"{self.launch_s * 1e6:.3g} us a kernel, {self.fault_s * 1e6:.3g} us a page fault")
 
 
 def fastest(run: Callable[[], object], repeats: int = 7, clock: Callable[[], float] = time.process_time) -> float:
@@ -132,5 +133,6 @@ def measure(repeats: int = 7) -> Machine:
     launches, compiled = timed(tiny, t)
     n = len(step_cost(compiled.as_text(), device("cpu")).kernels)
     faults = sorted(fault_seconds()[0] for _ in range(3))[1]
-    return Machine(flops_per_s=gemm_rate(False), dot_flops_per_s=gemm_rate(True), vector_flops_per_s=2 * CHAIN_OPS * CHAIN_ELEMENTS / vector,
-                   bytes_per_s=2 * STREAM_BYTES / stream, launch_s=launches / max(n, 1), fault_s=faults)
+    return Machine(flops_per_s=gemm_rate(False), dot_flops_per_s=gemm_rate(True),
+                   vector_flops_per_s=2 * CHAIN_OPS * CHAIN_ELEMENTS / vector, bytes_per_s=2 * STREAM_BYTES / stream,
+                   launch_s=launches / max(n, 1), fault_s=faults)
