@@ -107,9 +107,9 @@ def test_bench_on_a_tiny_model_writes_the_report(tmp_path):
     kinds = [r.kind for r in bench.rows]
     assert kinds.count("plain") == 2 and kinds.count("layer") == 2 and kinds.count("step") == 1
     assert kinds[-1] == "rematopt" and bench.rows[1].variant == AGAIN
-    # a line per row process (for a missing plan, its reason), the planning's and the timing's: one more
-    # than the rows, plain (again) having no process of its own
-    assert len(lines) == len(bench.rows) + 1
+    # the micro-benchmarks' line, then a line per row process (for a missing plan, its reason), the
+    # planning's and the timing's: two more than the rows, plain (again) having no process of its own
+    assert lines[0].startswith("machine: ") and len(lines) == len(bench.rows) + 2
     for r in bench.rows:
         if r.kind != "rematopt" or r.compiled_peak:
             assert r.compiled_peak > 0 and r.step_ms > 0 and r.predicted_ms > 0, r
