@@ -87,6 +87,10 @@ def test_where_nothing_fits_the_first_line_says_so(tmp_path):
     (["models.gpt:factory", "--verify", "xla", "--budget", "1M"], "--budget-ratio"),
     (["models.nosuch:factory", "--verify", "xla", "--budget-ratio", "0.5"], "cannot import"),
     (["models.gpt:factory", "--set", "layers=2", "--budget-ratio", "0.5"], "--verify xla"),
+    (["models.mlp:factory", "--verify", "xla", "--budget-ratio", "0.5", "--deterministic-time", "-1"],
+     "--deterministic-time must be a finite number >= 0"),
+    (["models.mlp:factory", "--verify", "xla", "--budget-ratio", "0.5", "--deterministic-time", "1",
+      "--workers", "2"], "one worker, not --workers 2"),
 ])
 def test_bad_input_exits_2_with_one_line(args, message):
     run = rematopt("solve", *args)

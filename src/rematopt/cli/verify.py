@@ -25,6 +25,9 @@ def run(spec: str, settings: tuple[str, ...], argnums: tuple[int, ...], planner:
         raise RematoptError(f"{spec}: --budget-ratio must be positive, got {budget_ratio}")
     if deterministic_time is not None and not 0 <= deterministic_time < float("inf"):
         raise RematoptError(f"{spec}: --deterministic-time must be a finite number >= 0, got {deterministic_time}")
+    if deterministic_time is not None and (options.get("workers") or 1) > 1:  # before anything compiles
+        raise RematoptError(f"{spec}: --deterministic-time runs the planner on one worker, not --workers "
+                            f"{options['workers']}")
     check_writable(output)
     # before JAX starts its backend: the CPU scheduler is read once, then (a CPU-only flag, inert elsewhere)
     flags.apply(flags.CPU_VERIFY)
