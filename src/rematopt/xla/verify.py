@@ -348,12 +348,12 @@ def _search(loss_fn: Callable, args: Sequence, argnums: tuple[int, ...], graph: 
         if m.deterministic and "deterministic_time" in takes:
             share = per_round
             opts.update(deterministic_time=share, time_limit=m.wall_left())
-        elif m.deterministic and "time_limit" in takes:  # it reads the loop's meter: its end, or the wall clock's
+        elif m.deterministic and "time_limit" in takes:  # dtr, rotor: on the loop's meter they run to their end
             opts["time_limit"] = m.wall_left()
         elif "time_limit" in takes:
             share = max(1.0, per_round / 2)  # the other half: apply and compile
             opts["time_limit"] = share
-        spent = m.spent
+        before = m.spent
         try:
             sol = solve(graph, planner, budget=b, **opts)
         except BudgetError:
@@ -362,7 +362,7 @@ def _search(loss_fn: Callable, args: Sequence, argnums: tuple[int, ...], graph: 
             m.spent += sol.plan.stats["deterministic_spent"]  # cpsat's own meter counted it
             if not sol.plan.stats.get("deterministic", True):
                 m.wall_ran_out = True  # the wall clock cut its search
-        spent = round(m.spent - spent, 6) if m.deterministic else None
+        spent = round(m.spent - before, 6) if m.deterministic else None
         status = "below the bound" if sol is None else sol.status
         rounds = len(done) + 1
         if sol is None or not sol.has_plan:
