@@ -44,3 +44,26 @@ def test_missing_instance(tmp_path):
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == ["error: instances/no_such_model.json: no such instance file"]
     assert not (tmp_path / "gaps.md").exists()
+
+
+
+def test_deterministic_time_heads_the_page_and_says_what_stopped_each_solve(tmp_path):
+    """``--deterministic-time``: the page says the limit, and each solved row
+    which limit ended it (here never the wall clock; that two runs agree is
+    tests/test_cpsat_deterministic.py's)."""
+    out = tmp_path / "gaps.md"
+    r = study(out, "mlp_l4_w256", "--limit", "120", "--deterministic-time", "0.5")
+    assert r.returncode == 0, r.stderr
+    lines = out.read_text().splitlines()
+    assert "0.5 s of CP-SAT's deterministic time" in lines[0] and "120 s" in lines[0]
+    head = [c.strip() for c in lines[2].strip("|").split("|")]
+    rows = [dict(zip(head, (c.strip() for c in line.strip("|").split("|")))) for line in lines[4:]]
+    solved = [x for x in rows if x["status"] != "below the lower bound"]
+    assert solved and all(x["stopped_by"] in ("", "deterministic_time") for x in solved)
+    assert all(x["stopped_by"] == "" for x in rows if x not in solved)
+
+
+def test_deterministic_time_refuses_a_negative_value(tmp_path):
+    r = study(tmp_path / "gaps.md", "mlp_l4_w256", "--deterministic-time", "-1")
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == ["error: --deterministic-time must be >= 0, got -1.0"]

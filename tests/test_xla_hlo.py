@@ -142,3 +142,16 @@ def test_bad_text_one_line(tmp_path):
         read_hlo(bad)
     with pytest.raises(HloError, match="cannot read"):
         read_hlo(tmp_path / "missing.txt")
+
+
+@pytest.mark.parametrize("body, problem", [
+    ("  this is not hlo\n", "line 4 is not an HLO instruction"),
+    ("", "computation main has no instructions"),
+    ("  %a = f32[2]{0} parameter(0)\n  ROOT %b = f32[2]{0} add(%a, %q)\n", "reads %q, which computation main"),
+    ("  %a = f32[2]{0} parameter(0)\n  ROOT %f = f32[2]{0} fusion(%a), kind=kLoop, calls=%gone\n",
+     "calls %gone, which the module does not define"),
+])
+def test_malformed_module_named(body, problem):
+    """A module XLA could not have printed is refused with the line or the reference at fault."""
+    with pytest.raises(HloError, match=problem):
+        parse_hlo(f"HloModule m\n\nENTRY %main {{\n{body}}}\n")

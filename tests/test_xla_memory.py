@@ -17,7 +17,8 @@ from conftest import rematopt
 from rematopt.xla import parse_hlo, read_hlo
 from rematopt.xla.assignment import assign
 from rematopt.xla.hlo import HloError
-from rematopt.xla.memory import backend_of, compiled_memory, xla_reference
+from rematopt.sizes import human_bytes
+from rematopt.xla.memory import Call, backend_of, compiled_memory, xla_reference
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU_DIR = ROOT.parent / "shared" / "gpu" / "h200_gpt8"
@@ -78,6 +79,11 @@ def test_gpu_fixture_within_one_percent(measured, variant):
     # outputs and parameters as XLA sized them
     assert walk.parameter_bytes == measured[variant]["argument_size_in_bytes"]
     assert walk.output_bytes == measured[variant]["output_size_in_bytes"]
+    # what is live at the peak is the peak, to the byte, by kind
+    kinds = {k: sum(b.bytes for b in walk.live if b.kind == k) for k in ("parameter", "output", "temp")}
+    assert sum(b.bytes for b in walk.live) == walk.peak_bytes == walk.live_peak_bytes
+    assert (kinds["parameter"], kinds["output"], kinds["temp"]) == (
+        walk.parameter_bytes, walk.output_bytes, walk.temp_peak_bytes)
 
 
 def test_gpu_peak_attributed_to_program_lines(measured):
@@ -111,6 +117,47 @@ def test_cpu_steps(cpu_steps, model, variant):
     assert fixed < walk.live_peak_bytes <= walk.peak_bytes
 
 
+@pytest.mark.parametrize("model", EACH_MODEL)
+@pytest.mark.parametrize("variant", ["plain", "greedy"])
+def test_cpu_live_set_at_the_peak(cpu_steps, model, variant):
+    """On CPU the peak's place and what is live there are read from XLA's buffer assignment: the
+    buffers live there sum to the live peak to the byte, by kind to XLA's arguments, its outputs
+    and the temporaries at their peak; the heap's temporaries among them are live together, so
+    the packing gives them disjoint bytes of XLA's temp; the place is an instruction of the named
+    computation, run from the entry through the context."""
+    out, stats = cpu_steps(model)
+    step = f"{model}_{variant}"
+    module = read_hlo(out / f"{step}.hlo")
+    mem = compiled_memory(module)
+    kinds = {k: sum(b.bytes for b in mem.live if b.kind == k) for k in ("parameter", "output", "temp")}
+    assert sum(b.bytes for b in mem.live) == mem.live_peak_bytes == sum(kinds.values())
+    assert kinds["parameter"] == mem.parameter_bytes == stats[step]["argument_size_in_bytes"]
+    assert kinds["output"] == mem.output_bytes == stats[step]["output_size_in_bytes"]
+    assert kinds["temp"] == mem.temp_peak_bytes <= mem.heap_bytes == stats[step]["temp_size_in_bytes"]
+    assert mem.timeline[mem.peak_step] == max(mem.timeline) == mem.live_peak_bytes
+    done = assign(module)
+    placed = sorted((done.offsets[b.id], done.offsets[b.id] + b.bytes) for b in mem.live if b.kind == "temp")
+    assert all(end <= start for (_, end), (start, _) in zip(placed, placed[1:]))
+    assert placed[-1][1] <= mem.heap_bytes
+    comp = mem.peak_computation
+    for call in reversed(mem.peak_context):
+        assert comp in module.computations[call.computation].by_name[call.instruction].called
+        comp = call.computation
+    assert comp == module.entry_name
+    assert module.computations[mem.peak_computation].instructions[mem.peak_index].name == mem.peak_instruction
+    # each buffer named by the program's value that made it
+    largest = next(b for b in mem.live if b.kind == "temp")
+    assert largest.op_name.startswith("jit(") and largest.source
+    # an output's allocation holding a temporary at the peak: one XLA houses there, live then
+    for b in mem.live:
+        if b.holds:
+            assert b.kind == "output" and b.holds.bytes <= b.bytes
+            out = done.values[done.in_outputs[b.holds.id]]
+            assert (out.instruction, out.index) == (b.instruction, b.index)
+            first, last = done.ranges[b.holds.id]
+            assert first <= mem.peak_step <= last
+
+
 def test_cpu_heap_has_gaps(cpu_steps):
     """gpt's temporaries do not pack into their live peak: XLA's heap leaves gaps, and the figure
     compared with XLA's is the heap, not the live peak."""
@@ -120,6 +167,9 @@ def test_cpu_heap_has_gaps(cpu_steps):
     live_temp = walk.live_peak_bytes - walk.parameter_bytes - walk.output_bytes
     assert live_temp < temp * 0.98  # more than 2% of XLA's heap is gaps
     assert walk.heap_bytes == temp
+    # at the peak, in the backward pass, outputs' allocations still hold forward activations
+    # XLA houses there until the gradients are written
+    assert any(b.holds and "/jvp(" in b.holds.op_name and "transpose(" not in b.holds.op_name for b in walk.live)
 
 
 @pytest.mark.parametrize("model", EACH_MODEL)
@@ -180,7 +230,12 @@ ENTRY %main (a: f32[256], z: f32[1024]) -> (f32[256], f32[1024]) {
     # the body's own peak, its 16 KiB broadcast and 4 KiB slice, at the loop; the loop's buffer is
     # the copy it was given (an output), and y is written into it
     assert walk.temp_peak_bytes == 16384 + 4096
-    assert walk.peak_instruction == "w"
+    # the peak falls inside the loop's body, as it slices the broadcast, on every iteration; what
+    # is live there is the body's two temporaries beside the parameters and outputs
+    assert (walk.peak_instruction, walk.peak_index, walk.peak_computation) == ("sl", 4, "body")
+    assert walk.peak_context == [Call("w", "main", "body")] and walk.where == "#4 sl in the body of w"
+    assert sorted((b.instruction, b.kind) for b in walk.live if b.kind == "temp") == [("sl", "temp"), ("tmp", "temp")]
+    assert sum(b.bytes for b in walk.live) == walk.peak_bytes
     # on CPU: b and c live in d's allocation (an output, written after they die), the loop's state
     # in the output it becomes, so the heap holds the body's broadcast and slice, live together;
     # the loop's tuple table (two pointers) has an allocation of its own, laid after the heap
@@ -189,6 +244,14 @@ ENTRY %main (a: f32[256], z: f32[1024]) -> (f32[256], f32[1024]) {
     assert cpu.heap_bytes == 16384 + 4096 + 16
     assert cpu.peak_bytes == cpu.parameter_bytes + cpu.output_bytes + cpu.heap_bytes
     assert cpu.live_peak_bytes == cpu.peak_bytes  # nothing else is live beside them: no gaps
+    # the heap is fullest in the body, as it slices the broadcast (the place read from XLA's
+    # assignment over the schedule flattened through the loop); live there beside the parameters
+    # and outputs: the two temporaries and the loop's tuple table
+    assert cpu.where == "#4 sl in the body of w" and cpu.peak_computation == "body"
+    assert sorted((b.instruction, b.bytes) for b in cpu.live if b.kind == "temp") == [
+        ("init", 16), ("sl", 4096), ("tmp", 16384)]
+    assert sum(b.bytes for b in cpu.live) == cpu.live_peak_bytes
+    assert cpu.timeline[cpu.peak_step] == max(cpu.timeline) == cpu.live_peak_bytes
     done = assign(module)
     housed = {done.values[v].instruction: done.values[o].instruction for v, o in done.in_outputs.items()}
     assert housed == {"b": "d", "c": "d"}
@@ -198,6 +261,73 @@ ENTRY %main (a: f32[256], z: f32[1024]) -> (f32[256], f32[1024]) {
     # XLA names every instruction of a module once; a module that repeats a name is refused
     with pytest.raises(HloError, match="repeats across computations"):
         compiled_memory(parse_hlo(text.replace("%u", "%t").replace("%j", "%i")), "cpu")
+
+
+NESTED_LOOPS = """HloModule nested, is_scheduled=true
+
+%inner_body (t: (s32[], f32[256])) -> (s32[], f32[256]) {
+  %t = (s32[], f32[256]{0}) parameter(0)
+  %i = s32[] get-tuple-element(%t), index=0
+  %x = f32[256]{0} get-tuple-element(%t), index=1
+  %big = f32[8192]{0} broadcast(%i), dimensions={}
+  %sl = f32[256]{0} slice(%big), slice={[0:256]}
+  %y = f32[256]{0} add(%x, %sl)
+  %one = s32[] constant(1)
+  %i2 = s32[] add(%i, %one)
+  ROOT %r = (s32[], f32[256]{0}) tuple(%i2, %y)
+}
+
+%inner_cond (u: (s32[], f32[256])) -> pred[] {
+  %u = (s32[], f32[256]{0}) parameter(0)
+  %j = s32[] get-tuple-element(%u), index=0
+  %n = s32[] constant(3)
+  ROOT %lt = pred[] compare(%j, %n), direction=LT
+}
+
+%outer_body (p: (s32[], f32[256])) -> (s32[], f32[256]) {
+  %p = (s32[], f32[256]{0}) parameter(0)
+  %k = s32[] get-tuple-element(%p), index=0
+  %v = f32[256]{0} get-tuple-element(%p), index=1
+  %zero = s32[] constant(0)
+  %v2 = f32[256]{0} copy(%v)
+  %init = (s32[], f32[256]{0}) tuple(%zero, %v2)
+  %w = (s32[], f32[256]{0}) while(%init), condition=%inner_cond, body=%inner_body, backend_config={"known_trip_count":{"n":"3"}}
+  %res = f32[256]{0} get-tuple-element(%w), index=1
+  %one2 = s32[] constant(1)
+  %k2 = s32[] add(%k, %one2)
+  ROOT %o = (s32[], f32[256]{0}) tuple(%k2, %res)
+}
+
+%outer_cond (q: (s32[], f32[256])) -> pred[] {
+  %q = (s32[], f32[256]{0}) parameter(0)
+  %m = s32[] get-tuple-element(%q), index=0
+  %lim = s32[] constant(2)
+  ROOT %lt2 = pred[] compare(%m, %lim), direction=LT
+}
+
+ENTRY %main (a: f32[256]) -> f32[256] {
+  %a = f32[256]{0} parameter(0)
+  %c0 = s32[] constant(0)
+  %a2 = f32[256]{0} copy(%a)
+  %st = (s32[], f32[256]{0}) tuple(%c0, %a2)
+  %ow = (s32[], f32[256]{0}) while(%st), condition=%outer_cond, body=%outer_body, backend_config={"known_trip_count":{"n":"2"}}
+  ROOT %out = f32[256]{0} get-tuple-element(%ow), index=1
+}
+"""
+
+
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
+def test_peak_inside_nested_loops(backend):
+    """A loop in a loop's body, whose body broadcasts 32 KiB: on either backend the peak falls as
+    the inner body slices the broadcast, named with both loops and their trip counts, and what is
+    live there sums to the live peak."""
+    mem = compiled_memory(parse_hlo(NESTED_LOOPS), backend)
+    assert mem.where == "#4 sl in the body of w (3 iterations) in the body of ow (2 iterations)"
+    assert mem.peak_context == [Call("ow", "main", "body", 2), Call("w", "outer_body", "body", 3)]
+    assert mem.peak_computation == "inner_body"
+    temps = {b.instruction: b.bytes for b in mem.live if b.kind == "temp"}
+    assert temps["big"] == 8192 * 4 and temps["sl"] == 256 * 4
+    assert sum(b.bytes for b in mem.live) == mem.live_peak_bytes == mem.timeline[mem.peak_step]
 
 
 def test_cli_memory_json_and_bad_file(tmp_path, cpu_steps):
@@ -210,10 +340,24 @@ def test_cli_memory_json_and_bad_file(tmp_path, cpu_steps):
     assert got["heap_bytes"] == stats["mlp_plain"]["temp_size_in_bytes"]
     assert got["live_peak_bytes"] <= got["peak_bytes"]
     assert got["backend"] == "cpu" and "XLA computes no peak on CPU" in got["compare_with"]
+    # where the peak falls and what is live there, the same keys on every backend
+    assert sum(b["bytes"] for b in got["live"]) == got["live_peak_bytes"]
+    assert {b["kind"] for b in got["live"]} == {"parameter", "output", "temp"}
+    assert got["peak_computation"] and got["peak_context"] == []  # mlp's step has no loop
+    assert all(b["holds"] is None or b["kind"] == "output" for b in got["live"])
+    text = rematopt("xla", "memory", out / "mlp_plain.hlo").stdout
+    assert f"live peak {human_bytes(got['live_peak_bytes'])} ({got['live_peak_bytes']:,} B) at " \
+           f"#{got['peak_index']} {got['peak_instruction']}:" in text
+
+
+def test_cli_memory_bad_input(tmp_path):
+    """A missing file, a directory, a file that is not HLO: one line naming it, exit status 2."""
     bad = tmp_path / "bad.hlo"
     bad.write_text("not hlo\n")
-    done = rematopt("xla", "memory", bad)
-    assert done.returncode == 2 and done.stderr.count("\n") == 1 and str(bad) in done.stderr
+    for path in (bad, tmp_path / "missing.hlo", tmp_path):
+        done = rematopt("xla", "memory", path, "--json")
+        assert done.returncode == 2 and done.stderr.count("\n") == 1 and str(path) in done.stderr, done.stderr
+        assert done.stdout == ""
 
 
 # The graph of what XLA materializes (trace_grad(fuse="xla")): its no-remat peak against XLA's figure

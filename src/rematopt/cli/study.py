@@ -29,6 +29,9 @@ def study_group() -> None:
 @click.option("--budget-ratios", default="0.9,0.8,0.7,0.6,0.5", show_default=True)
 @click.option("--time-limit", type=float, default=120.0, show_default=True,
               help="Per-job limit, seconds: cpsat's search (and dtr's).")
+@click.option("--deterministic-time", type=click.FloatRange(min=0), default=None,
+              help="cpsat's --deterministic-time per job (one worker): bounds that do not depend on the "
+                   "machine's load; --time-limit still ends a job first if it comes first.")
 @click.option("--timeout-margin", type=float, default=60.0, show_default=True)
 @click.option("--jobs", "-j", type=int, default=2, show_default=True)
 @click.option("--results", default="results/gap_study", show_default=True, type=click.Path(file_okay=False),
@@ -37,7 +40,8 @@ def study_group() -> None:
 @click.option("--report-only", is_flag=True, help="Write the report from --results without running anything.")
 @click.option("--output", "-o", default="reports/gap_study", show_default=True, type=click.Path(file_okay=False))
 def gaps_cmd(graphs: tuple[str, ...], decoders: str, graph_folder: str, budget_ratios: str, time_limit: float,
-             timeout_margin: float, jobs: int, results: str, resume: bool, report_only: bool, output: str) -> None:
+             deterministic_time: float | None, timeout_margin: float, jobs: int, results: str, resume: bool,
+             report_only: bool, output: str) -> None:
     """Run every registered planner over GRAPHS (default: the published graphs
     in ../shared/benchmarks/nodelink and instances/) and the decoders at each
     budget ratio, then write the certified gap report to OUTPUT."""
@@ -68,7 +72,7 @@ def gaps_cmd(graphs: tuple[str, ...], decoders: str, graph_folder: str, budget_r
         for path, reason in skipped:
             warn(f"skipped {path}: {reason}")
         batch = gaps.jobs(inputs, comma_floats(budget_ratios), res, time_limit, resume, timeout_margin,
-                          max(1, (os.cpu_count() or 1) // jobs))
+                          max(1, (os.cpu_count() or 1) // jobs), deterministic_time)
         res.mkdir(parents=True, exist_ok=True)
         record_command(res, planners.available(), [str(g.path) for g in inputs])
         run_batch(batch, res, jobs=jobs, on_row=on_row)

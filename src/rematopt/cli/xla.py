@@ -14,7 +14,7 @@ def xla_group() -> None:
 
 
 @xla_group.command(name="memory")
-@click.argument("hlo_file", type=click.Path(dir_okay=False))
+@click.argument("hlo_file", type=click.Path())
 @click.option("--backend", type=click.Choice(["auto", "cpu", "gpu", "tpu"]), default="auto", show_default=True,
               help="Count memory as XLA does on this backend (auto: the one the module was compiled for).")
 @click.option("--top", type=int, default=10, show_default=True, help="Live buffers to list at the peak.")
@@ -35,22 +35,27 @@ def memory_cmd(hlo_file: str, backend: str, top: int, as_json: bool) -> None:
                    "instructions": len(module.schedule), **result.summary()})
         return
     click.echo(f"{hlo_file}: {module.name} ({chosen}), {len(module.schedule)} scheduled instructions")
-    parts = f"parameters {human_bytes(result.parameter_bytes)}, outputs {human_bytes(result.output_bytes)}"
-    where = f"at #{result.peak_index} {result.peak_instruction}"
+    holding = sum(b.holds.bytes for b in result.live if b.holds)
+    holding = f" ({human_bytes(holding)} of them holding temporaries)" if holding else ""
+    parts = (f"parameters {human_bytes(result.parameter_bytes)}, outputs {human_bytes(result.output_bytes)}{holding}, "
+             f"temporaries {human_bytes(result.temp_peak_bytes)}")
     if result.heap_bytes is None:  # GPU / TPU: XLA's figure is the live peak
-        click.echo(f"peak {human_bytes(result.peak_bytes)} ({result.peak_bytes:,} B) {where}: {parts}, "
-                   f"temporaries {human_bytes(result.temp_peak_bytes)}")
+        click.echo(f"peak {human_bytes(result.peak_bytes)} ({result.peak_bytes:,} B) at {result.where}: {parts}")
     else:  # CPU: XLA's figure is what it allocates, the temporaries' heap with its gaps
-        live = result.live_peak_bytes - result.parameter_bytes - result.output_bytes
-        click.echo(f"allocated {human_bytes(result.peak_bytes)} ({result.peak_bytes:,} B): {parts}, temp "
+        gaps = result.peak_bytes - result.live_peak_bytes
+        click.echo(f"allocated {human_bytes(result.peak_bytes)} ({result.peak_bytes:,} B): parameters "
+                   f"{human_bytes(result.parameter_bytes)}, outputs {human_bytes(result.output_bytes)}, temp "
                    f"{human_bytes(result.heap_bytes)} ({result.heap_bytes:,} B)")
-        click.echo(f"live peak {human_bytes(result.live_peak_bytes)} ({result.live_peak_bytes:,} B): the "
-                   f"temporaries at most {human_bytes(live)} at once, {human_bytes(result.heap_bytes - live)} of gaps")
-        click.echo(f"the walk's peak over the entry falls {where} (temporaries {human_bytes(result.temp_peak_bytes)})")
+        click.echo(f"live peak {human_bytes(result.live_peak_bytes)} ({result.live_peak_bytes:,} B) at "
+                   f"{result.where}: {parts} ({human_bytes(gaps)} of temp is the heap's gaps)")
     click.echo(f"XLA's own figure to compare with: {compare}")
-    temps = [b for b in result.live if b.kind == "temp"][:top]
+    # the temporaries, and on CPU those XLA keeps in an output's allocation until the output is written
+    temps = [(b, "") for b in result.live if b.kind == "temp"]
+    temps += [(b.holds, f"(in output {b.instruction}'s allocation)") for b in result.live if b.holds]
+    temps = sorted(temps, key=lambda t: -t[0].bytes)[:top]
     if temps:
         click.echo("largest temporaries live at the peak:")
-    for b in temps:
-        where = f"  {b.source}" if b.source else ""
-        click.echo(f"  {human_bytes(b.bytes):>10}  {b.instruction}  {b.op_name}{where}")
+    for b, housed in temps:
+        index = "{" + ",".join(map(str, b.index)) + "}" if b.index else ""
+        click.echo("  ".join(filter(None, [f"  {human_bytes(b.bytes):>10}", b.instruction + index, b.op_name,
+                                           b.source, housed])))

@@ -37,13 +37,13 @@ an unguarded run made about 300,000 evictions for a 930x overhead.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 from typing import Any
 
 from ..graph import Graph
 from ..plan import COMPUTE, Plan
 from .frees import Schedule, always_kept, place_frees
+from .meter import now, past
 from .options import option, parse
 
 HEURISTICS = ("h_dtr", "local")
@@ -69,7 +69,7 @@ class _Runtime:
     def __init__(self, graph: Graph, budget: int | None, local: bool, max_recomputes: float, deadline: float):
         self.g, self.budget, self.local = graph, budget, local
         self.max_recomputes = max_recomputes
-        self.deadline = deadline  # time.perf_counter() past which eviction stops
+        self.deadline = deadline  # the time (:mod:`.meter`) past which eviction stops
         n = graph.n
         self.fixed = always_kept(graph)
         self.resident = [False] * n
@@ -130,7 +130,7 @@ class _Runtime:
         return best
 
     def _make_room(self, need: int) -> None:
-        if self.recomputes > self.max_recomputes or time.perf_counter() > self.deadline:
+        if self.recomputes > self.max_recomputes or past(self.deadline):
             return  # thrashing or out of time: stop evicting, finish over budget
         while self.budget is not None and self.mem + need > self.budget:
             u = self._victim()
@@ -200,7 +200,7 @@ def plan(graph: Graph, budget: int | None, options: dict[str, Any]) -> Plan:
     opts = parse(Options, options, "dtr")
     heuristic, limit = opts.dtr_heuristic, opts.dtr_thrash_limit
     rt = _Runtime(graph, budget, heuristic == "local", limit * len(graph.compute_ids),
-                  time.perf_counter() + opts.time_limit)
+                  now() + opts.time_limit)
     # Free after the last read: by a consumer for a recomputable value (it can
     # come back), by anything that might need it recomputed otherwise.
     hold = [rt.needed[u] if rt.fixed[u] else graph.last_use[u] for u in range(graph.n)]
@@ -215,4 +215,4 @@ def plan(graph: Graph, budget: int | None, options: dict[str, Any]) -> Plan:
     return place_frees(graph, rt.schedule, "dtr", budget,
                        {"heuristic": heuristic, "evictions": rt.evictions,
                         "thrashed": rt.recomputes > rt.max_recomputes,
-                        "out_of_time": time.perf_counter() > rt.deadline})
+                        "out_of_time": past(rt.deadline)})

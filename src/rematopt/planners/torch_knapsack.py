@@ -62,7 +62,6 @@ banned. Runtimes are summed in float64 (torch's DP: float32).
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,6 +71,7 @@ from ..errors import NotApplicable
 from ..graph import Graph
 from ..plan import Plan
 from .frees import keep_schedule, place_frees
+from .meter import now, past
 from .options import option, parse
 from .policies.presets import is_dot
 
@@ -284,7 +284,7 @@ def plan(graph: Graph, budget: int | None, options: dict[str, Any]) -> Plan:
     if not graph.has_phases:
         raise NotApplicable(f"torch-knapsack: {graph.source or graph.name}: the graph has no phases; torch's "
                             "partitioner splits a joint forward/backward graph")
-    deadline = time.perf_counter() + opts.time_limit
+    deadline = now() + opts.time_limit
     p = Partition.of(graph, opts.ban_recompute_reductions)
     full = p.cut(set(p.items))
     solver = opts.activation_memory_budget_solver
@@ -317,7 +317,7 @@ def _search(p: Partition, budget: int, solver: str, full: list[int], deadline: f
     if not probe(1.0):
         probe(0.0)
         for _ in range(SEARCH_STEPS):
-            if time.perf_counter() > deadline:
+            if past(deadline):
                 break
             mid = (lo + hi) / 2
             if probe(mid):

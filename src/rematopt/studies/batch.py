@@ -550,8 +550,9 @@ def plan_batch(inputs: list[GraphInput], planner_names: list[str], ratios: list[
         for g in inputs:
             for r in ratios:
                 spec = make_spec(g, r, planner, options, out, memory_limit, timeout)
-                if default_workers and "workers" not in options:
-                    spec["run_options"].setdefault("workers", default_workers)
+                if default_workers and "workers" not in options:  # cpsat's deterministic time runs one
+                    spec["run_options"].setdefault("workers", 1 if "deterministic_time" in options
+                                                   else default_workers)
                 if spec["key"] in done:
                     continue
                 if spec["key"] in earlier:

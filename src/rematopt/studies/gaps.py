@@ -82,13 +82,17 @@ def graph_paths(paths: Iterable[str | Path], decoders: Iterable[str], folder: Pa
 
 
 def jobs(inputs: list[GraphInput], ratios: Iterable[float], results: Path, time_limit: float, resume: bool,
-         timeout_margin: float, workers: int) -> BatchPlan:
+         timeout_margin: float, workers: int, deterministic_time: float | None = None) -> BatchPlan:
     """The study's batch: every available planner (the reference included, so
     the same results make ``reports/benchmarks``) on every graph and ratio;
-    jax-names without its own cpsat run (``price``), which cpsat's rows give."""
+    jax-names without its own cpsat run (``price``), which cpsat's rows give.
+    ``deterministic_time``: cpsat's ``--deterministic-time`` (one worker), so
+    that its bounds do not depend on the machine's load; None: the wall clock
+    alone (the published report's runs)."""
     from .. import planners
 
-    return plan_batch(inputs, planners.available(), list(ratios), results, {"time_limit": time_limit, "price": False},
+    options = {"time_limit": time_limit, "price": False, "deterministic_time": deterministic_time}
+    return plan_batch(inputs, planners.available(), list(ratios), results, options,
                       resume=resume, timeout_margin=timeout_margin, default_workers=workers)
 
 

@@ -291,10 +291,15 @@ def exact_origin_lines(df: pd.DataFrame) -> list[str]:
     ex = df[df["exact"] & df["meets"]]
     if ex.empty:
         return []
-    limits = sorted({o.get("time_limit") for o in df[df["exact"]]["options"].map(_options)} - {None})
+    options = df[df["exact"]]["options"].map(_options)
+    limits = sorted({o.get("time_limit") for o in options} - {None})
+    work = sorted({o.get("deterministic_time") for o in options} - {None})
     origin = ex.get("stats", pd.Series(index=ex.index, dtype=object)).map(_options).map(lambda d: d.get("plan_from"))
     theirs = ex[origin.notna()]
     limit = f"{', '.join(f'{t:g}' for t in limits)} s per job" if limits else "its default time limit"
+    if work:  # cpsat --deterministic-time: the same rows on any load, unless the wall clock came first
+        limit += (f" and {', '.join(f'{t:g}' for t in work)} s of CP-SAT's deterministic time on one worker "
+                  "(rows whose stats say deterministic false were cut by the wall clock)")
     line = (f"The exact planner ran with {limit}: its rows hold its own plan on {len(ex) - len(theirs)} of "
             f"{len(ex)} instances it met")
     if len(theirs):

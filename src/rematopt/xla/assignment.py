@@ -1,8 +1,9 @@
 """XLA's buffer assignment of a scheduled module, as its CPU backend makes it: what
 ``compiled.memory_analysis()`` sums into ``temp_size_in_bytes``.
 
-The walk in :mod:`rematopt.xla.memory` finds the live peak. XLA's CPU figure is not a peak but the
-size of the allocations its buffer assignment makes, in three steps reproduced here:
+XLA's CPU figure is not a peak but the size of the allocations its buffer assignment makes, in
+three steps reproduced here (the live peak, where it falls and what is live there are read from
+the heap's replay, :func:`rematopt.xla.memory.compiled_memory`):
 
 1. **Values and buffers.** Every array (and tuple index table) an instruction of the entry
    computation or of a computation it runs in sequence (a while's condition and body, a call, a
@@ -67,7 +68,13 @@ class Assignment:
     ``temp_size_in_bytes``: the heap (the temporaries' packing) followed by the tuple tables'
     allocations (``table_bytes`` in all), each at the next aligned offset, as XLA combines its
     temporary allocations into one; ``offsets`` places each value there; ``in_outputs`` maps each
-    temporary housed in an output's allocation to that output's value."""
+    temporary housed in an output's allocation to that output's value.
+
+    Where the heap is fullest: ``intervals`` are the heap's temporaries (each keyed by its value)
+    on the heap simulator's clock, ``ticks`` maps each tick of that clock to a position in
+    ``schedule`` (the flattened schedule of step 2), ``callers`` each computation run in sequence
+    to the instruction that runs it, ``tables`` each temporary tuple table's value to its bytes and
+    ``ranges`` each value to its live range ``(first, last)`` in ``schedule``."""
 
     temp_bytes: int
     heap: Packing
@@ -75,6 +82,12 @@ class Assignment:
     values: list[Value]
     offsets: dict[int, int]
     in_outputs: dict[int, int]
+    intervals: list[Interval]
+    ticks: list[int]
+    schedule: list[Instruction]
+    callers: dict[str, str]
+    tables: dict[int, int]
+    ranges: dict[int, tuple[int, int]]
 
 
 def in_place_pairs(module: HloModule, inst: Instruction) -> dict[tuple[int, ...], tuple[int, tuple[int, ...]]]:
@@ -125,6 +138,7 @@ class _Module:
         self.time: dict[str, int] = {}
         self.span: dict[str, tuple[int, int]] = {}
         self.flat: list[Instruction] = []
+        self.callers: dict[str, str] = {}  # computation run in sequence -> the instruction running it
         self.param_sets: dict[str, list[dict[tuple[int, ...], list[int]]]] = {}  # computation -> per parameter
         self.constant: set[int] = set()
         self.entry_param: set[int] = set()
@@ -154,6 +168,7 @@ class _Module:
         for inst in comp.instructions:
             for name in self._sequential(inst):
                 if name in self.module.computations:
+                    self.callers.setdefault(name, inst.name)
                     self._flatten(self.module.computations[name])
             if inst.name in self.time:
                 raise HloError(f"instruction name {inst.name} repeats across computations "
@@ -465,7 +480,7 @@ def assign(module: HloModule, alignment: int = CPU_ALIGNMENT) -> Assignment:
     buffers = m.buffers()
     size = {b: max(m.values[v].bytes for v in members) for b, members in buffers.items()}
     allocation, heap_buffers, tables = _output_allocations(m, buffers, size)
-    intervals = _heap_intervals(m, buffers, heap_buffers, size)
+    intervals, ticks = _heap_intervals(m, buffers, heap_buffers, size)
     heap = best_packing(intervals, alignment)
     offsets = {intervals[k].key: off for k, off in heap.offsets.items()}
     end = heap.heap_bytes
@@ -475,7 +490,9 @@ def assign(module: HloModule, alignment: int = CPU_ALIGNMENT) -> Assignment:
         end = base + size[b]
     housed = {v: buffers[home][0] for b, home in allocation.items() if b != home for v in buffers[b]}
     return Assignment(temp_bytes=end, heap=heap, table_bytes=sum(size[b] for b in tables), values=m.values,
-                      offsets=offsets, in_outputs=housed)
+                      offsets=offsets, in_outputs=housed, intervals=intervals, ticks=ticks, schedule=m.flat,
+                      callers=m.callers, tables={buffers[b][0]: size[b] for b in tables},
+                      ranges={v: (first, last) for v, (first, last, *_) in m.ranges.items()})
 
 
 def _output_allocations(m: _Module, buffers: dict[int, list[int]],
@@ -537,11 +554,12 @@ def _output_allocations(m: _Module, buffers: dict[int, list[int]],
 
 
 def _heap_intervals(m: _Module, buffers: dict[int, list[int]], heap_buffers: list[int],
-                    size: dict[int, int]) -> list[Interval]:
+                    size: dict[int, int]) -> tuple[list[Interval], list[int]]:
     """Replay the temporaries in schedule order as XLA's heap simulator does: at each time, the
     values defined there are allocated (or share the address of their buffer's first value, or of
     an operand value dying there that the instruction may write into), then the values ending there
-    are freed; each event is one tick of the heap's clock."""
+    are freed; each event is one tick of the heap's clock. Returns the intervals and, for each
+    tick, its position in the flattened schedule."""
     chosen = {v for b in heap_buffers for v in buffers[b] if size[b]}
     order = sorted(chosen, key=lambda v: (m.ranges[v][0], m.ranges[v][1], v))
     ends = {v: m.ranges[v][1] for v in chosen}
@@ -550,7 +568,7 @@ def _heap_intervals(m: _Module, buffers: dict[int, list[int]], heap_buffers: lis
     for v in order:
         defined.setdefault(m.ranges[v][0], []).append(v)
         freed.setdefault(ends[v], []).append(v)
-    clock = 0
+    ticks: list[int] = []  # tick -> schedule position; the clock is len(ticks) after each event
     start: dict[int, int] = {}
     stop: dict[int, int] = {}
     colocated: dict[int, list[int]] = {}
@@ -559,8 +577,8 @@ def _heap_intervals(m: _Module, buffers: dict[int, list[int]], heap_buffers: lis
     for t in range(len(m.flat) + 1):
         for v in defined.get(t, []):
             b = m.find(v)
-            start[v], placed[v] = clock, False
-            clock += 1
+            start[v], placed[v] = len(ticks), False
+            ticks.append(t)
             if b in first_of:
                 colocated[first_of[b]].append(v)
                 colocated.setdefault(v, [])
@@ -571,17 +589,17 @@ def _heap_intervals(m: _Module, buffers: dict[int, list[int]], heap_buffers: lis
                 freed[t].remove(donor)
                 stop[donor] = start[v]  # freed just before the share, one tick earlier
                 start[v] = stop[donor] + 1
-                clock += 1
+                ticks.append(t)
                 colocated[donor].append(v)
                 continue
             placed[v] = True
             first_of[b] = v
         for v in freed.get(t, []):
-            stop[v] = clock
-            clock += 1
+            stop[v] = len(ticks)
+            ticks.append(t)
     index = {v: k for k, v in enumerate(start)}
-    return [Interval(key=v, size=size[m.find(v)], start=start[v], end=stop.get(v, clock), placed=placed[v],
-                     colocated=tuple(index[c] for c in colocated[v])) for v in start]
+    return [Interval(key=v, size=size[m.find(v)], start=start[v], end=stop.get(v, len(ticks)), placed=placed[v],
+                     colocated=tuple(index[c] for c in colocated[v])) for v in start], ticks
 
 
 def _dying_operand(m: _Module, v: int, t: int, freed: dict[int, list[int]], buffers: dict[int, list[int]]) -> int | None:

@@ -128,22 +128,47 @@ def best_packing(intervals: list[Interval], alignment: int) -> Packing:
     return temporal if temporal.heap_bytes < spatial.heap_bytes else spatial
 
 
-def live_peak(intervals: list[Interval]) -> int:
-    """The most bytes live at one event time, each colocated group counted once at its largest."""
-    groups = _groups(intervals)
-    events: list[tuple[int, int]] = []
-    for i, members in groups.items():
+def _group_spans(intervals: list[Interval]) -> list[tuple[int, int, int, int]]:
+    """(placed interval, group size, first, last) for each stretch of time a colocated group is
+    live: its members' spans merged where they overlap or touch, the group at its largest member."""
+    out = []
+    for i, members in _groups(intervals).items():
         size = max(intervals[j].size for j in members)
         spans = sorted((intervals[j].start, intervals[j].end) for j in members)
         first, last = spans[0]
-        for start, end in spans[1:] + [(None, None)]:  # the group's members merged where they overlap
+        for start, end in spans[1:] + [(None, None)]:
             if start is not None and start <= last + 1:
                 last = max(last, end)
                 continue
-            events += [(first, size), (last + 1, -size)]
+            out.append((i, size, first, last))
             first, last = start, end
-    current = peak = 0
-    for _, delta in sorted(events, key=lambda e: (e[0], e[1])):
-        current += delta
-        peak = max(peak, current)
-    return peak
+    return out
+
+
+def occupancy(intervals: list[Interval], after: bool = False) -> np.ndarray:
+    """Bytes live at each event time ``0..max end`` (``after``: just after it, what ends there
+    gone), each colocated group counted once at its largest: what the heap holds, without gaps."""
+    spans = _group_spans(intervals)
+    delta = np.zeros(max((last for *_, last in spans), default=-1) + 2, np.int64)
+    for _, size, first, last in spans:
+        delta[first] += size
+        delta[last + (0 if after else 1)] -= size
+    return np.cumsum(delta)[:-1]
+
+
+def live_peak(intervals: list[Interval]) -> int:
+    """The most bytes live at one event time (the packing's lower bound)."""
+    return int(occupancy(intervals).max(initial=0))
+
+
+def live_at(intervals: list[Interval], time: int) -> list[tuple[int, int]]:
+    """(interval, bytes) for what is live at ``time``: one interval per colocated group, the member
+    holding its memory then (the last to start), at the group's size; the bytes sum to
+    ``occupancy(intervals)[time]``."""
+    groups = _groups(intervals)
+    out = []
+    for i, size, first, last in _group_spans(intervals):
+        if first <= time <= last:
+            holders = [j for j in groups[i] if intervals[j].start <= time <= intervals[j].end]
+            out.append((max(holders, key=lambda j: (intervals[j].start, j)), size))
+    return out

@@ -375,13 +375,15 @@ def _parse(text: str) -> HloModule:
     current: list[Instruction] | None = None
     cname = ""
     is_entry = False
-    for ln in lines:
+    for number, ln in enumerate(lines, 1):
         if current is None:
             m = _COMPUTATION.match(ln)
             if m and not ln.startswith("HloModule"):
                 cname, is_entry, current = m.group(2), bool(m.group(1)), []
             continue
         if ln.strip() == "}":
+            if not current:
+                raise HloError(f"computation {cname} has no instructions")
             computations[cname] = Computation(cname, current, is_entry)
             if is_entry:
                 entry_name = cname
@@ -390,11 +392,28 @@ def _parse(text: str) -> HloModule:
         m = _INSTRUCTION.match(ln)
         if m:
             current.append(_instruction(m, cname, frames))
+        elif ln.strip():
+            raise HloError(f"line {number} is not an HLO instruction: {ln.strip()[:60]!r}")
     if current is not None:
         raise HloError(f"computation {cname} is not closed")
     if entry_name is None:
         raise HloError("no ENTRY computation")
+    _check_references(computations)
     return HloModule(module_name, computations, entry_name, head_attrs.get("is_scheduled") == "true", io_alias)
+
+
+def _check_references(computations: dict[str, Computation]) -> None:
+    """Every operand names an instruction of its computation and every called computation is
+    the module's (XLA prints no module that breaks either)."""
+    for comp in computations.values():
+        for inst in comp.instructions:
+            for operand in inst.operands:
+                if operand not in comp.by_name:
+                    raise HloError(f"instruction {inst.name} reads %{operand}, which computation {comp.name} "
+                                   "does not define")
+            for name in inst.called:
+                if name not in computations:
+                    raise HloError(f"instruction {inst.name} calls %{name}, which the module does not define")
 
 
 def _instruction(m: re.Match, computation: str, frames: dict[int, tuple]) -> Instruction:

@@ -23,14 +23,20 @@ the instruction's outputs and inputs live together.
 That live peak is XLA's figure on GPU. On CPU XLA computes no peak: its figure is the sum of the
 allocations (temp + arguments + outputs), and its temp is a heap into which buffer assignment packs
 the temporaries with gaps between them, larger than their live peak (gpt: 808,448 B against
-760,320 B). :func:`compiled_memory` reports both; :mod:`rematopt.xla.assignment` makes the heap.
+760,320 B). There :mod:`rematopt.xla.assignment` makes the heap, and the live peak, where it falls
+and what is live there are read from it (over the schedule flattened through loop bodies), not
+from this walk, which adds a loop body's peak on top of everything live at the loop (5.4% over on
+gpt_scan). :func:`compiled_memory` reports both.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from .assignment import ELEMENTWISE, assign, in_place_pairs
+import numpy as np
+
+from .assignment import ELEMENTWISE, Assignment, assign, in_place_pairs
+from .heap import live_at, occupancy
 from .hlo import POINTER_BYTES, HloModule, Instruction
 
 ALIASES = frozenset({"bitcast", "get-tuple-element", "tuple", "opt-barrier", "optimization-barrier"})
@@ -40,7 +46,11 @@ NO_BUFFER = frozenset({"constant", "after-all", "partition-id", "replica-id"})
 
 @dataclass(frozen=True)
 class Buffer:
-    """One array XLA allocates: written by ``instruction`` at shape index ``index``."""
+    """One array XLA allocates: written by ``instruction`` at shape index ``index``. ``id`` numbers
+    it in the walk, or for a CPU temporary is its value in the assignment
+    (:attr:`rematopt.xla.assignment.Assignment.values`, ``offsets``). On CPU an output's
+    allocation may hold a temporary before the output is written: ``holds`` is the one it holds
+    at the peak."""
 
     id: int
     instruction: str
@@ -49,11 +59,25 @@ class Buffer:
     kind: str  # "parameter", "output", "temp"; "caller" for a nested computation's parameters
     op_name: str = ""
     source: str = ""  # "file:line" of the innermost frame, where the metadata names one
+    holds: Buffer | None = None
+
+
+@dataclass(frozen=True)
+class Call:
+    """One instruction on the way from the entry to the computation the peak falls in: it
+    ``runs`` that computation ("body", "condition", "branch" or "call"); a while loop's
+    ``trip_count`` where XLA knows it. XLA reuses a body's buffers on every iteration, so a peak in a
+    body falls on each of them."""
+
+    instruction: str
+    computation: str
+    runs: str
+    trip_count: int | None = None
 
 
 @dataclass
 class CompiledMemory:
-    """The walk's result. ``peak_bytes`` is the figure to set beside XLA's own
+    """The compiled step's memory. ``peak_bytes`` is the figure to set beside XLA's own
     (:func:`xla_reference`): on GPU / TPU the live peak, on CPU the allocations XLA makes
     (parameters + outputs + ``heap_bytes``). ``heap_bytes`` (CPU only) is XLA's
     ``temp_size_in_bytes``: the heap its buffer assignment packs the temporaries into, gaps
@@ -62,10 +86,17 @@ class CompiledMemory:
     ``peak_bytes``; on CPU parameters + outputs + tuple tables + the heap's temporaries at their
     live peak (the heap without its gaps, over XLA's own live ranges, loop bodies included).
 
-    ``temp_peak_bytes``, ``peak_index`` (a position in ``schedule``), ``peak_instruction`` and
-    ``live`` (what is live there, largest first) locate the walk's own peak over the entry
-    computation, where a loop's body adds its peak at the loop (an upper bound there: gpt_scan's
-    walk reads 5.4% over its live peak)."""
+    Where ``live_peak_bytes`` falls: ``peak_instruction``, at ``peak_index`` in the schedule of
+    ``peak_computation``, run from the entry through ``peak_context`` (outermost first; empty in
+    the entry). ``live`` is every buffer live there, largest first, each of kind "parameter",
+    "output" or "temp" (XLA's arguments, outputs and temp): their bytes sum to
+    ``live_peak_bytes``, the temps' to ``temp_peak_bytes``. On GPU / TPU they come from the walk,
+    where a loop at the peak contributes its body's live buffers at the body's own peak; on CPU
+    from XLA's buffer assignment, the heap's temporaries as it holds them (a group of values
+    sharing an address counted once, at its size) and every temporary tuple table (each has an
+    allocation of its own); a temporary XLA houses in an output's allocation is counted as that
+    output (it is the output's ``holds``). ``timeline`` is the live bytes at each step of the schedule (GPU / TPU: the entry's;
+    CPU: the flattened one, loop bodies before their loop), ``peak_step`` the peak's step there."""
 
     peak_bytes: int
     peak_index: int
@@ -74,33 +105,131 @@ class CompiledMemory:
     output_bytes: int
     temp_peak_bytes: int
     live: list[Buffer]
-    timeline: list[int] = field(default_factory=list)  # live bytes after each schedule step's allocation
+    timeline: list[int] = field(default_factory=list)
     live_peak_bytes: int = 0
     heap_bytes: int | None = None
+    peak_computation: str = ""
+    peak_context: list[Call] = field(default_factory=list)
+    peak_step: int = 0
 
     def summary(self) -> dict:
         return {
             "peak_bytes": self.peak_bytes, "live_peak_bytes": self.live_peak_bytes, "heap_bytes": self.heap_bytes,
-            "peak_index": self.peak_index,
-            "peak_instruction": self.peak_instruction, "parameter_bytes": self.parameter_bytes,
+            "peak_index": self.peak_index, "peak_instruction": self.peak_instruction,
+            "peak_computation": self.peak_computation,
+            "peak_context": [{"instruction": c.instruction, "computation": c.computation, "runs": c.runs,
+                              "trip_count": c.trip_count} for c in self.peak_context],
+            "parameter_bytes": self.parameter_bytes,
             "output_bytes": self.output_bytes, "temp_peak_bytes": self.temp_peak_bytes,
-            "live": [{"instruction": b.instruction, "index": list(b.index), "bytes": b.bytes, "kind": b.kind,
-                      "op_name": b.op_name, "source": b.source} for b in self.live],
+            "live": [{**_entry(b), "holds": _entry(b.holds) if b.holds else None} for b in self.live],
         }
+
+    @property
+    def where(self) -> str:
+        """The peak's place in words: ``#12 fusion.3`` or ``#4 add.7 in the body of while.2 (2 iterations)``."""
+        out = f"#{self.peak_index} {self.peak_instruction}"
+        for call in reversed(self.peak_context):
+            trips = f" ({call.trip_count} iterations)" if call.trip_count is not None else ""
+            out += f" in the {call.runs} of {call.instruction}{trips}"
+        return out
+
+
+def _entry(b: Buffer) -> dict:
+    return {"instruction": b.instruction, "index": list(b.index), "bytes": b.bytes, "kind": b.kind,
+            "op_name": b.op_name, "source": b.source}
 
 
 def compiled_memory(module: HloModule, backend: str | None = None) -> CompiledMemory:
-    """Peak memory of the module's entry schedule, and what is live at the peak, counted as XLA
-    counts it on ``backend`` ("cpu", "gpu", "tpu"; by default the one the module was compiled for,
-    :func:`backend_of`); on CPU, also the heap XLA packs the temporaries into."""
+    """The compiled step's memory counted as XLA counts it on ``backend`` ("cpu", "gpu", "tpu"; by
+    default the one the module was compiled for, :func:`backend_of`): its figure, the live peak,
+    where that falls and what is live there; on CPU, also the heap XLA packs the temporaries into."""
     backend = backend or backend_of(module)
-    walk = _Walk(module, module.entry.name, entry=True).result("allocations" if backend == "cpu" else "pinned")
+    walk = _Walk(module, module.entry.name, entry=True)
     if backend != "cpu":
-        return replace(walk, live_peak_bytes=walk.peak_bytes)
-    done = assign(module)
-    fixed = walk.parameter_bytes + walk.output_bytes
-    return replace(walk, live_peak_bytes=fixed + done.heap.live_peak + done.table_bytes, heap_bytes=done.temp_bytes,
-                   peak_bytes=fixed + done.temp_bytes)
+        result = walk.result()
+        return replace(result, live_peak_bytes=result.peak_bytes)
+    return _heap_peak(module, walk.fixed(), assign(module))
+
+
+def _heap_peak(module: HloModule, fixed: list[Buffer], done: Assignment) -> CompiledMemory:
+    """CPU: the allocations XLA makes, and the live peak read from its buffer assignment: the
+    first tick of the heap simulator's clock at which the heap holds the most, the instruction
+    running then, and the heap's temporaries live then beside the parameters, the outputs (each
+    with the temporary its allocation holds then, if any) and the tuple tables. Where the heap
+    holds nothing, everything live is live throughout: the peak is put at the first step."""
+    at, after = occupancy(done.intervals), occupancy(done.intervals, after=True)
+    tick = int(at.argmax()) if at.size else None
+    step = done.ticks[tick] if tick is not None else done.schedule.index(module.schedule[0])
+    inst = done.schedule[step]
+    by_name = {i.name: i for i in done.schedule}
+
+    def value(v: int, nbytes: int | None = None) -> Buffer:
+        val = done.values[v]
+        return _buffer(by_name[val.instruction], v, val.index, val.bytes if nbytes is None else nbytes, "temp")
+
+    held = {}  # output (instruction, index) -> the temporary its allocation holds at the peak
+    for v, out in sorted(done.in_outputs.items(), key=lambda pair: done.ranges[pair[0]]):
+        if done.ranges[v][0] <= step <= done.ranges[v][1]:
+            held[done.values[out].instruction, done.values[out].index] = value(v)
+    heap = [(done.intervals[i].key, nbytes) for i, nbytes in (live_at(done.intervals, tick) if at.size else [])]
+    live = [replace(b, holds=held.get((b.instruction, b.index))) for b in fixed]
+    live += [value(v, nbytes) for v, nbytes in [*heap, *done.tables.items()]]
+    live.sort(key=lambda b: (-b.bytes, b.kind, b.instruction, b.index))
+    parameter_bytes = sum(b.bytes for b in fixed if b.kind == "parameter")
+    output_bytes = sum(b.bytes for b in fixed if b.kind == "output")
+    temp_peak = done.heap.live_peak + done.table_bytes
+    comp = module.computations[inst.computation]
+    return CompiledMemory(
+        peak_bytes=parameter_bytes + output_bytes + done.temp_bytes, peak_index=comp.instructions.index(inst),
+        peak_instruction=inst.name, parameter_bytes=parameter_bytes, output_bytes=output_bytes,
+        temp_peak_bytes=temp_peak, live=live,
+        timeline=_steps(done, at, after, parameter_bytes + output_bytes + done.table_bytes),
+        live_peak_bytes=parameter_bytes + output_bytes + temp_peak, heap_bytes=done.temp_bytes,
+        peak_computation=comp.name, peak_context=_context(module, done.callers, comp.name), peak_step=step)
+
+
+def _steps(done: Assignment, at: np.ndarray, after: np.ndarray, base: int) -> list[int]:
+    """Live bytes at each step of the flattened schedule: the most at any of its heap events, or
+    for a step without one, what the last event before it left."""
+    out, left = [], 0
+    ticks = {}
+    for k, pos in enumerate(done.ticks[:len(at)]):
+        ticks.setdefault(pos, []).append(k)
+    for pos in range(len(done.schedule)):
+        mine = ticks.get(pos, [])
+        out.append(base + (int(at[mine].max()) if mine else left))
+        left = int(after[mine[-1]]) if mine else left
+    return out
+
+
+def _context(module: HloModule, callers: dict[str, str], computation: str) -> list[Call]:
+    """The calls from the entry down to ``computation``, outermost first."""
+    by_name = {i.name: i for c in module.computations.values() for i in c.instructions}
+    out: list[Call] = []
+    while computation in callers and len(out) <= len(callers):
+        caller = by_name[callers[computation]]
+        out.append(Call(caller.name, caller.computation, _runs(caller, computation), _trip_count(caller)))
+        computation = caller.computation
+    return out[::-1]
+
+
+def _runs(caller: Instruction, computation: str) -> str:
+    if caller.opcode == "while":
+        return "condition" if caller.attrs.get("condition", "").lstrip("%") == computation else "body"
+    return "branch" if caller.opcode == "conditional" else "call"
+
+
+def _trip_count(inst: Instruction) -> int | None:
+    """A while loop's trip count where XLA knows it (its backend config's ``known_trip_count``)."""
+    n = inst.backend_config().get("known_trip_count", {}).get("n") if inst.opcode == "while" else None
+    return int(n) if n is not None else None
+
+
+def _buffer(inst: Instruction, id: int, index: tuple[int, ...], nbytes: int, kind: str) -> Buffer:
+    """A buffer of ``inst``, attributed to the program through its metadata."""
+    meta = inst.metadata
+    source = f"{meta.source_file}:{meta.source_line}" if meta.source_file else ""
+    return Buffer(id, inst.name, index, nbytes, kind, meta.op_name, source)
 
 
 def temporaries(module: HloModule) -> list[tuple[Buffer, int, int]]:
@@ -195,9 +324,7 @@ class _Walk:
     # -- which buffer each instruction's leaves live in ------------------------------------------
 
     def _new(self, inst: Instruction, index: tuple[int, ...], nbytes: int, kind: str) -> int:
-        meta = inst.metadata
-        source = f"{meta.source_file}:{meta.source_line}" if meta.source_file else ""
-        self.buffers.append(Buffer(len(self.buffers), inst.name, index, nbytes, kind, meta.op_name, source))
+        self.buffers.append(_buffer(inst, len(self.buffers), index, nbytes, kind))
         return len(self.buffers) - 1
 
     def _leaves_of(self, name: str, prefix: tuple[int, ...] = ()) -> dict[tuple[int, ...], int]:
@@ -245,10 +372,11 @@ class _Walk:
             used.update(self.of.get(operand, {}).values())
         return used
 
-    def ranges(self) -> tuple[dict[int, tuple[int, int]], dict[int, list[int]], set[int], set[int], list[int]]:
+    def ranges(self) -> tuple[dict[int, tuple[int, int]], dict[int, list[int]], set[int], set[int],
+                              list[CompiledMemory | None]]:
         """Each temporary's live range ``(first, last)`` in schedule positions; ``{new: donors}``
-        where an elementwise kernel may write ``new`` into a dying operand's memory; the pinned output buffers; the parameters; and what nested bodies
-        add at each position."""
+        where an elementwise kernel may write ``new`` into a dying operand's memory; the pinned output
+        buffers; the parameters; and at each position the walk of a body run there, at its peak."""
         schedule = self.comp.instructions
         pinned = set(self.of.get(self.comp.root.name, {}).values())
         params = {b.id for b in self.buffers if b.kind in ("parameter", "caller")}
@@ -261,7 +389,7 @@ class _Walk:
                 last_use[b] = pos
         span: dict[int, tuple[int, int]] = {}
         shares: dict[int, list[int]] = {}
-        nested = []
+        nested: list[CompiledMemory | None] = []
         for pos, inst in enumerate(schedule):
             nested.append(self._nested_peak(inst))
             new = [b for b in dict.fromkeys(self.of[inst.name].values())
@@ -274,64 +402,60 @@ class _Walk:
                     shares[b] = donors
         return span, shares, pinned, params, nested
 
-    def result(self, outputs: str = "pinned") -> CompiledMemory:
-        """``outputs="pinned"``: outputs own their memory from the start (XLA's GPU figure);
-        ``"allocations"``: XLA's CPU accounting, where a temporary may live in an output's allocation
-        before the output is written (see :func:`cpu_allocations`); ``"defined"``: each output
-        from the kernel writing it (a graph's accounting, where an output is a value like any)."""
+    def fixed(self) -> list[Buffer]:
+        """The entry's parameters and outputs (an output that is a parameter once), and the
+        output tuple's pointer tables: what is live throughout."""
+        pinned = set(self.of.get(self.comp.root.name, {}).values())
+        out = [replace(b, kind="output") if b.id in pinned and b.kind == "temp" else b
+               for b in self.buffers if b.bytes and (b.id in pinned or b.kind == "parameter")]
+        tables = POINTER_BYTES * sum(self.comp.root.shape.tuple_tables)
+        if tables:
+            out.append(_buffer(self.comp.root, len(self.buffers), (), tables, "output"))
+        return out
+
+    def result(self) -> CompiledMemory:
+        """The walk's peak: outputs own their memory from the start (XLA's GPU figure); a nested
+        body's peak is added at its call, and where the peak falls there it is located at the
+        body's own peak, with the body's live temporaries."""
         schedule = self.comp.instructions
         span, shares, pinned, params, nested = self.ranges()
         sizes = {b.id: b.bytes for b in self.buffers}
-        param_bytes = sum(sizes[b] for b in params) if self.entry else 0
-        out_bytes = sum(sizes[b] for b in pinned if b not in params) if self.entry else 0
-        if self.entry and self.comp.root.shape.is_tuple:
-            out_bytes += POINTER_BYTES * sum(self.comp.root.shape.tuple_tables)
-        housed: set[int] = set()
-        if outputs == "allocations" and self.entry:
-            outs = pinned - params
-            housed = cpu_allocations(span, shares, {b: sizes[b] for b in outs}, self._defined_positions(outs),
-                                      sizes, len(schedule), self._operand_buffers(), self._post_order())
+        fixed = self.fixed() if self.entry else []
         delta = [0] * (len(schedule) + 1)
         for b, (first, last) in span.items():
-            if b in housed:
-                continue
             delta[first] += sizes[b]
             delta[last + 1] -= sizes[b]
-        if outputs == "defined" and self.entry:  # each output from the kernel writing it
-            at = self._defined_positions(pinned - params)
-            for b, pos in at.items():
-                delta[pos] += sizes[b]
-            out_bytes -= sum(sizes[b] for b in at)
         taken: set[int] = set()
         for b, donors in shares.items():  # the two occupy one buffer where they meet
-            donor = next((d for d in donors if d not in housed and d not in taken), None)
-            if b not in housed and donor is not None:
+            donor = next((d for d in donors if d not in taken), None)
+            if donor is not None:
                 taken.add(donor)
                 first = span[b][0]
                 delta[first] -= sizes[b]
                 delta[first + 1] += sizes[b]
-        fixed = param_bytes + out_bytes
+        base = sum(b.bytes for b in fixed)
         current, timeline = 0, []
         for pos in range(len(schedule)):
             current += delta[pos]
-            timeline.append(fixed + current + nested[pos])
-        peak_pos = max(range(len(timeline)), key=timeline.__getitem__) if timeline else 0
-        peak = timeline[peak_pos] if timeline else fixed
-        live_ids = {b for b, (first, last) in span.items() if first <= peak_pos <= last and b not in housed}
-        if self.entry:
-            live_ids |= pinned | params
-        shown = []
-        for b in live_ids:
-            buf = self.buffers[b]
-            if buf.bytes:
-                kind = "output" if b in pinned and buf.kind == "temp" else buf.kind
-                shown.append(Buffer(buf.id, buf.instruction, buf.index, buf.bytes, kind, buf.op_name, buf.source))
-        shown.sort(key=lambda b: (-b.bytes, b.id))
+            timeline.append(base + current + (nested[pos].temp_peak_bytes if nested[pos] else 0))
+        pos = max(range(len(timeline)), key=timeline.__getitem__) if timeline else 0
+        peak = timeline[pos] if timeline else base
+        live = fixed + [self.buffers[b] for b, (first, last) in span.items() if first <= pos <= last and sizes[b]]
+        where = nested[pos] if nested[pos] and nested[pos].temp_peak_bytes else None
+        if where is not None:  # the peak falls inside a body run here
+            inst = schedule[pos]
+            live += where.live
+            called = where.peak_context[0].computation if where.peak_context else where.peak_computation
+            call = Call(inst.name, self.comp.name, _runs(inst, called), _trip_count(inst))
+            where = replace(where, peak_context=[call, *where.peak_context])
+        live.sort(key=lambda b: (-b.bytes, b.kind, b.instruction, b.index))
         return CompiledMemory(
-            peak_bytes=max(peak, fixed), peak_index=peak_pos,
-            peak_instruction=schedule[peak_pos].name if schedule else "",
-            parameter_bytes=param_bytes, output_bytes=out_bytes, temp_peak_bytes=max(peak - fixed, 0),
-            live=shown, timeline=timeline)
+            peak_bytes=max(peak, base), peak_index=where.peak_index if where else pos,
+            peak_instruction=where.peak_instruction if where else schedule[pos].name if schedule else "",
+            parameter_bytes=sum(b.bytes for b in fixed if b.kind == "parameter"),
+            output_bytes=sum(b.bytes for b in fixed if b.kind == "output"), temp_peak_bytes=max(peak - base, 0),
+            live=live, timeline=timeline, peak_computation=where.peak_computation if where else self.comp.name,
+            peak_context=where.peak_context if where else [], peak_step=pos)
 
     def _post_order(self) -> dict[int, int]:
         """buffer -> its instruction's position in a post order from the root (XLA breaks ties
@@ -378,15 +502,14 @@ class _Walk:
                     found.append(b)
         return found
 
-    def _nested_peak(self, inst: Instruction) -> int:
-        """What a while / conditional / call body allocates beyond its operands, at its own peak."""
+    def _nested_peak(self, inst: Instruction) -> CompiledMemory | None:
+        """The walk of the while / conditional / call body that allocates the most beyond its
+        operands, at its own peak."""
         if inst.opcode not in ("while", "conditional", "call") or self.depth > 16:
-            return 0
-        peaks = [0]
-        for name in inst.called:
-            if name in self.module.computations:
-                peaks.append(_Walk(self.module, name, entry=False, depth=self.depth + 1).result().temp_peak_bytes)
-        return max(peaks)
+            return None
+        walks = [_Walk(self.module, name, entry=False, depth=self.depth + 1).result()
+                 for name in inst.called if name in self.module.computations]
+        return max(walks, key=lambda w: w.temp_peak_bytes, default=None)
 
 
 def may_write_into_operand(module: HloModule, inst: Instruction) -> bool:

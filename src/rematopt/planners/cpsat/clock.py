@@ -1,24 +1,26 @@
 """When a solve, or a part of one, started and must end: one frozen record
 passed down, each part given a clock of its own (:meth:`Clock.until`)
-rather than a rewritten time limit, so the settings keep the user's."""
+rather than a rewritten time limit, so the settings keep the user's. Its
+times are the run's :mod:`..meter`'s: wall seconds, or deterministic ones."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, replace
+
+from ..meter import now
 
 
 @dataclass(frozen=True)
 class Clock:
-    """``time.perf_counter()`` values: ``start`` and ``end``."""
+    """``start`` and ``end``, on the run's meter (:func:`..meter.now`)."""
 
     start: float
     end: float
 
     @classmethod
     def starting_now(cls, limit: float) -> "Clock":
-        now = time.perf_counter()
-        return cls(now, now + limit)
+        at = now()
+        return cls(at, at + limit)
 
     @property
     def limit(self) -> float:
@@ -30,10 +32,10 @@ class Clock:
         return self.start + share * self.limit
 
     def elapsed(self) -> float:
-        return time.perf_counter() - self.start
+        return now() - self.start
 
     def left(self) -> float:
-        return self.end - time.perf_counter()
+        return self.end - now()
 
     def until(self, end: float) -> "Clock":
         """The same start, ending at ``end``."""

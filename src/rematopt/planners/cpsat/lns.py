@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import random
 import tempfile
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -30,6 +29,7 @@ from ortools.sat import cp_model_pb2
 from ortools.sat.python import cp_model
 
 from ...simulate import simulate
+from ..meter import meter, now
 from ..staged.backends import STATUS, stopped_early, tune
 from ..staged.backends import solver_takes_ctrl_c
 from ..staged.model import Model
@@ -277,8 +277,8 @@ def improve(model: Model, start: Assignment, *, deadline: float, workers: int, s
             budget: int | None = None, stop: Interrupt | None = None, width: int | None = None,
             on_improve: Callable[[Assignment], None] | None = None, cones: bool = True,
             tuning: Tuning = TUNING) -> Result:
-    """LNS from ``start`` (admissible in ``model``) until ``deadline`` (a
-    ``time.perf_counter()`` value), ``tuning.max_windows`` windows, a window covering every stage is solved
+    """LNS from ``start`` (admissible in ``model``) until ``deadline`` (on the
+    run's :mod:`..meter`), ``tuning.max_windows`` windows, a window covering every stage is solved
     to optimality, or a Ctrl-C (``stop``). Windows slide by half their
     width, skipping those that cannot improve (overhead: no recompute or
     transfer cost inside; peak: a slot at the peak outside) and those
@@ -290,7 +290,7 @@ def improve(model: Model, start: Assignment, *, deadline: float, workers: int, s
     ``budget``; ``on_improve`` hears of each one. With ``cones`` (overhead
     only), every other window is a value's cone instead (:func:`cone`):
     values and their whole lives, however far apart their stages."""
-    began = time.perf_counter()
+    began = now()
     if deadline - began < tuning.min_window_s:  # no window would start: build nothing
         before = model.objective_of(start)
         return Result(start, before, before, (), False, 0.0)
@@ -330,7 +330,7 @@ def improve(model: Model, start: Assignment, *, deadline: float, workers: int, s
         return status, took
 
     while not (stop is not None and stop.requested):
-        left = deadline - time.perf_counter()
+        left = deadline - now()
         if left < tuning.min_window_s or len(windows) == tuning.max_windows:
             break
         tried += 1
@@ -380,7 +380,7 @@ def improve(model: Model, start: Assignment, *, deadline: float, workers: int, s
                 w = min(T, max(w + 1, round(w * GROWTH)))
         else:
             w = max(1, round(w / GROWTH))
-    return Result(best, before, best_obj, tuple(windows), exhausted, time.perf_counter() - began)
+    return Result(best, before, best_obj, tuple(windows), exhausted, now() - began)
 
 
 def cone(model: Model, hood: Neighbourhoods, best: Assignment, rng: random.Random, target: int) -> set[int]:
@@ -476,13 +476,13 @@ def _solve(sub: cp_model.CpModel, limit: float, workers: int, seed: int, stop: I
     """One window's search: its status, the free variables' values, seconds."""
     solver = cp_model.CpSolver()
     tune(solver.parameters, max(limit, 0.01), workers, seed, lp_heavy=True)
-    began = time.perf_counter()
+    began = now()
     with solver_takes_ctrl_c(solver.parameters, stop is not None):
-        status = solver.solve(sub)
+        status = meter().solve(solver, sub)
     if stop is not None and stopped_early(solver, status, limit):
         stop.requested = True
     sol = list(solver.response_proto.solution) if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) else None
-    return STATUS.get(status, "UNKNOWN"), sol, time.perf_counter() - began
+    return STATUS.get(status, "UNKNOWN"), sol, now() - began
 
 
 def wanted(setting: str, model: Model) -> bool:
@@ -495,7 +495,7 @@ def round_context(ctx: Context, model: Model) -> Context:
     ending ``lns_share`` of the time left earlier when LNS will follow."""
     if not wanted(ctx.cfg.lns, model):
         return ctx
-    return replace(ctx, clock=ctx.clock.until(time.perf_counter() + (1 - ctx.tuning.lns_share) * ctx.left()))
+    return replace(ctx, clock=ctx.clock.until(now() + (1 - ctx.tuning.lns_share) * ctx.left()))
 
 
 def after_rounds(ctx: Context, done: Round, lower: int | None) -> tuple[Round, dict[str, Any] | None]:
@@ -507,7 +507,7 @@ def after_rounds(ctx: Context, done: Round, lower: int | None) -> tuple[Round, d
     proven = done.status == cp_model.OPTIMAL or (lower is not None and done.objective <= lower)
     t = ctx.tuning
     deadline = ctx.clock.end - t.lns_margin_s
-    if best is None or proven or not wanted(ctx.cfg.lns, model) or time.perf_counter() + t.min_window_s > deadline:
+    if best is None or proven or not wanted(ctx.cfg.lns, model) or now() + t.min_window_s > deadline:
         return done, None
     res = improve(model, best, deadline=deadline, workers=ctx.cfg.workers, seed=ctx.cfg.seed, budget=ctx.cfg.budget,
                   stop=ctx.stop, tuning=t, on_improve=lambda a: ctx.trace.solution(

@@ -22,6 +22,7 @@ from ...plan import Plan
 from ...reference import peak_lower_bound
 from ...simulate import simulate
 from ...stats import Stats
+from ..meter import now
 from ..staged.bounds import AFTER, PROBES, Question, ask
 from ..staged.units import memory_unit
 from .clock import Clock
@@ -122,10 +123,10 @@ def after_bounds(ctx: Context, u: Units, peak: int, lower: int, limit: float
         return []
     g, cfg = ctx.graph, ctx.cfg
     q = ctx.question("peak", None)
-    deadline = time.perf_counter() + limit
+    deadline = now() + limit
     found = []
     for level in AFTER:
-        r = ask(g, q, level, workers=cfg.workers, seed=cfg.seed, time_limit=deadline - time.perf_counter(),
+        r = ask(g, q, level, workers=cfg.workers, seed=cfg.seed, time_limit=deadline - now(),
                 interruptible=True)
         found.append((level, r.status, r.seconds, None if r.bound is None else u.bytes(r.bound)))
         if r.interrupted:
@@ -156,17 +157,17 @@ def decide(ctx: Context, q0: Question, u: Units, cap: int, limit: float, rounds:
     (``rounds`` with the budget ``cap``, its own warm start, depths and
     proofs): a plan within the caps says yes; its INFEASIBLE, or a
     whole-space cost bound above the overhead cap, says no."""
-    began = time.perf_counter()
+    began = now()
     deadline = began + limit
     cfg, g, q = ctx.cfg, ctx.graph, replace(q0, cap_units=cap)
     below = q0.overhead_cap if q0.overhead_cap is not None else ANY_PLAN
 
     def probe(verdict: str, by: str | None, peak: int | None = None, bound: int | None = None) -> Probe:
-        return Probe(u.bytes(cap), verdict, by, peak, bound, time.perf_counter() - began, ctx.elapsed())
+        return Probe(u.bytes(cap), verdict, by, peak, bound, now() - began, ctx.elapsed())
 
     for level in PROBES:
         r = ask(g, q, level, below=below, workers=cfg.workers, seed=cfg.seed,
-                time_limit=min(deadline - time.perf_counter(), ctx.tuning.probe_level_share[level] * limit),
+                time_limit=min(deadline - now(), ctx.tuning.probe_level_share[level] * limit),
                 interruptible=True)
         if r.interrupted:
             ctx.stop.requested = True
@@ -175,11 +176,11 @@ def decide(ctx: Context, q0: Question, u: Units, cap: int, limit: float, rounds:
             return probe("no", Source(level), bound=u.bytes(cap + 1)), None
         if r.status == "SKIPPED":
             break
-    left = deadline - time.perf_counter()
+    left = deadline - now()
     if left < 0.5:
         return probe("unknown", None), None
     clock = Clock.starting_now(left)
-    sub = replace(ctx, clock=clock, trace=Trace(clock.start),
+    sub = replace(ctx, clock=clock, trace=Trace(time.perf_counter()),
                   cfg=replace(cfg, objective="overhead", budget=u.bytes(cap), max_overhead=None, lp_bound=False,
                               log_path=None, progress=False, export_model=None))
     found = rounds(sub)

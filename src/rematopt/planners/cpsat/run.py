@@ -19,6 +19,7 @@ from ...plan import Plan
 from ...reference import no_remat_peak, peak_lower_bound
 from ...simulate import Replay, simulate
 from ...stats import Stats
+from ..meter import Meter, metered, now, past
 from ..staged.backends import STATUS, LpBackend
 from ..staged.bounds import AFTER, BOUNDS, PROOFS, Question, WholeBound, ask
 from ..staged.limits import Limits
@@ -65,12 +66,41 @@ def run(graph: Graph, cfg: Settings) -> Plan:
     """Solve with Ctrl-C deferred: during the search CP-SAT stops itself and
     hands back its best solution; elsewhere (warm start, building a round's
     model) a SIGINT only marks the run stopped, and the run ends at the next
-    checkpoint with the best plan so far."""
-    ctx = context(graph, cfg)
-    with deferred_sigint(ctx.stop):
-        if cfg.objective == "peak":  # the rounds, then the bisection that proves the peak
-            return over_all_plans(graph, cfg.budget, cfg.objective, cfg.offload, peak.run(ctx, _run, admit))
-        return over_all_plans(graph, cfg.budget, cfg.objective, cfg.offload, bounded(ctx))
+    checkpoint with the best plan so far. The time is read from a
+    :class:`~..meter.Meter`: with ``deterministic_time``, the deterministic
+    time of the run's CP-SAT solves, the wall clock only its outer bound;
+    the plan's ``stopped_by`` says which limit ended the run (:func:`limits`)."""
+    m = Meter() if cfg.deterministic_time is None else Meter(cfg.deterministic_time,
+                                                             time.perf_counter() + cfg.time_limit)
+    with metered(m):
+        ctx = context(graph, cfg)
+        with deferred_sigint(ctx.stop):
+            if cfg.objective == "peak":  # the rounds, then the bisection that proves the peak
+                plan = peak.run(ctx, _run, admit)
+            else:
+                plan = bounded(ctx)
+    plan = over_all_plans(graph, cfg.budget, cfg.objective, cfg.offload, plan)
+    plan.stats = plan.stats.with_details(**limits(cfg, m, ctx.stop.requested, plan.stats))
+    return plan
+
+
+def limits(cfg: Settings, m: Meter, interrupted: bool, st: Stats) -> dict[str, Any]:
+    """The plan's record of its limits: the limits the run had, the deterministic time
+    it spent, and which ended it (``stopped_by``: ``time_limit``,
+    ``deterministic_time``, ``interrupt``, or None where it proved its
+    answer first, over every plan or over the staged space: ``optimal_in``,
+    ``infeasible_in``); ``deterministic``: whether the run is the one
+    ``deterministic_time`` makes on any load (not when the wall clock cut it)."""
+    proven = st["status"] in ("OPTIMAL", "INFEASIBLE") or bool(st.get("optimal_in") or st.get("infeasible_in"))
+    if interrupted:
+        by = "interrupt"
+    elif m.wall_ran_out or (not m.deterministic and not proven):
+        by = "time_limit"
+    else:
+        by = None if proven else "deterministic_time"
+    return {"time_limit": cfg.time_limit, "deterministic_time": cfg.deterministic_time,
+            "deterministic_spent": round(m.spent, 3) if m.deterministic else None, "stopped_by": by,
+            "deterministic": m.deterministic and not m.wall_ran_out and not interrupted}
 
 
 def bounded(ctx: Context) -> Plan:
@@ -121,11 +151,12 @@ def bounded(ctx: Context) -> Plan:
 
 def context(graph: Graph, cfg: Settings) -> Context:
     """What every round of a solve starting now shares: the full staged
-    space and the cost scale (:func:`..staged.units.cost_scale`)."""
-    clock = Clock.starting_now(cfg.time_limit)
+    space and the cost scale (:func:`..staged.units.cost_scale`); its clock
+    is the run's meter's (deterministic seconds, with ``deterministic_time``)."""
+    clock = Clock.starting_now(cfg.time_limit if cfg.deterministic_time is None else cfg.deterministic_time)
     full = Stages(graph, cfg.offload)
-    return Context(graph, cfg, cost_scale(graph, full, cfg.transfer_cost_per_byte), full, clock, Trace(clock.start),
-                   Interrupt())
+    return Context(graph, cfg, cost_scale(graph, full, cfg.transfer_cost_per_byte), full, clock,
+                   Trace(time.perf_counter()), Interrupt())
 
 
 def outside_plan(ctx: Context, deadline: float) -> tuple[Outside | None, Lowest | None]:
@@ -215,11 +246,11 @@ def budget_sweep(ctx: Context, plans: list[tuple[Plan, Replay]], deadline: float
     found: list[tuple[Plan, Replay]] = []
     for step in range(SWEEP_STEPS):
         mid = (lo + hi) // 2
-        now = time.perf_counter()
-        if mid <= lo or (deadline is not None and now > deadline):
+        at = now()
+        if mid <= lo or (deadline is not None and past(deadline)):
             break
         # each step gets its share of what is left (half of it kept for the rest)
-        share = None if deadline is None else now + (deadline - now) / (2 * (SWEEP_STEPS - step))
+        share = None if deadline is None else at + (deadline - at) / (2 * (SWEEP_STEPS - step))
         got = fast_plans(g, mid, deadline=share, planners=FIRST, **kw)
         found += got
         fits = [r.peak_bytes for p, r in got if r.peak_bytes <= mid and admit(ctx, p, r, p.planner)]
@@ -263,7 +294,7 @@ def warm_start(ctx: Context, model: Model, outside: Outside | None, spent: float
             found.append((model.objective_of(a), name, a))
             ctx.trace.solution("primary", model.to_units(found[-1][0]), None)
 
-    deadline = time.perf_counter() + warm_start_share(ctx.graph, ctx.tuning) * ctx.clock.limit - spent
+    deadline = now() + warm_start_share(ctx.graph, ctx.tuning) * ctx.clock.limit - spent
     if outside is not None:
         consider(from_plan(model.form, outside.plan), outside.name)
     # its deadline is checked between rounds, and one round took 3 minutes on
@@ -317,11 +348,11 @@ def relaxation_proof(ctx: Context, q: Question, model: Model, best: Assignment |
     depth 1; the full model took 8 s). Returns the attempts, the whole-space
     lower bound raised by what they prove, and whether the space is empty."""
     obj = model.objective_of(best) if best is not None else ANY_PLAN + 1
-    deadline = time.perf_counter() + proof_time(ctx.elapsed(), ctx.clock.limit, proof_s, ctx.tuning)
+    deadline = now() + proof_time(ctx.elapsed(), ctx.clock.limit, proof_s, ctx.tuning)
     attempts: list[Proof] = []
     empty = False
     for level in PROOFS:
-        left = deadline - time.perf_counter()
+        left = deadline - now()
         proven = best is not None and lower is not None and obj <= lower
         if ctx.stop.requested or proven or empty or left < 0.05:
             break
@@ -358,7 +389,7 @@ def rounded_down_proof(ctx: Context, done: Round | None, lower: int | None, outs
         hint = from_plan(down.form, events(done.model.form, done.best))
         if hint is not None and down.admissible(hint):
             down.hint(hint)
-    began = time.perf_counter()
+    began = now()
     r = solve_model(ctx, down, "rounded-down", ctx.left())
     empty = r.status == cp_model.INFEASIBLE
     bound = None
@@ -370,7 +401,7 @@ def rounded_down_proof(ctx: Context, done: Round | None, lower: int | None, outs
         found = admit(ctx, plan, simulate(ctx.graph, plan), Source.ROUNDED_DOWN.value)
         if found is not None and (outside is None or found.objective < outside.objective):
             outside = found
-    proof = Proof(Source.ROUNDED_DOWN, None, STATUS.get(r.status, "UNKNOWN"), time.perf_counter() - began,
+    proof = Proof(Source.ROUNDED_DOWN, None, STATUS.get(r.status, "UNKNOWN"), now() - began,
                   ctx.elapsed(), None if bound is None else down.to_units(bound))
     return proof, lower, empty, outside
 
@@ -493,17 +524,17 @@ def search_rounds(ctx: Context, q: Question, whole: WholeBound, outside: Outside
             proven = last.best is not None and lower is not None and last.objective <= lower
             if not ctx.stop.requested and wants_optimality_proof(last, proven, proof_at):
                 # a restricted round's optimum may be the whole space's: ask the relaxations
-                began = time.perf_counter()
+                began = now()
                 done_proofs, lower, _ = relaxation_proof(ctx, q, last.model, last.best, lower, proof_s)
                 proofs += done_proofs
-                proof_s += time.perf_counter() - began
+                proof_s += now() - began
                 proof_at = last.objective
             if not ctx.stop.requested and wants_emptiness_proof(last, asked_empty):
                 # a restricted space is empty: the relaxations may show that the whole one is
-                began = time.perf_counter()
+                began = now()
                 done_proofs, lower, empty = relaxation_proof(ctx, q, last.model, None, lower, proof_s)
                 proofs += done_proofs
-                proof_s += time.perf_counter() - began
+                proof_s += now() - began
                 asked_empty = True
                 if empty:
                     break

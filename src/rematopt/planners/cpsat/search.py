@@ -7,7 +7,6 @@ result is immutable; what carries over between rounds is decided by
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -17,6 +16,7 @@ from ...errors import PlannerError
 from ...graph import Graph
 from ...plan import Plan
 from ...reference import no_remat_peak
+from ..meter import meter
 from ..staged.backends import CpSatBackend, solver_takes_ctrl_c, stopped_early, tune
 from ..staged.bounds import Question, question
 from ..staged.model import Model, OutOfTime, add_tie_break, build
@@ -143,7 +143,7 @@ def solve_model(ctx: Context, model: Model, phase: str, limit: float, stop_at: i
     solver.best_bound_callback = lambda b: ctx.trace.new_bound(phase, to_units(b))
     with live_progress(ctx.trace, cfg.progress and phase in ("primary", "fit")), solver_takes_ctrl_c(prm):
         callback = SolutionCallback(ctx.trace, phase, to_units, stop_at)
-        status = solver.solve(model.backend.model, callback)
+        status = meter().solve(solver, model.backend.model, callback)
     if stopped_early(solver, status, limit) and not callback.stopped:
         ctx.stop.requested = True
     if status == cp_model.MODEL_INVALID:

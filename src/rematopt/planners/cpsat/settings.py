@@ -39,6 +39,10 @@ class Options:
     max_clone_expansion: float | None = option(None, "compute events <= X x compute nodes (0: unbounded).",
                                                minimum=0, finite=True)
     time_limit: float = option(60.0, "solver time limit, seconds.", minimum=0, finite=True)
+    deterministic_time: float | None = option(None, "also stop after this much of CP-SAT's deterministic time "
+                                              "(its seconds-like units), on one worker: the same plan and bounds "
+                                              "whatever the machine's load; the time limit still ends it first "
+                                              "if it comes first.", minimum=0, finite=True)
     workers: int = option(0, "solver threads (default: all cores).", minimum=0)
     seed: int = option(0, "solver random seed.")
     hint: Plan | None = option(None, "a plan to start the solver from (a plan file; it must replay on GRAPH).",
@@ -78,7 +82,8 @@ class Settings:
     transfer_cost_per_byte: float
     max_overhead: float | None
     max_clone_expansion: float | None
-    time_limit: float
+    time_limit: float  # wall seconds: the outer bound
+    deterministic_time: float | None  # CP-SAT's deterministic seconds (one worker), or None: the wall clock alone
     workers: int
     seed: int
     hint: Plan | None
@@ -98,8 +103,12 @@ class Settings:
         if objective == "overhead" and budget is None:
             raise PlannerError("cpsat: --objective overhead needs a budget (--budget or --budget-ratio)")
         per_byte = 1.0 / o.host_bandwidth if o.host_bandwidth is not None else float(o.transfer_cost_per_byte or 0.0)
+        if o.deterministic_time is not None and o.workers > 1:
+            raise PlannerError(f"cpsat: --deterministic-time runs one worker (a result that does not depend on "
+                               f"the machine's load), not --workers {o.workers}")
+        workers = 1 if o.deterministic_time is not None else o.workers or os.cpu_count() or 1
         return cls(objective, budget, o.offload, per_byte, o.max_overhead, o.max_clone_expansion or None,
-                   float(o.time_limit), o.workers or os.cpu_count() or 1, o.seed, o.hint, o.warm_start, o.log_path,
+                   float(o.time_limit), o.deterministic_time, workers, o.seed, o.hint, o.warm_start, o.log_path,
                    o.progress, o.lp_bound, None if o.recompute_depth == "auto" else o.recompute_depth,
                    o.export_model, o.lns, o.tuning or TUNING)
 

@@ -7,7 +7,6 @@ cost on the benchmark graphs)."""
 
 from __future__ import annotations
 
-import time
 import warnings
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence, TypeVar
 
@@ -16,6 +15,7 @@ from ...plan import Plan
 from ...simulate import Replay, simulate
 from .. import available, get, options_class
 from ..dead_code import without_dead_computations
+from ..meter import now, past
 from ..options import names
 from .tuning import Tuning
 
@@ -69,12 +69,12 @@ def fast_plans(graph: Graph, budget: int | None, options: dict[str, Any] | None 
     for ``budget``, whether or not they meet it, each with its replay (a
     planner's own claims are never trusted), each handed to ``on_plan`` as
     soon as it is made. A planner that fails on this graph is skipped, and
-    none starts after ``deadline`` (a ``time.perf_counter()`` value)."""
+    none starts after ``deadline`` (on the run's :mod:`..meter`)."""
     plans = []
     for name in fast_planners():
         if planners is not None and name not in planners:
             continue
-        if deadline is not None and time.perf_counter() > deadline:
+        if deadline is not None and past(deadline):
             break
         if name in NEXT and graph.n < NEXT_MIN_NODES:
             continue
@@ -82,7 +82,7 @@ def fast_plans(graph: Graph, budget: int | None, options: dict[str, Any] | None 
             break  # the rest take minutes there (chen-greedy: 141 s on the 99,847-node chain)
         run_options = dict(options or {})
         if deadline is not None and "time_limit" in names(options_class(name)):  # dtr: a time limit of its own
-            left = max(0.0, deadline - time.perf_counter())
+            left = max(0.0, deadline - now())
             # dtr's victim search is quadratic: on the 99,847-node chain it ran out of any share
             # and finished over budget; leave rotor, which comes next there, half of it
             later = [n for n in NEXT if n in names_left(planners, name)] if graph.n >= NEXT_MIN_NODES else []
@@ -176,16 +176,15 @@ def staged_eviction(form: "Formulation", max_rounds: int = 10_000,
     resident there: each is recomputed too if it can be from kept values,
     else kept alive until then (which may cost memory at this slot). Values
     go cheapest recompute cost per byte saved first, until the excess is
-    covered. None if it gets stuck or runs past ``deadline`` (a
-    ``time.perf_counter()`` value: on a 2,000-node decoder a round takes
-    seconds)."""
+    covered. None if it gets stuck or runs past ``deadline`` (on the run's
+    :mod:`..meter`: on a 2,000-node decoder a round takes seconds)."""
     from ..staged.solution import canonical
 
     ix, g, size = form.ix, form.graph, form.size
     pos = ix.pos
     R = {(ix.first[i], i) for i in g.compute_ids}
     for _ in range(max_rounds):
-        if deadline is not None and time.perf_counter() > deadline:
+        if deadline is not None and past(deadline):
             return None
         a = canonical(form, R, set(), set())
         if a is None:

@@ -32,6 +32,7 @@ from ...plan import Plan, PlanBuilder
 from ...reference import no_remat_peak
 from ...simulate import cost_of_counts
 from ...stats import Stats
+from ..meter import now
 from ..options import option, parse
 from . import options as stage_options
 from .chain import Chain, from_graph, from_table
@@ -92,12 +93,12 @@ def stage_options_of(chain: Chain, deadline: float, workers: int, around: float 
     # in proportion to its stages
     kinds = sorted(by_kind.values(), key=len, reverse=True)
     for n, ks in enumerate(kinds):
-        now = time.perf_counter()
-        if now > deadline:
+        at = now()
+        if at > deadline:
             break
         rep = ks[len(ks) // 2]
         share = len(ks) / sum(len(x) for x in kinds[n:])
-        solved = stage_options.solved(chain, rep, now + (deadline - now) * share, workers, around=around)
+        solved = stage_options.solved(chain, rep, at + (deadline - at) * share, workers, around=around)
         for k in ks:
             out[k] = out[k] + stage_options.for_kind(chain, rep, solved, k)
     return out
@@ -118,7 +119,7 @@ def plan(graph: Graph, budget: int | None, options: dict[str, Any]) -> Plan:
     start = time.perf_counter()
     chain = chain_of(graph)
     cap = no_remat_peak(graph) if budget is None else budget
-    opt_deadline = start + min(OPTIONS_SHARE * opts.time_limit, OPTIONS_S_PER_NODE * graph.n)
+    opt_deadline = now() + min(OPTIONS_SHARE * opts.time_limit, OPTIONS_S_PER_NODE * graph.n)
     workers = opts.workers or os.cpu_count() or 1
     pieces = Pieces(chain, stage_options_of(chain, opt_deadline, workers, kept_share(chain, cap)))
     window = window_for(chain.length + 1)

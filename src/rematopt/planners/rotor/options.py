@@ -14,7 +14,6 @@ the other stages of the kind by the canonical order of their members.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 
 from ...graph import Graph, Node
@@ -103,6 +102,7 @@ def solved(chain: Chain, k: int, deadline: float, workers: int = 1, depth: int |
     asks for) first; what is not solved before ``deadline`` is not offered."""
     from ortools.sat.python import cp_model
 
+    from ..meter import meter, now
     from ..staged.backends import CpSatBackend, tune
     from ..staged.model import INF, OutOfTime, build
     from ..staged.solution import Assignment, events
@@ -156,13 +156,13 @@ def solved(chain: Chain, k: int, deadline: float, workers: int = 1, depth: int |
                 cp.add_hint(var, val)
         solver = cp_model.CpSolver()
         tune(solver.parameters, limit, workers, lp_heavy=False)
-        status = solver.solve(cp)
+        status = meter().solve(solver, cp)
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             return None
         return Assignment.from_values(form, lambda v: solver.value(v))
 
     for n, (share, low_peak) in enumerate(order):
-        left = deadline - time.perf_counter()
+        left = deadline - now()
         if left < MIN_SOLVE_S / 2:
             break
         cap = math.floor(share * total / form.unit) - const

@@ -15,6 +15,8 @@ from typing import Any, Iterator
 from ortools.linear_solver import pywraplp
 from ortools.sat.python import cp_model
 
+from ..meter import meter
+
 _INT_MAX = 2**62
 
 
@@ -45,8 +47,10 @@ def tune(prm: Any, limit: float, workers: int, seed: int = 0, lp_heavy: bool = T
     solve is about a bound (a relaxation, or a model hinted with a plan to
     improve) rather than about finding a first plan or showing there is none.
     ``strong``: only the bound matters: every worker LP-heavy, with
-    STRONG_CUT_ROUNDS rounds of cuts at the root."""
-    prm.max_time_in_seconds = limit
+    STRONG_CUT_ROUNDS rounds of cuts at the root. ``limit`` is in seconds
+    of the run's meter (:mod:`..meter`: deterministic ones on one worker)."""
+    workers = 1 if meter().deterministic else workers
+    meter().limit(prm, limit)
     prm.num_workers = workers
     prm.random_seed = seed
     # Probing and symmetry detection cost tens of seconds on the larger
@@ -79,9 +83,10 @@ def tune(prm: Any, limit: float, workers: int, seed: int = 0, lp_heavy: bool = T
 def stopped_early(solver: cp_model.CpSolver, status: int, limit: float,
                   unproven: tuple[int, ...] = (cp_model.FEASIBLE, cp_model.UNKNOWN)) -> bool:
     """Whether a solve that ended ``unproven`` did so well before ``limit``
-    while CP-SAT caught SIGINT: that is a Ctrl-C."""
+    (on the meter's clock) while CP-SAT caught SIGINT, the wall clock
+    not run out: that is a Ctrl-C."""
     return (solver.parameters.catch_sigint_signal and status in unproven
-            and solver.wall_time < 0.9 * limit - 0.5)
+            and meter().used(solver) < 0.9 * limit - 0.5 and not meter().past(None))
 
 
 def sigint_ignored() -> bool:
@@ -176,7 +181,7 @@ class LpBackend:
 
     def solve(self, time_limit_s: float) -> float | None:
         """The LP optimum, or None if GLOP stops without one."""
-        self.solver.SetTimeLimit(int(time_limit_s * 1000))
+        self.solver.SetTimeLimit(int(meter().wall_seconds(time_limit_s) * 1000))
         if self.solver.Solve() != pywraplp.Solver.OPTIMAL:
             return None
         return self.solver.Objective().Value()

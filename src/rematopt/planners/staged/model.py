@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ...graph import Graph
+from ..meter import past
 from .limits import Limits
 from .stages import Stages
 from .units import cap_units, int_costs, memory_unit, overhead_cap_units, peak_floor_units
@@ -91,8 +92,8 @@ class OutOfTime(Exception):
 
 
 def check_time(deadline: float | None) -> None:
-    """Raise OutOfTime once ``deadline`` (a ``time.perf_counter()`` value) has passed."""
-    if deadline is not None and time.perf_counter() > deadline:
+    """Raise OutOfTime once ``deadline`` (on the run's :mod:`..meter`) has passed, or its wall clock."""
+    if past(deadline):
         raise OutOfTime
 
 

@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import bisect
 import itertools
-import time
 from collections import deque
 from dataclasses import replace
 from typing import Collection
@@ -56,6 +55,7 @@ from typing import Collection
 from ortools.sat.python import cp_model
 
 from ....graph import Graph
+from ...meter import now
 from ..model import OutOfTime, check_time
 from ..stages import Stages
 from .question import How, Question, WholeBound
@@ -70,13 +70,13 @@ MAX_PAIRS = 200_000
 def chains_bound(graph: Graph, q: Question, how: How, level: str) -> WholeBound:
     """The chains or slots relaxation (``level``) of ``q`` solved as ``how``
     says; SKIPPED above MAX_PAIRS, UNKNOWN when not built in its time."""
-    began = time.perf_counter()
+    began = now()
     try:
         m, goal = chains_model(graph, q, level, began + how.time_limit)
     except OutOfTime:  # not even built in the time it was given
-        return WholeBound("UNKNOWN", None, time.perf_counter() - began)
+        return WholeBound("UNKNOWN", None, now() - began)
     if m is None:  # too big to build in the time a proof gets
-        return WholeBound("SKIPPED", None, time.perf_counter() - began)
+        return WholeBound("SKIPPED", None, now() - began)
     return solve_relaxation(m, goal, began, how)
 
 
@@ -149,18 +149,18 @@ def coarse_bound(graph: Graph, q: Question, how: How) -> WholeBound:
     where it fits, see COARSE_HOPS), then on twice as many
     while each is solved to optimality in the time (and work) left; the best bound of
     them all (an INFEASIBLE one shows the whole staged space empty)."""
-    began = time.perf_counter()
+    began = now()
     deadline = began + how.time_limit
     try:
         shape = _Lifetimes(graph, level="chains", offload=q.offload, unit=q.unit, cap=_floor(q), deadline=deadline)
     except OutOfTime:
-        return WholeBound("UNKNOWN", None, time.perf_counter() - began)
+        return WholeBound("UNKNOWN", None, now() - began)
     if shape.pairs <= COARSE_PAIRS:  # the whole chains model is small: it is the first model and the last
         rows = len(shape.critical)
     else:
         rows = _rows_within(shape, COARSE_PAIRS)
     best, status, work = None, "UNKNOWN", 0.0
-    while deadline - time.perf_counter() > 0.2:
+    while deadline - now() > 0.2:
         try:
             m, goal = _relaxation(graph, q, shape, deadline)
         except OutOfTime:
@@ -169,15 +169,15 @@ def coarse_bound(graph: Graph, q: Question, how: How) -> WholeBound:
         r = solve_relaxation(m, goal, began, left, strong=True)
         work += r.work
         if r.status == "INFEASIBLE":
-            return WholeBound("INFEASIBLE", None, time.perf_counter() - began, work=work)
+            return WholeBound("INFEASIBLE", None, now() - began, work=work)
         if r.bound is not None:
             best = max(best or 0, r.bound)
         status = r.status
         if r.interrupted or r.status != "OPTIMAL" or rows == len(shape.critical):
-            return WholeBound(status, best, time.perf_counter() - began, r.interrupted, work)
+            return WholeBound(status, best, now() - began, r.interrupted, work)
         rows = min(2 * rows, len(shape.critical))
         shape.select(rows, COARSE_HOPS)
-    return WholeBound(status, best, time.perf_counter() - began, work=work)
+    return WholeBound(status, best, now() - began, work=work)
 
 
 def _rows_within(shape: "_Lifetimes", pairs: int) -> int:

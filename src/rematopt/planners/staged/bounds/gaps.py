@@ -32,13 +32,13 @@ in 60 s), and CP-SAT's bound is within 1e-5 of the optimum after 3 s.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
 from ortools.sat.python import cp_model
 
 from ....graph import Graph
+from ...meter import now
 from ..stages import Stages
 from .question import How, Question, WholeBound
 from .solver import solve_relaxation
@@ -47,7 +47,7 @@ from .solver import solve_relaxation
 def gaps_bound(graph: Graph, q: Question, how: How) -> WholeBound:
     """The gaps relaxation of ``q`` solved as ``how`` says (``how.ix``: the
     full staged space's :class:`Stages`, when at hand)."""
-    began = time.perf_counter()
+    began = now()
     m, goal = gaps_model(graph, q, how.ix)
     return solve_relaxation(m, goal, began, how)
 

@@ -4,10 +4,10 @@ solve that the gaps, chains and slots bounds share."""
 from __future__ import annotations
 
 import math
-import time
 
 from ortools.sat.python import cp_model
 
+from ...meter import meter, now
 from ..backends import solver_takes_ctrl_c, stopped_early, tune
 from .question import How, WholeBound
 
@@ -18,20 +18,20 @@ def solve_relaxation(m: cp_model.CpModel, goal: cp_model.LinearExpr, began: floa
     (counted from ``began``) and within ``how.work``; ``how.below``: see :class:`How`. ``strong``:
     only the bound matters (:func:`tune`'s LP-heavy workers and root cuts)."""
     below = how.below
-    left = how.time_limit - (time.perf_counter() - began)
+    left = how.time_limit - (now() - began)
     if left <= 0 or (how.work is not None and how.work <= 0):
-        return WholeBound("UNKNOWN", None, time.perf_counter() - began)
+        return WholeBound("UNKNOWN", None, now() - began)
     if below is not None:
         m.add(goal <= below)
     m.minimize(goal)
     solver = cp_model.CpSolver()
     tune(solver.parameters, max(left, 0.01), how.workers, how.seed, strong=strong)
     if how.work is not None:
-        solver.parameters.max_deterministic_time = how.work
+        solver.parameters.max_deterministic_time = min(solver.parameters.max_deterministic_time, how.work)
     solver.parameters.stop_after_first_solution = below is not None
     with solver_takes_ctrl_c(solver.parameters, how.interruptible):
-        status = solver.solve(m)
-    seconds = time.perf_counter() - began
+        status = meter().solve(solver, m)
+    seconds = now() - began
     # an early stop without a proof is Ctrl-C's doing, unless the solution
     # found under ``below`` stopped it by design
     unproven = (cp_model.UNKNOWN,) if below is not None else (cp_model.FEASIBLE, cp_model.UNKNOWN)
