@@ -24,7 +24,8 @@ A plan's own peak (:func:`~rematopt.simulate.simulate`) is of its events;
   reader, wherever the plan computes them; a recomputed elementwise or layout
   op is fused into the kernels reading it (they read what it reads), unless a
   library call reads it directly; a recomputation nothing in the backward
-  pass reads is not made.
+  pass reads is not made; a slice of a stacked argument that a library call
+  reads is a copy (:func:`_slice_copies`).
 
 Measured on the models' compiled graphs (CPU, memory-minimizing scheduler,
 the first round of ``--verify xla``; docs/xla.md), this peak against XLA's
@@ -43,6 +44,14 @@ from ..importers.jaxpr.cost import fusible, fusion_consumer
 from ..plan import COMPUTE, Plan
 from .jax_policy import residual_fates
 
+# Elementwise ops XLA's fusion does not compute again in each of several readers (its IsExpensive:
+# transcendentals and divisions); it writes them once (keras gemma, greedy at 0.8: a recomputed softmax exp
+# read by three backward kernels is an 8 KiB buffer at XLA's peak).
+EXPENSIVE = frozenset({"exp", "exp2", "expm1", "log", "log1p", "tanh", "logistic", "sqrt", "rsqrt", "cbrt", "pow",
+                       "div", "rem", "erf", "erfc", "erf_inv", "sin", "cos", "tan", "atan2"})
+# Kernels that read their operands as whole buffers in memory (XLA's CPU library calls), never fusing a slice.
+LIBRARY_CALLS = frozenset({"dot_general", "conv_general_dilated"})
+
 
 def applied_peak(graph: Graph, plan: Plan) -> int:
     """Peak bytes of ``apply_plan(loss_fn, graph, plan)``'s gradient step on
@@ -57,7 +66,7 @@ def applied_peak(graph: Graph, plan: Plan) -> int:
             rises[k] += step.size[copy]
     for copy, k in step.last.items():
         node = graph.nodes[copy[0]]
-        if copy not in step.housed and not (node.output or node.persistent):
+        if copy not in step.housed and (copy[1] == "s" or not (node.output or node.persistent)):
             frees[k] += step.size[copy]
     mem = peak = graph.initial_bytes - frees[-1]
     for k in range(n):
@@ -70,7 +79,8 @@ def applied_peak(graph: Graph, plan: Plan) -> int:
 @dataclass(frozen=True)
 class AppliedStep:
     """The computations of the applied step in order, each a (node, copy): "f"
-    the forward pass's, "b" the backward's; each copy's ``born`` and ``last``
+    the forward pass's, "b" the backward's ("s": XLA's copy of a stacked
+    argument's slice, :func:`_slice_copies`); each copy's ``born`` and ``last``
     position there (-1: before the first), its bytes, and the copies XLA's CPU
     buffer assignment houses in the outputs' allocations."""
 
@@ -134,7 +144,8 @@ def applied_step(graph: Graph, plan: Plan) -> AppliedStep:
         return (graph.nodes[u].extra or {}).get("housed", graph.bytes[u])
 
     fused = {c for c in [*order, *again] if c[1] == "b" and phase[c[0]] == "forward"
-             and fusible(graph.nodes[c[0]].op) and all(fuses(c, r) for r in readers.get(c, []))}
+             and fusible(graph.nodes[c[0]].op) and all(fuses(c, r) for r in readers.get(c, []))
+             and (len(readers.get(c, [])) <= 1 or graph.nodes[c[0]].op not in EXPENSIVE)}
 
     def reads(copy: tuple[int, str]) -> list[tuple[int, str]]:
         return [r for o in operands[copy] for r in (reads(o) if o in fused else [o])]
@@ -148,6 +159,8 @@ def applied_step(graph: Graph, plan: Plan) -> AppliedStep:
     # a value made again that a library call reads is written for it
     born.update((c, first_read[c]) for c in again if c in first_read and c not in fused)
     last.update((c, born[c]) for c in again if c in born and c not in last)
+    for u, (first, end) in _slice_copies(graph, order).items():
+        born[(u, "s")], last[(u, "s")] = first, end
     extra = {copy: graph.nodes[copy[0]].extra or {} for copy in born}
     backward_pass = next(k for k, (i, c) in enumerate(order) if c == "b" and graph.nodes[i].op != "xla_buffer")
     # a buffer XLA makes on its own in the backward pass (a transposed copy for a convolution) is
@@ -165,6 +178,25 @@ def applied_step(graph: Graph, plan: Plan) -> AppliedStep:
             for c in born}
     housed = _housed(graph, born, last, operands, size, len(order), copied_at)
     return AppliedStep(order, born, last, size, housed)
+
+
+def _slice_copies(graph: Graph, order: list[tuple[int, str]]) -> dict[int, tuple[int, int]]:
+    """The copies XLA makes of stacked arguments' slices, each as ``{input node:
+    (first, last)}`` positions in ``order``. A graph with unrolled loops has an
+    input per slice (``extra.iteration``), where ``apply_plan``'s step slices the
+    caller's stacked leaf; a library call (:data:`LIBRARY_CALLS`) reads its
+    operands as whole buffers, so XLA writes the slice it reads to a buffer of its
+    own, once (CSE) for every such reader, and holds it from the first to the
+    last (gpt_scan at its instance config, greedy at 0.8: twelve weight slices,
+    393,216 B, live from the forward pass's dots to the backward pass's). Other
+    kernels fuse the slice and read the stack in place."""
+    sliced = {u for u in graph.initial_resident if "iteration" in (graph.nodes[u].extra or {})}
+    out: dict[int, tuple[int, int]] = {}
+    for k, (i, _) in enumerate(order):
+        if graph.nodes[i].op in LIBRARY_CALLS:
+            for u in sliced.intersection(graph.preds[i]):
+                out[u] = (out.get(u, (k, k))[0], k)
+    return out
 
 
 def _made_again(graph: Graph, order: list, operands: dict, read) -> dict:
