@@ -64,6 +64,14 @@ def _collect(module: HloModule, computation: str, trips: int, out: list[Kernel],
         out.append(_kernel(module, comp.by_name, inst, trips))
 
 
+def step_flops(module: HloModule) -> int:
+    """FLOPs of one run of the module: each kernel's times its trip count. XLA's
+    ``cost_analysis()`` counts a while loop's body once (a 4-step ``lax.scan`` of
+    64x64 matmuls: 66,049 FLOPs scanned, 262,655 unrolled), so a scanned step's
+    figure is not comparable with an unrolled one's."""
+    return sum(k.flops * k.trip_count for k in kernels(module))
+
+
 def known_trip_count(inst: Instruction) -> int | None:
     """The trip count XLA printed for a while loop (``known_trip_count`` in its backend config)."""
     n = inst.backend_config().get("known_trip_count", {}).get("n")
@@ -77,11 +85,65 @@ def _kernel(module: HloModule, scope: dict[str, Instruction], inst: Instruction,
         kind = f"fusion:{inst.fusion_kind}"
     elif inst.opcode == "custom-call":
         kind = f"custom-call:{inst.custom_call_target}"
-    read = sum(scope[o].bytes for o in dict.fromkeys(inst.operands) if o in scope)
-    written = written_bytes(inst)
+    read, written = _traffic(module, scope, inst)
     flops = sum(instruction_flops(i) for i in inner) if inner else instruction_flops(inst)
     names = [i.metadata.op_name for i in [inst, *inner] if i.metadata.op_name]
     return Kernel(inst.name, kind, read, written, flops, tuple(dict.fromkeys(names)), trips, inst.computation)
+
+
+def _traffic(module: HloModule, scope: dict[str, Instruction], inst: Instruction) -> tuple[int, int]:
+    """(bytes read, bytes written): each distinct operand once and the output, but a slice for what is
+    sliced: an operand only read through dynamic-slices reads those slices, and a dynamic-update-slice
+    writes its update in place, its buffer operand neither read nor rewritten (as XLA's cost analysis
+    counts them). A scan's body slices its step out of the stacked arrays this way; counting the
+    whole stack priced flax_linen's plain step at 0.25 GB per step against 0.12 for its plan."""
+    operands = list(dict.fromkeys(o for o in inst.operands if o in scope))
+    sizes = {o: scope[o].bytes for o in operands}
+    written = written_bytes(inst)
+    if inst.opcode == "dynamic-slice" and operands:
+        sizes[inst.operands[0]] = inst.shape.bytes
+    elif inst.opcode == "dynamic-update-slice" and len(inst.operands) > 1:
+        sizes[inst.operands[0]] = 0
+        written = scope[inst.operands[1]].bytes if inst.operands[1] in scope else written
+    elif inst.opcode == "fusion" and inst.called and inst.called[0] in module.computations:
+        fused = module.computations[inst.called[0]]
+        users: dict[str, list[Instruction]] = {}
+        for i in fused.instructions:
+            for o in i.operands:
+                users.setdefault(o, []).append(i)
+        root = _through_bitcasts(fused.root, fused.by_name)
+        for p in fused.parameters:
+            if p.parameter_number is None or p.parameter_number >= len(inst.operands):
+                continue
+            name = inst.operands[p.parameter_number]
+            if name not in sizes:
+                continue
+            uses = _uses(p.name, users)
+            if uses and all(u.opcode == "dynamic-slice" and _through_bitcasts(fused.by_name[u.operands[0]],
+                                                                             fused.by_name).name == p.name
+                            for u in uses):
+                sizes[name] = min(sizes[name], sum(u.shape.bytes for u in uses))
+            elif (root.opcode == "dynamic-update-slice" and uses == [root]
+                  and _through_bitcasts(fused.by_name[root.operands[0]], fused.by_name).name == p.name):
+                sizes[name] = 0
+        if root.opcode == "dynamic-update-slice" and root.operands[1] in fused.by_name:
+            written = fused.by_name[root.operands[1]].shape.bytes
+    return sum(sizes.values()), written
+
+
+def _through_bitcasts(inst: Instruction, scope: dict[str, Instruction]) -> Instruction:
+    """The instruction whose values ``inst`` forwards through bitcasts (itself if none)."""
+    while inst.opcode == "bitcast" and inst.operands and inst.operands[0] in scope:
+        inst = scope[inst.operands[0]]
+    return inst
+
+
+def _uses(name: str, users: dict[str, list[Instruction]]) -> list[Instruction]:
+    """The instructions that use ``name``'s values, looking through bitcasts."""
+    out: list[Instruction] = []
+    for u in users.get(name, []):
+        out.extend(_uses(u.name, users) if u.opcode == "bitcast" else [u])
+    return out
 
 
 def written_bytes(inst: Instruction) -> int:
