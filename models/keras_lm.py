@@ -18,7 +18,7 @@ what a JAX user of Keras writes: Keras's own idiom cannot say it. ``keras.RematS
 (``mode="list_of_layers"``) runs a named layer under ``keras.remat``, which is
 ``jax.checkpoint(f)`` with no policy (nothing saved: no dots, no names, no offload), and it
 traces every argument of ``call``: keras-hub's Llama and GPT-2 blocks then fail on
-``if training`` in their ``Dropout`` (``TracerBoolConversionError``; Gemma's blocks pass).
+``if training`` in their ``Dropout`` (``TracerBoolConversionError``; Gemma's passed, at dropout 0).
 That is Keras 3.15.1, the newest on PyPI in December 2026. The block runs in its own
 ``keras.StatelessScope`` inside the checkpoint, so the dropout seed state it advances comes
 out as an output and is assigned back to the step's scope, and the recomputation draws the
