@@ -191,8 +191,9 @@ for work in (None, 5.0):
 
 
 def test_a_factory_that_refuses_per_layer_remat_offers_whole_step_candidates_only(monkeypatch):
-    """keras_lm refuses remat per layer (with its reason): --verify xla goes on
-    with the whole-step policies and says why, instead of ending with exit 2."""
+    """A factory that refuses remat per layer (with its reason, as keras_lm did before it
+    checkpointed keras-hub's blocks): --verify xla goes on with the whole-step policies and
+    says why, instead of ending with exit 2."""
     import sys
     import types
 
