@@ -34,6 +34,8 @@ from rematopt.jax import apply_plan, trace_grad
 from rematopt.reference import no_remat_peak
 from rematopt.reorder import eager
 from rematopt.solve import solve
+from rematopt.xla.hlo import parse_hlo
+from rematopt.xla.memory import compiled_memory
 from rematopt.xla.verify import xla_peak
 fn, args = resnet.factory()
 graph = trace_grad(fn, *args, fuse="xla")
@@ -48,6 +50,7 @@ for name, f in [("plain", fn)] + [(name, apply_plan(fn, g, plan)) for name, (g, 
     costs = c.cost_analysis()
     costs = costs[0] if isinstance(costs, (list, tuple)) else costs
     out[name] = {{"xla": xla_peak(c)[0], "flops": costs["flops"],
+                 "live": compiled_memory(parse_hlo(c.as_text())).live_peak_bytes,
                  "barriers": c.as_text().count("opt-barrier")}}
 print(json.dumps(out))
 """
@@ -80,9 +83,13 @@ def test_xlas_order_alone_does_not_reach_0_8(resnet_figures):
 
 
 def test_predicted_peak_within_5_percent_of_the_compiled_one(resnet_figures):
-    # greedy's least plan in the eager order: predicted 595,876 B, compiled 618,916 B (0.963)
-    plan, predicted = resnet_figures["plan"]["xla"], resnet_figures["plan_predicted"]
-    assert abs(predicted - plan) <= 0.05 * plan
+    # greedy's least plan in the eager order: predicted 585,604 B, XLA's live peak 585,876 B; its figure,
+    # 618,724 B, is the heap its best fit packs them into, 33 KiB of gaps included (0.946). (Before the
+    # applied step counted the weight gradients' layout copies and the ReLU a select makes again: 595,876 B,
+    # 0.963 of the figure, right by the sum of two errors)
+    got, predicted = resnet_figures["plan"], resnet_figures["plan_predicted"]
+    assert abs(predicted - got["live"]) <= 0.01 * got["live"]
+    assert abs(predicted - got["xla"]) <= 0.06 * got["xla"]
 
 
 def test_the_compiled_step_runs_the_plans_order(resnet_figures):

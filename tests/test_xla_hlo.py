@@ -11,7 +11,7 @@ import jax.numpy as jnp  # noqa: E402
 
 from rematopt.xla import HloError, parse_hlo, read_hlo  # noqa: E402
 from rematopt.xla.hlo import parse_shape  # noqa: E402
-from rematopt.xla.kernels import kernels  # noqa: E402
+from rematopt.xla.kernels import kernels, step_flops  # noqa: E402
 
 GPU_DIR = Path(__file__).resolve().parents[2] / "shared" / "gpu" / "h200_gpt8"
 
@@ -78,6 +78,32 @@ def test_cpu_kernels_flops_and_bytes(compiled):
     for k in ks:
         assert k.bytes_written == m.entry.by_name[k.name].shape.bytes
         assert k.op_names, k.name
+
+
+def test_step_flops_count_a_loop_body_per_trip():
+    """XLA's cost_analysis counts a while loop's body once; step_flops counts it per trip, so a scanned
+    step and the same step unrolled come out alike (the first round's FLOPs column compares them)."""
+    w, x = jnp.ones((4, 64, 64)), jnp.ones((8, 64))
+
+    def scanned(w, x):
+        return jax.lax.scan(lambda h, wi: (jnp.tanh(h @ wi), None), x, w)[0].sum()
+
+    def unrolled(w, x):
+        for i in range(4):
+            x = jnp.tanh(x @ w[i])
+        return x.sum()
+
+    figures = {}
+    for f in (scanned, unrolled):
+        c = jax.jit(f).lower(w, x).compile()
+        costs = c.cost_analysis()
+        costs = costs[0] if isinstance(costs, (list, tuple)) else costs
+        figures[f.__name__] = (costs["flops"], step_flops(parse_hlo(c.as_text())))
+    matmuls = 4 * 2 * 8 * 64 * 64
+    assert figures["scanned"][0] < 0.3 * figures["unrolled"][0]  # XLA: the body once
+    for _, ours in figures.values():
+        assert matmuls <= ours <= 1.05 * matmuls
+    assert figures["scanned"][1] == pytest.approx(figures["unrolled"][1], rel=0.01)
 
 
 def test_gpu_fixture_kernels(gpu_plain):

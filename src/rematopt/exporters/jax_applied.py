@@ -15,20 +15,42 @@ A plan's own peak (:func:`~rematopt.simulate.simulate`) is of its events;
   later reader gets one long-lived copy;
 - an offloaded value returns to the device when the backward pass starts;
 - on CPU, XLA houses temporaries in the outputs' allocations by their live
-  ranges in the step it compiles (:func:`_housed`).
+  ranges in the step it compiles (:func:`_housed`);
+- what XLA does on its own: a result it writes in a layout of its own
+  (``extra.layout_copy``: a convolution's weight gradient) it copies into the
+  output at the step's end, so its buffer lives from the kernel to there and
+  the output's allocation is free until then; its own buffers (``xla_buffer``
+  nodes: a transposed copy for a convolution) are made for their first
+  reader, wherever the plan computes them; a recomputed elementwise or layout
+  op is fused into the kernels reading it (they read what it reads), unless a
+  library call reads it directly; a recomputation nothing in the backward
+  pass reads is not made; a slice of a stacked argument that a library call
+  reads is a copy (:func:`_slice_copies`).
 
 Measured on the models' compiled graphs (CPU, memory-minimizing scheduler,
 the first round of ``--verify xla``; docs/xla.md), this peak against XLA's
 figure for the step in the plan's order, then the plan's own peak against
-the same: mlp cpsat at 0.5 1.000 and 0.914, unet greedy 0.6 0.967 and 0.752,
-keras llama greedy 0.8 1.018 and 0.802.
+the same: mlp cpsat at 0.5 1.000 and 0.914, unet greedy 0.6 0.985 and 0.752,
+keras llama greedy 0.8 1.018 and 0.802; what XLA does on its own took resnet
+cpsat 0.8 from 1.119 to 1.000 and unet cpsat 0.8 from 0.946 to 1.001.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..graph import Graph
+from ..importers.jaxpr.cost import fusible, fusion_consumer
 from ..plan import COMPUTE, Plan
 from .jax_policy import residual_fates
+
+# Elementwise ops XLA's fusion does not compute again in each of several readers (its IsExpensive:
+# transcendentals and divisions); it writes them once (keras gemma, greedy at 0.8: a recomputed softmax exp
+# read by three backward kernels is an 8 KiB buffer at XLA's peak).
+EXPENSIVE = frozenset({"exp", "exp2", "expm1", "log", "log1p", "tanh", "logistic", "sqrt", "rsqrt", "cbrt", "pow",
+                       "div", "rem", "erf", "erfc", "erf_inv", "sin", "cos", "tan", "atan2"})
+# Kernels that read their operands as whole buffers in memory (XLA's CPU library calls), never fusing a slice.
+LIBRARY_CALLS = frozenset({"dot_general", "conv_general_dilated"})
 
 
 def applied_peak(graph: Graph, plan: Plan) -> int:
@@ -36,6 +58,41 @@ def applied_peak(graph: Graph, plan: Plan) -> int:
     ``graph``'s memory model (module docstring): each value is allocated when
     its pass computes it and freed after its last reader there, as the
     simulator frees a plan's values; outputs and persistent values never."""
+    step = applied_step(graph, plan)
+    n = len(step.order)
+    rises, frees = [0] * n, [0] * (n + 1)  # frees[-1]: before the first computation
+    for copy, k in step.born.items():
+        if k >= 0 and copy not in step.housed:
+            rises[k] += step.size[copy]
+    for copy, k in step.last.items():
+        node = graph.nodes[copy[0]]
+        if copy not in step.housed and (copy[1] == "s" or not (node.output or node.persistent)):
+            frees[k] += step.size[copy]
+    mem = peak = graph.initial_bytes - frees[-1]
+    for k in range(n):
+        mem += rises[k]
+        peak = max(peak, mem)
+        mem -= frees[k]
+    return max(peak, graph.initial_bytes)
+
+
+@dataclass(frozen=True)
+class AppliedStep:
+    """The computations of the applied step in order, each a (node, copy): "f"
+    the forward pass's, "b" the backward's ("s": XLA's copy of a stacked
+    argument's slice, :func:`_slice_copies`); each copy's ``born`` and ``last``
+    position there (-1: before the first), its bytes, and the copies XLA's CPU
+    buffer assignment houses in the outputs' allocations."""
+
+    order: list[tuple[int, str]]
+    born: dict[tuple[int, str], int]
+    last: dict[tuple[int, str], int]
+    size: dict[tuple[int, str], int]
+    housed: set[tuple[int, str]]
+
+
+def applied_step(graph: Graph, plan: Plan) -> AppliedStep:
+    """The live ranges of the values of ``apply_plan``'s step for ``plan`` (module docstring)."""
     phase = [v.phase for v in graph.nodes]
     fates = residual_fates(graph, plan)
     ops, nodes = plan.ops.tolist(), plan.nodes.tolist()
@@ -54,50 +111,143 @@ def applied_peak(graph: Graph, plan: Plan) -> int:
             return (u, "b")
         return (u, "f")
 
+    operands = {(i, c): [read(u, c) for u in graph.preds[i]] for i, c in order}
+    # apply_plan recomputes what the backward pass reads, not every value the plan computes again
+    # (resnet, cpsat at 0.8: a convolution recomputed for a sum the step keeps, which XLA drops)
+    needed = {copy for copy in order if copy[1] == "f" or phase[copy[0]] == "backward"}
+    for copy in reversed(order):
+        if copy in needed:
+            needed.update(operands[copy])
+    order = [copy for copy in order if copy in needed]
+
+    again = _made_again(graph, order, operands, read)
+
     born = {(u, "f"): -1 for u in graph.initial_resident}  # counted in the initial bytes
     first_backward = next(k for k, (_, c) in enumerate(order) if c == "b")
     born.update({(u, "b"): first_backward for u in fates.offloaded})
     for k, copy in enumerate(order):
         born.setdefault(copy, k)
+    # a recomputed elementwise or layout op XLA fuses into each kernel reading it: no buffer of its
+    # own, and those kernels read what it reads. Not into a library call (a convolution), unless
+    # that reads it through XLA's copy of it (an xla_buffer of its bytes), which computes it
+    readers: dict[tuple[int, str], list[tuple[int, str]]] = {}
+    for copy in [*order, *again]:
+        for r in operands[copy]:
+            readers.setdefault(r, []).append(copy)
+
+    def fuses(copy: tuple[int, str], reader: tuple[int, str]) -> bool:
+        node = graph.nodes[reader[0]]
+        return (fusion_consumer(node.op) or (node.extra or {}).get("fused", 1) > 1
+                or any(graph.nodes[u].op == "xla_buffer" and size0(u) == size0(copy[0]) for u in graph.preds[node.id]))
+
+    def size0(u: int) -> int:
+        return (graph.nodes[u].extra or {}).get("housed", graph.bytes[u])
+
+    fused = {c for c in [*order, *again] if c[1] == "b" and phase[c[0]] == "forward"
+             and fusible(graph.nodes[c[0]].op) and all(fuses(c, r) for r in readers.get(c, []))
+             and (len(readers.get(c, [])) <= 1 or graph.nodes[c[0]].op not in EXPENSIVE)}
+
+    def reads(copy: tuple[int, str]) -> list[tuple[int, str]]:
+        return [r for o in operands[copy] for r in (reads(o) if o in fused else [o])]
+
     last = dict(born)
-    operands: dict[tuple[int, str], list[tuple[int, str]]] = {}
+    first_read: dict[tuple[int, str], int] = {}
+    for k, copy in enumerate(order):
+        for r in reads(copy):
+            last[r] = k
+            first_read.setdefault(r, k)
+    # a value made again that a library call reads is written for it
+    born.update((c, first_read[c]) for c in again if c in first_read and c not in fused)
+    last.update((c, born[c]) for c in again if c in born and c not in last)
+    for u, (first, end) in _slice_copies(graph, order).items():
+        born[(u, "s")], last[(u, "s")] = first, end
+    extra = {copy: graph.nodes[copy[0]].extra or {} for copy in born}
+    backward_pass = next(k for k, (i, c) in enumerate(order) if c == "b" and graph.nodes[i].op != "xla_buffer")
+    # a buffer XLA makes on its own in the backward pass (a transposed copy for a convolution) is
+    # made for its reader, wherever the plan first computed its node; one the forward pass makes
+    # stays there (keras gpt2: the dropout masks' random bits, read in the backward pass)
+    born.update((c, first_read[c]) for c in born if graph.nodes[c[0]].op == "xla_buffer" and c in first_read
+                and born[c] >= backward_pass)
+    # a result XLA copies into the output's layout holds its kernel's buffer to the step's end
+    copied = sorted((c for c in born if "layout_copy" in extra[c]), key=lambda c: extra[c]["layout_copy_order"])
+    last.update((c, len(order) - 1) for c in copied)
+    # the copies one after another, in the order of the results (resnet, cpsat at 0.8: as XLA runs them):
+    # a buffer copied earlier may be housed in the allocation of a result copied later
+    copied_at = {c: len(order) - 1 + j / len(copied) for j, c in enumerate(copied)}
+    size = {c: 0 if c in fused else extra[c].get("layout_copy", extra[c].get("housed", graph.bytes[c[0]]))
+            for c in born}
+    housed = _housed(graph, born, last, operands, size, len(order), copied_at)
+    return AppliedStep(order, born, last, size, housed)
+
+
+def _slice_copies(graph: Graph, order: list[tuple[int, str]]) -> dict[int, tuple[int, int]]:
+    """The copies XLA makes of stacked arguments' slices, each as ``{input node:
+    (first, last)}`` positions in ``order``. A graph with unrolled loops has an
+    input per slice (``extra.iteration``), where ``apply_plan``'s step slices the
+    caller's stacked leaf; a library call (:data:`LIBRARY_CALLS`) reads its
+    operands as whole buffers, so XLA writes the slice it reads to a buffer of its
+    own, once (CSE) for every such reader, and holds it from the first to the
+    last (gpt_scan at its instance config, greedy at 0.8: twelve weight slices,
+    393,216 B, live from the forward pass's dots to the backward pass's). Other
+    kernels fuse the slice and read the stack in place."""
+    sliced = {u for u in graph.initial_resident if "iteration" in (graph.nodes[u].extra or {})}
+    out: dict[int, tuple[int, int]] = {}
+    for k, (i, _) in enumerate(order):
+        if graph.nodes[i].op in LIBRARY_CALLS:
+            for u in sliced.intersection(graph.preds[i]):
+                out[u] = (out.get(u, (k, k))[0], k)
+    return out
+
+
+def _made_again(graph: Graph, order: list, operands: dict, read) -> dict:
+    """The forward values the backward pass makes again inside one of its kernels (a ``fuse="xla"``
+    node holds the equations XLA fused into its kernel), as copies ``(u, "b")`` with their operands.
+    ``apply_plan`` makes each once and the kernels after it read that one, not the kept forward
+    value (resnet, greedy at 0.7 in the eager order: a ReLU kept for a recomputed convolution is
+    made again by the select that reads it; XLA drops the kept one). Rewrites ``operands`` so."""
+    groups = graph.meta.get("groups") if graph.meta.get("fuse") == "xla" else None
+    if not groups:
+        return {}
+    base = graph.meta["xla"]["step_nodes"] - len(groups)
+    node_of = {g[-1]: base + j for j, g in enumerate(groups)}
+    made_at: dict[int, int] = {}
     for k, (i, c) in enumerate(order):
-        operands[(i, c)] = [read(u, c) for u in graph.preds[i]]
-        last.update((r, k) for r in operands[(i, c)])
-    size = {copy: (graph.nodes[copy[0]].extra or {}).get("housed", graph.bytes[copy[0]]) for copy in born}
-    housed = _housed(graph, born, last, operands, size, len(order))
-    rises, frees = [0] * len(order), [0] * (len(order) + 1)  # frees[-1]: before the first computation
-    for copy, k in born.items():
-        if k >= 0 and copy not in housed:
-            rises[k] += size[copy]
-    for copy, k in last.items():
-        node = graph.nodes[copy[0]]
-        if copy not in housed and not (node.output or node.persistent):
-            frees[k] += size[copy]
-    mem = peak = graph.initial_bytes - frees[-1]
-    for k in range(len(order)):
-        mem += rises[k]
-        peak = max(peak, mem)
-        mem -= frees[k]
-    return max(peak, graph.initial_bytes)
+        if c == "b" and base <= i < base + len(groups):
+            for e in groups[i - base][:-1]:
+                u = node_of.get(e)
+                if u is not None and graph.nodes[u].phase == "forward" and (u, "b") not in operands:
+                    made_at.setdefault(u, k)
+    again = {}
+    for k, copy in enumerate(order):
+        for j, (u, c) in enumerate(operands[copy]):
+            if c == "f" and made_at.get(u, k) < k:
+                operands[copy][j] = (u, "b")
+                again[(u, "b")] = None
+    operands.update({c: [read(o, "b") for o in graph.preds[c[0]]] for c in again})
+    return again
 
 
-def _housed(graph: Graph, born: dict, last: dict, operands: dict, size: dict, end: int) -> set:
+def _housed(graph: Graph, born: dict, last: dict, operands: dict, size: dict, end: int, copied: dict) -> set:
     """The copies XLA's CPU buffer assignment houses in the outputs' allocations
     (:func:`~rematopt.xla.memory.cpu_allocations`), over the applied step's live
     ranges: the graph's ``extra.housed`` nodes were picked over the plain
     step's, which a plan changes (gpt at its instance config, cpsat at 0.5,
     on the compiled graph before the mapping merge: applied peak 0.872 of
     XLA's figure with the plain step's housing, 0.905 with the applied step's). A copy may take the place of a same-size operand
-    dying there (the graph does not say which kernels are elementwise: any)."""
+    dying there (the graph does not say which kernels are elementwise: any).
+    An output in ``copied`` is a temporary to its copy (at the position
+    given, at the step's end), and its allocation is written there and houses
+    temporaries until then (resnet, cpsat at 0.8: XLA houses 20 temporaries in the 6 weight
+    gradients' allocations, all written before the copies)."""
     from ..xla.memory import cpu_allocations
 
-    outputs = {copy: graph.bytes[graph.nodes[copy[0]].extra["allocation"]] for copy in born
-               if "allocation" in (graph.nodes[copy[0]].extra or {})}
+    allocation = {c: ("allocation", c) if c in copied else c for c in born
+                  if "allocation" in (graph.nodes[c[0]].extra or {})}
+    outputs = {a: graph.bytes[graph.nodes[c[0]].extra["allocation"]] for c, a in allocation.items()}
     if not outputs:
         return set()
-    temps = {c: (k, last[c]) for c, k in born.items() if k >= 0 and c not in outputs}
+    written = {a: copied[c] if a != c else born[c] for c, a in allocation.items()}
+    temps = {c: (k, copied.get(c, last[c])) for c, k in born.items() if k >= 0 and c not in outputs}
     shares = {c: [o for o in operands.get(c, []) if o in temps and last[o] == born[c] and size[o] == size[c]]
               for c in temps}
-    return cpu_allocations(temps, shares, outputs, {a: born[a] for a in outputs}, {**size, **outputs}, end,
-                           operands, born)
+    return cpu_allocations(temps, shares, outputs, written, {**size, **outputs}, end, operands, {**born, **written})

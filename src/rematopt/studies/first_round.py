@@ -5,7 +5,9 @@ does, while the planner finds none), its own peak, the peak of the step
 ``apply_plan`` runs (:func:`~rematopt.exporters.jax_applied.applied_peak`,
 the loop's prediction), and XLA's figures for the compiled step in the
 plan's order and in XLA's (``ordered=False``): how far the prediction is
-off before the loop corrects it. Run from a checkout
+off before the loop corrects it. FLOPs count each loop body times its trip
+count (:func:`~rematopt.xla.kernels.step_flops`; XLA's ``cost_analysis()``
+counts a scanned step's body once). Run from a checkout
 (models/ is imported), on CPU under the memory-minimizing scheduler:
 
     python -m rematopt.studies.first_round OUT.jsonl [planners=greedy,cpsat] [ratios=0.8,0.6,0.5] [MODEL ...]
@@ -37,19 +39,27 @@ def rows(name: str, planners: tuple[str, ...], ratios: tuple[float, ...]) -> lis
     from ..reference import no_remat_peak
     from ..solve import solve
     from ..xla.factory import load_step, plan_graphs
-    from ..xla.verify import compile_figures
+    from ..xla.hlo import parse_hlo
+    from ..xla.kernels import step_flops
+    from ..xla.verify import xla_peak
 
     step = load_step(*MODELS[name])
     fn, args = step.fn, step.args
     settings = flags.for_backend(jax.default_backend())
-    plain, _ = compile_figures(fn, args, step.argnums, settings)
+
+    def compile_figures(f) -> tuple[int, int]:
+        """XLA's peak for ``value_and_grad(f)``, and its FLOPs with loop bodies times their trip counts."""
+        compiled = flags.compile_jitted(jax.jit(jax.value_and_grad(f, step.argnums)), args, settings)
+        return xla_peak(compiled)[0], step_flops(parse_hlo(compiled.as_text()))
+
+    plain, plain_flops = compile_figures(fn)
     graphs = [g for g in plan_graphs(step) if g is not None]
     out = []
     for planner in planners:
         opts = {"time_limit": CPSAT_SECONDS, "workers": 1} if "time_limit" in registry.options(planner) else {}
         for ratio in ratios:
-            rec: dict[str, Any] = {"model": name, "planner": planner, "ratio": ratio, "xla_plain": plain.peak_bytes,
-                                   "plain_flops": plain.flops}
+            rec: dict[str, Any] = {"model": name, "planner": planner, "ratio": ratio, "xla_plain": plain,
+                                   "plain_flops": plain_flops}
             for graph in graphs:
                 where = "compiled" if graph.meta.get("fuse") == "xla" else "traced"
                 g0 = no_remat_peak(graph)
@@ -68,15 +78,14 @@ def rows(name: str, planners: tuple[str, ...], ratios: tuple[float, ...]) -> lis
                 try:
                     with warnings.catch_warnings():
                         warnings.simplefilter("ignore")
-                        c, _ = compile_figures(apply_plan(fn, graph, sol.plan), args, step.argnums, settings)
-                        free, _ = compile_figures(apply_plan(fn, graph, sol.plan, ordered=False), args, step.argnums,
-                                                  settings)
+                        c, flops = compile_figures(apply_plan(fn, graph, sol.plan))
+                        free, free_flops = compile_figures(apply_plan(fn, graph, sol.plan, ordered=False))
                 except Exception as e:  # noqa: BLE001 - as the loop does: a plan that does not apply, the traced graph
                     rec["apply_error"] = f"{type(e).__name__}: {e}"[:200]
                     continue
                 rec.update(graph=where, planning_ratio=b / g0, status=sol.status, plan_peak=sol.replay.peak_bytes,
-                           applied_peak=applied_peak(graph, sol.plan), xla=c.peak_bytes, flops=c.flops,
-                           xla_unordered=free.peak_bytes, flops_unordered=free.flops)
+                           applied_peak=applied_peak(graph, sol.plan), xla=c, flops=flops,
+                           xla_unordered=free, flops_unordered=free_flops)
                 break
             out.append(rec)
     return out
@@ -84,7 +93,7 @@ def rows(name: str, planners: tuple[str, ...], ratios: tuple[float, ...]) -> lis
 
 def markdown(records: list[dict[str, Any]]) -> str:
     head = ("| model | planner | ratio | graph | plan peak / XLA, XLA's order | applied peak / XLA, plan's order "
-            "| XLA / plain: XLA's order, plan's | FLOPs vs plain: XLA's order, plan's |\n"
+            "| XLA / plain: XLA's order, plan's | FLOPs vs plain, loop bodies x trips: XLA's order, plan's |\n"
             "|---|---|---:|---|---:|---:|---:|---:|\n")
     lines = []
     for r in records:

@@ -260,6 +260,45 @@ def scratch_buffers(step: Step, module, producer: dict[int, int], by_eqn: dict[i
     return found
 
 
+def layout_copies(step: Step, module, producer: dict[int, int]) -> dict[int, int]:
+    """The step's results XLA writes in a layout of their own and then copies into the output's
+    (a ``copy``, or a fusion of one, that the entry's root reads): each result's equation with the
+    bytes of the buffer its kernel writes. In the plain step XLA copies each right after its
+    kernel; in a planned step, where the kernel runs earlier, the copy can come at the step's end
+    (resnet and unet's weight gradients, :mod:`rematopt.exporters.jax_applied`)."""
+    from ...xla.memory import ALIASES
+
+    entry = module.entry
+    out: dict[int, int] = {}
+    todo = list(entry.root.operands) if entry.root.opcode == "tuple" else [entry.root.name]
+    for name in todo:
+        x = entry.by_name.get(name)
+        while x is not None and x.opcode == "bitcast":
+            x = entry.by_name.get(x.operands[0])
+        if x is None or not _is_copy(module, x) or not x.operands:
+            continue
+        src = entry.by_name.get(x.operands[0])
+        while src is not None and src.opcode in ALIASES and src.operands:
+            src = entry.by_name.get(src.operands[0])
+        if src is None or src.opcode in ("parameter", "constant"):
+            continue
+        k = _eqn_of_buffer(step, module, producer, x.operands[0], ())
+        k = _eqn_of_buffer(step, module, producer, src.name, ()) if k is None else k
+        if k is not None and len(src.shape.leaves) == 1:
+            out[k] = src.shape.leaves[0].bytes  # (in the order of the results: the order XLA copies them in)
+    return out
+
+
+def _is_copy(module, inst) -> bool:
+    """A layout change: a ``copy``, or a fusion whose root is a copy of its one parameter."""
+    if inst.opcode == "copy":
+        return True
+    if inst.opcode != "fusion" or not inst.called or inst.called[0] not in module.computations:
+        return False
+    root = module.computations[inst.called[0]].root
+    return root.opcode == "copy" and len(inst.operands) == 1
+
+
 def _is_body(module, name: str) -> bool:
     return any(name in i.called and i.opcode in ("while", "conditional", "call")
                for c in module.computations.values() for i in c.instructions)
@@ -334,6 +373,7 @@ def compiled_groups(step: Step) -> tuple[list[list[int]], dict]:
     step.positions = position
     step.scratch = scratch_buffers(step, module, producer, by_eqn, unnamed)
     step.written = {k: bufs[-1][0].bytes for k, bufs in by_eqn.items() if len(eqns[k].outs) == 1}
+    step.layout_copied = layout_copies(step, module, producer)
     if backend == "cpu":
         housed = {(b.instruction, b.index) for b in housed_in_outputs(module)}
         step.housed = frozenset(k for k, bufs in by_eqn.items()
@@ -381,7 +421,9 @@ def xla_memory(step: Step, nodes: list, edges: list[tuple[int, int]]) -> list[in
       written (:func:`rematopt.xla.memory.housed_in_outputs`, the rule the walk reproduces XLA's
       figures with, over the compiled plain step): the nodes whose buffers it houses there cost
       nothing of their own (``extra.housed``: their bytes). (The same rule over the graph's own
-      live ranges housed other buffers of equal size: flax_linen +3.9%, equinox_lm +4.2%.)"""
+      live ranges housed other buffers of equal size: flax_linen +3.9%, equinox_lm +4.2%.)
+    - an output XLA writes in a layout of its own and copies into the output's allocation
+      (:func:`layout_copies`) keeps the bytes of that first buffer in ``extra.layout_copy``."""
     from ...graph import Node
 
     base = list(range(len(nodes)))
@@ -426,6 +468,10 @@ def xla_memory(step: Step, nodes: list, edges: list[tuple[int, int]]) -> list[in
                           bytes=node.bytes, persistent=True, extra={"allocation_of": node.id}))
         node.bytes = 0
         node.extra["allocation"] = len(nodes) - 1
+        head = step.groups[i - step.n_inputs][-1] if step.n_inputs <= i < len(base) else None
+        if head in step.layout_copied:
+            node.extra["layout_copy"] = step.layout_copied[head]
+            node.extra["layout_copy_order"] = list(step.layout_copied).index(head)
         order.insert(0, len(nodes) - 1)
     return order
 

@@ -57,6 +57,9 @@ class Step:
     # fuse="xla" on CPU: equations whose buffer, and scratch instructions, XLA houses in an output's allocation
     housed: frozenset[int] = frozenset()
     housed_scratch: frozenset[str] = frozenset()
+    # fuse="xla": equations whose kernel writes a temporary XLA then copies into the output's layout
+    # (:func:`.compiled.layout_copies`), with that temporary's bytes
+    layout_copied: dict[int, int] = field(default_factory=dict)
     dead: int = 0                     # equations dropped because nothing reads their results
     unrolled: bool = False            # loops were unrolled (:mod:`.unroll`)
     # Per flat leaf: (leaf of the caller's arguments, slice index) when unrolling
