@@ -274,3 +274,53 @@ def test_the_page_faults_of_gpts_per_layer_remat_step_include_its_fusions_scratc
     assert run.returncode == 0, run.stderr[-2000:]
     predicted, measured = json.loads(run.stdout.strip().splitlines()[-1])
     assert predicted > 40_000 and predicted == pytest.approx(measured, rel=0.05)
+
+
+@pytest.mark.parametrize("shape, perm, run", [
+    ((512, 64), (1, 0), 4),  # a 2-D transpose: no two neighbours stay neighbours
+    ((8, 256, 4, 16), (0, 2, 1, 3), 64),  # tokens and heads swapped: each head's 16 floats move together
+    ((8, 256, 64), (2, 0, 1), 4),  # features outermost, as the weight gradients' operands are
+])
+def test_a_transposing_kernel_is_told_from_xlas_program_with_its_contiguous_run(shape, perm, run):
+    import jax.numpy as jnp
+
+    x = jnp.ones(shape, jnp.float32)
+    compiled = jax.jit(lambda x: jnp.transpose(x, perm) * 2.0).lower(x).compile()
+    moved = [k.kernel.transposes for k in step_cost(compiled.as_text(), device("cpu")).kernels if k.kernel.transposes]
+    assert moved == [(x.nbytes, run)]
+
+
+def test_elementwise_work_and_size_one_dimensions_move_nothing_across_dimensions():
+    import jax.numpy as jnp
+
+    x = jnp.ones((512, 64), jnp.float32)
+    compiled = jax.jit(lambda x: jnp.sin(x) * 2.0 + x[:, None, :].sum(1)).lower(x).compile()
+    assert all(k.kernel.transposes is None for k in step_cost(compiled.as_text(), device("cpu")).kernels)
+    hlo = """HloModule m, entry_computation_layout={(f32[8,256,1]{2,1,0}, f32[64,256]{1,0})->(f32[8,256,1]{1,0,2}, f32[64,256]{0,1})}
+
+ENTRY %main (p: f32[8,256,1], q: f32[64,256]) -> (f32[8,256,1], f32[64,256]) {
+  %p = f32[8,256,1]{2,1,0} parameter(0)
+  %unit = f32[8,256,1]{1,0,2} copy(%p)
+  %q = f32[64,256]{1,0} parameter(1)
+  %relayout = f32[64,256]{0,1} copy(%q)
+  ROOT %t = (f32[8,256,1]{1,0,2}, f32[64,256]{0,1}) tuple(%unit, %relayout)
+}
+"""
+    moved = {k.kernel.name: k.kernel.transposes for k in step_cost(hlo, device("cpu")).kernels}
+    assert moved == {"unit": None, "relayout": (64 * 256 * 4, 4)}
+
+
+def test_every_kernel_of_a_compiled_step_is_timed_in_the_program_itself():
+    """XLA's CPU runtime records each kernel under its HLO name: every kernel the pricing sees, the
+    transposing one included, gets a time (how long is a benchmark's business, not a test's)."""
+    import jax.numpy as jnp
+
+    from rematopt.xla.profile import kernel_seconds
+
+    x = jnp.ones((2048, 512), jnp.float32)
+    compiled = jax.jit(lambda x: (jnp.sin(x) * 2.0, jax.lax.optimization_barrier(x * 3.0).T + 1.0)).lower(x).compile()
+    priced = step_cost(compiled.as_text(), device("cpu"))
+    timed = kernel_seconds(compiled, (x,), steps=5)
+    assert set(timed) == {k.kernel.name for k in priced.kernels}
+    assert all(t > 0 for t in timed.values())
+    assert any(k.kernel.transposes for k in priced.kernels) and len(timed) >= 3
