@@ -10,14 +10,24 @@ non-trainable variables.
 ``KERAS_BACKEND`` must be ``jax``: importing this module sets it unless Keras is
 already imported, and refuses another backend.
 
-``remat=`` takes every policy with ``remat_scope="step"`` (one ``jax.checkpoint`` around
-the loss). Per layer Keras on JAX offers ``keras.RematScope(mode="list_of_layers")``, which
-runs a named layer's ``call`` under ``jax.checkpoint`` with no policy; it traces every
-argument, ``training`` included, and keras-hub's decoder blocks then fail on ``if training``
-(Keras 3.15.1), so ``remat_scope="layer"`` is refused here with that reason."""
+``remat=`` takes every policy per layer and on the whole step (one ``jax.checkpoint``
+around the loss). Per layer, each decoder block's ``call`` runs under
+``jax.checkpoint(policy=...)``, its arrays traced and every other argument (``training``,
+gpt2's ``use_causal_mask``, the ``None`` caches) closed over as a Python value, which is
+what a JAX user of Keras writes: Keras's own idiom cannot say it. ``keras.RematScope``
+(``mode="list_of_layers"``) runs a named layer under ``keras.remat``, which is
+``jax.checkpoint(f)`` with no policy (nothing saved: no dots, no names, no offload), and it
+traces every argument of ``call``: keras-hub's Llama and GPT-2 blocks then fail on
+``if training`` in their ``Dropout`` (``TracerBoolConversionError``; Gemma's passed, at dropout 0).
+That is Keras 3.15.1, the newest on PyPI in December 2026. The block runs in its own
+``keras.StatelessScope`` inside the checkpoint, so the dropout seed state it advances comes
+out as an output and is assigned back to the step's scope, and the recomputation draws the
+same masks as the forward. keras-hub tags no ``checkpoint_name``, so the name presets
+(MaxText's ``minimal`` ...) save nothing, like ``nothing_saveable``."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 
@@ -27,6 +37,7 @@ os.environ.setdefault("KERAS_BACKEND", "jax")
 for _tf in ("tensorflow", "tensorflow_text"):
     sys.modules.setdefault(_tf, None)  # type: ignore[assignment]
 
+import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -61,17 +72,42 @@ def backbone(c: dict) -> keras_hub.models.Backbone:
 CAUSAL_LM = {"llama": "LlamaCausalLM", "gemma": "GemmaCausalLM", "gpt2": "GPT2CausalLM"}
 
 
+def checkpointed(block: keras.layers.Layer, policy):
+    """``block.call`` under ``jax.checkpoint(policy=policy)``: the tensors among its arguments and
+    the block's variables are the checkpoint's inputs; the other arguments (``training`` ...) stay
+    Python values, closed over, so the block's ``if training`` sees a bool (module docstring)."""
+    call = block.call
+    signature = inspect.signature(call)
+
+    def run(*args, **kwargs):
+        given = signature.bind(*args, **kwargs).arguments
+        tensors = {k: v for k, v in given.items() if keras.ops.is_tensor(v)}
+        variables = block.trainable_variables + block.non_trainable_variables
+
+        def pure(values, tensors):
+            with keras.StatelessScope(state_mapping=list(zip(variables, values))) as scope:
+                out = call(**{**given, **tensors})
+            return out, [scope.get_current_value(v) for v in block.non_trainable_variables]
+
+        out, state = jax.checkpoint(pure, policy=policy)([v.value for v in variables], tensors)
+        for v, value in zip(block.non_trainable_variables, state):
+            v.assign(value)  # into the step's StatelessScope: the dropout seed, advanced
+        return out
+
+    return run
+
+
 def factory(remat: str | None = None, remat_scope: str = "layer", **overrides):
     """``(loss_fn, (trainable, non_trainable, tokens))`` at ``CONFIG`` updated with
     ``overrides``: the causal LM's trainable and non-trainable variable values,
     and ``batch`` sequences of ``seq + 1`` tokens."""
     c = configure(CONFIG, overrides)
     r = Remat.of(remat, remat_scope)
-    if r.per_layer:
-        raise TypeError("remat per layer: Keras's RematScope traces the decoder blocks' training flag through "
-                        "jax.checkpoint and keras-hub's blocks fail on it; use remat_scope='step'")
     keras.utils.set_random_seed(c["seed"])
     model = getattr(keras_hub.models, CAUSAL_LM[c["backbone"]])(backbone=backbone(c), preprocessor=None)
+    if r.per_layer:
+        for block in model.backbone.transformer_layers:
+            block.call = checkpointed(block, r.policy)
     trainable = [v.value for v in model.trainable_variables]
     non_trainable = [v.value for v in model.non_trainable_variables]
     tokens = jnp.asarray(rng(c["seed"] + 1).integers(0, c["vocab"], (c["batch"], c["seq"] + 1), dtype=np.int32))

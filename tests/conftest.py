@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -36,3 +39,24 @@ def pytest_report_header(config):
     import fuzzing
 
     return fuzzing.header()
+
+
+@contextmanager
+def cpu_burner() -> Iterator[None]:
+    """A thread spinning in Python beside the block: it takes the GIL from
+    the Python of this process and a core from everything else (CP-SAT's
+    search, a CLI run in a subprocess, XLA's compiles)."""
+    stop = threading.Event()
+
+    def burn() -> None:
+        x = 0
+        while not stop.is_set():
+            x = (x * 31 + 7) % 1_000_003
+
+    t = threading.Thread(target=burn, daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        t.join()

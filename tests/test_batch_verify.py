@@ -150,6 +150,23 @@ def test_ctrl_c_while_a_factory_is_prepared_ends_its_worker_and_writes_no_row(tm
     assert not read_rows(out) and not list((out / "factories").glob("*/prepared.json"))
 
 
+def test_deterministic_time_goes_to_each_jobs_loop(tmp_path):
+    """--deterministic-time D is each job's loop's (solve --verify xla's): its
+    rounds take their shares of D on one cpsat worker, and the row says
+    which limit ended the loop and that it is the deterministic run."""
+    out = tmp_path / "res"
+    run = rematopt("batch", "models.mlp:factory", "--set", "layers=1", "--set", "width=32", "--set", "in_dim=16",
+                   "--set", "batch=8", "--verify", "xla", "--planners", "cpsat", "--budget-ratios", "0.9",
+                   "--time-limit", LIMIT, "--deterministic-time", "0.1", "--out", out)
+    assert run.returncode == 0, run.stderr[-2000:]
+    (row,) = read_rows(out)
+    assert json.loads(row["options"])["deterministic_time"] == 0.1
+    assert row["deterministic"] is True and row["stopped_by"] != "time_limit"
+    rounds = json.loads(row["planning_rounds"])
+    assert len(rounds) == row["rounds"] >= 1 and all(0 < r["limit_s"] <= 0.1 for r in rounds)
+    assert row["deterministic_spent"] == pytest.approx(sum(r["deterministic_spent"] for r in rounds), abs=1e-3)
+
+
 @pytest.mark.parametrize("args, problem", [
     (["models.nosuch:factory", "--verify", "xla"], "models.nosuch:factory: cannot import models.nosuch"),
     (["models.mlp:nofactory", "--verify", "xla"], "models.mlp:nofactory: models.mlp has no callable nofactory"),
@@ -157,6 +174,8 @@ def test_ctrl_c_while_a_factory_is_prepared_ends_its_worker_and_writes_no_row(tm
     (["models.mlp:factory", "--verify", "xla", "--set", "layers"], "expected KEY=VALUE"),
     (["models.mlp:factory"], "models.mlp:factory: a JAX MODULE:FACTORY input goes with --verify xla"),
     (["models/mlp.py", "--verify", "xla"], "models/mlp.py: --verify xla takes JAX MODULE:FACTORY inputs"),
+    (["models.mlp:factory", "--verify", "xla", "--deterministic-time", "-1"],
+     "--deterministic-time must be a finite number >= 0, got -1"),
 ])
 def test_bad_specs_end_in_one_line_and_exit_2(tmp_path, args, problem):
     run = rematopt("batch", *args, "--planners", "greedy", "--budget-ratios", "0.5", "--out", tmp_path / "o")

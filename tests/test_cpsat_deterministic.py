@@ -10,12 +10,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
 import time
-from contextlib import contextmanager
-from typing import Iterator
 
 import pytest
+from conftest import cpu_burner
 
 from rematopt.solve import Solution, solve
 from rematopt.errors import PlannerError
@@ -29,26 +27,6 @@ from rematopt.reference import no_remat_peak, peak_lower_bound
 GRAPH = synthetic.random_layered(100, seed=0)
 BUDGET = (peak_lower_bound(GRAPH) + no_remat_peak(GRAPH)) // 2
 WORK = 0.3
-
-
-@contextmanager
-def cpu_burner() -> Iterator[None]:
-    """A thread spinning in Python beside the block: it takes the GIL from
-    the planner's Python and a core from CP-SAT's search."""
-    stop = threading.Event()
-
-    def burn() -> None:
-        x = 0
-        while not stop.is_set():
-            x = (x * 31 + 7) % 1_000_003
-
-    t = threading.Thread(target=burn, daemon=True)
-    t.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        t.join()
 
 
 def outcome(sol: Solution) -> tuple:

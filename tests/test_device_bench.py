@@ -12,8 +12,11 @@ import pytest
 
 pytest.importorskip("jax")
 
-from rematopt.studies.device import AGAIN, MODELS, Bench, Row, _slop, noise, pareto, run_bench, time_steps, verdict  # noqa: E402,E501
-from rematopt.xla.cost import Fit  # noqa: E402
+from rematopt.importers.costmodel import device  # noqa: E402
+from rematopt.studies.device import AGAIN, MAX_ROUNDS, MODELS, Bench, Row, _calibrate, _slop, noise, pareto, run_bench, time_steps, verdict  # noqa: E402,E501
+from rematopt.xla.cost import Calibration, StepCost, kernel_cost  # noqa: E402
+from rematopt.xla.kernels import Kernel  # noqa: E402
+from rematopt.xla.machine import Machine  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -53,9 +56,39 @@ def test_time_steps_interleaves_rounds_of_every_variant_and_keeps_going_past_a_f
         "broken": {"remat": "no_such_policy", "scope": "layer"}}}
     got = time_steps(spec)
     assert set(got["times"]) == {"plain", AGAIN, "layer:nothing_saveable"} and set(got["errors"]) == {"broken"}
-    assert all(len(t) == 3 and min(t) > 0 for t in got["times"].values())
-    assert all(len(f) == 3 and min(f) >= 0 for f in got["faults"].values())
+    # the tiny MLP's steps take microseconds: as many rounds as short steps get, every variant in each
+    assert got["rounds"] == MAX_ROUNDS
+    assert all(len(t) == MAX_ROUNDS and min(t) > 0 for t in got["times"].values())
+    assert all(len(f) == MAX_ROUNDS and min(f) >= 0 for f in got["faults"].values())
     assert got["peaks"]["plain"] == got["peaks"][AGAIN]  # a second compile of one program: the same memory
+
+
+def test_the_profile_is_scaled_on_the_plain_step_and_every_other_row_is_predicted():
+    """Calibrated on the plain step alone: the plain step is priced at its time, and a plan's
+    prediction does not move when its measured time does (it is never fitted on)."""
+    m = Machine(flops_per_s=1e11, dot_flops_per_s=2.5e10, vector_flops_per_s=3e10, bytes_per_s=5e10,
+                launch_s=1e-6, fault_s=2e-6)
+
+    def step(*kernels):
+        return StepCost(device("cpu"), tuple(kernel_cost(Kernel(f"k{i}", kind, read, 0, flops, ()), device("cpu"))
+                                             for i, (kind, read, flops) in enumerate(kernels)))
+
+    plain = step(("dot", 0, int(1e9)), ("fusion:kLoop", int(1e8), 0))
+    plan = step(("fusion:kCustom", 0, int(1e9)), ("fusion:kLoop", int(2e8), 0), ("fusion:kLoop", int(1e6), 0))
+    predictions = []
+    for plan_ms in (50.0, 80.0):
+        b = Bench("cpu", "cpu", machine=m, rows=[
+            Row("m", "plain", "plain", step_ms=100.0, predicted_faults=10_000),
+            Row("m", AGAIN, "plain", step_ms=101.0, predicted_faults=10_000),
+            Row("m", "rematopt@0.8", "rematopt", 0.8, step_ms=plan_ms, predicted_faults=0)])
+        b.costs = {("m", "plain"): plain, ("m", AGAIN): plain, ("m", "rematopt@0.8"): plan}
+        _calibrate(b, "m")
+        c = b.calibrations["m"]
+        # plain: 40 ms of Eigen dot + 2 ms of bytes + 2 launches on the machine, 20 ms of page faults
+        assert c.scale == pytest.approx(80e-3 / (40e-3 + 2e-3 + 2e-6))
+        assert b.rows[0].predicted_ms == pytest.approx(100.0) and b.rows[1].predicted_ms == pytest.approx(100.0)
+        predictions.append(b.rows[2].predicted_ms)
+    assert predictions[0] == predictions[1] == pytest.approx(1e3 * c.scale * (10e-3 + 4e-3 + 2e-5 + 3e-6))
 
 
 def test_pareto_front_and_slop():
@@ -74,9 +107,9 @@ def test_bench_on_a_tiny_model_writes_the_report(tmp_path):
     kinds = [r.kind for r in bench.rows]
     assert kinds.count("plain") == 2 and kinds.count("layer") == 2 and kinds.count("step") == 1
     assert kinds[-1] == "rematopt" and bench.rows[1].variant == AGAIN
-    # a line per row process (for a missing plan, its reason), the planning's and the timing's: one more
-    # than the rows, plain (again) having no process of its own
-    assert len(lines) == len(bench.rows) + 1
+    # the micro-benchmarks' line, then a line per row process (for a missing plan, its reason), the
+    # planning's and the timing's: two more than the rows, plain (again) having no process of its own
+    assert lines[0].startswith("machine: ") and len(lines) == len(bench.rows) + 2
     for r in bench.rows:
         if r.kind != "rematopt" or r.compiled_peak:
             assert r.compiled_peak > 0 and r.step_ms > 0 and r.predicted_ms > 0, r
@@ -84,8 +117,8 @@ def test_bench_on_a_tiny_model_writes_the_report(tmp_path):
             assert r.variant == AGAIN or r.grad_error < 1e-5
     plain = [r for r in bench.rows if r.kind == "plain"]
     assert all(r.compiled_peak == plain[0].compiled_peak for r in plain)  # same program, same memory
-    fitted = bench.fits["mlp"]
-    assert isinstance(fitted, Fit) and set(fitted.fitted_on) == {r.variant for r in bench.rows if r.kind != "rematopt"}
+    assert isinstance(bench.calibrations["mlp"], Calibration) and bench.machine is not None
+    assert bench.rows[0].predicted_ms == pytest.approx(bench.rows[0].step_ms)  # calibrated on the plain step
     folder = tmp_path / bench.backend
     md = (folder / "device.md").read_text()
     assert md.index("## Verdict") < md.index("## Every row")

@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("jax")
 
-from conftest import rematopt  # noqa: E402
+from conftest import cpu_burner, rematopt  # noqa: E402
 
 
 def verified(*args):
@@ -87,6 +87,10 @@ def test_where_nothing_fits_the_first_line_says_so(tmp_path):
     (["models.gpt:factory", "--verify", "xla", "--budget", "1M"], "--budget-ratio"),
     (["models.nosuch:factory", "--verify", "xla", "--budget-ratio", "0.5"], "cannot import"),
     (["models.gpt:factory", "--set", "layers=2", "--budget-ratio", "0.5"], "--verify xla"),
+    (["models.mlp:factory", "--verify", "xla", "--budget-ratio", "0.5", "--deterministic-time", "-1"],
+     "--deterministic-time must be a finite number >= 0"),
+    (["models.mlp:factory", "--verify", "xla", "--budget-ratio", "0.5", "--deterministic-time", "1",
+      "--workers", "2"], "one worker, not --workers 2"),
 ])
 def test_bad_input_exits_2_with_one_line(args, message):
     run = rematopt("solve", *args)
@@ -125,9 +129,71 @@ print(json.dumps([c.label for c in v.candidates]))
     assert json.loads(run.stdout.splitlines()[-1]) == ["plain step"]
 
 
+# The tiny MLP at 0.9 of its plain step with 0.1 deterministic seconds: measured, five cpsat rounds
+# in XLA's order until the bracket closes, some of them stopped by their share of D (0.017 s spent of
+# 0.0172), about 10 s of wall clock for the loop here.
+DETERMINISTIC = ("models.mlp:factory", "--set", "layers=1", "--set", "width=32", "--set", "in_dim=16", "--set",
+                 "batch=8", "--budget-ratio", "0.9", "-p", "cpsat", "--time-limit", "240", "--deterministic-time",
+                 "0.1")
+
+
+def repeated(d: dict) -> tuple:
+    """What a deterministic loop repeats: its rounds (planning budgets, shares of D, the work they
+    spent, the planner's status, the compiled peak), what ended it, the answer and every candidate's peak."""
+    return (d["planning_rounds"], d["rounds"], d["stopped_by"], d["deterministic_spent"], d["chosen"],
+            d["xla_peak_bytes"], [(c["label"], c["xla_peak_bytes"], c["xla_flops"]) for c in d["candidates"]])
+
+
+def test_the_loop_under_deterministic_time_repeats_under_load():
+    quiet, _ = verified(*DETERMINISTIC)
+    with cpu_burner():
+        loaded, _ = verified(*DETERMINISTIC)
+    check_verdict(quiet)
+    assert quiet["deterministic"] and loaded["deterministic"] and quiet["deterministic_time"] == 0.1
+    assert repeated(loaded) == repeated(quiet)
+    rounds = quiet["planning_rounds"]
+    assert len(rounds) == quiet["rounds"] >= 3
+    assert len({r["planning_budget_bytes"] for r in rounds}) == len(rounds)  # each round a new planning budget
+    # every round's limit is its share of what is left of D; some rounds spend the whole of it
+    assert all(0 < r["limit_s"] <= 0.1 for r in rounds)
+    assert any(r["deterministic_spent"] >= 0.9 * r["limit_s"] for r in rounds)
+    assert quiet["deterministic_spent"] == pytest.approx(sum(r["deterministic_spent"] for r in rounds), abs=1e-3)
+    assert quiet["stopped_by"] != "time_limit"
+
+
+def test_a_wall_clock_cut_says_the_loop_was_not_the_deterministic_one():
+    """--time-limit stays the outer bound under --deterministic-time: a loop
+    whose wall clock runs out before it plans compiles what it must (the plain
+    step), says the wall clock ended it and that it is not the deterministic run."""
+    code = """
+import json
+from rematopt import jax as rj
+from rematopt.xla import verify
+loss, args = rj.load_factory("models.mlp:factory", layers=1, width=32, in_dim=16, batch=8)
+graph = rj.trace_grad(loss, *args)
+for work in (None, 5.0):
+    s = verify.verify(loss, args, graph, "cpsat", 0.9, time_limit=0.0, deterministic_time=work).summary()
+    print(json.dumps([s["stopped_by"], s["deterministic"], s["deterministic_time"], s["rounds"],
+                      [c["label"] for c in s["candidates"]]]))
+"""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = dict(os.environ, XLA_FLAGS="--xla_cpu_enable_concurrency_optimized_scheduler=false")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         cwd=Path(__file__).resolve().parents[1], env=env)
+    assert run.returncode == 0, run.stderr[-2000:]
+    wall, work = (json.loads(line) for line in run.stdout.splitlines()[-2:])
+    assert wall == ["time_limit", False, None, 0, ["plain step"]]
+    assert work == ["time_limit", False, 5.0, 0, ["plain step"]]
+
+
 def test_a_factory_that_refuses_per_layer_remat_offers_whole_step_candidates_only(monkeypatch):
-    """keras_lm refuses remat per layer (with its reason): --verify xla goes on
-    with the whole-step policies and says why, instead of ending with exit 2."""
+    """A factory that refuses remat per layer (with its reason, as keras_lm did before it
+    checkpointed keras-hub's blocks): --verify xla goes on with the whole-step policies and
+    says why, instead of ending with exit 2."""
     import sys
     import types
 

@@ -130,7 +130,8 @@ FINISH_S = 0.5
 @click.option("--verify", type=click.Choice(["xla"]),
               help="GRAPH is a JAX MODULE:FACTORY: plan its step, compile each plan with the installed XLA and "
                    "return the cheapest whose compiled peak fits --budget-ratio x the compiled plain step's "
-                   "(--time-limit: the whole loop's seconds).")
+                   "(--time-limit: the whole loop's seconds; --deterministic-time: the loop's deterministic "
+                   "seconds, shared out to its rounds, for an answer that does not depend on the load).")
 @click.option("--set", "factory_settings", multiple=True, metavar="KEY=VALUE",
               help="--verify: factory keyword argument (repeatable), as for import jax.")
 @click.option("--argnums", default="0", show_default=True, help="--verify: differentiated arguments, e.g. 0 or 0,1.")
@@ -195,14 +196,16 @@ def _solve_verified(spec: str | None, planner: str, budget: str | None, budget_r
     given = {k for k in options if ctx.get_parameter_source(k) is ParameterSource.COMMANDLINE
              and options[k] is not False}
     time_limit = options.pop("time_limit", None)  # the whole loop's, not one planning round's
-    ignored = given - {"time_limit"} - planners.options(planner)
+    deterministic_time = options.pop("deterministic_time", None)  # the loop's, shared out to its rounds
+    ignored = given - {"time_limit", "deterministic_time"} - planners.options(planner)
     if ignored:
         flags = {p.name: p.opts[0] for p in ctx.command.params}
         raise RematoptError(f"planner {planner!r} does not take {', '.join(sorted(flags[k] for k in ignored))}")
     options = {k: v for k, v in options.items() if v is not None and k in planners.options(planner)}
     if "progress" in planners.options(planner):
         options.setdefault("progress", False)
-    run(spec, settings, parse_argnums(argnums), planner, budget_ratio, time_limit, output, as_json, options)
+    run(spec, settings, parse_argnums(argnums), planner, budget_ratio, time_limit, output, as_json, options,
+        deterministic_time)
 
 
 def load_hint(path: str, graph: Graph) -> Plan:

@@ -15,12 +15,19 @@ DEFAULT_TIME_LIMIT = 300.0  # seconds for the whole command when --time-limit is
 
 
 def run(spec: str, settings: tuple[str, ...], argnums: tuple[int, ...], planner: str, budget_ratio: float | None,
-        time_limit: float | None, output: str | None, as_json: bool, options: dict[str, Any]) -> None:
-    """The ``--verify xla`` form of ``solve`` (its options as ``solve`` parsed them)."""
+        time_limit: float | None, output: str | None, as_json: bool, options: dict[str, Any],
+        deterministic_time: float | None = None) -> None:
+    """The ``--verify xla`` form of ``solve`` (its options as ``solve`` parsed them;
+    ``deterministic_time``: the loop's, :func:`~rematopt.xla.verify.verify`)."""
     if budget_ratio is None:
         raise RematoptError(f"{spec}: --verify xla takes --budget-ratio (a share of the compiled plain step's peak)")
     if not 0 < budget_ratio:
         raise RematoptError(f"{spec}: --budget-ratio must be positive, got {budget_ratio}")
+    if deterministic_time is not None and not 0 <= deterministic_time < float("inf"):
+        raise RematoptError(f"{spec}: --deterministic-time must be a finite number >= 0, got {deterministic_time}")
+    if deterministic_time is not None and (options.get("workers") or 1) > 1:  # before anything compiles
+        raise RematoptError(f"{spec}: --deterministic-time runs the planner on one worker, not --workers "
+                            f"{options['workers']}")
     check_writable(output)
     # before JAX starts its backend: the CPU scheduler is read once, then (a CPU-only flag, inert elsewhere)
     flags.apply(flags.CPU_VERIFY)
@@ -34,7 +41,7 @@ def run(spec: str, settings: tuple[str, ...], argnums: tuple[int, ...], planner:
     graph, fallback = plan_graphs(step, say)
     left = (DEFAULT_TIME_LIMIT if time_limit is None else time_limit) - since_start()
     verdict = verify(step.fn, step.args, graph, planner, budget_ratio, time_limit=max(1.0, left), options=options,
-                     stock=step.stock, progress=say, fallback=fallback)
+                     stock=step.stock, progress=say, fallback=fallback, deterministic_time=deterministic_time)
     chosen = verdict.chosen
     if output and chosen.plan is not None:
         chosen.plan.save(output)

@@ -162,11 +162,12 @@ def applied_step(graph: Graph, plan: Plan) -> AppliedStep:
     for u, (first, end) in _slice_copies(graph, order).items():
         born[(u, "s")], last[(u, "s")] = first, end
     extra = {copy: graph.nodes[copy[0]].extra or {} for copy in born}
-    # a buffer XLA makes on its own for a library call (a transposed copy for a convolution) is made
-    # for it, wherever the plan first computed its node; others stay where the plan makes them
-    # (equinox_lm, greedy at 0.8: applied / XLA 0.894 moved to their first readers, 0.939 not)
+    backward_pass = next(k for k, (i, c) in enumerate(order) if c == "b" and graph.nodes[i].op != "xla_buffer")
+    # a buffer XLA makes on its own in the backward pass (a transposed copy for a convolution) is
+    # made for its reader, wherever the plan first computed its node; one the forward pass makes
+    # stays there (keras gpt2: the dropout masks' random bits, read in the backward pass)
     born.update((c, first_read[c]) for c in born if graph.nodes[c[0]].op == "xla_buffer" and c in first_read
-                and graph.nodes[order[first_read[c]][0]].op in LIBRARY_CALLS)
+                and born[c] >= backward_pass)
     # a result XLA copies into the output's layout holds its kernel's buffer to the step's end
     copied = sorted((c for c in born if "layout_copy" in extra[c]), key=lambda c: extra[c]["layout_copy_order"])
     last.update((c, len(order) - 1) for c in copied)

@@ -23,6 +23,11 @@ class Device:
     # Vector units (elementwise work, reductions) where they are slower than the matrix
     # units; None: the same rate. Only the compiled-kernel pricing (rematopt.xla.cost) uses it.
     vector_flops_per_s: float | None = None
+    # Lone dot kernels where they run slower than the fused GEMMs; None: the matrix rate. XLA's CPU
+    # runs a dot it leaves out of its YNNPACK fusions (the weight gradients' transposed operands)
+    # through Eigen, at 15 to 44 GFLOP/s on this machine's core where YNNPACK's GEMMs run 65 to 107
+    # (widths 32 to 128, rematopt.xla.machine). Measured, never a data sheet's figure.
+    dot_flops_per_s: float | None = None
 
 
 # Peak dense FLOP/s at the training precision (bf16 tensor cores on GPUs; h200:

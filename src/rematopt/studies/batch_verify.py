@@ -31,13 +31,15 @@ Why it is built this way:
   step as applied), ``order`` (the graph order the plan was made in) and
   ``model_overhead``; the rest of
   ``solve --verify xla --json`` is there under its own names
-  (``xla_settings`` and ``candidates`` as JSON text).
+  (``stopped_by`` and ``deterministic`` among them; ``xla_settings``,
+  ``planning_rounds`` and ``candidates`` as JSON text).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import signal
 import subprocess
@@ -118,21 +120,27 @@ def plan_verified(factories: list[FactoryInput], planner_names: list[str], ratio
     """The job list, as :func:`~rematopt.studies.batch.plan_batch` makes it
     for graphs: fast planners first, finished jobs left out with ``resume``.
     ``options["time_limit"]`` is each job's whole loop (planning rounds and
-    compiles); a worker is killed at it plus ``timeout_margin``. The jobs
+    compiles); a worker is killed at it plus ``timeout_margin``.
+    ``options["deterministic_time"]`` is each job's loop's too (every
+    planner's: the loop's rounds then do not depend on the load). The jobs
     still need their factory's shared figures (:func:`prepare_jobs`)."""
     out = Path(out).resolve()
     options = {k: v for k, v in (options or {}).items() if v is not None}
     check_jobs(planner_names, ratios, options)
+    work = options.get("deterministic_time")
+    if work is not None and not 0 <= work < math.inf:  # the loop's, whichever planners run it
+        raise RematoptError(f"--deterministic-time must be a finite number >= 0, got {work}")
     done, earlier = previous_rows(out, resume)
     timeout = float(options.get("time_limit") or 3600.0) + timeout_margin
     specs, rerun = [], {}
     for planner in sorted(planner_names, key=lambda p: p in EXACT):
         taken = planners.options(planner)
-        run_options = {k: v for k, v in options.items() if k in taken and k != "time_limit"}
+        run_options = {k: v for k, v in options.items()
+                       if k in taken and k not in ("time_limit", "deterministic_time")}  # the loop's, not a round's
         if "progress" in taken:
             run_options["progress"] = False
-        if default_workers and "workers" in taken:
-            run_options.setdefault("workers", default_workers)
+        if default_workers and "workers" in taken:  # cpsat's deterministic time runs one
+            run_options.setdefault("workers", 1 if "deterministic_time" in options else default_workers)
         for f in factories:
             for r in ratios:
                 key = job_key(f.sha256, r, planner, options)
@@ -285,7 +293,7 @@ def verified_row(spec: dict[str, Any]) -> dict[str, Any]:
              for label, k in prepared["known"].items()}
     v = verify(step.fn, step.args, graph, spec["planner"], spec["budget_ratio"],
                time_limit=float(spec.get("time_limit") or 3600.0), options=spec["run_options"], stock=step.stock,
-               known=known, fallback=fallback)
+               known=known, fallback=fallback, deterministic_time=spec["options"].get("deterministic_time"))
     s = v.summary()
     row = base_row(spec)
     row.update(
@@ -298,8 +306,10 @@ def verified_row(spec: dict[str, Any]) -> dict[str, Any]:
         **{k: s[k] for k in ("fits", "budget_bytes", "xla_plain_peak_bytes", "xla_reference",
                              "graph_no_remat_peak_bytes", "chosen", "kind", "predicted_peak_bytes", "plan_peak_bytes",
                              "xla_peak_bytes",
-                             "planning_budget_bytes", "order", "xla_flops", "xla_plain_flops", "rounds")},
+                             "planning_budget_bytes", "order", "xla_flops", "xla_plain_flops", "rounds",
+                             "stopped_by", "deterministic", "deterministic_spent")},
         xla_settings=json.dumps(s["xla_settings"], sort_keys=True, default=str),
+        planning_rounds=json.dumps(s["planning_rounds"]),
         candidates=json.dumps(s["candidates"], default=str),
     )
     if v.chosen.plan is not None:

@@ -17,8 +17,11 @@ gradient difference from the plain step. Then one process times every variant of
 interleaved rounds (and a second compile of the plain step, ``plain (again)``, beside them: the noise
 floor); a row's step time is its fastest round. On CPU the clock is the process's CPU time with the
 worker pinned to one core, so the other work on a shared machine does not enter the figure; on a
-GPU, wall-clock time. Last, each row's kernels are priced (:mod:`rematopt.xla.cost`) on a profile
-fitted to the baselines' measured times; the plans are predicted, not fitted. On CPU every row runs
+GPU, wall-clock time. Last, each row's kernels are priced (:mod:`rematopt.xla.cost`) on the rates
+micro-benchmarks measured on the core (:mod:`rematopt.xla.machine`; on a GPU its data sheet), scaled
+so that the plain step's predicted time is its measured time, plus on CPU the page faults the compiled
+program predicts (:func:`rematopt.xla.cost.step_faults`) at their measured price; every other row is
+predicted. On CPU every row runs
 under XLA's memory-minimizing scheduler (``--xla_cpu_enable_concurrency_optimized_scheduler=false``),
 without which XLA's CPU schedule undoes rematerialization.
 """
@@ -38,7 +41,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from ..xla.cost import Fit, StepCost, fit
+from ..xla.cost import Calibration, StepCost, calibrate
+from ..xla.machine import Machine
 
 CPU_SCHEDULER = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
 POLICIES = ("nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable")
@@ -50,6 +54,9 @@ QUICK_RATIOS = (0.8,)
 # time of one step varies by under 5% between rounds (quick gpt, load average 10); the fastest of
 # 5 rounds is steady to within that.
 ROUNDS, QUICK_ROUNDS = 9, 5
+# Short steps get more rounds, up to ROUND_SECONDS of each variant's steps (at most MAX_ROUNDS): quick
+# keras_llama's 12.8 ms steps, fastest of 5 rounds, differed by 10.6% between the even and odd rounds.
+ROUND_SECONDS, MAX_ROUNDS = 0.5, 60
 AGAIN = "plain (again)"
 # XLA's GPU memory limit is (0.8 x device memory - inputs - outputs) x slop / 100 (issue 36).
 GPU_LIMIT_SHARE = 0.8
@@ -97,11 +104,12 @@ class Row:
     device_peak: int | None = None
     step_ms: float | None = None
     step_ms_spread: float | None = None  # fastest step of the even rounds against the odd ones, over step_ms
-    predicted_ms: float | None = None  # kernels priced on the profile fitted to the baselines
+    predicted_ms: float | None = None  # kernels priced on the profile calibrated on the plain step, and page faults
     predicted_raw_ms: float | None = None  # on the data-sheet profile
     predicted_peak: int | None = None  # the plan's peak on the graph (rematopt rows)
     predicted_overhead: float | None = None  # the plan's recompute overhead on the graph
     page_faults: int | None = None  # minor page faults per step (median over the rounds)
+    predicted_faults: int | None = None  # per step, from the compiled program (xla.cost.step_faults)
     kernels: int | None = None
     bytes_moved: int | None = None
     grad_error: float | None = None
@@ -144,7 +152,7 @@ def measure(spec: dict) -> dict:
     import numpy as np
 
     from ..importers.costmodel import device
-    from ..xla.cost import step_cost
+    from ..xla.cost import step_cost, step_faults
     from ..xla.memory import xla_reference
 
     compiled, args, compile_s = _compile(spec)
@@ -154,6 +162,7 @@ def measure(spec: dict) -> dict:
     text = compiled.as_text()
     Path(spec["hlo"]).write_text(text)
     cost = step_cost(text, device(spec["device"]))
+    faults = step_faults(text, int(analysis.temp_size_in_bytes)) if backend == "cpu" else 0
     out = jax.block_until_ready(compiled(*args))
     grads = [np.asarray(x) for x in jax.tree_util.tree_leaves(out[1])]
     if spec["grads"] and not Path(spec["grads"]).exists():
@@ -165,7 +174,7 @@ def measure(spec: dict) -> dict:
     stats = jax.devices()[0].memory_stats() or {}
     return {"compiled_peak": ref.bytes, "compiled_peak_is": ref.what, "device_peak": stats.get("peak_bytes_in_use"),
             "predicted_raw_ms": 1e3 * cost.seconds, "kernels": len(cost.kernels), "bytes_moved": cost.bytes_moved,
-            "grad_error": error, "compile_s": compile_s, "backend": backend,
+            "predicted_faults": faults, "grad_error": error, "compile_s": compile_s, "backend": backend,
             "argument_bytes": int(analysis.argument_size_in_bytes), "output_bytes": int(analysis.output_size_in_bytes),
             "device_memory": stats.get("bytes_limit")}
 
@@ -175,7 +184,8 @@ def time_steps(spec: dict) -> dict:
     of every variant (the order rotated each round), so the machine's drift reaches all of them
     alike. The clock is ``spec["clock"]``: ``cpu``, the process's CPU time (the worker is pinned to
     one core, so this is the step's work on that core, whatever else loads the machine), or
-    ``wall``. Per variant, its milliseconds and the process's minor page faults per round (pages the
+    ``wall``; at least ``spec["rounds"]`` rounds, more for short steps (up to :data:`ROUND_SECONDS` of
+    each variant's steps). Per variant, its milliseconds and the process's minor page faults per round (pages the
     step touched fresh: on CPU, XLA maps its temp buffer anew each step), and its compiled peak (a
     second copy of a program must match the first). The compiles hit JAX's persistent cache the row processes
     filled."""
@@ -196,7 +206,14 @@ def time_steps(spec: dict) -> dict:
         out["times"][label], out["faults"][label] = [], []
         out["peaks"][label] = xla_reference(compiled.memory_analysis(), jax.default_backend()).bytes
     labels = list(steps)
-    for r in range(spec["rounds"]):
+    slowest = 0.0
+    for compiled, args in steps.values():  # one more step each, timed, to size the rounds
+        t = clock()
+        jax.block_until_ready(compiled(*args))
+        slowest = max(slowest, clock() - t)
+    rounds = max(spec["rounds"], min(MAX_ROUNDS, math.ceil(ROUND_SECONDS / max(slowest, 1e-6))))
+    out["rounds"] = rounds
+    for r in range(rounds):
         for label in labels[r % len(labels):] + labels[:r % len(labels)]:
             compiled, args = steps[label]
             faults, t = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, clock()
@@ -281,7 +298,8 @@ class Bench:
     ratios: tuple[float, ...] = RATIOS
     clock: str = "cpu"  # what a step time is: "cpu" (the process's CPU time, one core) or "wall"
     costs: dict[tuple[str, str], StepCost] = field(default_factory=dict)  # (model, variant): its kernels, data sheet
-    fits: dict[str, Fit | str] = field(default_factory=dict)  # per model: the fitted profile, or why there is none
+    machine: Machine | None = None  # the CPU's measured rates (None on a GPU: its data sheet)
+    calibrations: dict[str, Calibration | str] = field(default_factory=dict)  # per model, or why there is none
 
 
 def run_bench(models: tuple[str, ...] = DEFAULT_MODELS, quick: bool = False, runs: int | None = None,
@@ -307,6 +325,12 @@ def run_bench(models: tuple[str, ...] = DEFAULT_MODELS, quick: bool = False, run
     if backend == "cpu":
         bench.notes.append(f"CPU rows run under XLA_FLAGS={CPU_SCHEDULER} (the memory-minimizing scheduler), "
                            f"each worker pinned to core {min(os.sched_getaffinity(0))}.")
+        got = _worker({"machine": True, "pin": min(os.sched_getaffinity(0)), "cwd": str(cwd)}, env, 300)
+        if "error" in got:
+            bench.notes.append(f"the micro-benchmarks failed ({got['error']}): the data sheet's rates are scaled")
+        else:
+            bench.machine = Machine(**got)
+            progress(f"machine: {bench.machine.describe()}")
     try:
         for name in models:
             model = MODELS[name]
@@ -418,10 +442,10 @@ def _time(bench: Bench, model: str, specs: dict[str, dict], base: dict, pin: dic
         rows.get(variant, again).note += f" timing failed: {why}"
     if AGAIN in got["peaks"]:
         again.compiled_peak, again.compiled_peak_is = got["peaks"][AGAIN], plain.compiled_peak_is
-        for k in ("predicted_raw_ms", "kernels", "bytes_moved"):
+        for k in ("predicted_raw_ms", "kernels", "bytes_moved", "predicted_faults"):
             setattr(again, k, getattr(plain, k))
         bench.costs[model, AGAIN] = bench.costs[model, "plain"]
-    progress(f"{model:12} {len(got['times'])} variants timed in {rounds} interleaved rounds "
+    progress(f"{model:12} {len(got['times'])} variants timed in {got.get('rounds', rounds)} interleaved rounds "
              f"({bench.clock} clock; plain {plain.step_ms or float('nan'):.2f} ms, again "
              f"{again.step_ms or float('nan'):.2f} ms)  ({time.perf_counter() - started:.0f} s)")
 
@@ -437,23 +461,27 @@ def _slop(plain: Row, ratio: float) -> int:
 
 
 def _calibrate(bench: Bench, model: str) -> None:
-    """Fit the profile (:func:`rematopt.xla.cost.fit`) to the baselines' measured steps (plain, the
-    policies, XLA's GPU remat: not the plans the bench judges) and price every row on it."""
-    fitted = [r for r in bench.rows if r.model == model and r.kind != "rematopt" and r.step_ms
-              and (model, r.variant) in bench.costs]
-    if not fitted:
-        bench.fits[model] = "no baseline was timed"
+    """Scale the profile (the machine's measured rates; on a GPU the data sheet's) so that the plain
+    step's predicted time is its measured time (:func:`rematopt.xla.cost.calibrate`), and predict every
+    other row on it: the second compile of the plain step, the policies, XLA's GPU remat, the plans."""
+    from ..importers.costmodel import device
+
+    plain = next((r for r in bench.rows if r.model == model and r.variant == "plain"), None)
+    if plain is None or not plain.step_ms or (model, "plain") not in bench.costs:
+        bench.calibrations[model] = "the plain step was not timed"
         return
+    m = bench.machine
     try:
-        f = fit([bench.costs[model, r.variant] for r in fitted], [r.step_ms / 1e3 for r in fitted],
-                [r.variant for r in fitted])
+        c = calibrate(bench.costs[model, "plain"], plain.step_ms / 1e3, m.device() if m else device(bench.device),
+                      faults=plain.predicted_faults or 0, launch_s=m.launch_s if m else 0.0,
+                      fault_s=m.fault_s if m else 0.0)
     except ValueError as e:
-        bench.fits[model] = str(e)
+        bench.calibrations[model] = str(e)
         return
-    bench.fits[model] = f
+    bench.calibrations[model] = c
     for r in bench.rows:
         if r.model == model and (model, r.variant) in bench.costs:
-            r.predicted_ms = 1e3 * f.price(bench.costs[model, r.variant]).seconds
+            r.predicted_ms = 1e3 * c.seconds(bench.costs[model, r.variant], r.predicted_faults or 0)
 
 
 # ---------------------------------------------------------------- the report
@@ -518,9 +546,12 @@ def markdown(bench: Bench) -> str:
     clock = ("the process's CPU time on one pinned core (other load on the machine does not enter it)"
              if bench.clock == "cpu" else "wall-clock time")
     lines = [f"# rematopt bench device: {bench.backend}", "",
-             f"jax {jax.__version__}, backend `{bench.backend}`, cost profile `{bench.device}` (its FLOP and byte "
-             "rates and a per-kernel launch cost fitted per model to the baselines' measured steps). Step time: "
-             f"the fastest of interleaved rounds, each running one step of every variant, {clock}. "
+             f"jax {jax.__version__}, backend `{bench.backend}`, cost profile "
+             + (f"`{bench.device}` at the rates micro-benchmarks measured on the core ({bench.machine.describe()}; "
+                "rematopt.xla.machine)" if bench.machine else f"`{bench.device}` (its data sheet's rates)")
+             + ", scaled per model so that the plain step's predicted time is its measured time. Step time: "
+             f"the fastest of interleaved rounds, each running one step of every variant (more rounds for short "
+             f"steps), {clock}. "
              + " ".join(bench.notes), "",
              "## Verdict", "",
              "Budget: r x the plain step's compiled peak. Fastest baseline: the quickest of plain, the "
@@ -542,7 +573,7 @@ def markdown(bench: Bench) -> str:
               "## Every row", "", f"Planning: {bench.planning}.", "",
               "| model | variant | compiled peak MB | device peak MB | step ms | predicted ms | overhead measured "
               "| overhead predicted | graph: plan peak MB | graph: plan overhead | kernels | GB moved "
-              "| page faults per step | max grad error | compile s | note |",
+              "| page faults per step: predicted / measured | max grad error | compile s | note |",
               "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in bench.rows:
         base = _plain_ms(bench, r.model)
@@ -552,6 +583,7 @@ def markdown(bench: Bench) -> str:
                      f"| {_ms(r.predicted_ms)} | {over(r.step_ms)} | {pover} | {_mb(r.predicted_peak)} | "
                      f"{'—' if r.predicted_overhead is None else f'{100 * r.predicted_overhead:+.1f}%'} | "
                      f"{r.kernels or '—'} | {'—' if r.bytes_moved is None else f'{r.bytes_moved / 1e9:.2f}'} | "
+                     f"{'—' if r.predicted_faults is None else f'{r.predicted_faults:,}'} / "
                      f"{'—' if r.page_faults is None else f'{r.page_faults:,}'} | "
                      f"{'—' if r.grad_error is None else f'{r.grad_error:.1e}'} | "
                      f"{'—' if r.compile_s is None else f'{r.compile_s:.1f}'} | {r.note} |")
@@ -567,37 +599,38 @@ def _plain_ms(bench: Bench, model: str) -> tuple[float, float] | None:
 
 
 def _prediction_summary(bench: Bench) -> str:
-    """Per model: the fitted profile, how far it prices the steps it was fitted on, and how far it
-    predicts the plans it was not fitted on: their step time, and their overhead over the plain step
-    (both priced by the same function, so the overhead is predicted(plan) / predicted(plain) - 1)."""
-    out = ["The profile is fitted on the baselines (plain and the policies); rematopt's plans are predicted, "
-           "not fitted.", "",
-           "| model | fitted profile | plain: predicted vs measured | baselines within 15% | worst baseline "
-           "| plans: predicted vs measured time | plans: predicted overhead - measured (points) |",
-           "|---|---|---:|---:|---|---|---|"]
+    """Per model: the calibration, how far it predicts the second compile of the plain step and the
+    baselines, and the plans: their step time, and their overhead over the plain step (both priced by
+    the same function, so the overhead is predicted(plan) / predicted(plain) - 1)."""
+    out = ["The profile is scaled on the plain step alone; every other row is predicted: the second compile of "
+           "the plain step, the policies, rematopt's plans. Page faults, predicted from the compiled program "
+           "(xla.cost.step_faults): the pages of the buffers a step allocates anew above glibc's mmap ceiling, and "
+           "the scratch of YNNPACK fusions that glibc gives back to the kernel; each at the measured price.", "",
+           "| model | scale on the measured rates | plain's page faults | plain (again): predicted vs measured "
+           "| baselines within 15% | worst baseline | plans: predicted vs measured time "
+           "| plans: predicted overhead - measured (points) |",
+           "|---|---:|---:|---:|---:|---|---|---|"]
     for model in dict.fromkeys(r.model for r in bench.rows):
-        f = bench.fits.get(model)
+        c = bench.calibrations.get(model)
         base = _plain_ms(bench, model)
-        if not isinstance(f, Fit) or base is None:
-            out.append(f"| {model} | no fit: {f or 'not timed'} | — | — | — | — | — |")
+        if not isinstance(c, Calibration) or base is None:
+            out.append(f"| {model} | not calibrated: {c or 'not timed'} | — | — | — | — | — | — |")
             continue
         rows = [r for r in bench.rows if r.model == model and r.step_ms and r.predicted_ms]
-        errs = [(r.predicted_ms / r.step_ms - 1, r.variant) for r in rows if r.kind != "rematopt"]
+        plain = next(r for r in rows if r.variant == "plain")
+        errs = [(r.predicted_ms / r.step_ms - 1, r.variant) for r in rows if r.kind != "rematopt" and r is not plain]
+        again = next((f"{100 * e:+.1f}%" for e, v in errs if v == AGAIN), "—")
         within = sum(abs(e) <= 0.15 for e, _ in errs)
-        worst = max(errs, key=lambda e: abs(e[0]))
+        worst = max(errs, key=lambda e: abs(e[0]), default=None)
         plans = [r for r in rows if r.kind == "rematopt"]
         times = ", ".join(f"{r.variant} {100 * (r.predicted_ms / r.step_ms - 1):+.1f}%" for r in plans)
         overheads = ", ".join(f"{r.variant} {100 * ((r.predicted_ms / base[1]) - (r.step_ms / base[0])):+.1f}"
                               for r in plans)
-        profile = (f"FLOPs x{_per(f.compute):.3g}, bytes x{_per(f.memory):.3g} of the data sheet, "
-                   f"{1e6 * f.launch_s:.3g} us per kernel")
-        out.append(f"| {model} | {profile} | {100 * (base[1] / base[0] - 1):+.1f}% | {within} of {len(errs)} "
-                   f"| {worst[1]} {100 * worst[0]:+.1f}% | {times or '—'} | {overheads or '—'} |")
+        share = (plain.predicted_faults or 0) * c.fault_s * 1e3 / plain.step_ms
+        out.append(f"| {model} | x{c.scale:.3g} | {plain.predicted_faults or 0:,} ({100 * share:.0f}% of its time) "
+                   f"| {again} | {within} of {len(errs)} | {f'{worst[1]} {100 * worst[0]:+.1f}%' if worst else '—'} "
+                   f"| {times or '—'} | {overheads or '—'} |")
     return "\n".join(out)
-
-
-def _per(factor: float) -> float:
-    return 1 / factor if factor > 0 else math.inf
 
 
 def write_report(bench: Bench, folder: Path) -> None:
@@ -678,6 +711,11 @@ def main(argv: list[str]) -> int:
         return 0
     if "variants" in spec:
         print(json.dumps(time_steps(spec)))
+        return 0
+    if spec.get("machine"):
+        from ..xla.machine import measure as measure_machine
+
+        print(json.dumps(asdict(measure_machine())))
         return 0
     print(json.dumps(measure(spec)))
     return 0

@@ -10,11 +10,14 @@ fused kernels take about 12 ms). Dots, convolutions and library calls run on the
 A recomputation is priced by compiling the planned step and pricing its kernels: what XLA fused
 into existing kernels grows them, what it could not fuse adds kernels.
 
-:func:`fit` calibrates a profile on measured steps: least squares over their kernels finds how much
-slower than the data sheet the machine's FLOPs and its bytes run, and what a kernel launch costs;
-the fitted profile then prices the other variants of that step on that machine. Fit it on steps
-other than the ones it is meant to judge (``rematopt bench device`` fits on the baselines and
-predicts rematopt's plans).
+:func:`calibrate` scales a profile so that one measured step (the plain step) is priced at its
+measured time; the scaled profile then predicts every other variant of that step on that machine
+(``rematopt bench device`` calibrates on the plain step, on the rates :mod:`rematopt.xla.machine`
+measured on the CPU, and predicts the policies and rematopt's plans). On CPU a step also pays for
+the page faults of the buffers it allocates anew (:func:`step_faults`), at a measured price per
+fault. :func:`fit` instead fits the FLOP and byte factors and a launch cost to several measured
+steps by least squares; with the three to five baselines of a bench model it is under-determined
+(it priced quick gpt's bytes at 1,760 times the data sheet), so the bench does not use it.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from typing import Sequence
 import numpy as np
 
 from ..importers.costmodel import Device
-from .hlo import HloModule, parse_hlo
+from .hlo import HloModule, Instruction, parse_hlo
 from .kernels import Kernel, kernels
 
 # Kernels that run on the matrix units: library GEMM / convolution calls, lone dots and
@@ -81,7 +84,12 @@ def kernel_cost(kernel: Kernel, device: Device, launch_s: float = 0.0) -> Kernel
 
 def _sides(kernel: Kernel, device: Device) -> tuple[float, float]:
     """(compute seconds, memory seconds) of one run of ``kernel`` on ``device``."""
-    rate = device.flops_per_s if on_matrix_units(kernel) else (device.vector_flops_per_s or device.flops_per_s)
+    if kernel.kind == "dot" and device.dot_flops_per_s:
+        rate = device.dot_flops_per_s
+    elif on_matrix_units(kernel):
+        rate = device.flops_per_s
+    else:
+        rate = device.vector_flops_per_s or device.flops_per_s
     return kernel.flops / rate, (kernel.bytes_read + kernel.bytes_written) / device.bytes_per_s
 
 
@@ -108,6 +116,110 @@ class Fit:
     def price(self, step: StepCost) -> StepCost:
         """``step``'s kernels priced on the fitted profile."""
         return StepCost(self.device, tuple(kernel_cost(k.kernel, self.device, self.launch_s) for k in step.kernels))
+
+
+# glibc's malloc serves a request above its mmap threshold with fresh pages, which the kernel zero-fills
+# on first touch, one minor fault a page; the threshold rises to the largest chunk freed but never above
+# this ceiling (DEFAULT_MMAP_THRESHOLD_MAX, 32 MiB on 64-bit). Measured with jax 0.10.2 on a jitted
+# step, per step after the warm-up: temp buffer 30.3 MB, 0 faults; 34.3 MB, 8,365 (its pages + 1);
+# 128.3 MB, 31,315; quick gpt's plain step (132.8 MB temp), 32,431 (docs/device.md).
+MMAP_CEILING = 32 << 20
+PAGE = 4096
+
+
+def step_faults(module: HloModule | str, temp_bytes: int) -> int:
+    """Minor page faults per run of a compiled CPU step (run by one thread, as the bench pins it),
+    predicted from the program: the pages of the buffers it allocates anew above glibc's mmap ceiling
+    (:func:`fresh_buffers`), and the scratch its YNNPACK fusions hand back to the kernel
+    (:func:`scratch_faults`). Checked against ``getrusage`` on a jitted step and quick gpt's steps
+    (tests/test_xla_cost.py)."""
+    if isinstance(module, str):
+        module = parse_hlo(module)
+    fresh = fresh_buffers(module, temp_bytes)
+    return sum(b // PAGE + 1 for b in fresh if b > MMAP_CEILING) + scratch_faults(module, fresh)
+
+
+def fresh_buffers(module: HloModule, temp_bytes: int) -> list[int]:
+    """The buffers one run of a compiled CPU step allocates: its temp buffer (``temp_bytes``, XLA's
+    ``temp_size_in_bytes``) and each output not aliased to a parameter. Each one above
+    :data:`MMAP_CEILING` is mapped fresh and every page of it faults, one more for malloc's header."""
+    shape = module.entry.root.shape
+    aliased = set(module.input_output_alias)
+    return [temp_bytes] + [leaf.bytes for index, leaf in zip(shape.index, shape.leaves) if index not in aliased]
+
+
+# Inside a fusion, YNNPACK allocates with malloc, per call, each value it cannot stream: a packed copy of
+# each dot's right operand, a dot operand the fusion computes, and a value two instructions read (quick
+# gpt's per-layer nothing_saveable step: 16 allocations of 8.4 MB a step, 3 of them at once in each of
+# its 4 softmax-backward fusions, by an LD_PRELOAD malloc log; a dot's left operand and a dot output
+# that one reduction reads are streamed, tests/test_xla_cost.py). glibc's trim threshold is twice the
+# largest chunk it mapped and freed under the mmap ceiling (there an 8.4 MB scratch buffer: its temp
+# buffer is above the ceiling): a fusion whose scratch exceeds it gives the pages back on free
+# (strace: 4 x madvise(MADV_DONTNEED) of 25.0 MB a step) and faults them all again next call.
+SCRATCH_EXEMPT = frozenset({"parameter", "constant", "broadcast", "bitcast", "iota"})
+
+
+def fusion_scratch(module: HloModule, fusion: Instruction) -> list[int]:
+    """The buffers (bytes) a YNNPACK fusion allocates per call, by the rule above."""
+    comp = module.computations[fusion.called[0]]
+    users: dict[str, int] = {}
+    for inst in comp.instructions:
+        for o in dict.fromkeys(inst.operands):
+            users[o] = users.get(o, 0) + 1
+    dots = [inst for inst in comp.instructions if inst.opcode == "dot"]
+    dot_operands = {o for inst in dots for o in inst.operands[:2]}
+    out = [comp.by_name[inst.operands[1]].bytes for inst in dots]
+    for inst in comp.instructions:
+        if inst.opcode not in SCRATCH_EXEMPT and not inst.is_root and (
+                inst.name in dot_operands or users.get(inst.name, 0) > 1):
+            out.append(inst.bytes)
+    return out
+
+
+def scratch_faults(module: HloModule, fresh: Sequence[int] = ()) -> int:
+    """Page faults per step of the YNNPACK fusions' scratch (:func:`fusion_scratch`): every run of a
+    fusion whose scratch exceeds glibc's trim threshold (twice the step's largest buffer under the mmap
+    ceiling, of its scratch and its ``fresh`` buffers, :func:`fresh_buffers`) faults each of its pages."""
+    by_name = {i.name: i for c in module.computations.values() for i in c.instructions}
+    runs = [(fusion_scratch(module, by_name[k.name]), k.trip_count) for k in kernels(module)
+            if k.kind == "fusion:kCustom" and by_name[k.name].backend_config().get("fusion_config", {}).get("kind")
+            == "__ynn_fusion"]
+    largest = max((b for b in [*fresh, *(b for scratch, _ in runs for b in scratch)] if b <= MMAP_CEILING), default=0)
+    return sum(trips * (sum(scratch) // PAGE) for scratch, trips in runs if sum(scratch) > 2 * largest)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A profile scaled to one measured step: a step takes ``scale x`` its kernels' time on ``device``
+    (``launch_s`` more per kernel run) plus ``fault_s`` per page fault. The scale absorbs what the
+    micro-benchmarks miss (the kernels' sizes, caches); the fault price is the kernel's (the operating
+    system's) work, measured, not scaled."""
+
+    device: Device
+    scale: float
+    launch_s: float
+    fault_s: float
+    calibrated_on: str
+
+    def kernel_seconds(self, step: StepCost) -> float:
+        """``step``'s kernels on the profile, unscaled."""
+        return sum(kernel_cost(k.kernel, self.device, self.launch_s).seconds for k in step.kernels)
+
+    def seconds(self, step: StepCost, faults: int = 0) -> float:
+        """The predicted time of ``step``, whose runs fault ``faults`` pages (:func:`step_faults`)."""
+        return self.scale * self.kernel_seconds(step) + faults * self.fault_s
+
+
+def calibrate(step: StepCost, measured_s: float, device: Device, faults: int = 0, launch_s: float = 0.0,
+              fault_s: float = 0.0, name: str = "plain") -> Calibration:
+    """Scale ``device`` so that ``step`` (which faults ``faults`` pages a run) is priced at ``measured_s``:
+    the one figure taken from a measured step. Calibrate on one step and predict the others."""
+    unscaled = Calibration(device, 1.0, launch_s, fault_s, name)
+    kernels, rest = unscaled.kernel_seconds(step), measured_s - faults * fault_s
+    if kernels <= 0 or rest <= 0:
+        raise ValueError(f"cannot calibrate on {name}: {measured_s * 1e3:.3g} ms measured, of which "
+                         f"{faults * fault_s * 1e3:.3g} ms page faults, {kernels * 1e3:.3g} ms of kernels priced")
+    return replace(unscaled, scale=rest / kernels)
 
 
 # The balance of the machine's FLOP rate to its bandwidth, against the data sheet's, is searched

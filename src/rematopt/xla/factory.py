@@ -73,7 +73,7 @@ def per_layer(spec: str, config: dict, say: Callable[[str], None] = lambda line:
     for name in POLICIES:
         try:
             out[f"{name}, per layer"] = api.load_factory(spec, **config, remat=name)[0]
-        except ImportFailure as e:  # a factory may refuse per-layer remat (keras_lm says why): whole-step only
+        except ImportFailure as e:  # a factory may refuse per-layer remat (saying why): whole-step only
             say(f"no per-layer candidates: {e}")
             return {}
     return out

@@ -18,6 +18,16 @@ the time: XLA's schedule of the plain step, and the eager one
 (resnet at 0.8: every plan in XLA's order misses, the eager order's fits);
 each candidate records the order its plan was made in.
 
+Under ``deterministic_time`` (``--deterministic-time D``) the loop reads the
+time from a :class:`~rematopt.planners.meter.Meter`: the orders' shares and
+each round's share are of D, each round hands its whole share to a planner
+that takes a deterministic limit (cpsat), and the rounds stop on the
+deterministic time the planners spent, the bracket and :data:`MAX_ROUNDS`:
+compiled peaks are XLA's for a given XLA, so the rounds, the planning budgets
+and the answer are the same on any load. ``time_limit`` stays the outer
+bound on the wall clock; a loop it cut says so (``stopped_by``), and is not
+the deterministic one.
+
 A candidate "fits" when XLA's figure is within the budget: a statement about
 the compiled program, never about the graph model.
 """
@@ -34,6 +44,7 @@ import jax
 from ..errors import BudgetError, PlannerError
 from ..graph import Graph
 from ..plan import Plan
+from ..planners.meter import Meter, metered
 from ..reference import no_remat_peak
 from ..sizes import human_bytes
 from . import flags
@@ -80,6 +91,27 @@ class Candidate:
 
 
 @dataclass(frozen=True)
+class Round:
+    """One planning round: the order planned in, the planning budget, the
+    planner's share of the loop's clock (``limit``: wall seconds, or
+    deterministic ones under ``deterministic_time``; None: a planner without
+    a time limit) and what it spent of it (deterministic seconds; None on
+    the wall clock, whose figures no two runs repeat), the planner's status,
+    and the least compiled peak of its plan (None: no plan to compile)."""
+
+    order: str
+    planning_budget: int
+    limit: float | None
+    spent: float | None
+    status: str
+    xla_peak: int | None
+
+    def record(self) -> dict[str, Any]:
+        return {"order": self.order, "planning_budget_bytes": self.planning_budget, "limit_s": self.limit,
+                "deterministic_spent": self.spent, "status": self.status, "xla_peak_bytes": self.xla_peak}
+
+
+@dataclass(frozen=True)
 class Verdict:
     """What the loop found: the chosen candidate (the cheapest that fits, else
     the one of least compiled peak), every candidate tried, and what XLA was told."""
@@ -95,6 +127,18 @@ class Verdict:
     settings: dict[str, Any]
     wall_s: float
     orders: dict[str, int] = field(default_factory=dict)  # the orders planned in: their no-remat peaks on the graph
+    planning: tuple[Round, ...] = ()
+    time_limit: float | None = None          # the loop's wall seconds
+    deterministic_time: float | None = None  # the loop's deterministic seconds (None: the wall clock decides)
+    deterministic_spent: float | None = None
+    # which limit ended the loop: "time_limit" (the wall clock), "deterministic_time", "max_rounds"
+    # (MAX_ROUNDS in some order), or None (every order's bracket closed first)
+    stopped_by: str | None = None
+
+    @property
+    def deterministic(self) -> bool:
+        """The run ``deterministic_time`` makes on any load: not cut by the wall clock."""
+        return self.deterministic_time is not None and self.stopped_by != "time_limit"
 
     @property
     def fits(self) -> bool:
@@ -124,7 +168,11 @@ class Verdict:
                 "planning_budget_bytes": c.planning_budget, "status": c.status, "overhead": c.overhead,
                 "order": c.order,
                 "xla_flops": c.compiled.flops, "xla_plain_flops": self.plain.flops, "rounds": self.rounds,
-                "wall_s": self.wall_s, "xla_settings": self.settings, "orders_no_remat_peak_bytes": self.orders,
+                "wall_s": self.wall_s, "time_limit": self.time_limit,
+                "deterministic_time": self.deterministic_time, "deterministic_spent": self.deterministic_spent,
+                "stopped_by": self.stopped_by, "deterministic": self.deterministic,
+                "xla_settings": self.settings, "orders_no_remat_peak_bytes": self.orders,
+                "planning_rounds": [r.record() for r in self.planning],
                 "candidates": [k.record() for k in self.candidates]}
 
 
@@ -159,10 +207,13 @@ def verify(loss_fn: Callable, args: Sequence, graph: Graph, planner: str, budget
            time_limit: float = 120.0, options: dict[str, Any] | None = None,
            stock: dict[str, Callable] | None = None, settings: flags.XlaSettings | None = None,
            progress: Callable[[str], None] | None = None,
-           known: dict[str, tuple[Compiled, str]] | None = None, fallback: Graph | None = None) -> Verdict:
+           known: dict[str, tuple[Compiled, str]] | None = None, fallback: Graph | None = None,
+           deterministic_time: float | None = None) -> Verdict:
     """The cheapest candidate whose compiled peak is within ``budget_ratio`` x
     the compiled plain step's (module docstring), planning in each of
-    :func:`plan_orders`' orders in turn, each in its share of the time left.
+    :func:`plan_orders`' orders in turn, each in its share of the time left:
+    of ``time_limit`` wall seconds, or of ``deterministic_time``
+    deterministic ones (``time_limit`` then the outer bound).
     ``stock``: label -> loss
     function of the stock-policy candidates (:func:`stock_policies`);
     ``known``: figures already compiled under these labels (``"plain"`` and
@@ -170,6 +221,9 @@ def verify(loss_fn: Callable, args: Sequence, graph: Graph, planner: str, budget
     graph to plan on instead when a plan of ``graph`` does not apply (the
     traced graph, for a compiled one)."""
     start = time.perf_counter()
+    m = Meter() if deterministic_time is None else Meter(deterministic_time, start + time_limit)
+    limit = time_limit if deterministic_time is None else deterministic_time
+    t0 = start if deterministic_time is None else 0.0  # the loop's clock at its start
     settings = settings or flags.for_backend(jax.default_backend())
     flags.apply(settings)
     say = progress or (lambda line: None)
@@ -187,9 +241,11 @@ def verify(loss_fn: Callable, args: Sequence, graph: Graph, planner: str, budget
     say(f"plain step: XLA peak {human_bytes(plain.peak_bytes)} ({reference}); budget {human_bytes(budget)}")
     # the plain step is the answer where nothing else compiles smaller (a ratio of 1, or a loop out of time)
     candidates: list[Candidate] = [Candidate("plain step", "policy", plain, plain.peak_bytes <= budget)]
+    ends: list[str | None] = []  # why each part of the loop ended (see _search), "time" for a stock policy skipped
     for label, fn in (stock if stock is not None else stock_policies(loss_fn)).items():
-        if label not in known and time.perf_counter() - start >= time_limit:  # the limit is the whole loop's
+        if label not in known and _compiles_out_of_time(m, t0, limit):  # the limit is the whole loop's
             say(f"{label}: not compiled, the time limit ran out")
+            ends.append("time")
             continue
         c = figures(label, fn)
         candidates.append(Candidate(label, "policy", c, c.peak_bytes <= budget))
@@ -197,20 +253,37 @@ def verify(loss_fn: Callable, args: Sequence, graph: Graph, planner: str, budget
 
     options = dict(options or {})
     orders = plan_orders(graph)
-    rounds = 0
-    for k, (name, ordered) in enumerate(orders.items()):
-        left = time_limit - (time.perf_counter() - start)
-        deadline = start + time_limit - left * (len(orders) - k - 1) / (len(orders) - k)  # its share of what is left
-        found, used = _search(loss_fn, args, argnums, ordered, name, planner, budget, plain, options, settings, say,
-                              deadline, fallback if k == 0 else None, no_remat_peak(graph))
-        candidates += found
-        rounds += used
+    planning: list[Round] = []
+    with metered(m):  # a planner that reads the time (dtr, rotor) reads the loop's clock
+        for k, (name, ordered) in enumerate(orders.items()):
+            left = limit - (m.now() - t0)
+            deadline = t0 + limit - left * (len(orders) - k - 1) / (len(orders) - k)  # its share of what is left
+            found, done, end = _search(loss_fn, args, argnums, ordered, name, planner, budget, plain, options,
+                                       settings, say, m, deadline, fallback if k == 0 else None, no_remat_peak(graph))
+            candidates += found
+            planning += done
+            ends.append(end)
     fitting = [k for k in candidates if k.fits]
     chosen = (min(fitting, key=lambda k: (k.compiled.flops, k.compiled.bytes_accessed, k.compiled.peak_bytes))
               if fitting else min(candidates, key=lambda k: (k.compiled.peak_bytes, k.compiled.flops)))
-    return Verdict(budget, budget_ratio, plain, reference, no_remat_peak(graph), chosen, tuple(candidates), rounds,
-                   flags.record(settings), time.perf_counter() - start,
-                   {name: no_remat_peak(g) for name, g in orders.items()})
+    if m.wall_ran_out or ("time" in ends and not m.deterministic):
+        stopped_by = "time_limit"
+    elif "time" in ends:
+        stopped_by = "deterministic_time"
+    else:
+        stopped_by = "max_rounds" if "max_rounds" in ends else None
+    return Verdict(budget, budget_ratio, plain, reference, no_remat_peak(graph), chosen, tuple(candidates),
+                   len(planning), flags.record(settings), time.perf_counter() - start,
+                   {name: no_remat_peak(g) for name, g in orders.items()}, tuple(planning), time_limit,
+                   deterministic_time, round(m.spent, 6) if m.deterministic else None, stopped_by)
+
+
+def _compiles_out_of_time(m: Meter, t0: float, limit: float) -> bool:
+    """Whether the loop's time is up for a compile, which spends no
+    deterministic time: ``limit`` wall seconds after ``t0``, or under a
+    deterministic meter the wall clock's outer bound alone."""
+    t = m.now()
+    return m.wall_ran_out if m.deterministic else t - t0 >= limit
 
 
 def plan_orders(graph: Graph) -> dict[str, Graph]:
@@ -231,21 +304,27 @@ def plan_orders(graph: Graph) -> dict[str, Graph]:
 
 def _search(loss_fn: Callable, args: Sequence, argnums: tuple[int, ...], graph: Graph, order: str, planner: str,
             budget: int, plain: Compiled, options: dict[str, Any], settings: flags.XlaSettings,
-            say: Callable[[str], None], deadline: float, fallback: Graph | None,
-            base_peak: int) -> tuple[list[Candidate], int]:
+            say: Callable[[str], None], m: Meter, deadline: float, fallback: Graph | None,
+            base_peak: int) -> tuple[list[Candidate], list[Round], str | None]:
     """Plans of ``graph`` (in its ``order``) bracketed and bisected on the
-    planning budget until ``deadline`` or :data:`MAX_ROUNDS`: the candidates
-    compiled, and the rounds run. The first planning budget is the budget's
+    planning budget until ``deadline`` (on ``m``'s clock) or
+    :data:`MAX_ROUNDS`: the candidates compiled, the rounds run, and what
+    ended them ("time", "max_rounds", or None: the bracket closed, or no
+    other plan to try). The first planning budget is the budget's
     share of the plain step scaled by ``base_peak`` (the no-remat peak of the
     graph in XLA's order) over the plain step's figure: the graph model's
-    bias, which a reordering does not change."""
+    bias, which a reordering does not change. Each round's share of the time
+    left is the planner's: half of it on the wall clock (the other half
+    applies and compiles), all of it in deterministic time (which a
+    compile does not spend), the wall clock left as the outer bound."""
     from ..exporters.jax_applied import applied_peak
     from ..exporters.jax_policy import apply_plan
     from ..solve import solve
 
     candidates: list[Candidate] = []
+    done: list[Round] = []
+    takes = _planner_options(planner)
     g0 = no_remat_peak(graph)
-    rounds = 0
     lo: int | None = None   # largest planning budget whose plan fits
     # smallest whose plan misses: in XLA's order the no-remat plan compiles to the plain step; in another
     # order it may fit, so it is tried (b is at most g0) and nothing above it
@@ -254,30 +333,45 @@ def _search(loss_fn: Callable, args: Sequence, argnums: tuple[int, ...], graph: 
     b = min(g0, int(base_peak * budget / plain.peak_bytes))
     tried: set[int] = set()
     began: float | None = None  # when the previous round began
-    while rounds < MAX_ROUNDS and b > floor and b not in tried:
+    while b > floor and b not in tried:
+        if len(done) >= MAX_ROUNDS:
+            return candidates, done, "max_rounds"
         tried.add(b)
-        now = time.perf_counter()
+        now = m.now()
         last_round = 0.0 if began is None else now - began
         left = deadline - now
         if left <= last_round:  # a round takes about as long as the one before: it would not end in time
-            break
+            return candidates, done, "time"
         began = now
-        per_round = left / (MAX_ROUNDS - rounds)
-        opts = dict(options)
-        if "time_limit" in _planner_options(planner):
-            opts["time_limit"] = max(1.0, per_round / 2)  # the other half: apply and compile
-        rounds += 1
+        per_round = left / (MAX_ROUNDS - len(done))
+        opts, share = dict(options), None
+        if m.deterministic and "deterministic_time" in takes:
+            share = per_round
+            opts.update(deterministic_time=share, time_limit=m.wall_left())
+        elif m.deterministic and "time_limit" in takes:  # dtr, rotor: on the loop's meter they run to their end
+            opts["time_limit"] = m.wall_left()
+        elif "time_limit" in takes:
+            share = max(1.0, per_round / 2)  # the other half: apply and compile
+            opts["time_limit"] = share
+        before = m.spent
         try:
             sol = solve(graph, planner, budget=b, **opts)
         except BudgetError:
             sol = None
+        if sol is not None and m.deterministic and sol.plan.stats.get("deterministic_spent") is not None:
+            m.spent += sol.plan.stats["deterministic_spent"]  # cpsat's own meter counted it
+            if not sol.plan.stats.get("deterministic", True):
+                m.wall_ran_out = True  # the wall clock cut its search
+        spent = round(m.spent - before, 6) if m.deterministic else None
+        status = "below the bound" if sol is None else sol.status
+        rounds = len(done) + 1
         if sol is None or not sol.has_plan:
-            say(f"{order} order, round {rounds}: planning budget {human_bytes(b)}: no plan "
-                f"({'below the bound' if sol is None else sol.status})")
+            say(f"{order} order, round {rounds}: planning budget {human_bytes(b)}: no plan ({status})")
+            done.append(Round(order, b, share, spent, status, None))
             floor = b
-            b = (b + hi) // 2 if lo is None else (lo + hi) // 2
-            if lo is not None and hi - lo < RESOLUTION * g0:
+            if hi - (floor if lo is None else lo) < RESOLUTION * g0:
                 break
+            b = (b + hi) // 2 if lo is None else (lo + hi) // 2
             continue
         where = "compiled" if graph.meta.get("fuse") == "xla" else "traced"
         label = f"{planner} plan, {where} graph, {order} order (planning budget {human_bytes(b)})"
@@ -290,6 +384,7 @@ def _search(loss_fn: Callable, args: Sequence, argnums: tuple[int, ...], graph: 
         except Exception as e:  # noqa: BLE001 - a plan the exporter cannot run: say so, plan elsewhere
             say(f"{order} order, round {rounds}: the plan does not apply ({type(e).__name__}: {e})"
                 + ("; planning on the traced graph" if fallback is not None else "; no more planning in it"))
+            done.append(Round(order, b, share, spent, status, None))
             if fallback is None:
                 break
             graph, fallback, order = fallback, None, "program"
@@ -301,6 +396,7 @@ def _search(loss_fn: Callable, args: Sequence, argnums: tuple[int, ...], graph: 
             candidates.append(Candidate(name, "plan", k, k.peak_bytes <= budget, b, predicted, sol.replay.peak_bytes,
                                         sol.replay.overhead, sol.status, sol.plan, order, ordered))
         c = min((k for _, k, _, _ in variants), key=lambda k: k.peak_bytes)
+        done.append(Round(order, b, share, spent, status, c.peak_bytes))
         fits = c.peak_bytes <= budget
         say(f"{order} order, round {rounds}: planning budget {human_bytes(b)}: plan peak "
             f"{human_bytes(sol.replay.peak_bytes)}, applied {human_bytes(variants[0][2])}, "
@@ -314,12 +410,16 @@ def _search(loss_fn: Callable, args: Sequence, argnums: tuple[int, ...], graph: 
         else:
             hi = b
         if lo is None:  # no fitting plan yet: step down by XLA's excess, at least 2%
-            b = max(floor + 1, min(int(b * budget / c.peak_bytes), int(b * 0.98)))
+            b = min(int(b * budget / c.peak_bytes), int(b * 0.98))
+            if b <= floor:  # the planner found no plan there: halve the gap to it instead
+                if hi - floor < RESOLUTION * g0:
+                    break
+                b = (floor + hi) // 2
         else:
             if hi - lo < RESOLUTION * g0:
                 break
             b = (lo + hi) // 2
-    return candidates, rounds
+    return candidates, done, None
 
 
 def _planner_options(planner: str) -> set[str]:

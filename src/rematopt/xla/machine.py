@@ -1,0 +1,138 @@
+"""What this machine's core does, measured: the rates the ``cpu`` profile prices kernels at, and what a
+page fault costs.
+
+The ``cpu`` profile's data-sheet figures are nominal (order of magnitude only), and fitting three
+rates to a model's three to five baseline steps is under-determined (the fit priced quick gpt's bytes
+at 1,760 times the data sheet and keras_llama's kernels at 0 us each). Here each figure is measured
+by a micro-benchmark on the core the steps run on, with the step's own clock (process CPU time):
+jitted GEMMs for the matrix rate (XLA's CPU runs them as YNNPACK fusions), the same GEMMs with both
+operands transposed for the lone dots it leaves to Eigen (weight gradients; 2 to 4 times slower), a
+long elementwise chain in cache for the vector rate, a large elementwise op for the bandwidth, a
+chain of tiny kernels for what starting a kernel costs, and fresh anonymous pages for a page fault
+(XLA's CPU runtime takes its temp buffer from malloc each step; above glibc's mmap threshold the
+kernel zero-fills every page of it on first touch, :func:`rematopt.xla.cost.step_faults`).
+"""
+
+from __future__ import annotations
+
+import mmap
+import resource
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from ..importers.costmodel import Device, device
+
+PAGE = mmap.PAGESIZE
+# GEMMs as the bench models run them: 1,024 rows (tokens) by widths 32 to 128; each rate is the median
+# over the grid. Eigen's lone dots ranged 15.4 .. 44.0 GFLOP/s over it (median 28), and 17 .. 42 at
+# 4,096 rows, so the rows add nothing. The in-cache chain, the streamed array (8 MB, under glibc's mmap
+# ceiling so its output does not fault) and the fault region are sized to run in milliseconds.
+GEMM_ROWS, GEMM_WIDTHS = 1024, (32, 64, 128)
+CHAIN_ELEMENTS, CHAIN_OPS = 1 << 14, 64
+STREAM_BYTES = 8 << 20
+TINY_KERNELS = 64
+FAULT_BYTES = 64 << 20
+
+
+@dataclass(frozen=True)
+class Machine:
+    """One core's measured rates (per second) and per-event costs (seconds)."""
+
+    flops_per_s: float  # jitted float32 GEMMs (YNNPACK fusions)
+    dot_flops_per_s: float  # the same GEMMs with transposed operands (lone dots, Eigen)
+    vector_flops_per_s: float  # elementwise arithmetic on data in cache
+    bytes_per_s: float  # an elementwise op streaming its input and output
+    launch_s: float  # one more kernel in a step
+    fault_s: float  # one minor page fault (a fresh page, zero-filled)
+
+    def device(self) -> Device:
+        """The ``cpu`` profile with this machine's rates."""
+        return Device("cpu@measured", self.flops_per_s, self.bytes_per_s,
+                      f"measured on this machine: {self.describe()}", vector_flops_per_s=self.vector_flops_per_s,
+                      dot_flops_per_s=self.dot_flops_per_s)
+
+    def describe(self) -> str:
+        return (f"GEMM {self.flops_per_s / 1e9:.3g} GFLOP/s, lone dot {self.dot_flops_per_s / 1e9:.3g} GFLOP/s, "
+                f"vector {self.vector_flops_per_s / 1e9:.3g} GFLOP/s, {self.bytes_per_s / 1e9:.3g} GB/s, "
+                f"{self.launch_s * 1e6:.3g} us a kernel, {self.fault_s * 1e6:.3g} us a page fault")
+
+
+def fastest(run: Callable[[], object], repeats: int = 7, clock: Callable[[], float] = time.process_time) -> float:
+    """The fastest of ``repeats`` runs of ``run`` (after one warm-up), on ``clock``."""
+    run()
+    best = float("inf")
+    for _ in range(repeats):
+        start = clock()
+        run()
+        best = min(best, clock() - start)
+    return best
+
+
+def fault_seconds(size: int = FAULT_BYTES, clock: Callable[[], float] = time.process_time) -> tuple[float, int]:
+    """(seconds a minor page fault costs, faults counted): one write to each page of fresh anonymous
+    memory, less the same writes once the pages are mapped, over the faults ``getrusage`` counted."""
+    import numpy as np
+
+    region = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        pages = np.frombuffer(region, dtype=np.uint8)
+        before, start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, clock()
+        pages[::PAGE] = 1
+        first, faults = clock() - start, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+        start = clock()
+        pages[::PAGE] = 2
+        again = clock() - start
+        del pages
+    finally:
+        region.close()
+    return max(first - again, 0.0) / max(faults, 1), faults
+
+
+def measure(repeats: int = 7) -> Machine:
+    """Run the micro-benchmarks on this process's core(s) with JAX's default backend (CPU)."""
+    import jax
+    import jax.numpy as jnp
+
+    from .cost import step_cost
+
+    def timed(fn, *args) -> tuple[float, object]:
+        compiled = jax.jit(fn).lower(*args).compile()
+        return fastest(lambda: jax.block_until_ready(compiled(*args)), repeats), compiled
+
+    def gemm_rate(transposed: bool) -> float:
+        rates = []
+        for k in GEMM_WIDTHS:
+            for n in GEMM_WIDTHS:
+                if transposed:  # contracting the rows of both: how a weight gradient reads its operands
+                    a, b = jnp.ones((GEMM_ROWS, k), jnp.float32), jnp.ones((n, GEMM_ROWS), jnp.float32)
+                    seconds, _ = timed(lambda a, b: jax.lax.dot_general(a, b, (((0,), (1,)), ((), ()))), a, b)
+                else:
+                    a, b = jnp.ones((GEMM_ROWS, k), jnp.float32), jnp.ones((k, n), jnp.float32)
+                    seconds, _ = timed(lambda a, b: a @ b, a, b)
+                rates.append(2 * GEMM_ROWS * k * n / seconds)
+        return statistics.median(rates)
+
+    def chain(x):
+        for i in range(CHAIN_OPS):
+            x = x * 1.0001 + 0.5 if i % 2 else x * 0.9999 - 0.25
+        return x
+
+    v = jnp.ones((CHAIN_ELEMENTS,), jnp.float32)
+    vector, _ = timed(chain, v)
+    s = jnp.ones((STREAM_BYTES // 4,), jnp.float32)
+    stream, _ = timed(lambda x: x * 2.0 + 1.0, s)
+
+    def tiny(x):  # cumulative sums do not fuse with one another: one kernel each
+        for _ in range(TINY_KERNELS):
+            x = jnp.cumsum(x)
+        return x
+
+    t = jnp.ones((8,), jnp.float32)
+    launches, compiled = timed(tiny, t)
+    n = len(step_cost(compiled.as_text(), device("cpu")).kernels)
+    faults = sorted(fault_seconds()[0] for _ in range(3))[1]
+    return Machine(flops_per_s=gemm_rate(False), dot_flops_per_s=gemm_rate(True),
+                   vector_flops_per_s=2 * CHAIN_OPS * CHAIN_ELEMENTS / vector, bytes_per_s=2 * STREAM_BYTES / stream,
+                   launch_s=launches / max(n, 1), fault_s=faults)
