@@ -710,7 +710,9 @@ def main(argv: list[str]) -> int:
         print(json.dumps(plan_step({**spec, "dir": spec["plan_dir"]})))
         return 0
     if "variants" in spec:
-        print(json.dumps(time_steps(spec)))
+        from ..xla.machine import off_main_thread
+
+        print(json.dumps(off_main_thread(lambda: time_steps(spec))))
         return 0
     if spec.get("machine"):
         from ..xla.machine import measure as measure_machine
