@@ -133,10 +133,13 @@ def test_bench_on_a_tiny_model_writes_the_report(tmp_path):
     plain = [r for r in bench.rows if r.kind == "plain"]
     assert all(r.compiled_peak == plain[0].compiled_peak for r in plain)  # same program, same memory
     assert isinstance(bench.calibrations["mlp"], Calibration) and bench.machine is not None
+    # the plain step profiled kernel by kernel in the timing process: one scale per kernel class beside
+    assert isinstance(bench.class_calibrations["mlp"], Calibration) and bench.profiles["mlp", "plain"]
+    assert bench.rows[0].predicted_class_ms == pytest.approx(bench.rows[0].step_ms)
     assert bench.rows[0].predicted_ms == pytest.approx(bench.rows[0].step_ms)  # calibrated on the plain step
     folder = tmp_path / bench.backend
     md = (folder / "device.md").read_text()
-    assert md.index("## Verdict") < md.index("## Every row")
+    assert md.index("## Verdict") < md.index("## Where the time went, per kernel class") < md.index("## Every row")
     assert sum(line.startswith("| mlp | 0.8 |") for line in md.splitlines()) == 1
     with open(folder / "device.csv") as f:
         assert len(list(csv.DictReader(f))) == len(bench.rows)
