@@ -13,7 +13,9 @@ into existing kernels grows them, what it could not fuse adds kernels.
 :func:`calibrate` scales a profile so that one measured step (the plain step) is priced at its
 measured time; the scaled profile then predicts every other variant of that step on that machine
 (``rematopt bench device`` calibrates on the plain step, on the rates :mod:`rematopt.xla.machine`
-measured on the CPU, and predicts the policies and rematopt's plans). On CPU a step also pays for
+measured on the CPU, and predicts the policies and rematopt's plans); given the plain step's per-kernel
+profile, one scale per kernel class (:func:`kernel_class`), which the bench reports beside the one scale
+(it predicted the plans worse, docs/device.md). On CPU a step also pays for
 the page faults of the buffers it allocates anew (:func:`step_faults`), at a measured price per
 fault. :func:`fit` instead fits the FLOP and byte factors and a launch cost to several measured
 steps by least squares; with the three to five baselines of a bench model it is under-determined
