@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("jax")
 
 from rematopt.importers.costmodel import device  # noqa: E402
-from rematopt.studies.device import AGAIN, MAX_ROUNDS, MODELS, Bench, Row, _calibrate, _slop, noise, pareto, run_bench, time_steps, verdict  # noqa: E402,E501
+from rematopt.studies.device import AGAIN, MAX_ROUNDS, MODELS, Bench, Row, _by_class, _calibrate, _slop, noise, pareto, run_bench, time_steps, verdict  # noqa: E402,E501
 from rematopt.xla.cost import Calibration, StepCost, kernel_cost  # noqa: E402
 from rematopt.xla.kernels import Kernel  # noqa: E402
 from rematopt.xla.machine import Machine  # noqa: E402
@@ -53,7 +53,7 @@ def test_noise_is_the_widest_gap_between_two_measurements_of_one_step():
 def test_time_steps_interleaves_rounds_of_every_variant_and_keeps_going_past_a_failure():
     spec = {"model": MODELS["mlp"].spec, "config": MODELS["mlp"].quick, "rounds": 3, "clock": "cpu", "variants": {
         "plain": {}, AGAIN: {}, "layer:nothing_saveable": {"remat": "nothing_saveable", "scope": "layer"},
-        "broken": {"remat": "no_such_policy", "scope": "layer"}}}
+        "broken": {"remat": "no_such_policy", "scope": "layer"}}, "profile": ["plain", "broken"]}
     got = time_steps(spec)
     assert set(got["times"]) == {"plain", AGAIN, "layer:nothing_saveable"} and set(got["errors"]) == {"broken"}
     # the tiny MLP's steps take microseconds: as many rounds as short steps get, every variant in each
@@ -61,11 +61,13 @@ def test_time_steps_interleaves_rounds_of_every_variant_and_keeps_going_past_a_f
     assert all(len(t) == MAX_ROUNDS and min(t) > 0 for t in got["times"].values())
     assert all(len(f) == MAX_ROUNDS and min(f) >= 0 for f in got["faults"].values())
     assert got["peaks"]["plain"] == got["peaks"][AGAIN]  # a second compile of one program: the same memory
+    assert set(got["profiles"]) == {"plain"} and min(got["profiles"]["plain"].values()) > 0  # its kernels, timed
 
 
 def test_the_profile_is_scaled_on_the_plain_step_and_every_other_row_is_predicted():
     """Calibrated on the plain step alone: the plain step is priced at its time, and a plan's
-    prediction does not move when its measured time does (it is never fitted on)."""
+    prediction does not move when its measured time or its profile does (it is never fitted on); the
+    same with one scale per kernel class, fitted on the plain step's profile."""
     m = Machine(flops_per_s=1e11, dot_flops_per_s=2.5e10, vector_flops_per_s=3e10, bytes_per_s=5e10,
                 launch_s=1e-6, fault_s=2e-6)
 
@@ -75,20 +77,33 @@ def test_the_profile_is_scaled_on_the_plain_step_and_every_other_row_is_predicte
 
     plain = step(("dot", 0, int(1e9)), ("fusion:kLoop", int(1e8), 0))
     plan = step(("fusion:kCustom", 0, int(1e9)), ("fusion:kLoop", int(2e8), 0), ("fusion:kLoop", int(1e6), 0))
-    predictions = []
-    for plan_ms in (50.0, 80.0):
+    predictions, per_class = [], []
+    for plan_ms, plan_profile in ((50.0, {"k0": 0.03}), (80.0, {"k0": 0.06, "k1": 0.02})):
         b = Bench("cpu", "cpu", machine=m, rows=[
             Row("m", "plain", "plain", step_ms=100.0, predicted_faults=10_000),
             Row("m", AGAIN, "plain", step_ms=101.0, predicted_faults=10_000),
             Row("m", "rematopt@0.8", "rematopt", 0.8, step_ms=plan_ms, predicted_faults=0)])
         b.costs = {("m", "plain"): plain, ("m", AGAIN): plain, ("m", "rematopt@0.8"): plan}
+        # the plain step's profile: the Eigen dot 20 ms, the loop fusion 60 ms
+        b.profiles = {("m", "plain"): {"k0": 0.02, "k1": 0.06}, ("m", "rematopt@0.8"): plan_profile}
         _calibrate(b, "m")
         c = b.calibrations["m"]
         # plain: 40 ms of Eigen dot + 2 ms of bytes + 2 launches on the machine, 20 ms of page faults
         assert c.scale == pytest.approx(80e-3 / (40e-3 + 2e-3 + 2e-6))
         assert b.rows[0].predicted_ms == pytest.approx(100.0) and b.rows[1].predicted_ms == pytest.approx(100.0)
         predictions.append(b.rows[2].predicted_ms)
+        per = dict(b.class_calibrations["m"].class_scales)
+        # 80 ms of kernels shared 1:3 as profiled: the dot 20 ms over its 40 ms + 1 us priced, the loop
+        # 60 ms over 2 ms + 1 us
+        assert per == pytest.approx({"lone dot": 20e-3 / (40e-3 + 1e-6), "loop fusion": 60e-3 / (2e-3 + 1e-6)})
+        assert b.rows[0].predicted_class_ms == pytest.approx(100.0)
+        per_class.append(b.rows[2].predicted_class_ms)
+        table = _by_class(b)  # where the time went: each class of plain and of the plan, predicted and profiled
+        assert "| m | loop fusion |" in table and "| m | matrix fusion | x" in table and "(global)" in table
     assert predictions[0] == predictions[1] == pytest.approx(1e3 * c.scale * (10e-3 + 4e-3 + 2e-5 + 3e-6))
+    # the plan's GEMM fusion: a class the plain step lacks, at the global scale
+    assert per_class[0] == per_class[1] == pytest.approx(1e3 * (c.scale * (10e-3 + 1e-6) + per["loop fusion"]
+                                                                 * (4e-3 + 2e-5 + 2e-6)))
 
 
 def test_pareto_front_and_slop():
@@ -118,10 +133,13 @@ def test_bench_on_a_tiny_model_writes_the_report(tmp_path):
     plain = [r for r in bench.rows if r.kind == "plain"]
     assert all(r.compiled_peak == plain[0].compiled_peak for r in plain)  # same program, same memory
     assert isinstance(bench.calibrations["mlp"], Calibration) and bench.machine is not None
+    # the plain step profiled kernel by kernel in the timing process: one scale per kernel class beside
+    assert isinstance(bench.class_calibrations["mlp"], Calibration) and bench.profiles["mlp", "plain"]
+    assert bench.rows[0].predicted_class_ms == pytest.approx(bench.rows[0].step_ms)
     assert bench.rows[0].predicted_ms == pytest.approx(bench.rows[0].step_ms)  # calibrated on the plain step
     folder = tmp_path / bench.backend
     md = (folder / "device.md").read_text()
-    assert md.index("## Verdict") < md.index("## Every row")
+    assert md.index("## Verdict") < md.index("## Where the time went, per kernel class") < md.index("## Every row")
     assert sum(line.startswith("| mlp | 0.8 |") for line in md.splitlines()) == 1
     with open(folder / "device.csv") as f:
         assert len(list(csv.DictReader(f))) == len(bench.rows)

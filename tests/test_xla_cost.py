@@ -13,8 +13,8 @@ import pytest
 
 jax = pytest.importorskip("jax")
 
-from rematopt.importers.costmodel import DEVICES, device  # noqa: E402
-from rematopt.xla.cost import MMAP_CEILING, StepCost, calibrate, fit, kernel_cost, step_cost  # noqa: E402
+from rematopt.importers.costmodel import DEVICES, Device, device  # noqa: E402
+from rematopt.xla.cost import MMAP_CEILING, StepCost, calibrate, fit, kernel_class, kernel_cost, step_cost  # noqa: E402,E501
 from rematopt.xla.hlo import read_hlo  # noqa: E402
 from rematopt.xla.kernels import Kernel  # noqa: E402
 
@@ -232,6 +232,43 @@ def test_a_calibration_prices_its_step_at_the_measured_time_and_predicts_the_oth
     for measured, faults in ((0.0, 0), (1e-3, 1000)):  # nothing left for the kernels: refused
         with pytest.raises(ValueError):
             calibrate(plain, measured, dev, faults=faults, fault_s=2e-6)
+
+
+def test_each_kernel_class_is_scaled_to_its_share_of_the_plain_steps_profile():
+    """One scale per kernel class: the measured kernel time (the step less its faults) shared among the
+    classes as the plain step's profile shares it; a class too small to scale takes the global scale."""
+    dev = Device("test", flops_per_s=1e12, bytes_per_s=1e12, source="round figures", dot_flops_per_s=5e11)
+    named = lambda name, kind, transposes=None, **work: Kernel(  # noqa: E731
+        name, kind, work.get("read", 0), 0, work.get("flops", 0), (), 1, "", transposes)
+    plain = priced([named("dot", "dot", flops=int(5e11)),  # 1 s
+                    named("gemm", "fusion:kCustom", flops=int(2e12)),  # 2 s
+                    named("swap", "fusion:kLoop", (8, 4), read=int(1e11)),  # 0.1 s
+                    named("add", "fusion:kLoop", read=int(9e11)),  # 0.9 s
+                    named("cp", "copy", read=int(1e9))], dev)  # 1 ms: under 2% of the price
+    assert [kernel_class(k.kernel) for k in plain.kernels] == [
+        "lone dot", "matrix fusion", "transposing", "loop fusion", "other"]
+    profiled = {"dot": 1.0, "gemm": 3.0, "swap": 4.0, "add": 2.0, "cp": 0.5}
+    c = calibrate(plain, 12.0, dev, faults=1000, fault_s=1e-3, profiled=profiled)
+    # 11 s of kernels over 4.001 s priced; the copy keeps that scale, the other 4 classes share the rest 1:3:4:2
+    assert c.scale == pytest.approx(11 / 4.001)
+    rest = 11 - c.scale * 1e-3
+    assert dict(c.class_scales) == pytest.approx({"lone dot": rest * 0.1 / 1.0, "matrix fusion": rest * 0.3 / 2.0,
+                                                  "transposing": rest * 0.4 / 0.1, "loop fusion": rest * 0.2 / 0.9})
+    assert c.seconds(plain, 1000) == pytest.approx(12.0)
+    plan = priced([named("gemm2", "fusion:kCustom", flops=int(4e12)), named("cp2", "copy", read=int(1e9))], dev)
+    assert c.seconds(plan, 10) == pytest.approx(rest * 0.3 / 2.0 * 4 + c.scale * 1e-3 + 10e-3)
+    with pytest.raises(ValueError):  # a profile that timed none of the step's kernels
+        calibrate(plain, 12.0, dev, profiled={"elsewhere": 1.0})
+
+
+def test_with_one_kernel_class_the_per_class_calibration_is_the_one_scale_calibration():
+    dev = device("cpu")
+    plain = priced([kernel(read=int(1e9)), kernel(read=int(3e9), trips=2)], dev)
+    plan = priced([kernel(read=int(5e9)), kernel(flops=int(1e9))], dev)
+    one = calibrate(plain, 0.5, dev, faults=100, launch_s=1e-4, fault_s=1e-5)
+    per = calibrate(plain, 0.5, dev, faults=100, launch_s=1e-4, fault_s=1e-5, profiled={"k": 0.3})
+    assert dict(per.class_scales) == pytest.approx({"loop fusion": one.scale})
+    assert per.seconds(plan, 7) == pytest.approx(one.seconds(plan, 7))
 
 
 def test_the_machine_micro_benchmarks_measure_positive_rates_and_one_fault_a_fresh_page():

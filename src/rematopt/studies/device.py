@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from ..xla.cost import Calibration, StepCost, calibrate
+from ..xla.cost import KERNEL_CLASSES, Calibration, StepCost, calibrate, kernel_class
 from ..xla.machine import Machine
 
 CPU_SCHEDULER = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
@@ -57,6 +57,10 @@ ROUNDS, QUICK_ROUNDS = 9, 5
 # Short steps get more rounds, up to ROUND_SECONDS of each variant's steps (at most MAX_ROUNDS): quick
 # keras_llama's 12.8 ms steps, fastest of 5 rounds, differed by 10.6% between the even and odd rounds.
 ROUND_SECONDS, MAX_ROUNDS = 0.5, 60
+# Steps profiled per kernel (xla.profile.kernel_seconds), each kernel's fastest taken: the plain step's
+# for the per-class calibration, the plans' for the report. quick gpt's plain step profiled 218 ms of
+# kernels in its fastest of 5 (wall time, pinned, a load average of 5).
+PROFILE_STEPS = 5
 AGAIN = "plain (again)"
 # XLA's GPU memory limit is (0.8 x device memory - inputs - outputs) x slop / 100 (issue 36).
 GPU_LIMIT_SHARE = 0.8
@@ -106,6 +110,7 @@ class Row:
     step_ms_spread: float | None = None  # fastest step of the even rounds against the odd ones, over step_ms
     predicted_ms: float | None = None  # kernels priced on the profile calibrated on the plain step, and page faults
     predicted_raw_ms: float | None = None  # on the data-sheet profile
+    predicted_class_ms: float | None = None  # as predicted_ms, one scale per kernel class (xla.cost.kernel_class)
     predicted_peak: int | None = None  # the plan's peak on the graph (rematopt rows)
     predicted_overhead: float | None = None  # the plan's recompute overhead on the graph
     page_faults: int | None = None  # minor page faults per step (median over the rounds)
@@ -188,13 +193,15 @@ def time_steps(spec: dict) -> dict:
     each variant's steps). Per variant, its milliseconds and the process's minor page faults per round (pages the
     step touched fresh: on CPU, XLA maps its temp buffer anew each step), and its compiled peak (a
     second copy of a program must match the first). The compiles hit JAX's persistent cache the row processes
-    filled."""
+    filled. Then each variant of ``spec["profile"]`` is profiled kernel by kernel
+    (:func:`rematopt.xla.profile.kernel_seconds`, :data:`PROFILE_STEPS` steps, wall time)."""
     import jax
 
     from ..xla.memory import xla_reference
+    from ..xla.profile import kernel_seconds
 
     clock = time.process_time if spec["clock"] == "cpu" else time.perf_counter
-    steps, out = {}, {"times": {}, "faults": {}, "peaks": {}, "errors": {}}
+    steps, out = {}, {"times": {}, "faults": {}, "peaks": {}, "errors": {}, "profiles": {}}
     for label, variant in spec["variants"].items():
         try:
             compiled, args, _ = _compile({**spec, **variant})
@@ -220,6 +227,9 @@ def time_steps(spec: dict) -> dict:
             jax.block_until_ready(compiled(*args))
             out["times"][label].append(1e3 * (clock() - t))
             out["faults"][label].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults)
+    for label in spec.get("profile", ()):
+        if label in steps:
+            out["profiles"][label] = kernel_seconds(*steps[label], steps=PROFILE_STEPS)
     return out
 
 
@@ -300,6 +310,9 @@ class Bench:
     costs: dict[tuple[str, str], StepCost] = field(default_factory=dict)  # (model, variant): its kernels, data sheet
     machine: Machine | None = None  # the CPU's measured rates (None on a GPU: its data sheet)
     calibrations: dict[str, Calibration | str] = field(default_factory=dict)  # per model, or why there is none
+    # (model, variant): seconds per kernel name, profiled in the timing process (plain and the plans)
+    profiles: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
+    class_calibrations: dict[str, Calibration | str] = field(default_factory=dict)  # per kernel class, per model
 
 
 def run_bench(models: tuple[str, ...] = DEFAULT_MODELS, quick: bool = False, runs: int | None = None,
@@ -422,7 +435,9 @@ def _time(bench: Bench, model: str, specs: dict[str, dict], base: dict, pin: dic
     a second compile of the plain step, timed alongside, as the row ``plain (again)``."""
     started = time.perf_counter()
     variants = {**specs, AGAIN: specs["plain"]}
-    got = _worker({**base, **pin, "variants": variants, "rounds": rounds, "clock": bench.clock}, env, timeout)
+    profile = [v for v in specs if v == "plain" or v.startswith("rematopt@")]
+    got = _worker({**base, **pin, "variants": variants, "rounds": rounds, "clock": bench.clock,
+                   "profile": profile}, env, timeout)
     rows = {r.variant: r for r in bench.rows if r.model == model}
     plain = rows["plain"]
     again = Row(model, AGAIN, "plain", note="a second compile of the plain step, timed in the same rounds: "
@@ -440,6 +455,8 @@ def _time(bench: Bench, model: str, specs: dict[str, dict], base: dict, pin: dic
         r.page_faults = int(statistics.median(got["faults"][variant]))
     for variant, why in got["errors"].items():
         rows.get(variant, again).note += f" timing failed: {why}"
+    for variant, seconds in got.get("profiles", {}).items():
+        bench.profiles[model, variant] = seconds
     if AGAIN in got["peaks"]:
         again.compiled_peak, again.compiled_peak_is = got["peaks"][AGAIN], plain.compiled_peak_is
         for k in ("predicted_raw_ms", "kernels", "bytes_moved", "predicted_faults"):
@@ -463,7 +480,9 @@ def _slop(plain: Row, ratio: float) -> int:
 def _calibrate(bench: Bench, model: str) -> None:
     """Scale the profile (the machine's measured rates; on a GPU the data sheet's) so that the plain
     step's predicted time is its measured time (:func:`rematopt.xla.cost.calibrate`), and predict every
-    other row on it: the second compile of the plain step, the policies, XLA's GPU remat, the plans."""
+    other row on it: the second compile of the plain step, the policies, XLA's GPU remat, the plans.
+    Where the plain step was profiled, also one scale per kernel class (``predicted_class_ms``). Only the
+    plain step's measurements enter: a row's prediction is a function of its compiled program."""
     from ..importers.costmodel import device
 
     plain = next((r for r in bench.rows if r.model == model and r.variant == "plain"), None)
@@ -471,17 +490,24 @@ def _calibrate(bench: Bench, model: str) -> None:
         bench.calibrations[model] = "the plain step was not timed"
         return
     m = bench.machine
-    try:
-        c = calibrate(bench.costs[model, "plain"], plain.step_ms / 1e3, m.device() if m else device(bench.device),
-                      faults=plain.predicted_faults or 0, launch_s=m.launch_s if m else 0.0,
-                      fault_s=m.fault_s if m else 0.0)
-    except ValueError as e:
-        bench.calibrations[model] = str(e)
-        return
-    bench.calibrations[model] = c
-    for r in bench.rows:
-        if r.model == model and (model, r.variant) in bench.costs:
-            r.predicted_ms = 1e3 * c.seconds(bench.costs[model, r.variant], r.predicted_faults or 0)
+    args = dict(step=bench.costs[model, "plain"], measured_s=plain.step_ms / 1e3,
+                device=m.device() if m else device(bench.device), faults=plain.predicted_faults or 0,
+                launch_s=m.launch_s if m else 0.0, fault_s=m.fault_s if m else 0.0)
+    for into, profiled, field_ in ((bench.calibrations, None, "predicted_ms"),
+                                   (bench.class_calibrations, bench.profiles.get((model, "plain")),
+                                    "predicted_class_ms")):
+        if field_ == "predicted_class_ms" and profiled is None:
+            into[model] = "the plain step was not profiled"
+            continue
+        try:
+            c = calibrate(**args, profiled=profiled)
+        except ValueError as e:
+            into[model] = str(e)
+            continue
+        into[model] = c
+        for r in bench.rows:
+            if r.model == model and (model, r.variant) in bench.costs:
+                setattr(r, field_, 1e3 * c.seconds(bench.costs[model, r.variant], r.predicted_faults or 0))
 
 
 # ---------------------------------------------------------------- the report
@@ -570,6 +596,7 @@ def markdown(bench: Bench) -> str:
               "the plain step against its second compile, and each variant's fastest step in the even rounds "
               "against the odd rounds.", "",
               "## Predicted against measured", "", _prediction_summary(bench), "",
+              "## Where the time went, per kernel class", "", _by_class(bench), "",
               "## Every row", "", f"Planning: {bench.planning}.", "",
               "| model | variant | compiled peak MB | device peak MB | step ms | predicted ms | overhead measured "
               "| overhead predicted | graph: plan peak MB | graph: plan overhead | kernels | GB moved "
@@ -608,13 +635,13 @@ def _prediction_summary(bench: Bench) -> str:
            "the scratch of YNNPACK fusions that glibc gives back to the kernel; each at the measured price.", "",
            "| model | scale on the measured rates | plain's page faults | plain (again): predicted vs measured "
            "| baselines within 15% | worst baseline | plans: predicted vs measured time "
-           "| plans: predicted overhead - measured (points) |",
-           "|---|---:|---:|---:|---:|---|---|---|"]
+           "| plans: predicted overhead - measured (points) | the same, one scale per kernel class |",
+           "|---|---:|---:|---:|---:|---|---|---|---|"]
     for model in dict.fromkeys(r.model for r in bench.rows):
         c = bench.calibrations.get(model)
         base = _plain_ms(bench, model)
         if not isinstance(c, Calibration) or base is None:
-            out.append(f"| {model} | not calibrated: {c or 'not timed'} | — | — | — | — | — | — |")
+            out.append(f"| {model} | not calibrated: {c or 'not timed'} | — | — | — | — | — | — | — |")
             continue
         rows = [r for r in bench.rows if r.model == model and r.step_ms and r.predicted_ms]
         plain = next(r for r in rows if r.variant == "plain")
@@ -626,10 +653,51 @@ def _prediction_summary(bench: Bench) -> str:
         times = ", ".join(f"{r.variant} {100 * (r.predicted_ms / r.step_ms - 1):+.1f}%" for r in plans)
         overheads = ", ".join(f"{r.variant} {100 * ((r.predicted_ms / base[1]) - (r.step_ms / base[0])):+.1f}"
                               for r in plans)
+        per_class = ", ".join(
+            f"{r.variant} {100 * (r.predicted_class_ms / plain.predicted_class_ms - r.step_ms / base[0]):+.1f}"
+            for r in plans if r.predicted_class_ms and plain.predicted_class_ms)
         share = (plain.predicted_faults or 0) * c.fault_s * 1e3 / plain.step_ms
         out.append(f"| {model} | x{c.scale:.3g} | {plain.predicted_faults or 0:,} ({100 * share:.0f}% of its time) "
                    f"| {again} | {within} of {len(errs)} | {f'{worst[1]} {100 * worst[0]:+.1f}%' if worst else '—'} "
-                   f"| {times or '—'} | {overheads or '—'} |")
+                   f"| {times or '—'} | {overheads or '—'} | {per_class or '—'} |")
+    return "\n".join(out)
+
+
+def _by_class(bench: Bench) -> str:
+    """Per model, for the plain step and each plan: each kernel class's predicted seconds (one scale, and
+    one scale per class fitted on the plain step's profile) against its profiled seconds (the fastest run
+    of each kernel inside the step, wall time, page faults included where they happen)."""
+    out = ["Kernel classes (xla.cost.kernel_class): lone dot (Eigen), matrix fusion (YNNPACK), transposing, "
+           "loop fusion, other. Profiled: each kernel's fastest of "
+           f"{PROFILE_STEPS} steps inside the program (xla.profile.kernel_seconds, wall time). Predicted: the "
+           "class's kernels priced and scaled, without page faults. The per-class scales share the plain step's "
+           "measured kernel time among the classes as its profile does; the plans' profiles are not fitted on.",
+           "", "| model | class | per-class scale | plain: predicted ms (one scale / per class) | plain: profiled ms "
+           "| plan | plan: predicted ms (one scale / per class) | plan: profiled ms |",
+           "|---|---|---:|---:|---:|---|---:|---:|"]
+    for model in dict.fromkeys(r.model for r in bench.rows):
+        one, per = bench.calibrations.get(model), bench.class_calibrations.get(model)
+        if not isinstance(one, Calibration) or not isinstance(per, Calibration):
+            continue
+        def split(variant: str) -> tuple[dict, dict, dict]:
+            step = bench.costs[model, variant]
+            profiled: dict[str, float] = {}
+            for k in step.kernels:
+                c = kernel_class(k.kernel)
+                profiled[c] = profiled.get(c, 0.0) + bench.profiles.get((model, variant), {}).get(k.kernel.name, 0.0)
+            return one.scaled(step), per.scaled(step), profiled
+
+        plain = split("plain")
+        scales = dict(per.class_scales)
+        for variant in [r.variant for r in bench.rows if r.model == model and r.kind == "rematopt"
+                        and (model, r.variant) in bench.costs]:
+            plan = split(variant)
+            for c in [c for c in KERNEL_CLASSES if c in plain[0] or c in plan[0]]:
+                ms = lambda d: f"{1e3 * d[c]:,.2f}" if c in d else "—"  # noqa: E731
+                prof = lambda d, v: ms(d) if (model, v) in bench.profiles else "—"  # noqa: E731
+                out.append(f"| {model} | {c} | {'x%.3g' % scales[c] if c in scales else f'x{one.scale:.3g} (global)'} "
+                           f"| {ms(plain[0])} / {ms(plain[1])} | {prof(plain[2], 'plain')} | {variant} "
+                           f"| {ms(plan[0])} / {ms(plan[1])} | {prof(plan[2], variant)} |")
     return "\n".join(out)
 
 

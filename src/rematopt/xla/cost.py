@@ -13,7 +13,9 @@ into existing kernels grows them, what it could not fuse adds kernels.
 :func:`calibrate` scales a profile so that one measured step (the plain step) is priced at its
 measured time; the scaled profile then predicts every other variant of that step on that machine
 (``rematopt bench device`` calibrates on the plain step, on the rates :mod:`rematopt.xla.machine`
-measured on the CPU, and predicts the policies and rematopt's plans). On CPU a step also pays for
+measured on the CPU, and predicts the policies and rematopt's plans); given the plain step's per-kernel
+profile, one scale per kernel class (:func:`kernel_class`), which the bench reports beside the one scale
+(it predicted the plans worse, docs/device.md). On CPU a step also pays for
 the page faults of the buffers it allocates anew (:func:`step_faults`), at a measured price per
 fault. :func:`fit` instead fits the FLOP and byte factors and a launch cost to several measured
 steps by least squares; with the three to five baselines of a bench model it is under-determined
@@ -188,38 +190,100 @@ def scratch_faults(module: HloModule, fresh: Sequence[int] = ()) -> int:
     return sum(trips * (sum(scratch) // PAGE) for scratch, trips in runs if sum(scratch) > 2 * largest)
 
 
+# What the per-class calibration scales apart, read from the compiled program alone. On quick gpt's plain
+# step, profiled kernel by kernel against their price on the measured rates (docs/device.md): lone dots
+# (Eigen) 37.5 / 41.5 ms, matrix fusions (YNNPACK) 98.9 / 42.1, loop fusions 28.4 / 9.2, transposing
+# kernels 53.7 / 3.3; a class is the first of these that holds.
+KERNEL_CLASSES = ("lone dot", "matrix fusion", "transposing", "loop fusion", "other")
+# A class under this share of the plain step's profiled or priced time takes the global scale: its own
+# would be the ratio of two small figures (every class of quick gpt's and keras_llama's plain steps is
+# 4% or more of both).
+MIN_CLASS_SHARE = 0.02
+
+
+def kernel_class(kernel: Kernel) -> str:
+    """Its class in :data:`KERNEL_CLASSES`: a lone dot or convolution (XLA's CPU leaves them to Eigen),
+    a fusion or library call on the matrix units, a kernel that moves data across dimensions
+    (``Kernel.transposes``), another fusion, anything else (copies, lone elementwise ops)."""
+    if kernel.kind in ("dot", "convolution"):
+        return "lone dot"
+    if on_matrix_units(kernel):
+        return "matrix fusion"
+    if kernel.transposes:
+        return "transposing"
+    return "loop fusion" if kernel.kind.startswith("fusion") else "other"
+
+
 @dataclass(frozen=True)
 class Calibration:
     """A profile scaled to one measured step: a step takes ``scale x`` its kernels' time on ``device``
-    (``launch_s`` more per kernel run) plus ``fault_s`` per page fault. The scale absorbs what the
-    micro-benchmarks miss (the kernels' sizes, caches); the fault price is the kernel's (the operating
-    system's) work, measured, not scaled."""
+    (``launch_s`` more per kernel run) plus ``fault_s`` per page fault; with ``class_scales``, each
+    kernel class (:func:`kernel_class`) its own scale, ``scale`` for a class without one. The scales
+    absorb what the micro-benchmarks miss (the kernels' sizes, caches, strided reads); the fault price
+    is the kernel's (the operating system's) work, measured, not scaled."""
 
     device: Device
     scale: float
     launch_s: float
     fault_s: float
     calibrated_on: str
+    class_scales: tuple[tuple[str, float], ...] = ()
+
+    def class_seconds(self, step: StepCost) -> dict[str, float]:
+        """``step``'s kernels on the profile, unscaled, per class."""
+        out: dict[str, float] = {}
+        for k in step.kernels:
+            c = kernel_class(k.kernel)
+            out[c] = out.get(c, 0.0) + kernel_cost(k.kernel, self.device, self.launch_s).seconds
+        return out
 
     def kernel_seconds(self, step: StepCost) -> float:
         """``step``'s kernels on the profile, unscaled."""
-        return sum(kernel_cost(k.kernel, self.device, self.launch_s).seconds for k in step.kernels)
+        return sum(self.class_seconds(step).values())
+
+    def scaled(self, step: StepCost) -> dict[str, float]:
+        """``step``'s predicted kernel seconds per class, each class at its scale."""
+        scales = dict(self.class_scales)
+        return {c: scales.get(c, self.scale) * s for c, s in self.class_seconds(step).items()}
 
     def seconds(self, step: StepCost, faults: int = 0) -> float:
         """The predicted time of ``step``, whose runs fault ``faults`` pages (:func:`step_faults`)."""
-        return self.scale * self.kernel_seconds(step) + faults * self.fault_s
+        return sum(self.scaled(step).values()) + faults * self.fault_s
 
 
 def calibrate(step: StepCost, measured_s: float, device: Device, faults: int = 0, launch_s: float = 0.0,
-              fault_s: float = 0.0, name: str = "plain") -> Calibration:
+              fault_s: float = 0.0, name: str = "plain", profiled: dict[str, float] | None = None) -> Calibration:
     """Scale ``device`` so that ``step`` (which faults ``faults`` pages a run) is priced at ``measured_s``:
-    the one figure taken from a measured step. Calibrate on one step and predict the others."""
+    the one figure taken from a measured step. Calibrate on one step and predict the others.
+
+    With ``profiled`` (seconds per kernel name, :func:`rematopt.xla.profile.kernel_seconds` on the same
+    step), one scale per kernel class: the kernels' measured time (``measured_s`` less the faults) is
+    shared among the classes as the profile shares it, and each class is scaled to its share. A class
+    under :data:`MIN_CLASS_SHARE` of the profile or of the price takes the global scale (and its share at
+    that scale is taken out first), so the step is still priced at ``measured_s``; with one class this is
+    the one-scale calibration."""
     unscaled = Calibration(device, 1.0, launch_s, fault_s, name)
-    kernels, rest = unscaled.kernel_seconds(step), measured_s - faults * fault_s
+    priced, rest = unscaled.class_seconds(step), measured_s - faults * fault_s
+    kernels = sum(priced.values())
     if kernels <= 0 or rest <= 0:
         raise ValueError(f"cannot calibrate on {name}: {measured_s * 1e3:.3g} ms measured, of which "
                          f"{faults * fault_s * 1e3:.3g} ms page faults, {kernels * 1e3:.3g} ms of kernels priced")
-    return replace(unscaled, scale=rest / kernels)
+    scale = rest / kernels
+    if profiled is None:
+        return replace(unscaled, scale=scale)
+    measured: dict[str, float] = {}
+    for k in step.kernels:
+        c = kernel_class(k.kernel)
+        measured[c] = measured.get(c, 0.0) + profiled.get(k.kernel.name, 0.0)
+    total = sum(measured.values())
+    if total <= 0:
+        raise ValueError(f"cannot calibrate {name} per class: its profile has no kernel time")
+    own = [c for c in priced if measured.get(c, 0.0) >= MIN_CLASS_SHARE * total
+           and priced[c] >= MIN_CLASS_SHARE * kernels]
+    left = rest - scale * sum(s for c, s in priced.items() if c not in own)
+    profiled_own = sum(measured[c] for c in own)
+    scales = tuple((c, left * measured[c] / profiled_own / priced[c]) for c in own)
+    return replace(unscaled, scale=scale, class_scales=scales)
 
 
 # The balance of the machine's FLOP rate to its bandwidth, against the data sheet's, is searched
