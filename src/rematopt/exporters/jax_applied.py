@@ -168,14 +168,18 @@ def applied_step(graph: Graph, plan: Plan) -> AppliedStep:
     # stays there (keras gpt2: the dropout masks' random bits, read in the backward pass)
     born.update((c, first_read[c]) for c in born if graph.nodes[c[0]].op == "xla_buffer" and c in first_read
                 and born[c] >= backward_pass)
-    # a result XLA copies into the output's layout holds its kernel's buffer to the step's end
+    # a result XLA copies into the output's layout holds its kernel's buffer to the step's end, and so
+    # does a stacked argument's slice's gradient, which the step's end stacks into the caller's
+    # gradient (:func:`_housed`)
     copied = sorted((c for c in born if "layout_copy" in extra[c]), key=lambda c: extra[c]["layout_copy_order"])
+    copied += [c for c in born if "stacked_leaf" in extra[c] and "allocation" in extra[c] and c not in copied]
     last.update((c, len(order) - 1) for c in copied)
     # the copies one after another, in the order of the results (resnet, cpsat at 0.8: as XLA runs them):
     # a buffer copied earlier may be housed in the allocation of a result copied later
     copied_at = {c: len(order) - 1 + j / len(copied) for j, c in enumerate(copied)}
     size = {c: 0 if c in fused else extra[c].get("layout_copy", extra[c].get("housed", graph.bytes[c[0]]))
             for c in born}
+    size.update((c, graph.bytes[extra[c]["allocation"]]) for c in copied if "layout_copy" not in extra[c])
     housed = _housed(graph, born, last, operands, size, len(order), copied_at)
     return AppliedStep(order, born, last, size, housed)
 
@@ -241,12 +245,18 @@ def _housed(graph: Graph, born: dict, last: dict, operands: dict, size: dict, en
     gradients' allocations, all written before the copies)."""
     from ..xla.memory import cpu_allocations
 
-    allocation = {c: ("allocation", c) if c in copied else c for c in born
-                  if "allocation" in (graph.nodes[c[0]].extra or {})}
-    outputs = {a: graph.bytes[graph.nodes[c[0]].extra["allocation"]] for c, a in allocation.items()}
+    def allocation_of(c: tuple[int, str]):
+        leaf = graph.nodes[c[0]].extra.get("stacked_leaf")
+        return c if c not in copied else ("allocation", c) if leaf is None else ("stack", leaf)
+
+    allocation = {c: allocation_of(c) for c in born if "allocation" in (graph.nodes[c[0]].extra or {})}
+    outputs: dict = {}
+    written: dict = {}
+    for c, a in allocation.items():
+        outputs[a] = outputs.get(a, 0) + graph.bytes[graph.nodes[c[0]].extra["allocation"]]
+        written[a] = min(written.get(a, end), copied[c] if a != c else born[c])
     if not outputs:
         return set()
-    written = {a: copied[c] if a != c else born[c] for c, a in allocation.items()}
     temps = {c: (k, copied.get(c, last[c])) for c, k in born.items() if k >= 0 and c not in outputs}
     shares = {c: [o for o in operands.get(c, []) if o in temps and last[o] == born[c] and size[o] == size[c]]
               for c in temps}

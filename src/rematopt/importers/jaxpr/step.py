@@ -385,6 +385,12 @@ def to_graph(step: Step, name: str, device: str = costmodel.DEFAULT_DEVICE,
     for r in step.out_refs:
         if not isinstance(r, Const) and r in prod:
             nodes[prod[r]].output = True
+    # the gradient of one slice of a stacked argument: the caller's gradient stacks the slices' (the
+    # caller's leaf, as ``step.sources`` numbers it)
+    slices = [i for i, d in enumerate(step.diff_leaves) if d]
+    for i, r in zip(slices, step.out_refs[1:]):
+        if not isinstance(r, Const) and r in prod and step.sources and step.sources[i][1] is not None:
+            nodes[prod[r]].extra["stacked_leaf"] = step.sources[i][0]
     order = None
     if step.fused == "xla":
         from .compiled import xla_memory
