@@ -36,7 +36,7 @@ sys.path.insert(0, {root!r})
 import jax
 import jax.numpy as jnp
 import numpy as np
-from models import gpt_scan, keras_lm, mlp, resnet, unet
+from models import equinox_lm, gpt_scan, keras_lm, mlp, resnet, unet
 from rematopt.exporters.jax_applied import applied_peak
 from rematopt.jax import apply_plan, trace_grad
 from rematopt.reference import no_remat_plan
@@ -60,7 +60,7 @@ def transposed():  # four layers reading their weights transposed: each gradient
 out = {{}}
 for name, factory, ratio in (("mlp", mlp.factory, 0.8), ("unet", unet.factory, 0.6), ("resnet", resnet.factory, 0.8),
                              ("unet eager", unet.factory, None), ("transposed", transposed, 0.9),
-                             ("gpt_scan", gpt_scan.factory, 0.8),
+                             ("gpt_scan", gpt_scan.factory, 0.8), ("equinox_lm", equinox_lm.factory, 0.8),
                              ("keras_gemma", lambda: keras_lm.factory(backbone="gemma"), 0.6)):
     fn, args = factory()
     graph = trace_grad(fn, *args, fuse="xla")
@@ -72,7 +72,8 @@ for name, factory, ratio in (("mlp", mlp.factory, 0.8), ("unet", unet.factory, 0
         plan, peak = sol.plan, sol.replay.peak_bytes
     c = jax.jit(jax.value_and_grad(apply_plan(fn, graph, plan))).lower(*args).compile()
     out[name] = {{"plan": peak, "applied": applied_peak(graph, plan), "xla": xla_peak(c)[0],
-                 "copied": sum("layout_copy" in v.extra for v in graph.nodes)}}
+                 "copied": sum("layout_copy" in v.extra for v in graph.nodes),
+                 "stacked": len(graph.meta["xla"].get("stacked_outputs", []))}}
 print(json.dumps(out))
 """
 
@@ -138,6 +139,18 @@ def test_first_round_prediction_on_a_scanned_model(compiled_steps):
     got = compiled_steps["gpt_scan"]
     assert abs(got["applied"] - got["xla"]) <= 0.05 * got["xla"]
     assert got["plan"] < 0.9 * got["xla"]
+
+
+def test_stacked_weights_gradients_are_stacked_at_the_end(compiled_steps):
+    # equinox_lm at its instance config (eqx.filter_vmap'd blocks run by lax.scan), greedy at 0.8: the
+    # unrolled graph's gradient of each layer's slice is an output of its own; XLA stacks the slices'
+    # gradients into the caller's at the step's end, into one allocation per stacked leaf that houses
+    # temporaries until then, a dot's result (a weight's gradient) a temporary to there. Measured:
+    # applied 478,860 B, XLA 480,028 B (0.998; 0.912 with an allocation per slice written at its dot:
+    # the forward pass's dots and dropout bits housed there, where XLA holds them on the heap)
+    got = compiled_steps["equinox_lm"]
+    assert got["stacked"] == 24  # 12 stacked leaves, 2 layers
+    assert abs(got["applied"] - got["xla"]) <= 0.01 * got["xla"]
 
 
 def test_weight_gradients_copied_into_their_layout_at_the_end(compiled_steps):

@@ -25,7 +25,9 @@ A plan's own peak (:func:`~rematopt.simulate.simulate`) is of its events;
   op is fused into the kernels reading it (they read what it reads), unless a
   library call reads it directly; a recomputation nothing in the backward
   pass reads is not made; a slice of a stacked argument that a library call
-  reads is a copy (:func:`_slice_copies`).
+  reads is a copy (:func:`_slice_copies`); a dot's result that is the gradient of
+  such a slice is held to the step's end, where XLA stacks the slices'
+  gradients into the caller's, one allocation per leaf (:func:`_housed`).
 
 Measured on the models' compiled graphs (CPU, memory-minimizing scheduler,
 the first round of ``--verify xla``; docs/xla.md), this peak against XLA's
@@ -168,15 +170,21 @@ def applied_step(graph: Graph, plan: Plan) -> AppliedStep:
     # stays there (keras gpt2: the dropout masks' random bits, read in the backward pass)
     born.update((c, first_read[c]) for c in born if graph.nodes[c[0]].op == "xla_buffer" and c in first_read
                 and born[c] >= backward_pass)
-    # a result XLA copies into the output's layout holds its kernel's buffer to the step's end
+    # a result XLA copies into the output's layout holds its kernel's buffer to the step's end; so does
+    # a dot's result that is a stacked argument's slice's gradient, which XLA stacks there into the
+    # caller's gradient (:func:`_housed`)
     copied = sorted((c for c in born if "layout_copy" in extra[c]), key=lambda c: extra[c]["layout_copy_order"])
+    stacked = {u: leaf for u, leaf in graph.meta.get("xla", {}).get("stacked_outputs", [])
+               if graph.nodes[u].op in LIBRARY_CALLS and "layout_copy" not in (graph.nodes[u].extra or {})}
+    copied += [c for c in born if c[0] in stacked and "allocation" in extra[c]]
     last.update((c, len(order) - 1) for c in copied)
     # the copies one after another, in the order of the results (resnet, cpsat at 0.8: as XLA runs them):
     # a buffer copied earlier may be housed in the allocation of a result copied later
     copied_at = {c: len(order) - 1 + j / len(copied) for j, c in enumerate(copied)}
     size = {c: 0 if c in fused else extra[c].get("layout_copy", extra[c].get("housed", graph.bytes[c[0]]))
             for c in born}
-    housed = _housed(graph, born, last, operands, size, len(order), copied_at)
+    size.update((c, graph.bytes[extra[c]["allocation"]]) for c in copied if "layout_copy" not in extra[c])
+    housed = _housed(graph, born, last, operands, size, len(order), copied_at, stacked)
     return AppliedStep(order, born, last, size, housed)
 
 
@@ -227,7 +235,8 @@ def _made_again(graph: Graph, order: list, operands: dict, read) -> dict:
     return again
 
 
-def _housed(graph: Graph, born: dict, last: dict, operands: dict, size: dict, end: int, copied: dict) -> set:
+def _housed(graph: Graph, born: dict, last: dict, operands: dict, size: dict, end: int, copied: dict,
+            stacked: dict) -> set:
     """The copies XLA's CPU buffer assignment houses in the outputs' allocations
     (:func:`~rematopt.xla.memory.cpu_allocations`), over the applied step's live
     ranges: the graph's ``extra.housed`` nodes were picked over the plain
@@ -238,15 +247,24 @@ def _housed(graph: Graph, born: dict, last: dict, operands: dict, size: dict, en
     An output in ``copied`` is a temporary to its copy (at the position
     given, at the step's end), and its allocation is written there and houses
     temporaries until then (resnet, cpsat at 0.8: XLA houses 20 temporaries in the 6 weight
-    gradients' allocations, all written before the copies)."""
+    gradients' allocations, all written before the copies). The dots' results in ``stacked``
+    (``{node: the caller's leaf}``: gradients of a stacked argument's slices) share one allocation per
+    leaf, which XLA writes when it stacks them at the step's end (equinox_lm, greedy at 0.8: an
+    allocation per slice housed the forward pass's dots, applied peak 0.912 of XLA's figure; 0.998)."""
     from ..xla.memory import cpu_allocations
 
-    allocation = {c: ("allocation", c) if c in copied else c for c in born
-                  if "allocation" in (graph.nodes[c[0]].extra or {})}
-    outputs = {a: graph.bytes[graph.nodes[c[0]].extra["allocation"]] for c, a in allocation.items()}
+    def allocation_of(c: tuple[int, str]):
+        leaf = stacked.get(c[0])
+        return c if c not in copied else ("allocation", c) if leaf is None else ("stack", leaf)
+
+    allocation = {c: allocation_of(c) for c in born if "allocation" in (graph.nodes[c[0]].extra or {})}
+    outputs: dict = {}
+    written: dict = {}
+    for c, a in allocation.items():
+        outputs[a] = outputs.get(a, 0) + graph.bytes[graph.nodes[c[0]].extra["allocation"]]
+        written[a] = min(written.get(a, end), copied[c] if a != c else born[c])
     if not outputs:
         return set()
-    written = {a: copied[c] if a != c else born[c] for c, a in allocation.items()}
     temps = {c: (k, copied.get(c, last[c])) for c, k in born.items() if k >= 0 and c not in outputs}
     shares = {c: [o for o in operands.get(c, []) if o in temps and last[o] == born[c] and size[o] == size[c]]
               for c in temps}

@@ -385,6 +385,13 @@ def to_graph(step: Step, name: str, device: str = costmodel.DEFAULT_DEVICE,
     for r in step.out_refs:
         if not isinstance(r, Const) and r in prod:
             nodes[prod[r]].output = True
+    if step.compiled is not None and step.sources:
+        # the gradients of a stacked argument's slices, each as [node, the caller's leaf (as
+        # ``step.sources`` numbers it)]: the caller's gradient stacks them (``jax_applied``). In the
+        # graph's meta, not the nodes' extras, which tell the planners' repeated blocks apart
+        diff = [i for i, d in enumerate(step.diff_leaves) if d]
+        step.compiled["stacked_outputs"] = [[prod[r], step.sources[i][0]] for i, r in zip(diff, step.out_refs[1:])
+                                            if not isinstance(r, Const) and r in prod and step.sources[i][1] is not None]
     order = None
     if step.fused == "xla":
         from .compiled import xla_memory
