@@ -182,7 +182,7 @@ def scratch_faults(module: HloModule, fresh: Sequence[int] = ()) -> int:
     """Page faults per step of the YNNPACK fusions' scratch (:func:`fusion_scratch`): every run of a
     fusion whose scratch exceeds glibc's trim threshold (twice the step's largest buffer under the mmap
     ceiling, of its scratch and its ``fresh`` buffers, :func:`fresh_buffers`) faults each of its pages."""
-    by_name = {i.name: i for c in module.computations.values() for i in c.instructions}
+    by_name = module.by_name
     runs = [(fusion_scratch(module, by_name[k.name]), k.trip_count) for k in kernels(module)
             if k.kind == "fusion:kCustom" and by_name[k.name].backend_config().get("fusion_config", {}).get("kind")
             == "__ynn_fusion"]

@@ -183,6 +183,11 @@ class HloModule:
     def entry(self) -> Computation:
         return self.computations[self.entry_name]
 
+    @cached_property
+    def by_name(self) -> dict[str, Instruction]:
+        """Every instruction of every computation by its name (names are unique in an HLO module)."""
+        return {i.name: i for c in self.computations.values() for i in c.instructions}
+
     @property
     def schedule(self) -> list[Instruction]:
         """The entry computation's instructions in XLA's order (the printed order of a scheduled module)."""

@@ -204,7 +204,7 @@ def _steps(done: Assignment, at: np.ndarray, after: np.ndarray, base: int) -> li
 
 def _context(module: HloModule, callers: dict[str, str], computation: str) -> list[Call]:
     """The calls from the entry down to ``computation``, outermost first."""
-    by_name = {i.name: i for c in module.computations.values() for i in c.instructions}
+    by_name = module.by_name
     out: list[Call] = []
     while computation in callers and len(out) <= len(callers):
         caller = by_name[callers[computation]]
