@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from ..xla.cost import KERNEL_CLASSES, Calibration, StepCost, calibrate, kernel_class
+from ..xla.cost import KERNEL_CLASSES, Calibration, StepCost, calibrate, profiled_by_class
 from ..xla.machine import Machine
 
 CPU_SCHEDULER = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
@@ -681,11 +681,7 @@ def _by_class(bench: Bench) -> str:
             continue
         def split(variant: str) -> tuple[dict, dict, dict]:
             step = bench.costs[model, variant]
-            profiled: dict[str, float] = {}
-            for k in step.kernels:
-                c = kernel_class(k.kernel)
-                profiled[c] = profiled.get(c, 0.0) + bench.profiles.get((model, variant), {}).get(k.kernel.name, 0.0)
-            return one.scaled(step), per.scaled(step), profiled
+            return one.scaled(step), per.scaled(step), profiled_by_class(step, bench.profiles.get((model, variant), {}))
 
         plain = split("plain")
         scales = dict(per.class_scales)

@@ -251,6 +251,16 @@ class Calibration:
         return sum(self.scaled(step).values()) + faults * self.fault_s
 
 
+def profiled_by_class(step: StepCost, profiled: dict[str, float]) -> dict[str, float]:
+    """``profiled`` (seconds per kernel name, :func:`rematopt.xla.profile.kernel_seconds`) summed over
+    ``step``'s kernels per class (:func:`kernel_class`); a kernel the profile lacks counts 0."""
+    out: dict[str, float] = {}
+    for k in step.kernels:
+        c = kernel_class(k.kernel)
+        out[c] = out.get(c, 0.0) + profiled.get(k.kernel.name, 0.0)
+    return out
+
+
 def calibrate(step: StepCost, measured_s: float, device: Device, faults: int = 0, launch_s: float = 0.0,
               fault_s: float = 0.0, name: str = "plain", profiled: dict[str, float] | None = None) -> Calibration:
     """Scale ``device`` so that ``step`` (which faults ``faults`` pages a run) is priced at ``measured_s``:
@@ -271,10 +281,7 @@ def calibrate(step: StepCost, measured_s: float, device: Device, faults: int = 0
     scale = rest / kernels
     if profiled is None:
         return replace(unscaled, scale=scale)
-    measured: dict[str, float] = {}
-    for k in step.kernels:
-        c = kernel_class(k.kernel)
-        measured[c] = measured.get(c, 0.0) + profiled.get(k.kernel.name, 0.0)
+    measured = profiled_by_class(step, profiled)
     total = sum(measured.values())
     if total <= 0:
         raise ValueError(f"cannot calibrate {name} per class: its profile has no kernel time")
