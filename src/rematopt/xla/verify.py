@@ -253,13 +253,15 @@ def verify(loss_fn: Callable, args: Sequence, graph: Graph, planner: str, budget
 
     options = dict(options or {})
     orders = plan_orders(graph)
+    peaks = {name: no_remat_peak(g) for name, g in orders.items()}  # the first: the graph's own order
+    base_peak = next(iter(peaks.values()))
     planning: list[Round] = []
     with metered(m):  # a planner that reads the time (dtr, rotor) reads the loop's clock
         for k, (name, ordered) in enumerate(orders.items()):
             left = limit - (m.now() - t0)
             deadline = t0 + limit - left * (len(orders) - k - 1) / (len(orders) - k)  # its share of what is left
             found, done, end = _search(loss_fn, args, argnums, ordered, name, planner, budget, plain, options,
-                                       settings, say, m, deadline, fallback if k == 0 else None, no_remat_peak(graph))
+                                       settings, say, m, deadline, fallback if k == 0 else None, base_peak)
             candidates += found
             planning += done
             ends.append(end)
@@ -272,9 +274,9 @@ def verify(loss_fn: Callable, args: Sequence, graph: Graph, planner: str, budget
         stopped_by = "deterministic_time"
     else:
         stopped_by = "max_rounds" if "max_rounds" in ends else None
-    return Verdict(budget, budget_ratio, plain, reference, no_remat_peak(graph), chosen, tuple(candidates),
+    return Verdict(budget, budget_ratio, plain, reference, base_peak, chosen, tuple(candidates),
                    len(planning), flags.record(settings), time.perf_counter() - start,
-                   {name: no_remat_peak(g) for name, g in orders.items()}, tuple(planning), time_limit,
+                   peaks, tuple(planning), time_limit,
                    deterministic_time, round(m.spent, 6) if m.deterministic else None, stopped_by)
 
 
@@ -388,7 +390,8 @@ def _search(loss_fn: Callable, args: Sequence, argnums: tuple[int, ...], graph: 
             if fallback is None:
                 break
             graph, fallback, order = fallback, None, "program"
-            g0, lo, hi, floor = no_remat_peak(graph), None, no_remat_peak(graph), 0
+            g0 = no_remat_peak(graph)
+            lo, hi, floor = None, g0, 0
             b = int(g0 * budget / plain.peak_bytes)
             tried.clear()
             continue
