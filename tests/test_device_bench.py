@@ -6,6 +6,7 @@ report has the shape the issue asks for. Timings are never asserted."""
 from __future__ import annotations
 
 import csv
+import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,8 @@ import pytest
 pytest.importorskip("jax")
 
 from rematopt.importers.costmodel import device  # noqa: E402
-from rematopt.studies.device import AGAIN, MAX_ROUNDS, MODELS, Bench, Row, _by_class, _calibrate, _slop, noise, pareto, run_bench, time_steps, verdict  # noqa: E402,E501
+from rematopt.plan import Plan  # noqa: E402
+from rematopt.studies.device import AGAIN, MAX_ROUNDS, MODELS, Bench, Row, _by_class, _calibrate, _slop, _worker, markdown, noise, pareto, run_bench, time_steps, verdict, worker_env, write_report  # noqa: E402,E501
 from rematopt.xla.cost import Calibration, StepCost, kernel_cost  # noqa: E402
 from rematopt.xla.kernels import Kernel  # noqa: E402
 from rematopt.xla.machine import Machine  # noqa: E402
@@ -104,6 +106,58 @@ def test_the_profile_is_scaled_on_the_plain_step_and_every_other_row_is_predicte
     # the plan's GEMM fusion: a class the plain step lacks, at the global scale
     assert per_class[0] == per_class[1] == pytest.approx(1e3 * (c.scale * (10e-3 + 1e-6) + per["loop fusion"]
                                                                  * (4e-3 + 2e-5 + 2e-6)))
+
+
+def _plan(tmp_path: Path, name: str, deterministic_time: float, until: float) -> dict:
+    folder = tmp_path / name
+    folder.mkdir()
+    got = _worker({"model": MODELS["mlp"].spec, "config": MODELS["mlp"].quick, "label": "mlp", "device": "cpu",
+                   "plan_dir": str(folder), "ratios": [0.8], "deterministic_time": deterministic_time,
+                   "until": until, "cwd": str(ROOT)}, worker_env(), 600)  # a fresh process, as the bench plans
+    return got["plans"]["0.8"]
+
+
+def test_planning_runs_on_the_deterministic_clock_and_repeats(tmp_path):
+    """The bench's plans come from --verify xla's loop under CP-SAT's deterministic time: two runs make
+    the same plan, the loop says which limit ended it and what it spent, never more than D."""
+    runs = [_plan(tmp_path, name, 0.3, time.time() + 600) for name in ("a", "b")]
+    for p in runs:
+        assert p["stopped_by"] in ("deterministic_time", "max_rounds", "bracket"), p
+        assert 0 <= p["deterministic_spent"] <= 0.3 + 1e-9
+    same = [{k: v for k, v in p.items() if k not in ("path", "graph")} for p in runs]  # but for the folders
+    assert same[0] == same[1]
+    assert Plan.load(runs[0]["path"]).events() == Plan.load(runs[1]["path"]).events()
+
+
+def test_planning_the_wall_clock_cut_says_so(tmp_path):
+    p = _plan(tmp_path, "late", 5.0, time.time() - 1)  # the command's wall clock already out
+    assert p.get("stopped_by", "time_limit") == "time_limit", p
+
+
+def test_the_report_says_which_clock_ended_planning(tmp_path):
+    b = Bench("cpu", "cpu", deterministic_time=5.0, rows=[
+        Row("m", "plain", "plain", compiled_peak=100, step_ms=10.0),
+        Row("m", "rematopt@0.8", "rematopt", 0.8, compiled_peak=79, stopped_by="deterministic_time",
+            deterministic_spent=4.99),
+        Row("m", "rematopt@0.6", "rematopt", 0.6, compiled_peak=59, stopped_by="max_rounds", deterministic_spent=1.2)])
+    md = markdown(b)
+    assert "planning stopped by (deterministic s)" in md and "5 seconds of CP-SAT's deterministic time" in md
+    assert "the plans are reproducible" in md and "not reproducible" not in md
+    assert "| deterministic_time (4.99) |" in md and "| max_rounds (1.20) |" in md
+    b.rows.append(Row("m", "rematopt@0.5", "rematopt", 0.5, stopped_by="time_limit", deterministic_spent=0.4))
+    md = markdown(b)
+    assert "except where the wall clock cut planning (m rematopt@0.5" in md
+    assert "| time_limit (0.40) (the wall clock: not reproducible) |" in md
+    write_report(b, tmp_path)
+    with open(tmp_path / "cpu" / "device.csv") as f:
+        got = {r["variant"]: r for r in csv.DictReader(f)}
+    assert got["rematopt@0.5"]["stopped_by"] == "time_limit" and got["rematopt@0.8"]["deterministic_spent"] == "4.99"
+
+
+def test_the_time_limit_is_the_whole_runs_and_keeps_what_finished(tmp_path):
+    bench = run_bench(("mlp",), quick=True, time_limit=0.0, out=tmp_path, progress=lambda line: None, cwd=ROOT)
+    assert bench.rows == [] and any("time limit (0 s) ran out" in n for n in bench.notes)
+    assert "time limit (0 s) ran out" in (tmp_path / bench.backend / "device.md").read_text()
 
 
 def test_pareto_front_and_slop():

@@ -64,6 +64,14 @@ PROFILE_STEPS = 5
 AGAIN = "plain (again)"
 # XLA's GPU memory limit is (0.8 x device memory - inputs - outputs) x slop / 100 (issue 36).
 GPU_LIMIT_SHARE = 0.8
+# Planning runs on CP-SAT's deterministic clock (one worker, seed 0; rematopt.planners.meter), so the
+# same plans come out at any load: D deterministic seconds per budget's closed loop.
+DETERMINISTIC_S, QUICK_DETERMINISTIC_S = 20.0, 5.0
+# The wall clock's bound on one budget's loop where the command has no --time-limit: far above what D
+# takes, so that only a machine many times slower cuts it (a cut loop says so: stopped_by time_limit).
+PLAN_WALL_S = 1800.0
+# A row, measuring or timing process never runs longer than this.
+WORKER_WALL_S = 900.0
 
 
 @dataclass(frozen=True)
@@ -118,6 +126,10 @@ class Row:
     kernels: int | None = None
     bytes_moved: int | None = None
     grad_error: float | None = None
+    # which limit ended planning (rematopt rows; xla.verify's stopped_by): deterministic_time, max_rounds,
+    # bracket (every order's bracket closed first) or time_limit (the wall clock cut it: not reproducible)
+    stopped_by: str | None = None
+    deterministic_spent: float | None = None  # the deterministic seconds cpsat spent on the plan
     compile_s: float | None = None
     argument_bytes: int | None = None
     output_bytes: int | None = None
@@ -252,15 +264,18 @@ def plan_step(spec: dict) -> dict:
     graph = None
     for ratio in spec["ratios"]:
         path = folder / f"plan_{ratio}.json"
+        wall = min(PLAN_WALL_S, spec["until"] - time.time())  # the command's wall clock, the outer bound
         try:
             if graph is None:
                 graph = trace_grad(fn, *args, name=spec["label"], fuse="xla", device=spec["device"])
-            v = verify(fn, args, graph, "cpsat", ratio, time_limit=spec["time_limit"], stock={})
+            v = verify(fn, args, graph, "cpsat", ratio, time_limit=wall, stock={},
+                       deterministic_time=spec["deterministic_time"])
         except Exception as e:  # the loop's failure is a finding of the bench, reported on the row
             why = f"--verify xla failed ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})"
             fallback = trace_grad(fn, *args, name=spec["label"], device=spec["device"])
-            sol = solve(fallback, "cpsat", budget_ratio=ratio, time_limit=spec["time_limit"] / 2, workers=2,
-                        lp_bound=False, check_budget=False)
+            sol = solve(fallback, "cpsat", budget_ratio=ratio, time_limit=max(1.0, spec["until"] - time.time()),
+                        deterministic_time=spec["deterministic_time"] / 2, workers=1, lp_bound=False,
+                        check_budget=False)
             if sol.replay is None:
                 out["plans"][str(ratio)] = {"status": f"{why}; cpsat: {sol.plan.stats.status}"}
                 continue
@@ -269,7 +284,9 @@ def plan_step(spec: dict) -> dict:
             out["plans"][str(ratio)] = {"status": f"{why}; cpsat {sol.plan.stats.status} on the per-equation graph "
                                                   f"at r x its peak", "path": str(path),
                                         "graph": str(folder / f"graph_{ratio}.json"), "nodes": fallback.n,
-                                        "peak": sol.replay.peak_bytes, "overhead": sol.replay.overhead}
+                                        "peak": sol.replay.peak_bytes, "overhead": sol.replay.overhead,
+                                        "stopped_by": sol.plan.stats.get("stopped_by") or "bracket",
+                                        "deterministic_spent": sol.plan.stats.get("deterministic_spent")}
             continue
         c = v.chosen
         if c.plan is None:
@@ -280,20 +297,37 @@ def plan_step(spec: dict) -> dict:
         out["plans"][str(ratio)] = {"status": f"--verify xla: cpsat {c.status}, {'fits' if c.fits else 'misses'} "
                                               f"after {v.rounds} round{'s' * (v.rounds != 1)}",
                                     "path": str(path), "graph": str(folder / "graph.json"), "nodes": graph.n,
-                                    "peak": c.predicted_peak, "overhead": c.overhead, "ordered": c.ordered}
+                                    "peak": c.predicted_peak, "overhead": c.overhead, "ordered": c.ordered,
+                                    "stopped_by": v.stopped_by or "bracket",
+                                    "deterministic_spent": v.deterministic_spent}
     return out
 
 
 def _worker(spec: dict, env: dict, timeout: float) -> dict:
     """Run ``measure`` or ``plan_step`` in a fresh interpreter; its JSON, or ``{"error": ...}``."""
-    run = subprocess.run([sys.executable, "-m", "rematopt.studies.device", json.dumps(spec)], capture_output=True,
-                         text=True, env=env, cwd=spec["cwd"], timeout=timeout)
+    if timeout <= 0:
+        raise OutOfTime
+    try:
+        run = subprocess.run([sys.executable, "-m", "rematopt.studies.device", json.dumps(spec)],
+                             capture_output=True, text=True, env=env, cwd=spec["cwd"], timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"stopped after {timeout:.0f} s of wall clock"}
     lines = run.stdout.strip().splitlines()
     if run.returncode != 0 or not lines:
         last = [ln for ln in run.stderr.strip().splitlines()  # the exception's line, not JAX's traceback note
                 if ln.strip() and not ln.startswith(("For simplicity, JAX", "-----"))]
         return {"error": (last[-1] if last else f"exit status {run.returncode}")[:300]}
     return json.loads(lines[-1])
+
+
+def worker_env() -> dict[str, str]:
+    """A worker's environment: this rematopt first on the path, XLA's CPU memory-minimizing scheduler on."""
+    return {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {CPU_SCHEDULER}".strip(),
+            "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])}
+
+
+class OutOfTime(Exception):
+    """The command's --time-limit ran out: the rows finished before it are kept."""
 
 
 # ---------------------------------------------------------------- the bench
@@ -306,6 +340,7 @@ class Bench:
     notes: list[str] = field(default_factory=list)
     planning: str = ""
     ratios: tuple[float, ...] = RATIOS
+    deterministic_time: float | None = None  # each budget's planning, in CP-SAT's deterministic seconds
     clock: str = "cpu"  # what a step time is: "cpu" (the process's CPU time, one core) or "wall"
     costs: dict[tuple[str, str], StepCost] = field(default_factory=dict)  # (model, variant): its kernels, data sheet
     machine: Machine | None = None  # the CPU's measured rates (None on a GPU: its data sheet)
@@ -318,46 +353,54 @@ class Bench:
 def run_bench(models: tuple[str, ...] = DEFAULT_MODELS, quick: bool = False, runs: int | None = None,
               ratios: tuple[float, ...] | None = None, time_limit: float | None = None, out: Path | None = None,
               progress: Callable[[str], None] = print, cwd: Path | None = None,
-              configs: dict[str, dict] | None = None) -> Bench:
-    """Measure every variant of every model; writes the report after each row (Ctrl-C keeps them)."""
+              configs: dict[str, dict] | None = None, deterministic_time: float | None = None) -> Bench:
+    """Measure every variant of every model; writes the report after each row (Ctrl-C, or the end of
+    ``time_limit``, the whole run's wall seconds, keeps them). Each budget's plan is cpsat's under
+    ``deterministic_time`` deterministic seconds (default :data:`DETERMINISTIC_S`, quick
+    :data:`QUICK_DETERMINISTIC_S`), so the plans are the same at any load."""
     cwd = cwd or Path.cwd()
+    until = time.time() + (time_limit if time_limit is not None else math.inf)
     runs = runs or (QUICK_ROUNDS if quick else ROUNDS)
     ratios = ratios or (QUICK_RATIOS if quick else RATIOS)
-    # --verify xla: tracing, compiles and rounds. 40 s under --quick: the same plans as 60 s on all four
-    # models (gpt's 0.8 plan in 8 rounds either way), and the run 4 min 45 s instead of 5 min 34 s
-    time_limit = time_limit or (40.0 if quick else 120.0)
-    env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {CPU_SCHEDULER}".strip(),
-           "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])}
+    if deterministic_time is None:
+        deterministic_time = QUICK_DETERMINISTIC_S if quick else DETERMINISTIC_S
+    env = worker_env()
     backend = _worker({"probe": True, "cwd": str(cwd)}, env, 120).get("backend", "cpu")
     profile = {"cpu": "cpu", "gpu": "h200", "tpu": "tpu-v4"}.get(backend, "cpu")
-    bench = Bench(backend, profile, ratios=ratios, clock="cpu" if backend == "cpu" else "wall")
+    bench = Bench(backend, profile, ratios=ratios, deterministic_time=deterministic_time,
+                  clock="cpu" if backend == "cpu" else "wall")
     bench.planning = ("cpsat on the graph traced with fuse='xla' (nodes as XLA's compiled plain step makes "
                       "them) under --verify xla's closed loop (rematopt.xla.verify, stock policies left out: "
                       "they are rows of their own): the planning budget is bisected until the applied plan's "
-                      "compiled peak fits r x the compiled plain peak, within the time limit")
+                      "compiled peak fits r x the compiled plain peak")
     if backend == "cpu":
         bench.notes.append(f"CPU rows run under XLA_FLAGS={CPU_SCHEDULER} (the memory-minimizing scheduler), "
                            f"each worker pinned to core {min(os.sched_getaffinity(0))}.")
-        got = _worker({"machine": True, "pin": min(os.sched_getaffinity(0)), "cwd": str(cwd)}, env, 300)
-        if "error" in got:
-            bench.notes.append(f"the micro-benchmarks failed ({got['error']}): the data sheet's rates are scaled")
-        else:
-            bench.machine = Machine(**got)
-            progress(f"machine: {bench.machine.describe()}")
     try:
+        if backend == "cpu":
+            got = _worker({"machine": True, "pin": min(os.sched_getaffinity(0)), "cwd": str(cwd)}, env,
+                          min(300, until - time.time()))
+            if "error" in got:
+                bench.notes.append(f"the micro-benchmarks failed ({got['error']}): the data sheet's rates are scaled")
+            else:
+                bench.machine = Machine(**got)
+                progress(f"machine: {bench.machine.describe()}")
         for name in models:
             model = MODELS[name]
             config = (configs or {}).get(name) or (model.quick if quick else model.config)
-            _bench_model(bench, model, config, runs, ratios, time_limit, quick, env, cwd, out, progress)
+            _bench_model(bench, model, config, runs, ratios, until, quick, env, cwd, out, progress)
     except KeyboardInterrupt:
         bench.notes.append("interrupted (Ctrl-C): the rows above are the ones that finished.")
         progress("interrupted: keeping the finished rows")
+    except OutOfTime:
+        bench.notes.append(f"the time limit ({time_limit:g} s) ran out: the rows above are the ones that finished.")
+        progress("out of time: keeping the finished rows")
     if out:
         write_report(bench, out)
     return bench
 
 
-def _bench_model(bench: Bench, model: Model, config: dict, rounds: int, ratios: tuple[float, ...], time_limit: float,
+def _bench_model(bench: Bench, model: Model, config: dict, rounds: int, ratios: tuple[float, ...], until: float,
                  quick: bool, env: dict, cwd: Path, out: Path | None, progress: Callable[[str], None]) -> None:
     from ..importers.costmodel import device
     from ..xla.cost import step_cost
@@ -370,13 +413,15 @@ def _bench_model(bench: Bench, model: Model, config: dict, rounds: int, ratios: 
     base = {"model": model.spec, "config": config, "grads": str(work / "grads.npz"), "device": bench.device,
             "cwd": str(cwd)}
     pin = {"pin": min(os.sched_getaffinity(0))} if bench.clock == "cpu" else {}
-    timeout = 900.0
+    def timeout(most: float = WORKER_WALL_S) -> float:  # what is left of the command's wall clock
+        return min(most, until - time.time())
+
     specs: dict[str, dict] = {}  # variant: what compiles it, for the timing process
 
     def row(variant: str, kind: str, ratio: float | None = None, **extra) -> Row | None:
         started = time.perf_counter()
         hlo = work / f"hlo_{len(specs)}.txt"
-        got = _worker({**base, **pin, **extra, "hlo": str(hlo)}, env, timeout)
+        got = _worker({**base, **pin, **extra, "hlo": str(hlo)}, env, timeout())
         r = Row(model.label, variant, kind, ratio)
         if "error" in got:
             r.note = got["error"]
@@ -406,7 +451,9 @@ def _bench_model(bench: Bench, model: Model, config: dict, rounds: int, ratios: 
             row(f"xla-gpu@{ratio} (slop {slop})", "xla-gpu", ratio, slop=slop)
     started = time.perf_counter()
     planned = _worker({**base, "plan_dir": str(work), "label": model.label, "ratios": list(ratios),
-                       "time_limit": time_limit}, env, timeout)
+                       "deterministic_time": bench.deterministic_time, "until": min(until, time.time() + len(ratios)
+                                                                                   * PLAN_WALL_S)},
+                      env, timeout(len(ratios) * PLAN_WALL_S + WORKER_WALL_S))
     if "error" in planned:
         bench.notes.append(f"{model.label}: planning failed: {planned['error']}")
     progress(f"{model.label:12} planning " + (f"failed: {planned['error']}" if "error" in planned else "done")
@@ -422,8 +469,9 @@ def _bench_model(bench: Bench, model: Model, config: dict, rounds: int, ratios: 
                 ordered=p.get("ordered", True))
         if r is not None:
             r.predicted_peak, r.predicted_overhead = p["peak"], p["overhead"]
+            r.stopped_by, r.deterministic_spent = p["stopped_by"], p["deterministic_spent"]
             r.note = f"{p['status']}, graph of {p['nodes']} nodes"
-    _time(bench, model.label, specs, base, pin, rounds, env, timeout, progress)
+    _time(bench, model.label, specs, base, pin, rounds, env, timeout(), progress)
     _calibrate(bench, model.label)
     if out:
         write_report(bench, out)
@@ -597,11 +645,12 @@ def markdown(bench: Bench) -> str:
               "against the odd rounds.", "",
               "## Predicted against measured", "", _prediction_summary(bench), "",
               "## Where the time went, per kernel class", "", _by_class(bench), "",
-              "## Every row", "", f"Planning: {bench.planning}.", "",
+              "## Every row", "", f"Planning: {bench.planning}. {_reproducible(bench)}", "",
               "| model | variant | compiled peak MB | device peak MB | step ms | predicted ms | overhead measured "
               "| overhead predicted | graph: plan peak MB | graph: plan overhead | kernels | GB moved "
-              "| page faults per step: predicted / measured | max grad error | compile s | note |",
-              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+              "| page faults per step: predicted / measured | max grad error | compile s "
+              "| planning stopped by (deterministic s) | note |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     for r in bench.rows:
         base = _plain_ms(bench, r.model)
         over = lambda x: "—" if x is None or base is None else f"{100 * (x / base[0] - 1):+.1f}%"  # noqa: E731
@@ -613,8 +662,27 @@ def markdown(bench: Bench) -> str:
                      f"{'—' if r.predicted_faults is None else f'{r.predicted_faults:,}'} / "
                      f"{'—' if r.page_faults is None else f'{r.page_faults:,}'} | "
                      f"{'—' if r.grad_error is None else f'{r.grad_error:.1e}'} | "
-                     f"{'—' if r.compile_s is None else f'{r.compile_s:.1f}'} | {r.note} |")
+                     f"{'—' if r.compile_s is None else f'{r.compile_s:.1f}'} | {_stopped(r)} | {r.note} |")
     return "\n".join(lines) + "\n"
+
+
+def _reproducible(bench: Bench) -> str:
+    """Whether the plans are the ones ``deterministic_time`` makes on any load, and which are not."""
+    if bench.deterministic_time is None:
+        return "Planning ran on the wall clock: the plans may differ between runs."
+    cut = [f"{r.model} {r.variant}" for r in bench.rows if r.stopped_by == "time_limit"]
+    said = (f"Each budget's loop had {bench.deterministic_time:g} seconds of CP-SAT's deterministic time "
+            "(--deterministic-time: one worker, seed 0), so the plans are reproducible: the same on any load, "
+            "given the same jax, XLA and OR-Tools")
+    return said + (f"; except where the wall clock cut planning ({', '.join(cut)}: `time_limit` below)." if cut
+                   else ". The column `planning stopped by` says which limit ended each loop.")
+
+
+def _stopped(r: Row) -> str:
+    if r.stopped_by is None:
+        return "—"
+    spent = "" if r.deterministic_spent is None else f" ({r.deterministic_spent:.2f})"
+    return f"{r.stopped_by}{spent}" + (" (the wall clock: not reproducible)" if r.stopped_by == "time_limit" else "")
 
 
 def _plain_ms(bench: Bench, model: str) -> tuple[float, float] | None:
