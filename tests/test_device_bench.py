@@ -112,7 +112,7 @@ def _plan(tmp_path: Path, name: str, deterministic_time: float, until: float) ->
     folder = tmp_path / name
     folder.mkdir()
     got = _worker({"model": MODELS["mlp"].spec, "config": MODELS["mlp"].quick, "label": "mlp", "device": "cpu",
-                   "plan_dir": str(folder), "ratios": [0.8], "deterministic_time": deterministic_time,
+                   "plan_dir": str(folder), "ratios": [0.8], "deterministic_time": deterministic_time, "max_rounds": 8,
                    "until": until, "cwd": str(ROOT)}, worker_env(), 600)  # a fresh process, as the bench plans
     return got["plans"]["0.8"]
 
@@ -157,7 +157,12 @@ def test_the_report_says_which_clock_ended_planning(tmp_path):
 def test_the_time_limit_is_the_whole_runs_and_keeps_what_finished(tmp_path):
     bench = run_bench(("mlp",), quick=True, time_limit=0.0, out=tmp_path, progress=lambda line: None, cwd=ROOT)
     assert bench.rows == [] and any("time limit (0 s) ran out" in n for n in bench.notes)
-    assert "time limit (0 s) ran out" in (tmp_path / bench.backend / "device.md").read_text()
+    md = (tmp_path / bench.backend / "device.md").read_text()
+    assert "time limit (0 s) ran out" in md
+    # where the time went: the one process that ran, the backend's probe, its phases among them
+    assert list(bench.spent) == ["probe"] and bench.spent["probe"]["processes"] == 1
+    assert bench.spent["probe"]["cpu"] > 0 and bench.spent["probe"]["import jax"] > 0
+    assert "| probe | 1 |" in md and bench.run["wall"] >= bench.spent["probe"]["wall"]
 
 
 def test_pareto_front_and_slop():

@@ -285,7 +285,7 @@ def import_nodelink(file: str, output: str) -> None:
               "the rows finished by then kept.")
 @click.option("--deterministic-time", type=click.FloatRange(min=0), default=None,
               help="device: each budget's planning, in CP-SAT's deterministic seconds (one worker, seed 0: the "
-              "same plans on any load; default 20, quick 5).")
+              "same plans on any load; default 10, quick 5).")
 @click.option("--bound-limit", type=float, default=30.0, show_default=True,
               help="bounds: each bound of the table asked alone for this long, seconds.")
 @click.option("--workers", type=int, default=2, show_default=True, help="scale: cpsat's threads.")

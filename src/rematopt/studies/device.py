@@ -37,9 +37,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from ..xla.cost import KERNEL_CLASSES, Calibration, StepCost, calibrate, profiled_by_class
 from ..xla.machine import Machine
@@ -65,8 +66,14 @@ AGAIN = "plain (again)"
 # XLA's GPU memory limit is (0.8 x device memory - inputs - outputs) x slop / 100 (issue 36).
 GPU_LIMIT_SHARE = 0.8
 # Planning runs on CP-SAT's deterministic clock (one worker, seed 0; rematopt.planners.meter), so the
-# same plans come out at any load: D deterministic seconds per budget's closed loop.
-DETERMINISTIC_S, QUICK_DETERMINISTIC_S = 20.0, 5.0
+# same plans come out at any load: D deterministic seconds per budget's closed loop, in at most
+# PLAN_ROUNDS rounds per order (each round compiles its plan twice on CPU: the rounds are the time).
+# Quick at D = 5 and 8 rounds made the plans the 40 wall seconds had made (gpt 107.49 MB compiled, +5.5%
+# on the graph, in 11 rounds; unet 8.38 MB, +0.0%, 7 rounds; flax_linen 12.26 MB against 12.13, 10
+# rounds); at 4 rounds gpt's plan was +7.0%. The full sizes: 4 rounds, so that the four models' three
+# budgets end within the hour the full run had (quick gpt's 8 rounds took 99 s of CPU).
+DETERMINISTIC_S, QUICK_DETERMINISTIC_S = 10.0, 5.0
+PLAN_ROUNDS, QUICK_PLAN_ROUNDS = 4, 8
 # The wall clock's bound on one budget's loop where the command has no --time-limit: far above what D
 # takes, so that only a machine many times slower cuts it (a cut loop says so: stopped_by time_limit).
 PLAN_WALL_S = 1800.0
@@ -139,6 +146,19 @@ class Row:
 
 # ---------------------------------------------------------------- one row, in its own process
 
+_PHASES: dict[str, float] = {}  # this worker's wall seconds per phase, sent back with its answer
+
+
+@contextmanager
+def _phase(name: str) -> Iterator[None]:
+    """Count the block's wall seconds toward this worker's phase ``name`` (the report's time table)."""
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        _PHASES[name] = _PHASES.get(name, 0.0) + time.perf_counter() - started
+
+
 def _compile(spec: dict):
     """The variant ``spec`` names, compiled: (compiled, args, compile seconds)."""
     import jax
@@ -148,7 +168,8 @@ def _compile(spec: dict):
     config = dict(spec["config"])
     if spec.get("remat"):
         config.update(remat=spec["remat"], remat_scope=spec["scope"])
-    fn, args = load_factory(spec["model"], **config)
+    with _phase("build"):  # the model's library imported, its parameters made
+        fn, args = load_factory(spec["model"], **config)
     if spec.get("plan"):
         from ..importers import load as load_graph
         from ..jax import apply_plan
@@ -156,7 +177,8 @@ def _compile(spec: dict):
 
         fn = apply_plan(fn, load_graph(spec["graph"]), Plan.load(spec["plan"]), ordered=spec.get("ordered", True))
     start = time.perf_counter()
-    compiled = jax.jit(jax.value_and_grad(fn)).lower(*args).compile(**_options(spec))
+    with _phase("compile"):
+        compiled = jax.jit(jax.value_and_grad(fn)).lower(*args).compile(**_options(spec))
     return compiled, args, time.perf_counter() - start
 
 
@@ -217,7 +239,8 @@ def time_steps(spec: dict) -> dict:
     for label, variant in spec["variants"].items():
         try:
             compiled, args, _ = _compile({**spec, **variant})
-            jax.block_until_ready(compiled(*args))  # the warm-up
+            with _phase("rounds"):
+                jax.block_until_ready(compiled(*args))  # the warm-up
         except Exception as e:  # one variant's failure is its row's note, the others still run
             out["errors"][label] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
             continue
@@ -225,6 +248,7 @@ def time_steps(spec: dict) -> dict:
         out["times"][label], out["faults"][label] = [], []
         out["peaks"][label] = xla_reference(compiled.memory_analysis(), jax.default_backend()).bytes
     labels = list(steps)
+    rounds_started = time.perf_counter()
     slowest = 0.0
     for compiled, args in steps.values():  # one more step each, timed, to size the rounds
         t = clock()
@@ -239,9 +263,11 @@ def time_steps(spec: dict) -> dict:
             jax.block_until_ready(compiled(*args))
             out["times"][label].append(1e3 * (clock() - t))
             out["faults"][label].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults)
-    for label in spec.get("profile", ()):
-        if label in steps:
-            out["profiles"][label] = kernel_seconds(*steps[label], steps=PROFILE_STEPS)
+    _PHASES["rounds"] = _PHASES.get("rounds", 0.0) + time.perf_counter() - rounds_started
+    with _phase("profile"):
+        for label in spec.get("profile", ()):
+            if label in steps:
+                out["profiles"][label] = kernel_seconds(*steps[label], steps=PROFILE_STEPS)
     return out
 
 
@@ -258,7 +284,8 @@ def plan_step(spec: dict) -> dict:
     from ..solve import solve
     from ..xla.verify import verify
 
-    fn, args = load_factory(spec["model"], **spec["config"])
+    with _phase("build"):
+        fn, args = load_factory(spec["model"], **spec["config"])
     folder = Path(spec["dir"])
     out: dict = {"plans": {}}
     graph = None
@@ -267,9 +294,11 @@ def plan_step(spec: dict) -> dict:
         wall = min(PLAN_WALL_S, spec["until"] - time.time())  # the command's wall clock, the outer bound
         try:
             if graph is None:
-                graph = trace_grad(fn, *args, name=spec["label"], fuse="xla", device=spec["device"])
-            v = verify(fn, args, graph, "cpsat", ratio, time_limit=wall, stock={},
-                       deterministic_time=spec["deterministic_time"])
+                with _phase("trace"):
+                    graph = trace_grad(fn, *args, name=spec["label"], fuse="xla", device=spec["device"])
+            with _phase("closed loop"):
+                v = verify(fn, args, graph, "cpsat", ratio, time_limit=wall, stock={},
+                           deterministic_time=spec["deterministic_time"], max_rounds=spec["max_rounds"])
         except Exception as e:  # the loop's failure is a finding of the bench, reported on the row
             why = f"--verify xla failed ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})"
             fallback = trace_grad(fn, *args, name=spec["label"], device=spec["device"])
@@ -298,26 +327,45 @@ def plan_step(spec: dict) -> dict:
                                               f"after {v.rounds} round{'s' * (v.rounds != 1)}",
                                     "path": str(path), "graph": str(folder / "graph.json"), "nodes": graph.n,
                                     "peak": c.predicted_peak, "overhead": c.overhead, "ordered": c.ordered,
-                                    "stopped_by": v.stopped_by or "bracket",
+                                    "stopped_by": v.stopped_by or "bracket", "rounds": v.rounds,
                                     "deterministic_spent": v.deterministic_spent}
     return out
 
 
-def _worker(spec: dict, env: dict, timeout: float) -> dict:
-    """Run ``measure`` or ``plan_step`` in a fresh interpreter; its JSON, or ``{"error": ...}``."""
+def _worker(spec: dict, env: dict, timeout: float, spent: dict[str, dict[str, float]] | None = None,
+            kind: str = "") -> dict:
+    """Run ``measure`` or ``plan_step`` in a fresh interpreter; its JSON, or ``{"error": ...}``. Its
+    wall and CPU seconds, and its phases', are added to ``spent[kind]``."""
     if timeout <= 0:
         raise OutOfTime
+    started, cpu = time.time(), _children_cpu()
     try:
-        run = subprocess.run([sys.executable, "-m", "rematopt.studies.device", json.dumps(spec)],
+        run = subprocess.run([sys.executable, "-m", "rematopt.studies.device", json.dumps({**spec, "launched": started})],
                              capture_output=True, text=True, env=env, cwd=spec["cwd"], timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"error": f"stopped after {timeout:.0f} s of wall clock"}
+    finally:
+        if spent is not None:
+            into = spent.setdefault(kind, {"processes": 0, "wall": 0.0, "cpu": 0.0})
+            into["processes"] += 1
+            into["wall"] += time.time() - started
+            into["cpu"] += _children_cpu() - cpu
     lines = run.stdout.strip().splitlines()
     if run.returncode != 0 or not lines:
         last = [ln for ln in run.stderr.strip().splitlines()  # the exception's line, not JAX's traceback note
                 if ln.strip() and not ln.startswith(("For simplicity, JAX", "-----"))]
         return {"error": (last[-1] if last else f"exit status {run.returncode}")[:300]}
-    return json.loads(lines[-1])
+    got = json.loads(lines[-1])
+    for phase, seconds in got.pop("phases", {}).items():
+        if spent is not None:
+            spent[kind][phase] = spent[kind].get(phase, 0.0) + seconds
+    return got
+
+
+def _children_cpu() -> float:
+    """The CPU seconds (user + system) of this process's finished children."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
 
 
 def worker_env() -> dict[str, str]:
@@ -348,6 +396,9 @@ class Bench:
     # (model, variant): seconds per kernel name, profiled in the timing process (plain and the plans)
     profiles: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
     class_calibrations: dict[str, Calibration | str] = field(default_factory=dict)  # per kernel class, per model
+    # per kind of worker process: how many, their wall and CPU seconds, and their phases' wall seconds
+    spent: dict[str, dict[str, float]] = field(default_factory=dict)
+    run: dict[str, float] = field(default_factory=dict)  # the whole run: wall, cpu, load_start, load_end
 
 
 def run_bench(models: tuple[str, ...] = DEFAULT_MODELS, quick: bool = False, runs: int | None = None,
@@ -365,10 +416,12 @@ def run_bench(models: tuple[str, ...] = DEFAULT_MODELS, quick: bool = False, run
     if deterministic_time is None:
         deterministic_time = QUICK_DETERMINISTIC_S if quick else DETERMINISTIC_S
     env = worker_env()
-    backend = _worker({"probe": True, "cwd": str(cwd)}, env, 120).get("backend", "cpu")
+    started, cpu, load = time.time(), _children_cpu(), os.getloadavg()[0]
+    spent: dict[str, dict[str, float]] = {}
+    backend = _worker({"probe": True, "cwd": str(cwd)}, env, 120, spent, "probe").get("backend", "cpu")
     profile = {"cpu": "cpu", "gpu": "h200", "tpu": "tpu-v4"}.get(backend, "cpu")
     bench = Bench(backend, profile, ratios=ratios, deterministic_time=deterministic_time,
-                  clock="cpu" if backend == "cpu" else "wall")
+                  clock="cpu" if backend == "cpu" else "wall", spent=spent)
     bench.planning = ("cpsat on the graph traced with fuse='xla' (nodes as XLA's compiled plain step makes "
                       "them) under --verify xla's closed loop (rematopt.xla.verify, stock policies left out: "
                       "they are rows of their own): the planning budget is bisected until the applied plan's "
@@ -379,7 +432,7 @@ def run_bench(models: tuple[str, ...] = DEFAULT_MODELS, quick: bool = False, run
     try:
         if backend == "cpu":
             got = _worker({"machine": True, "pin": min(os.sched_getaffinity(0)), "cwd": str(cwd)}, env,
-                          min(300, until - time.time()))
+                          min(300, until - time.time()), spent, "micro-benchmarks")
             if "error" in got:
                 bench.notes.append(f"the micro-benchmarks failed ({got['error']}): the data sheet's rates are scaled")
             else:
@@ -395,6 +448,8 @@ def run_bench(models: tuple[str, ...] = DEFAULT_MODELS, quick: bool = False, run
     except OutOfTime:
         bench.notes.append(f"the time limit ({time_limit:g} s) ran out: the rows above are the ones that finished.")
         progress("out of time: keeping the finished rows")
+    bench.run = {"wall": time.time() - started, "cpu": _children_cpu() - cpu, "load_start": load,
+                 "load_end": os.getloadavg()[0]}
     if out:
         write_report(bench, out)
     return bench
@@ -421,7 +476,7 @@ def _bench_model(bench: Bench, model: Model, config: dict, rounds: int, ratios: 
     def row(variant: str, kind: str, ratio: float | None = None, **extra) -> Row | None:
         started = time.perf_counter()
         hlo = work / f"hlo_{len(specs)}.txt"
-        got = _worker({**base, **pin, **extra, "hlo": str(hlo)}, env, timeout())
+        got = _worker({**base, **pin, **extra, "hlo": str(hlo)}, env, timeout(), bench.spent, "row")
         r = Row(model.label, variant, kind, ratio)
         if "error" in got:
             r.note = got["error"]
@@ -451,9 +506,10 @@ def _bench_model(bench: Bench, model: Model, config: dict, rounds: int, ratios: 
             row(f"xla-gpu@{ratio} (slop {slop})", "xla-gpu", ratio, slop=slop)
     started = time.perf_counter()
     planned = _worker({**base, "plan_dir": str(work), "label": model.label, "ratios": list(ratios),
-                       "deterministic_time": bench.deterministic_time, "until": min(until, time.time() + len(ratios)
-                                                                                   * PLAN_WALL_S)},
-                      env, timeout(len(ratios) * PLAN_WALL_S + WORKER_WALL_S))
+                       "deterministic_time": bench.deterministic_time,
+                       "max_rounds": QUICK_PLAN_ROUNDS if quick else PLAN_ROUNDS,
+                       "until": min(until, time.time() + len(ratios) * PLAN_WALL_S)},
+                      env, timeout(len(ratios) * PLAN_WALL_S + WORKER_WALL_S), bench.spent, "planning")
     if "error" in planned:
         bench.notes.append(f"{model.label}: planning failed: {planned['error']}")
     progress(f"{model.label:12} planning " + (f"failed: {planned['error']}" if "error" in planned else "done")
@@ -485,7 +541,7 @@ def _time(bench: Bench, model: str, specs: dict[str, dict], base: dict, pin: dic
     variants = {**specs, AGAIN: specs["plain"]}
     profile = [v for v in specs if v == "plain" or v.startswith("rematopt@")]
     got = _worker({**base, **pin, "variants": variants, "rounds": rounds, "clock": bench.clock,
-                   "profile": profile}, env, timeout)
+                   "profile": profile}, env, timeout, bench.spent, "timing")
     rows = {r.variant: r for r in bench.rows if r.model == model}
     plain = rows["plain"]
     again = Row(model, AGAIN, "plain", note="a second compile of the plain step, timed in the same rounds: "
@@ -645,6 +701,7 @@ def markdown(bench: Bench) -> str:
               "against the odd rounds.", "",
               "## Predicted against measured", "", _prediction_summary(bench), "",
               "## Where the time went, per kernel class", "", _by_class(bench), "",
+              "## Where the run's time went", "", _time_spent(bench), "",
               "## Every row", "", f"Planning: {bench.planning}. {_reproducible(bench)}", "",
               "| model | variant | compiled peak MB | device peak MB | step ms | predicted ms | overhead measured "
               "| overhead predicted | graph: plan peak MB | graph: plan overhead | kernels | GB moved "
@@ -664,6 +721,21 @@ def markdown(bench: Bench) -> str:
                      f"{'—' if r.grad_error is None else f'{r.grad_error:.1e}'} | "
                      f"{'—' if r.compile_s is None else f'{r.compile_s:.1f}'} | {_stopped(r)} | {r.note} |")
     return "\n".join(lines) + "\n"
+
+
+def _time_spent(bench: Bench) -> str:
+    """The run's wall and CPU seconds, and per kind of worker process where its wall seconds went."""
+    run = bench.run
+    head = (f"The run: {run['wall']:.0f} s of wall clock, {run['cpu']:.0f} s of CPU (its processes, one after "
+            f"another), load average {run['load_start']:.1f} at its start and {run['load_end']:.1f} at its end "
+            f"({os.cpu_count()} cores)." if run else "The run did not finish.")
+    out = [head, "", "| process | count | wall s | CPU s | its phases, wall s |", "|---|---:|---:|---:|---|"]
+    for kind, d in bench.spent.items():
+        phases = {k: v for k, v in d.items() if k not in ("processes", "wall", "cpu")}
+        phases["other"] = d["wall"] - sum(phases.values())
+        out.append(f"| {kind} | {d['processes']:.0f} | {d['wall']:.1f} | {d['cpu']:.1f} | "
+                   + ", ".join(f"{k} {v:.1f}" for k, v in phases.items()) + " |")
+    return "\n".join(out)
 
 
 def _reproducible(bench: Bench) -> str:
@@ -831,27 +903,29 @@ def figure(bench: Bench, path: Path) -> None:
 def main(argv: list[str]) -> int:
     """The worker: one JSON spec in, one JSON line out."""
     spec = json.loads(argv[0])
+    if "launched" in spec:  # the interpreter's start and this module's imports
+        _PHASES["start"] = time.time() - spec["launched"]
     if "pin" in spec:  # before JAX starts, so XLA's CPU thread pool is sized to the one core
         os.sched_setaffinity(0, {spec["pin"]})
-    if spec.get("probe"):
+    with _phase("import jax"):
         import jax
 
-        print(json.dumps({"backend": jax.default_backend()}))
-        return 0
-    if "plan_dir" in spec:
-        print(json.dumps(plan_step({**spec, "dir": spec["plan_dir"]})))
-        return 0
-    if "variants" in spec:
+        from .. import jax as _  # noqa: F401 - rematopt's JAX front end, which every row uses
+    if spec.get("probe"):
+        got = {"backend": jax.default_backend()}
+    elif "plan_dir" in spec:
+        got = plan_step({**spec, "dir": spec["plan_dir"]})
+    elif "variants" in spec:
         from ..xla.machine import off_main_thread
 
-        print(json.dumps(off_main_thread(lambda: time_steps(spec))))
-        return 0
-    if spec.get("machine"):
+        got = off_main_thread(lambda: time_steps(spec))
+    elif spec.get("machine"):
         from ..xla.machine import measure as measure_machine
 
-        print(json.dumps(asdict(measure_machine())))
-        return 0
-    print(json.dumps(measure(spec)))
+        got = asdict(measure_machine())
+    else:
+        got = measure(spec)
+    print(json.dumps({**got, "phases": _PHASES}))
     return 0
 
 
