@@ -36,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -333,28 +334,44 @@ def plan_step(spec: dict) -> dict:
 
 
 def _worker(spec: dict, env: dict, timeout: float, spent: dict[str, dict[str, float]] | None = None,
-            kind: str = "") -> dict:
-    """Run ``measure`` or ``plan_step`` in a fresh interpreter; its JSON, or ``{"error": ...}``. Its
-    wall and CPU seconds, and its phases', are added to ``spent[kind]``."""
+            kind: str = "", each: Callable[[dict], None] | None = None) -> dict:
+    """Run a worker (:func:`main`) in a fresh interpreter; its last JSON line, or ``{"error": ...}``.
+    ``each`` gets every ``{"row": ...}`` line as the worker prints it. Its wall and CPU seconds, and
+    its phases', are added to ``spent[kind]``."""
     if timeout <= 0:
         raise OutOfTime
-    started, cpu = time.time(), _children_cpu()
-    try:
-        run = subprocess.run([sys.executable, "-m", "rematopt.studies.device", json.dumps({**spec, "launched": started})],
-                             capture_output=True, text=True, env=env, cwd=spec["cwd"], timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"error": f"stopped after {timeout:.0f} s of wall clock"}
-    finally:
-        if spent is not None:
-            into = spent.setdefault(kind, {"processes": 0, "wall": 0.0, "cpu": 0.0})
-            into["processes"] += 1
-            into["wall"] += time.time() - started
-            into["cpu"] += _children_cpu() - cpu
-    lines = run.stdout.strip().splitlines()
-    if run.returncode != 0 or not lines:
-        last = [ln for ln in run.stderr.strip().splitlines()  # the exception's line, not JAX's traceback note
-                if ln.strip() and not ln.startswith(("For simplicity, JAX", "-----"))]
-        return {"error": (last[-1] if last else f"exit status {run.returncode}")[:300]}
+    started, cpu, killed = time.time(), _children_cpu(), threading.Event()
+    lines: list[str] = []
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "rematopt.studies.device", json.dumps({**spec, "launched": started})],
+                                stdout=subprocess.PIPE, stderr=err, text=True, env=env, cwd=spec["cwd"])
+        timer = threading.Timer(timeout, lambda: (killed.set(), proc.kill()))
+        timer.start()
+        try:
+            for line in proc.stdout:
+                if each and line.startswith('{"row"'):
+                    each(json.loads(line))
+                elif line.strip():
+                    lines.append(line)
+            proc.wait()
+        except BaseException:  # Ctrl-C: the worker goes with the run
+            proc.kill()
+            proc.wait()
+            raise
+        finally:
+            timer.cancel()
+            if spent is not None:
+                into = spent.setdefault(kind, {"processes": 0, "wall": 0.0, "cpu": 0.0})
+                into["processes"] += 1
+                into["wall"] += time.time() - started
+                into["cpu"] += _children_cpu() - cpu
+        if killed.is_set():
+            return {"error": f"stopped after {timeout:.0f} s of wall clock"}
+        if proc.returncode != 0 or not lines:
+            err.seek(0)
+            last = [ln for ln in err.read().strip().splitlines()  # the exception's line, not JAX's traceback note
+                    if ln.strip() and not ln.startswith(("For simplicity, JAX", "-----"))]
+            return {"error": (last[-1] if last else f"exit status {proc.returncode}")[:300]}
     got = json.loads(lines[-1])
     for phase, seconds in got.pop("phases", {}).items():
         if spent is not None:
@@ -472,38 +489,55 @@ def _bench_model(bench: Bench, model: Model, config: dict, rounds: int, ratios: 
         return min(most, until - time.time())
 
     specs: dict[str, dict] = {}  # variant: what compiles it, for the timing process
+    made: dict[str, Row] = {}
 
-    def row(variant: str, kind: str, ratio: float | None = None, **extra) -> Row | None:
-        started = time.perf_counter()
-        hlo = work / f"hlo_{len(specs)}.txt"
-        got = _worker({**base, **pin, **extra, "hlo": str(hlo)}, env, timeout(), bench.spent, "row")
-        r = Row(model.label, variant, kind, ratio)
-        if "error" in got:
-            r.note = got["error"]
-        else:
-            for k, v in got.items():
-                if hasattr(r, k):
-                    setattr(r, k, v)
-            bench.costs[model.label, variant] = step_cost(read_hlo(hlo), device(bench.device))
-            specs[variant] = extra
-        bench.rows.append(r)
-        progress(f"{model.label:12} {variant:42} " + (f"peak {r.compiled_peak / 1e6:9.2f} MB  {r.kernels:5} kernels"
-                                                      if r.compiled_peak else f"-- {r.note}")
-                 + f"  ({time.perf_counter() - started:.0f} s)")
-        if out:
-            write_report(bench, out)
-        return r if "error" not in got else None
+    def measured(rows: list[tuple[Row, dict]]) -> None:
+        """Measure ``rows`` (each a row and what compiles it). On a GPU each in a fresh process, so one
+        row's memory does not leak into the next's device peak. On CPU there is none to leak (the peak is
+        the compiled program's; the CPU reports no device peak), so a model's rows share one process,
+        which imports JAX and the model's library once: each row's line as it finishes."""
+        hlo = {r.variant: work / f"hlo_{len(bench.rows) + k}.txt" for k, (r, _) in enumerate(rows)}
+        batches = [rows] if bench.backend == "cpu" else [[r] for r in rows]
+        for batch in batches:
+            started, reached = [time.perf_counter()], set()
 
-    plain = row("plain", "plain")
-    if plain is None:
+            def record(got: dict) -> None:
+                reached.add(got["row"])
+                r, extra = batch[got["row"]]
+                if "error" in got:
+                    r.note = (r.note + " " if r.note else "") + got["error"]
+                else:
+                    for k, v in got.items():
+                        if hasattr(r, k) and k != "note":
+                            setattr(r, k, v)
+                    bench.costs[model.label, r.variant] = step_cost(read_hlo(hlo[r.variant]), device(bench.device))
+                    specs[r.variant] = extra
+                    made[r.variant] = r
+                bench.rows.append(r)
+                progress(f"{model.label:12} {r.variant:42} "
+                         + (f"peak {r.compiled_peak / 1e6:9.2f} MB  {r.kernels:5} kernels" if r.compiled_peak
+                            else f"-- {r.note}") + f"  ({time.perf_counter() - started[0]:.0f} s)")
+                started[0] = time.perf_counter()
+                if out:
+                    write_report(bench, out)
+
+            got = _worker({**base, **pin, "rows": [{**extra, "hlo": str(hlo[r.variant])} for r, extra in batch]},
+                          env, timeout(), bench.spent, "rows", each=record)
+            for k in range(len(batch)):  # the rows the process did not reach
+                if k not in reached:
+                    record({"row": k, "error": got.get("error", "not measured")})
+
+    policies = [(Row(model.label, f"{scope}:{policy}", scope), {"remat": policy, "scope": scope})
+                for scope in ("layer", "step") for policy in (QUICK_POLICIES[scope] if quick else POLICIES)]
+    if bench.backend == "cpu":  # the plain step first: its gradients are the others' reference
+        measured([(Row(model.label, "plain", "plain"), {"first": True})] + policies)
+    else:  # the plain step's peak aims XLA's GPU remat
+        measured([(Row(model.label, "plain", "plain"), {})])
+        if "plain" in made:
+            measured(policies + [(Row(model.label, f"xla-gpu@{r} (slop {_slop(made['plain'], r)})", "xla-gpu", r),
+                                  {"slop": _slop(made["plain"], r)}) for r in ratios])
+    if "plain" not in made:
         return
-    for scope in ("layer", "step"):
-        for policy in QUICK_POLICIES[scope] if quick else POLICIES:
-            row(f"{scope}:{policy}", scope, remat=policy, scope=scope)
-    if bench.backend == "gpu":
-        for ratio in ratios:
-            slop = _slop(plain, ratio)
-            row(f"xla-gpu@{ratio} (slop {slop})", "xla-gpu", ratio, slop=slop)
     started = time.perf_counter()
     planned = _worker({**base, "plan_dir": str(work), "label": model.label, "ratios": list(ratios),
                        "deterministic_time": bench.deterministic_time,
@@ -514,6 +548,7 @@ def _bench_model(bench: Bench, model: Model, config: dict, rounds: int, ratios: 
         bench.notes.append(f"{model.label}: planning failed: {planned['error']}")
     progress(f"{model.label:12} planning " + (f"failed: {planned['error']}" if "error" in planned else "done")
              + f"  ({time.perf_counter() - started:.0f} s)")
+    plans = []
     for ratio in ratios if "error" not in planned else ():
         p = planned["plans"].get(str(ratio), {})
         if "path" not in p:
@@ -521,12 +556,12 @@ def _bench_model(bench: Bench, model: Model, config: dict, rounds: int, ratios: 
                                   note=f"no plan: {p.get('status', 'not run')}"))
             progress(f"{model.label:12} rematopt@{ratio}: {bench.rows[-1].note}")
             continue
-        r = row(f"rematopt@{ratio}", "rematopt", ratio, graph=p["graph"], plan=p["path"],
-                ordered=p.get("ordered", True))
-        if r is not None:
-            r.predicted_peak, r.predicted_overhead = p["peak"], p["overhead"]
-            r.stopped_by, r.deterministic_spent = p["stopped_by"], p["deterministic_spent"]
-            r.note = f"{p['status']}, graph of {p['nodes']} nodes"
+        plans.append((Row(model.label, f"rematopt@{ratio}", "rematopt", ratio, predicted_peak=p["peak"],
+                          predicted_overhead=p["overhead"], stopped_by=p["stopped_by"],
+                          deterministic_spent=p["deterministic_spent"],
+                          note=f"{p['status']}, graph of {p['nodes']} nodes"),
+                      {"graph": p["graph"], "plan": p["path"], "ordered": p.get("ordered", True)}))
+    measured(plans)
     _time(bench, model.label, specs, base, pin, rounds, env, timeout(), progress)
     _calibrate(bench, model.label)
     if out:
@@ -923,8 +958,16 @@ def main(argv: list[str]) -> int:
         from ..xla.machine import measure as measure_machine
 
         got = asdict(measure_machine())
-    else:
-        got = measure(spec)
+    else:  # rows, each printed as it is measured; one row's failure is its own
+        for k, row in enumerate(spec["rows"]):
+            try:
+                got = measure({**spec, **row})
+            except Exception as e:  # noqa: BLE001 - reported on the row
+                got = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"}
+            print(json.dumps({"row": k, **got}), flush=True)
+            if "error" in got and row.get("first"):  # the rows after it compare against its gradients
+                break
+        got = {"error": "not measured: the plain step failed"} if "error" in got and row.get("first") else {}
     print(json.dumps({**got, "phases": _PHASES}))
     return 0
 
