@@ -319,8 +319,10 @@ def plan_step(spec: dict) -> dict:
                                         "deterministic_spent": sol.plan.stats.get("deterministic_spent")}
             continue
         c = v.chosen
+        loop = {"stopped_by": v.stopped_by or "bracket", "rounds": v.rounds, "deterministic_spent": v.deterministic_spent}
         if c.plan is None:
-            out["plans"][str(ratio)] = {"status": "--verify xla: no plan"}
+            out["plans"][str(ratio)] = {"status": f"--verify xla: no plan compiled smaller than the plain step after "
+                                                  f"{v.rounds} rounds", **loop}
             continue
         graph.save(folder / "graph.json")
         c.plan.save(path)
@@ -328,8 +330,7 @@ def plan_step(spec: dict) -> dict:
                                               f"after {v.rounds} round{'s' * (v.rounds != 1)}",
                                     "path": str(path), "graph": str(folder / "graph.json"), "nodes": graph.n,
                                     "peak": c.predicted_peak, "overhead": c.overhead, "ordered": c.ordered,
-                                    "stopped_by": v.stopped_by or "bracket", "rounds": v.rounds,
-                                    "deterministic_spent": v.deterministic_spent}
+                                    **loop}
     return out
 
 
