@@ -49,7 +49,7 @@ from ..xla.machine import Machine
 CPU_SCHEDULER = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
 POLICIES = ("nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable")
 RATIOS = (0.8, 0.6, 0.5)
-# --quick (under 5 minutes on the 2-core machine): fewer rows, each a process of about 10 s there
+# --quick: fewer rows and one budget (9 min of CPU on the 2-core machine, 71% of it planning; docs/device.md)
 QUICK_POLICIES = {"layer": ("nothing_saveable", "dots_saveable"), "step": ("dots_saveable",)}
 QUICK_RATIOS = (0.8,)
 # Interleaved timing rounds (one step of every variant each). On the shared 2-core machine the CPU
