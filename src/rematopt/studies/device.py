@@ -1,15 +1,17 @@
 """``rematopt bench device``: the remat JAX users write against rematopt's plans, as the device runs them.
 
 For each model, every variant of its training step (``jax.jit(jax.value_and_grad(loss))``) is
-compiled and run once on the backend present, each in a fresh process (so one row's memory does not
-leak into the next, and XLA's process-wide flags are the row's own):
+compiled and run once on the backend present, on a GPU each in a fresh process (so one row's memory
+does not leak into the next row's device peak), on CPU a model's rows in one (the peak there is the
+compiled program's):
 
 - ``plain``: the step as written;
 - ``layer:<policy>`` / ``step:<policy>``: the factory's ``remat=`` per layer, in the model library's
   idiom, and on the whole loss;
 - ``xla-gpu@r`` (GPU only): the plain step under XLA's own GPU rematerialization, its slop factor
   aimed at r x the plain step's compiled peak;
-- ``rematopt@r``: a plan for r x the plain step's peak applied with ``rematopt.jax.apply_plan``.
+- ``rematopt@r``: a plan for r x the plain step's peak applied with ``rematopt.jax.apply_plan``,
+  from ``--verify xla``'s loop on CP-SAT's deterministic clock, so the plans are the same on any load.
 
 Each row: XLA's compiled peak (``peak_memory_in_bytes`` on GPU / TPU; temp + arguments + outputs -
 aliases on CPU, which computes no peak), the device's peak where it reports one, and the largest
