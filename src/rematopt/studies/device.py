@@ -187,7 +187,7 @@ def measure(spec: dict) -> dict:
 def time_steps(spec: dict) -> dict:
     """Time every variant of one model in one process, in interleaved rounds: each round runs one step
     of every variant (the order rotated each round), so the machine's drift reaches all of them
-    alike. The clock is ``spec["clock"]``: ``cpu``, the process's CPU time (the worker is pinned to
+    alike; each timed step right after an untimed one of its own. The clock is ``spec["clock"]``: ``cpu``, the process's CPU time (the worker is pinned to
     one core, so this is the step's work on that core, whatever else loads the machine), or
     ``wall``; at least ``spec["rounds"]`` rounds, more for short steps (up to :data:`ROUND_SECONDS` of
     each variant's steps). Per variant, its milliseconds and the process's minor page faults per round (pages the
@@ -223,6 +223,11 @@ def time_steps(spec: dict) -> dict:
     for r in range(rounds):
         for label in labels[r % len(labels):] + labels[:r % len(labels)]:
             compiled, args = steps[label]
+            # an untimed step of its own first, so the timed one finds glibc's heap as its own last step
+            # left it (as in a training loop), not as the variant before it did: quick gpt's 0.8 plan
+            # faulted 25,793 pages a step after its own step (as xla.cost.step_faults predicts), 27,313 /
+            # 27,713 right after per-layer / whole-step dots_saveable's (their scratch's frees and trims)
+            jax.block_until_ready(compiled(*args))
             faults, t = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, clock()
             jax.block_until_ready(compiled(*args))
             out["times"][label].append(1e3 * (clock() - t))
