@@ -171,8 +171,8 @@ def test_a_sliced_operand_moves_its_slice_as_xlas_cost_analysis_counts():
 
 def test_transcendentals_are_counted_as_xla_counts_them_and_priced_at_many_flops():
     """exp, tanh and log elements are counted apart, as XLA's ``cost_analysis()`` counts them, and each
-    costs the vector units TRANSCENDENTAL_FLOPS (a kernel of tanh priced at one FLOP an element looked
-    5 to 10 times cheaper than profiled in quick flax_linen's step)."""
+    costs the vector units TRANSCENDENTAL_FLOPS (quick flax_linen's gelu tanh fusion, priced at one FLOP
+    an element, took 4.5 times its price in the step)."""
     import jax.numpy as jnp
 
     from rematopt.xla.cost import TRANSCENDENTAL_FLOPS
