@@ -169,27 +169,6 @@ def test_a_sliced_operand_moves_its_slice_as_xlas_cost_analysis_counts():
     assert priced.bytes_moved == pytest.approx(xla["bytes accessed"], rel=1e-3)
 
 
-def test_transcendentals_are_counted_as_xla_counts_them_and_priced_at_many_flops():
-    """exp, tanh and log elements are counted apart, as XLA's ``cost_analysis()`` counts them, and each
-    costs the vector units TRANSCENDENTAL_FLOPS (quick flax_linen's gelu tanh fusion, priced at one FLOP
-    an element, took 4.5 times its price in the step)."""
-    import jax.numpy as jnp
-
-    from rematopt.xla.cost import TRANSCENDENTAL_FLOPS
-
-    x = jnp.ones((256, 512))
-    compiled = jax.jit(lambda x: (jnp.exp(x) * jnp.tanh(x * 2.0), jnp.log(x + 1.0) + x)).lower(x).compile()
-    xla = compiled.cost_analysis()
-    xla = xla[0] if isinstance(xla, (list, tuple)) else xla
-    dev = Device("vector", flops_per_s=1e12, bytes_per_s=1e15, source="round figures", vector_flops_per_s=1e9)
-    priced = step_cost(compiled.as_text(), dev)
-    assert sum(k.kernel.transcendentals for k in priced.kernels) == xla["transcendentals"] == 3 * x.size
-    for k in priced.kernels:  # compute-bound at this bandwidth: the kernel's FLOPs and its transcendentals
-        extra = (TRANSCENDENTAL_FLOPS - 1) * k.kernel.transcendentals
-        assert k.seconds == pytest.approx((k.kernel.flops + extra) / 1e9) and k.bound == "compute"
-    assert max(k.kernel.transcendentals for k in priced.kernels) == 2 * x.size  # exp and tanh fused
-
-
 def test_a_call_xla_compiles_into_one_function_is_one_kernel_as_its_runtime_times_it():
     """XLA's CPU compiles a small call (jax's threefry key split, a loop of five rounds on a few words)
     into one function: one kernel doing its callees' work, launched once, and the one the profile

@@ -73,14 +73,6 @@ class StepCost:
         return out
 
 
-# What one transcendental element (exp, tanh, ...: ``Kernel.transcendentals``) costs the vector units, in
-# FLOPs. On this machine's core, 16 independent exps per element took 0.55 ns each and tanh 0.47 ns
-# where a multiply-add chain ran 0.015 ns an operation (8 independent chains), and quick flax_linen's lone
-# exp kernel 0.39 ns an element; priced at one FLOP, its gelu's tanh fusion and that exp kernel were 4.5
-# and 3.5 times their price as profiled, at 30 0.93 and 0.88 times. XLA's GPU cost analysis weighs them 10.
-TRANSCENDENTAL_FLOPS = 30
-
-
 def on_matrix_units(kernel: Kernel) -> bool:
     return kernel.kind.startswith(MATRIX_KINDS)
 
@@ -100,8 +92,7 @@ def _sides(kernel: Kernel, device: Device) -> tuple[float, float]:
         rate = device.flops_per_s
     else:
         rate = device.vector_flops_per_s or device.flops_per_s
-    flops = kernel.flops + (TRANSCENDENTAL_FLOPS - 1) * kernel.transcendentals  # its flops count each once
-    return flops / rate, (kernel.bytes_read + kernel.bytes_written) / device.bytes_per_s
+    return kernel.flops / rate, (kernel.bytes_read + kernel.bytes_written) / device.bytes_per_s
 
 
 def step_cost(module: HloModule | str, device: Device, launch_s: float = 0.0) -> StepCost:

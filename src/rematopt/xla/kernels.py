@@ -4,11 +4,11 @@ One :class:`Kernel` per instruction of the entry schedule that runs code on the 
 library call (cuBLAS GEMM, cuDNN, oneDNN / YNNPACK custom calls), a copy, a lone dot or elementwise op.
 Layout-only and bookkeeping instructions (bitcast, get-tuple-element, tuple, parameter, constant,
 optimization-barrier) launch nothing. While loops, conditionals and calls contribute the kernels of
-the computations they run, each marked with the loop's trip count where XLA printed it (a loop whose
-trip count XLA knows runs its body that many times and never its condition: the CPU runtime's profile
-records no condition kernel of such a loop); but a call XLA's
-CPU compiles into one function (``xla_cpu_small_call``: jax's threefry key splits, a while loop of five
-rounds on a few scalars) is one kernel, as its runtime runs and profiles it.
+the computations they run, each marked with the loop's trip count where XLA printed it; a loop whose
+trip count XLA knows runs its body that many times and its condition never (the CPU runtime's profile
+records no condition kernel of such a loop). A call XLA's CPU compiles into one function
+(``xla_cpu_small_call``: jax's threefry key splits, a loop of five rounds on a few words) is one
+kernel, as its runtime runs and profiles it.
 """
 
 from __future__ import annotations
@@ -29,12 +29,6 @@ NO_FLOPS = frozenset({
     "reverse", "bitcast-convert", "convert", "copy-start", "copy-done", "custom-call", "fusion", "while",
     "conditional", "call", "opt-barrier", "optimization-barrier", "after-all", "rng-get-and-update-state",
 })
-# Elementwise ops XLA's cost analysis counts apart as transcendentals: many vector instructions each
-# (:data:`rematopt.xla.cost.TRANSCENDENTAL_FLOPS`).
-TRANSCENDENTAL = frozenset({
-    "exponential", "exponential-minus-one", "log", "log-plus-one", "tanh", "logistic", "sqrt", "rsqrt", "cbrt",
-    "sine", "cosine", "tan", "atan2", "power", "erf",
-})
 # The frontend attribute by which XLA's CPU marks a call it compiles into one function with its callees.
 SMALL_CALL = 'xla_cpu_small_call="true"'
 # Library GEMM calls whose result is a tuple (output, workspace): the workspace is scratch, not output.
@@ -54,7 +48,6 @@ class Kernel:
     # its largest transposition (:func:`transposition`): (bytes of the array moved, bytes of its contiguous
     # run); None where it moves no array across dimensions
     transposes: tuple[int, int] | None = None
-    transcendentals: int = 0  # elements its transcendental ops compute (TRANSCENDENTAL), apart from flops
 
 
 def kernels(module: HloModule) -> list[Kernel]:
@@ -95,10 +88,9 @@ def _small_call(module: HloModule, scope: dict[str, Instruction], inst: Instruct
     for called in inst.called:
         _collect(module, called, 1, inner, set())
     operands = dict.fromkeys(o for o in inst.operands if o in scope)
-    names = [i.metadata.op_name for i in [inst] if i.metadata.op_name]
+    names = (inst.metadata.op_name,) if inst.metadata.op_name else ()
     return Kernel(inst.name, "call", sum(scope[o].bytes for o in operands), inst.shape.bytes,
-                  sum(k.flops * k.trip_count for k in inner), tuple(names), trips, inst.computation,
-                  transcendentals=sum(k.transcendentals * k.trip_count for k in inner))
+                  sum(k.flops * k.trip_count for k in inner), names, trips, inst.computation)
 
 
 def _unquote_name(ref: str) -> str:
@@ -130,10 +122,8 @@ def _kernel(module: HloModule, scope: dict[str, Instruction], inst: Instruction,
     flops = sum(instruction_flops(i) for i in inner) if inner else instruction_flops(inst)
     names = [i.metadata.op_name for i in [inst, *inner] if i.metadata.op_name]
     moves = [t for t in map(transposition, inner or [inst]) if t]
-    transcendentals = sum(i.shape.leaves[0].elements for i in inner or [inst]
-                          if i.opcode in TRANSCENDENTAL and i.shape.leaves)
     return Kernel(inst.name, kind, read, written, flops, tuple(dict.fromkeys(names)), trips, inst.computation,
-                  max(moves, default=None), transcendentals)
+                  max(moves, default=None))
 
 
 def _traffic(module: HloModule, scope: dict[str, Instruction], inst: Instruction) -> tuple[int, int]:
