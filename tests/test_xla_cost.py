@@ -304,7 +304,7 @@ def test_the_machine_micro_benchmarks_measure_positive_rates_and_one_fault_a_fre
     m = measure(repeats=2)
     dev = m.device()
     assert all(0 < x < float("inf") for x in (m.flops_per_s, m.dot_flops_per_s, m.vector_flops_per_s, m.bytes_per_s,
-                                               m.launch_s, m.fault_s))
+                                               m.launch_s, m.fault_s, m.transcendental_s))
     assert dev.dot_flops_per_s == m.dot_flops_per_s and "measured" in dev.source
 
 
@@ -380,6 +380,42 @@ ENTRY %main (p: f32[8,256,1], q: f32[64,256]) -> (f32[8,256,1], f32[64,256]) {
 """
     moved = {k.kernel.name: k.kernel.transposes for k in step_cost(hlo, device("cpu")).kernels}
     assert moved == {"unit": None, "relayout": (64 * 256 * 4, 4)}
+
+
+def rotary(x, table, swap=True):
+    import jax.numpy as jnp
+
+    y = x * jnp.cos(table)[None, :, None] + x * jnp.sin(table)[None, :, None]
+    return jnp.transpose(y, (0, 2, 1, 3)) if swap else y
+
+
+def test_a_transposing_kernel_evaluates_each_transcendental_once_per_element_of_its_output():
+    """Rotary embeddings fused into the transposition of q: sin and cos of a [128, 8] table (1,024
+    elements each) are computed for each of the 32,768 elements of the transposed output; the same
+    work without the transposition streams, vectorized, and is priced on the roofline alone."""
+    import jax.numpy as jnp
+
+    x, table = jnp.ones((8, 128, 4, 8), jnp.float32), jnp.full((128, 8), 0.3, jnp.float32)
+    for swap, scalar in ((True, [2 * x.size]), (False, [0])):
+        compiled = jax.jit(lambda x, t: rotary(x, t, swap)).lower(x, table).compile()
+        priced = step_cost(compiled.as_text(), device("cpu")).kernels
+        assert [k.kernel.scalar_transcendentals for k in priced] == scalar
+        assert all(k.kernel.transposes for k in priced) == swap
+    arithmetic = jax.jit(lambda x, t: jnp.transpose(x * t[None, :, None], (0, 2, 1, 3))).lower(x, table).compile()
+    assert [k.kernel.scalar_transcendentals for k in step_cost(arithmetic.as_text(), device("cpu")).kernels] == [0]
+
+
+def test_each_transcendental_evaluated_element_by_element_adds_its_measured_price():
+    dev = device("cpu")
+    k = replace(kernel(read=int(1e6), trips=3), transposes=(int(1e6), 4), scalar_transcendentals=5000)
+    roofline = kernel_cost(k, dev).seconds
+    assert kernel_cost(k, dev, 1e-6, 2e-9).seconds == pytest.approx(roofline + 3 * (1e-6 + 5000 * 2e-9))
+    plain = priced([k, kernel(read=int(1e9))], dev)
+    plan = priced([replace(k, scalar_transcendentals=0), kernel(read=int(1e9))], dev)
+    c = calibrate(plain, 1.0, dev, faults=10, fault_s=1e-5, transcendental_s=2e-9)
+    assert c.seconds(plain, 10) == pytest.approx(1.0)
+    # the plan's kernels without the transcendentals, at the scale the plain step's measured time set
+    assert c.seconds(plan, 0) == pytest.approx(c.scale * (roofline + kernel_cost(kernel(read=int(1e9)), dev).seconds))
 
 
 def test_every_kernel_of_a_compiled_step_is_timed_in_the_program_itself():

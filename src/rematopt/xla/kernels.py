@@ -48,6 +48,8 @@ class Kernel:
     # its largest transposition (:func:`transposition`): (bytes of the array moved, bytes of its contiguous
     # run); None where it moves no array across dimensions
     transposes: tuple[int, int] | None = None
+    # transcendental functions it evaluates per run, one element at a time (:func:`scalar_transcendentals`)
+    scalar_transcendentals: int = 0
 
 
 def kernels(module: HloModule) -> list[Kernel]:
@@ -122,8 +124,27 @@ def _kernel(module: HloModule, scope: dict[str, Instruction], inst: Instruction,
     flops = sum(instruction_flops(i) for i in inner) if inner else instruction_flops(inst)
     names = [i.metadata.op_name for i in [inst, *inner] if i.metadata.op_name]
     moves = [t for t in map(transposition, inner or [inst]) if t]
+    scalar = scalar_transcendentals(inst, inner or [inst]) if moves and kind != "fusion:kCustom" else 0
     return Kernel(inst.name, kind, read, written, flops, tuple(dict.fromkeys(names)), trips, inst.computation,
-                  max(moves, default=None))
+                  max(moves, default=None), scalar)
+
+
+# Elementwise functions that cost tens of cycles an element, where arithmetic costs one.
+TRANSCENDENTAL = frozenset({
+    "exponential", "exponential-minus-one", "log", "log-plus-one", "sine", "cosine", "tan", "tanh", "logistic",
+    "power", "sqrt", "rsqrt", "cbrt", "erf", "atan2",
+})
+
+
+def scalar_transcendentals(kernel: Instruction, inner: list[Instruction]) -> int:
+    """Transcendental functions a transposing kernel of XLA's CPU loop emitter evaluates per run: it
+    computes its output element by element, in the output's order, so each transcendental runs once per
+    element of the larger of its own shape and the kernel's output (a broadcast operand is computed again
+    for every element it reaches), and without the vectorized functions a streaming kernel uses. quick
+    keras_llama's rotary embeddings fuse sin and cos of a [128, 8] table into the transposition of q and k:
+    125 us a kernel where a transposing copy of the same [8, 4, 128, 8] takes 4 (docs/device.md)."""
+    out = max((leaf.elements for leaf in kernel.shape.leaves), default=0)
+    return sum(max(out, i.shape.leaves[0].elements) for i in inner if i.opcode in TRANSCENDENTAL and i.shape.leaves)
 
 
 def _traffic(module: HloModule, scope: dict[str, Instruction], inst: Instruction) -> tuple[int, int]:
