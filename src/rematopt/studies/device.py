@@ -13,9 +13,9 @@ leak into the next, and XLA's process-wide flags are the row's own):
 
 Each row: XLA's compiled peak (``peak_memory_in_bytes`` on GPU / TPU; temp + arguments + outputs -
 aliases on CPU, which computes no peak), the device's peak where it reports one, and the largest
-gradient difference from the plain step. Then one process times every variant of the model in
-interleaved rounds (and a second compile of the plain step, ``plain (again)``, beside them: the noise
-floor); a row's step time is its fastest round. On CPU the clock is the process's CPU time with the
+gradient difference from the plain step. Then every variant of the model is timed in interleaved
+rounds, each in a process of its own (and a second compile of the plain step, ``plain (again)``,
+beside them: the noise floor); a row's step time is its fastest round. On CPU the clock is the process's CPU time with the
 worker pinned to one core, so the other work on a shared machine does not enter the figure; on a
 GPU, wall-clock time. Last, each row's kernels are priced (:mod:`rematopt.xla.cost`) on the rates
 micro-benchmarks measured on the core (:mod:`rematopt.xla.machine`; on a GPU its data sheet), scaled
@@ -483,7 +483,7 @@ def _bench_model(bench: Bench, model: Model, config: dict, rounds: int, ratios: 
 
 def _time(bench: Bench, model: str, specs: dict[str, dict], base: dict, pin: dict, rounds: int, env: dict,
           timeout: float, progress: Callable[[str], None]) -> None:
-    """Every measured variant's step time from :func:`time_steps` (one process, interleaved rounds), with
+    """Every measured variant's step time from :func:`time_steps` (a process each, interleaved rounds), with
     a second compile of the plain step, timed alongside, as the row ``plain (again)``."""
     started = time.perf_counter()
     variants = {**specs, AGAIN: specs["plain"]}
