@@ -122,7 +122,7 @@ def applied_step(graph: Graph, plan: Plan) -> AppliedStep:
             needed.update(operands[copy])
     order = [copy for copy in order if copy in needed]
 
-    again = _made_again(graph, order, operands, read)
+    again = {**_made_again(graph, order, operands, read), **_buffers_made_again(graph, order, operands)}
 
     born = {(u, "f"): -1 for u in graph.initial_resident}  # counted in the initial bytes
     first_backward = next(k for k, (_, c) in enumerate(order) if c == "b")
@@ -205,6 +205,24 @@ def _slice_copies(graph: Graph, order: list[tuple[int, str]]) -> dict[int, tuple
             for u in sliced.intersection(graph.preds[i]):
                 out[u] = (out.get(u, (k, k))[0], k)
     return out
+
+
+def _buffers_made_again(graph: Graph, order: list, operands: dict) -> dict:
+    """XLA's own buffers (``xla_buffer`` nodes: a weight's transposed copy) that a library call
+    (:data:`LIBRARY_CALLS`) recomputed in the backward pass reads, as copies ``(u, "b")``:
+    ``apply_plan`` cannot keep what is no value of the program, so XLA writes the operand again
+    for the recomputed dot, and the forward pass's copy dies at its forward reader (keras llama,
+    greedy at 0.6: two 8 KiB weight copies held from the forward pass to a recomputed dot, 1.054
+    of XLA's figure; 0.999). Rewrites ``operands`` so."""
+    again = {}
+    for i, c in order:
+        if c == "b" and graph.nodes[i].phase == "forward" and graph.nodes[i].op in LIBRARY_CALLS:
+            for j, (u, cu) in enumerate(operands[(i, c)]):
+                if cu == "f" and graph.nodes[u].op == "xla_buffer":
+                    operands[(i, c)][j] = (u, "b")
+                    again[(u, "b")] = None
+    operands.update((c, []) for c in again)
+    return again
 
 
 def _made_again(graph: Graph, order: list, operands: dict, read) -> dict:
