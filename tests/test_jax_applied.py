@@ -39,6 +39,7 @@ import numpy as np
 from models import equinox_lm, gpt_scan, keras_lm, mlp, resnet, unet
 from rematopt.exporters.jax_applied import applied_peak
 from rematopt.jax import apply_plan, trace_grad
+from rematopt.planners.frees import keep_schedule, place_frees
 from rematopt.reference import no_remat_plan
 from rematopt.reorder import eager
 from rematopt.solve import solve
@@ -57,16 +58,24 @@ def transposed():  # four layers reading their weights transposed: each gradient
     return loss, (w, x)
 
 
+gemma = lambda: keras_lm.factory(backbone="gemma")
 out = {{}}
+traced = {{}}
 for name, factory, ratio in (("mlp", mlp.factory, 0.8), ("unet", unet.factory, 0.6), ("resnet", resnet.factory, 0.8),
                              ("unet eager", unet.factory, None), ("transposed", transposed, 0.9),
                              ("gpt_scan", gpt_scan.factory, 0.8), ("equinox_lm", equinox_lm.factory, 0.8),
-                             ("keras_gemma", lambda: keras_lm.factory(backbone="gemma"), 0.6)):
-    fn, args = factory()
-    graph = trace_grad(fn, *args, fuse="xla")
+                             ("keras_gemma", gemma, 0.6), ("keras_gemma exp", gemma, "exp")):
+    if factory not in traced:
+        fn, args = factory()
+        traced[factory] = fn, args, trace_grad(fn, *args, fuse="xla")
+    fn, args, graph = traced[factory]
     if ratio is None:  # no recomputation, the weight gradients as soon as they can run
         graph = eager(graph)
         plan, peak = no_remat_plan(graph), None
+    elif ratio == "exp":  # every forward value kept but the exps, recomputed for the backward pass
+        save = [v.id for v in graph.nodes if v.phase == "forward" and not v.is_input and v.op != "exp"]
+        plan = place_frees(graph, keep_schedule(graph, save, retain=True), "keep", None)
+        peak = None
     else:
         sol = solve(graph, "greedy", budget_ratio=ratio)
         plan, peak = sol.plan, sol.replay.peak_bytes
@@ -170,3 +179,13 @@ def test_first_round_prediction_on_keras_gemma(compiled_steps):
     # 0.915 before the two)
     got = compiled_steps["keras_gemma"]
     assert abs(got["applied"] - got["xla"]) <= 0.05 * got["xla"]
+
+
+def test_a_value_xla_writes_a_factor_of_is_read_with_the_rest(compiled_steps):
+    # keras gemma's softmax: XLA writes the division by the sum as the sum's reciprocal (512 B of an
+    # 8 KiB value) and the backward kernel that makes the attention weights again multiplies the
+    # forward pass's exp in, so a plan keeping the division and recomputing the exp holds the forward
+    # exp there too. Every forward value kept but the three exps: measured applied 235,420 B, XLA
+    # 233,668 B (1.007; 0.937 with the division read alone)
+    got = compiled_steps["keras_gemma exp"]
+    assert abs(got["applied"] - got["xla"]) <= 0.02 * got["xla"]

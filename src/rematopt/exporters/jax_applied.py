@@ -149,8 +149,16 @@ def applied_step(graph: Graph, plan: Plan) -> AppliedStep:
              and fusible(graph.nodes[c[0]].op) and all(fuses(c, r) for r in readers.get(c, []))
              and (len(readers.get(c, [])) <= 1 or graph.nodes[c[0]].op not in EXPENSIVE)}
 
+    def factor_of(copy: tuple[int, str]) -> list[tuple[int, str]]:
+        """The operands of ``copy``'s shape that its kernel does not write into it: XLA's kernel
+        writes less than the value (a division by a broadcast sum writes the sum's reciprocal) and
+        each reader multiplies the operand in."""
+        aval = (graph.nodes[copy[0]].extra or {}).get("aval")
+        return [o for o in operands.get(copy, []) if aval is not None and size0(o[0]) > size0(copy[0])
+                and (graph.nodes[o[0]].extra or {}).get("aval") == aval]
+
     def reads(copy: tuple[int, str]) -> list[tuple[int, str]]:
-        return [r for o in operands[copy] for r in (reads(o) if o in fused else [o])]
+        return [r for o in operands[copy] for x in (o, *factor_of(o)) for r in (reads(x) if x in fused else [x])]
 
     last = dict(born)
     first_read: dict[tuple[int, str], int] = {}
