@@ -27,7 +27,11 @@ A plan's own peak (:func:`~rematopt.simulate.simulate`) is of its events;
   pass reads is not made; a slice of a stacked argument that a library call
   reads is a copy (:func:`_slice_copies`); a dot's result that is the gradient of
   such a slice is held to the step's end, where XLA stacks the slices'
-  gradients into the caller's, one allocation per leaf (:func:`_housed`).
+  gradients into the caller's, one allocation per leaf (:func:`_housed`);
+  where its kernel writes only a factor of a value (a softmax's division by
+  its sum: the sum's reciprocal), each reader multiplies the rest in, so
+  reads the value's operand of its shape too (the forward pass's exp,
+  wherever the plan recomputes it).
 
 Measured on the models' compiled graphs (CPU, memory-minimizing scheduler,
 the first round of ``--verify xla``; docs/xla.md), this peak against XLA's
