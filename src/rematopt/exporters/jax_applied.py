@@ -21,7 +21,8 @@ A plan's own peak (:func:`~rematopt.simulate.simulate`) is of its events;
   output at the step's end, so its buffer lives from the kernel to there and
   the output's allocation is free until then; its own buffers (``xla_buffer``
   nodes: a transposed copy for a convolution) are made for their first
-  reader, wherever the plan computes them; a recomputed elementwise or layout
+  reader, wherever the plan computes them, and again for a library call the
+  backward pass recomputes (:func:`_buffers_made_again`); a recomputed elementwise or layout
   op is fused into the kernels reading it (they read what it reads), unless a
   library call reads it directly; a recomputation nothing in the backward
   pass reads is not made; a slice of a stacked argument that a library call
@@ -129,7 +130,7 @@ def applied_step(graph: Graph, plan: Plan) -> AppliedStep:
             needed.update(operands[copy])
     order = [copy for copy in order if copy in needed]
 
-    again = _made_again(graph, order, operands, read)
+    again = {**_made_again(graph, order, operands, read), **_buffers_made_again(graph, order, operands)}
     remade = _read_recomputed(graph, order, operands)
     tie = _ties(graph, order)
 
@@ -244,6 +245,24 @@ def _slice_copies(graph: Graph, order: list[tuple[int, str]]) -> dict[int, tuple
             for u in sliced.intersection(graph.preds[i]):
                 out[u] = (out.get(u, (k, k))[0], k)
     return out
+
+
+def _buffers_made_again(graph: Graph, order: list, operands: dict) -> dict:
+    """XLA's own buffers (``xla_buffer`` nodes) that a library call (:data:`LIBRARY_CALLS`)
+    recomputed in the backward pass reads, as copies ``(u, "b")``: ``apply_plan`` keeps the
+    program's values, not XLA's, so XLA writes the operand again for the recomputed dot, and the
+    forward pass's buffer dies at its forward reader (keras llama, greedy at 0.6: the attention's
+    grouped values broadcast to every head, two 8 KiB buffers held from the forward pass to the
+    recomputed dots, 1.054 of XLA's figure; 0.999). Rewrites ``operands`` so."""
+    again = {}
+    for i, c in order:
+        if c == "b" and graph.nodes[i].phase == "forward" and graph.nodes[i].op in LIBRARY_CALLS:
+            for j, (u, cu) in enumerate(operands[(i, c)]):
+                if cu == "f" and graph.nodes[u].op == "xla_buffer":
+                    operands[(i, c)][j] = (u, "b")
+                    again[(u, "b")] = None
+    operands.update((c, []) for c in again)
+    return again
 
 
 def _made_again(graph: Graph, order: list, operands: dict, read) -> dict:
