@@ -7,7 +7,9 @@ the compiled step, in a fresh process under the memory-minimizing scheduler
 (the flag only takes effect in XLA_FLAGS). What XLA does on its own in the
 applied step is counted too: its layout copies of the weight gradients at
 the step's end, its transposed copies made for their reader, recomputed
-elementwise ops fused into their readers."""
+elementwise ops fused into their readers (with the value their region is
+tied to), a value it writes only a factor of read with the rest. Hand-made
+plans (every forward value kept but a chosen few, recomputed) pin the cases."""
 
 from __future__ import annotations
 
@@ -58,17 +60,33 @@ def transposed():  # four layers reading their weights transposed: each gradient
     return loss, (w, x)
 
 
-gemma = lambda: keras_lm.factory(backbone="gemma")
-exps = lambda g: {{v.id for v in g.nodes if v.op == "exp" and v.phase == "forward"}}
-first_relu = lambda g: {{u for u in [next(v.id for v in g.nodes if v.op == "max")] for u in (u, *g.succs[u])}}
+def gemma():
+    return keras_lm.factory(backbone="gemma")
+
+
+def exps(g):  # the softmaxes' exps
+    return {{v.id for v in g.nodes if v.op == "exp" and v.phase == "forward"}}
+
+
+def first_relu(g):  # the first ReLU and the convolution reading it
+    u = next(v.id for v in g.nodes if v.op == "max")
+    return {{u, *g.succs[u]}}
+
+
+def relu_and_pool(g):  # those, and the pooled mean's sum and division with XLA's buffer the sum reads
+    pool = {{v.id for v in g.nodes if v.phase == "forward" and v.op in ("reduce_sum", "div")}}
+    return first_relu(g) | pool | {{p for u in pool for p in g.preds[u] if g.nodes[p].op == "xla_buffer"}}
+
+
 out = {{}}
 traced = {{}}
 for name, factory, ratio in (("mlp", mlp.factory, 0.8), ("unet", unet.factory, 0.6), ("resnet", resnet.factory, 0.8),
                              ("unet eager", unet.factory, None), ("transposed", transposed, 0.9),
                              ("gpt_scan", gpt_scan.factory, 0.8), ("equinox_lm", equinox_lm.factory, 0.8),
                              ("keras_gemma", gemma, 0.6), ("keras_gemma exp", gemma, exps),
+                             ("keras_llama", lambda: keras_lm.factory(backbone="llama"), 0.6),
                              ("resnet relu", resnet.factory, first_relu),
-                             ("keras_llama", lambda: keras_lm.factory(backbone="llama"), 0.6)):
+                             ("resnet pool", resnet.factory, relu_and_pool)):
     if factory not in traced:
         fn, args = factory()
         traced[factory] = fn, args, trace_grad(fn, *args, fuse="xla")
@@ -205,6 +223,15 @@ def test_a_recomputation_xla_computes_again_inside_reads_its_tie(compiled_steps)
     # made inside the select)
     got = compiled_steps["resnet relu"]
     assert abs(got["applied"] - got["xla"]) <= 0.01 * got["xla"]
+
+
+def test_a_recomputation_fused_into_its_one_reader_reads_its_tie(compiled_steps):
+    # resnet as above, the pooled mean's division recomputed too: XLA fuses it into its one reader, a
+    # kernel late in the backward pass, which reads the input-gradient convolution the division's region
+    # is tied to (64 KiB held until then). Measured: applied 792,660 B, XLA 825,572 B (0.960; 0.881
+    # without the tie)
+    got = compiled_steps["resnet pool"]
+    assert abs(got["applied"] - got["xla"]) <= 0.05 * got["xla"]
 
 
 def test_xla_writes_its_own_buffer_again_for_a_recomputed_dot(compiled_steps):

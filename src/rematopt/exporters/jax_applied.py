@@ -32,7 +32,10 @@ A plan's own peak (:func:`~rematopt.simulate.simulate`) is of its events;
   where its kernel writes only a factor of a value (a softmax's division by
   its sum: the sum's reciprocal), each reader multiplies the rest in, so
   reads the value's operand of its shape too (the forward pass's exp,
-  wherever the plan recomputes it).
+  wherever the plan recomputes it); a kernel computing a recomputed value
+  inside reads what its region is tied to (:func:`_ties`), and one that made a
+  forward value inside in the plain step reads the region recomputing it
+  when that came after the first such kernel (:func:`_read_recomputed`).
 
 Measured on the models' compiled graphs (CPU, memory-minimizing scheduler,
 the first round of ``--verify xla``; docs/xla.md), this peak against XLA's
@@ -154,7 +157,7 @@ def applied_step(graph: Graph, plan: Plan) -> AppliedStep:
 
     fused = {c for c in [*order, *again] if c[1] == "b" and phase[c[0]] == "forward"
              and fusible(graph.nodes[c[0]].op) and all(fuses(c, r) for r in readers.get(c, []))
-             and (len(readers.get(c, [])) <= 1 or not expensive(graph.nodes[c[0]]))}
+             and (len(readers.get(c, [])) <= 1 or graph.nodes[c[0]].op not in EXPENSIVE)}
 
     def factor_of(copy: tuple[int, str]) -> list[tuple[int, str]]:
         """The operands of ``copy``'s shape that its kernel does not write into it: XLA's kernel
@@ -174,13 +177,13 @@ def applied_step(graph: Graph, plan: Plan) -> AppliedStep:
         fused, or a cheap recomputation XLA also writes for a library call and computes again in this
         kernel, which made it inside in the plain step (:func:`_read_recomputed`)."""
         return x in fused or (x in remade.get(reader, ()) and fusible(graph.nodes[x[0]].op)
-                              and not expensive(graph.nodes[x[0]]) and fuses(x, reader))
+                              and graph.nodes[x[0]].op not in EXPENSIVE and fuses(x, reader))
 
     def reads(copy: tuple[int, str]) -> list[tuple[int, str]]:
         """What ``copy``'s kernel reads: for an operand computed inside, what that reads (and the value
         its region is tied to, :func:`tied`)."""
         return [r for o in operands[copy] for x in (o, *factor_of(o))
-                for r in ([*reads(x), *(tie.get(x, ()) if tied(x, copy) else ())] if inside(x, copy) else [x])]
+                for r in ([*reads(x), *([tie[x]] if x in tie and tied(x, copy) else [])] if inside(x, copy) else [x])]
 
     def tied(x: tuple[int, str], reader: tuple[int, str]) -> bool:
         """Whether ``reader``'s kernel, computing ``x`` inside, reads the value its region is tied to:
@@ -290,13 +293,6 @@ def _made_again(graph: Graph, order: list, operands: dict, read) -> dict:
     return again
 
 
-def expensive(node) -> bool:
-    """Whether XLA's fusion treats ``node``'s op as expensive (:data:`EXPENSIVE`): an integer power
-    with a negative exponent is a division in XLA (keras gemma's RMS norm: ``x ** -1``, a
-    ``divide`` fusion of its own read by three backward kernels)."""
-    return node.op in EXPENSIVE or (node.op == "integer_pow" and (node.extra or {}).get("exponent", 1) < 0)
-
-
 def _read_recomputed(graph: Graph, order: list, operands: dict) -> dict:
     """Add to ``operands`` the recomputed forward values that backward kernels
     read where the graph has them make the value inside, and return those
@@ -341,7 +337,7 @@ def _ties(graph: Graph, order: list) -> dict:
         node = graph.nodes[i]
         if c == "b" and node.phase == "forward":
             if before is not None:
-                out[(i, c)] = (before,)
+                out[(i, c)] = before
         elif c == "b" and node.op != "xla_buffer":
             before = (i, c)
     return out

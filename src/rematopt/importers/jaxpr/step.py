@@ -352,8 +352,6 @@ def to_graph(step: Step, name: str, device: str = costmodel.DEFAULT_DEVICE,
                 node.extra["residual_outputs"] = crossing
         if len(members) > 1:
             node.extra["fused"] = len(members)
-        if op == "integer_pow":  # a negative power is a division in XLA (exporters.jax_applied.expensive)
-            node.extra["exponent"] = int(head.params["y"])
         if op in primitives.CONTROL_FLOW:
             node.extra["body_bytes"] = _body_bytes(head)
         if head.source:
