@@ -185,6 +185,31 @@ def test_a_static_slice_reads_its_slice_as_xlas_cost_analysis_counts():
     assert max(k.kernel.bytes_read for k in priced.kernels) < x.nbytes / 100
 
 
+def test_a_call_xla_compiles_into_one_function_is_one_kernel_as_its_runtime_times_it():
+    """XLA's CPU compiles a small call (jax's threefry key split, a loop of five rounds on a few words)
+    into one function: one kernel doing its callees' work, launched once, and the one the profile
+    times; none of its callees' instructions is a kernel of its own."""
+    import jax.numpy as jnp
+
+    from rematopt.xla.hlo import parse_hlo
+    from rematopt.xla.kernels import SMALL_CALL
+    from rematopt.xla.profile import kernel_seconds
+
+    x, key = jnp.ones((64, 32)), jax.random.PRNGKey(0)
+    compiled = jax.jit(lambda k, x: x * jax.random.uniform(jax.random.split(k)[1], x.shape)).lower(key, x).compile()
+    module = parse_hlo(compiled.as_text())
+    calls = [i for c in module.computations.values() for i in c.instructions
+             if i.opcode == "call" and SMALL_CALL in i.attrs.get("frontend_attributes", "")]
+    assert calls, "jax's key split no longer compiles to a small call: find another"
+    inside = {inst.computation for call in calls for inst in module.fused_instructions(call)}
+    priced = step_cost(module, device("cpu"))
+    merged = [k.kernel for k in priced.kernels if k.kernel.kind == "call"]
+    assert {k.name for k in merged} == {c.name for c in calls}
+    assert all(k.flops > 0 and k.trip_count == 1 for k in merged)
+    assert not any(k.kernel.computation in inside for k in priced.kernels)
+    assert set(kernel_seconds(compiled, (key, x), steps=3)) == {k.kernel.name for k in priced.kernels}
+
+
 def test_a_lone_dot_runs_at_its_own_rate_where_the_profile_has_one():
     dev = replace(device("cpu"), dot_flops_per_s=2.5e10)
     assert kernel_cost(kernel("dot", flops=int(5e10)), dev).seconds == pytest.approx(2.0)
