@@ -73,10 +73,11 @@ def test_h200_traffic_is_the_fixtures_and_the_roofline_is_below_the_measured_ste
     measured = {r["variant"]: r["step_ms"] / 1e3 for r in json.loads((h200_dir / "measured.json").read_text())["rows"]}
     plain = step_cost(read_hlo(h200_dir / "hlo_plain.txt"), device("h200"))
     planned = step_cost(read_hlo(h200_dir / "hlo_cpsat_at_0.5.txt"), device("h200"))
-    # ../shared/gpu/README.md: HBM traffic 101.5 -> 155.6 GB, 513 -> 757 kernels
+    # ../shared/gpu/README.md: HBM traffic 101.5 -> 155.6 GB, 513 -> 757 kernels, a sliced operand read
+    # whole; 100.9 -> 155.0 GB read as sliced (xla.kernels.SLICES)
     assert (len(plain.kernels), len(planned.kernels)) == (513, 757)
-    assert plain.bytes_moved / 1e9 == pytest.approx(101.5, abs=0.05)
-    assert planned.bytes_moved / 1e9 == pytest.approx(155.6, abs=0.05)
+    assert plain.bytes_moved / 1e9 == pytest.approx(100.9, abs=0.05)
+    assert planned.bytes_moved / 1e9 == pytest.approx(155.0, abs=0.05)
     # a roofline at data-sheet rates is a floor under what the device took
     assert plain.seconds < measured["plain"] and planned.seconds < measured["cpsat@0.5"]
     assert planned.seconds > plain.seconds
@@ -167,6 +168,21 @@ def test_a_sliced_operand_moves_its_slice_as_xlas_cost_analysis_counts():
     priced = step_cost(compiled.as_text(), device("cpu"))
     assert any("dynamic-update-slice" in k.kernel.name for k in priced.kernels)
     assert priced.bytes_moved == pytest.approx(xla["bytes accessed"], rel=1e-3)
+
+
+def test_a_static_slice_reads_its_slice_as_xlas_cost_analysis_counts():
+    """A fusion that keeps a corner of a 4 MB array (as quick keras_llama's plan keeps one element of its
+    attention weights) reads the corner: the kernels' bytes match XLA's ``cost_analysis()``, which
+    reading sliced operands whole overshot 144 times here."""
+    import jax.numpy as jnp
+
+    x, y = jnp.ones((1024, 1024)), jnp.ones((512, 256))
+    compiled = jax.jit(lambda x, y: (x[:1, :8] * 2.0 + 1.0, jnp.transpose(y[:, :4] * 3.0))).lower(x, y).compile()
+    xla = compiled.cost_analysis()
+    xla = xla[0] if isinstance(xla, (list, tuple)) else xla
+    priced = step_cost(compiled.as_text(), device("cpu"))
+    assert priced.bytes_moved == pytest.approx(xla["bytes accessed"], rel=1e-3)
+    assert max(k.kernel.bytes_read for k in priced.kernels) < x.nbytes / 100
 
 
 def test_a_call_xla_compiles_into_one_function_is_one_kernel_as_its_runtime_times_it():
