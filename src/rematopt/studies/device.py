@@ -203,11 +203,13 @@ def time_steps(spec: dict) -> dict:
     out = {"times": {}, "faults": {}, "peaks": {}, "errors": {}, "profiles": {}}
     common = {k: v for k, v in spec.items() if k not in ("variants", "profile", "rounds")}
     servers = {}
+    # on a GPU the variants' processes share the device: each takes what it uses, not JAX's default 75%
+    env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
     try:
         for label, variant in spec["variants"].items():
             servers[label] = subprocess.Popen(
                 [sys.executable, "-m", "rematopt.studies.device", json.dumps({**common, **variant, "serve": True})],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=spec.get("cwd"))
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=spec.get("cwd"), env=env)
         for label in list(servers):
             got = _ask(servers[label])
             if "error" in got:  # one variant's failure is its row's note, the others still run
