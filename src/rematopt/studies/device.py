@@ -15,9 +15,9 @@ Each row: XLA's compiled peak (``peak_memory_in_bytes`` on GPU / TPU; temp + arg
 aliases on CPU, which computes no peak), the device's peak where it reports one, and the largest
 gradient difference from the plain step. Then every variant of the model is timed in interleaved
 rounds, each in a process of its own (and a second compile of the plain step, ``plain (again)``,
-beside them: the noise floor); a row's step time is its fastest round. On CPU the clock is the process's CPU time with the
-worker pinned to one core, so the other work on a shared machine does not enter the figure; on a
-GPU, wall-clock time. Last, each row's kernels are priced (:mod:`rematopt.xla.cost`) on the rates
+beside them: the noise floor); a row's step time is its fastest round. On CPU the clock is the
+process's CPU time with the worker pinned to one core, so the other work on a shared machine does
+not enter the figure; on a GPU, wall-clock time. Last, each row's kernels are priced (:mod:`rematopt.xla.cost`) on the rates
 micro-benchmarks measured on the core (:mod:`rematopt.xla.machine`; on a GPU its data sheet), scaled
 so that the plain step's predicted time is its measured time, plus on CPU the page faults the compiled
 program predicts (:func:`rematopt.xla.cost.step_faults`) at their measured price; every other row is
