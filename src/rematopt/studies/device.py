@@ -18,12 +18,13 @@ rounds, each in a process of its own (and a second compile of the plain step, ``
 beside them: the noise floor); a row's step time is its fastest round. On CPU the clock is the
 process's CPU time with the worker pinned to one core, so the other work on a shared machine does
 not enter the figure; on a GPU, wall-clock time. Last, each row's kernels are priced
-(:mod:`rematopt.xla.cost`) on the rates micro-benchmarks measured on the core (:mod:`rematopt.xla.machine`; on a GPU its data sheet), scaled
-so that the plain step's predicted time is its measured time, plus on CPU the page faults the compiled
-program predicts (:func:`rematopt.xla.cost.step_faults`) at their measured price; every other row is
-predicted. On CPU every row runs
-under XLA's memory-minimizing scheduler (``--xla_cpu_enable_concurrency_optimized_scheduler=false``),
-without which XLA's CPU schedule undoes rematerialization.
+(:mod:`rematopt.xla.cost`) on the rates micro-benchmarks measured on the core
+(:mod:`rematopt.xla.machine`; on a GPU its data sheet), scaled so that the plain step's predicted
+time is its measured time, plus on CPU the page faults the compiled program predicts
+(:func:`rematopt.xla.cost.step_faults`) at their measured price; every other row is predicted. On
+CPU every row runs under XLA's memory-minimizing scheduler
+(``--xla_cpu_enable_concurrency_optimized_scheduler=false``), without which XLA's CPU schedule
+undoes rematerialization.
 """
 
 from __future__ import annotations
