@@ -15,15 +15,16 @@ Each row: XLA's compiled peak (``peak_memory_in_bytes`` on GPU / TPU; temp + arg
 aliases on CPU, which computes no peak), the device's peak where it reports one, and the largest
 gradient difference from the plain step. Then every variant of the model is timed in interleaved
 rounds, each in a process of its own (and a second compile of the plain step, ``plain (again)``,
-beside them: the noise floor); a row's step time is its fastest round. On CPU the clock is the process's CPU time with the
-worker pinned to one core, so the other work on a shared machine does not enter the figure; on a
-GPU, wall-clock time. Last, each row's kernels are priced (:mod:`rematopt.xla.cost`) on the rates
-micro-benchmarks measured on the core (:mod:`rematopt.xla.machine`; on a GPU its data sheet), scaled
-so that the plain step's predicted time is its measured time, plus on CPU the page faults the compiled
-program predicts (:func:`rematopt.xla.cost.step_faults`) at their measured price; every other row is
-predicted. On CPU every row runs
-under XLA's memory-minimizing scheduler (``--xla_cpu_enable_concurrency_optimized_scheduler=false``),
-without which XLA's CPU schedule undoes rematerialization.
+beside them: the noise floor); a row's step time is its fastest round. On CPU the clock is the
+process's CPU time with the worker pinned to one core, so the other work on a shared machine does
+not enter the figure; on a GPU, wall-clock time. Last, each row's kernels are priced
+(:mod:`rematopt.xla.cost`) on the rates micro-benchmarks measured on the core
+(:mod:`rematopt.xla.machine`; on a GPU its data sheet), scaled so that the plain step's predicted
+time is its measured time, plus on CPU the page faults the compiled program predicts
+(:func:`rematopt.xla.cost.step_faults`) at their measured price; every other row is predicted. On
+CPU every row runs under XLA's memory-minimizing scheduler
+(``--xla_cpu_enable_concurrency_optimized_scheduler=false``), without which XLA's CPU schedule
+undoes rematerialization.
 """
 
 from __future__ import annotations
@@ -203,11 +204,13 @@ def time_steps(spec: dict) -> dict:
     out = {"times": {}, "faults": {}, "peaks": {}, "errors": {}, "profiles": {}}
     common = {k: v for k, v in spec.items() if k not in ("variants", "profile", "rounds")}
     servers = {}
+    # on a GPU the variants' processes share the device: each takes what it uses, not JAX's default 75%
+    env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
     try:
         for label, variant in spec["variants"].items():
             servers[label] = subprocess.Popen(
                 [sys.executable, "-m", "rematopt.studies.device", json.dumps({**common, **variant, "serve": True})],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=spec.get("cwd"))
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=spec.get("cwd"), env=env)
         for label in list(servers):
             got = _ask(servers[label])
             if "error" in got:  # one variant's failure is its row's note, the others still run
