@@ -21,13 +21,21 @@ A plan's own peak (:func:`~rematopt.simulate.simulate`) is of its events;
   output at the step's end, so its buffer lives from the kernel to there and
   the output's allocation is free until then; its own buffers (``xla_buffer``
   nodes: a transposed copy for a convolution) are made for their first
-  reader, wherever the plan computes them; a recomputed elementwise or layout
+  reader, wherever the plan computes them, and again for a library call the
+  backward pass recomputes (:func:`_buffers_made_again`); a recomputed elementwise or layout
   op is fused into the kernels reading it (they read what it reads), unless a
   library call reads it directly; a recomputation nothing in the backward
   pass reads is not made; a slice of a stacked argument that a library call
   reads is a copy (:func:`_slice_copies`); a dot's result that is the gradient of
   such a slice is held to the step's end, where XLA stacks the slices'
-  gradients into the caller's, one allocation per leaf (:func:`_housed`).
+  gradients into the caller's, one allocation per leaf (:func:`_housed`);
+  where its kernel writes only a factor of a value (a softmax's division by
+  its sum: the sum's reciprocal), each reader multiplies the rest in, so
+  reads the value's operand of its shape too (the forward pass's exp,
+  wherever the plan recomputes it); a kernel computing a recomputed value
+  inside reads what its region is tied to (:func:`_ties`), and one that made a
+  forward value inside in the plain step reads the region recomputing it
+  when that came after the first such kernel (:func:`_read_recomputed`).
 
 Measured on the models' compiled graphs (CPU, memory-minimizing scheduler,
 the first round of ``--verify xla``; docs/xla.md), this peak against XLA's
@@ -122,7 +130,9 @@ def applied_step(graph: Graph, plan: Plan) -> AppliedStep:
             needed.update(operands[copy])
     order = [copy for copy in order if copy in needed]
 
-    again = _made_again(graph, order, operands, read)
+    again = {**_made_again(graph, order, operands, read), **_buffers_made_again(graph, order, operands)}
+    remade = _read_recomputed(graph, order, operands)
+    tie = _ties(graph, order)
 
     born = {(u, "f"): -1 for u in graph.initial_resident}  # counted in the initial bytes
     first_backward = next(k for k, (_, c) in enumerate(order) if c == "b")
@@ -149,8 +159,38 @@ def applied_step(graph: Graph, plan: Plan) -> AppliedStep:
              and fusible(graph.nodes[c[0]].op) and all(fuses(c, r) for r in readers.get(c, []))
              and (len(readers.get(c, [])) <= 1 or graph.nodes[c[0]].op not in EXPENSIVE)}
 
+    def factor_of(copy: tuple[int, str]) -> list[tuple[int, str]]:
+        """The operands of ``copy``'s shape that its kernel does not write into it: XLA's kernel
+        writes less than the value (a division by a broadcast sum writes the sum's reciprocal) and
+        each reader multiplies the operand in. Not where the forward pass writes the whole value for
+        a reader (XLA's copy of it for a dot), which a backward kernel's copy of it merges with (keras
+        llama's attention weights: the forward dot's copy, held to the backward dot)."""
+        aval = (graph.nodes[copy[0]].extra or {}).get("aval")
+        rest = [o for o in operands.get(copy, []) if aval is not None and size0(o[0]) > size0(copy[0])
+                and (graph.nodes[o[0]].extra or {}).get("aval") == aval]
+        whole = {size0(p) for r in graph.succs[copy[0]] if phase[r] == "forward" for p in graph.preds[r]
+                 if graph.nodes[p].op == "xla_buffer" and phase[p] == "forward"}
+        return [o for o in rest if size0(o[0]) not in whole]
+
+    def inside(x: tuple[int, str], reader: tuple[int, str]) -> bool:
+        """Whether ``reader``'s kernel computes ``x`` inside instead of reading a buffer of it: ``x`` is
+        fused, or a cheap recomputation XLA also writes for a library call and computes again in this
+        kernel, which made it inside in the plain step (:func:`_read_recomputed`)."""
+        return x in fused or (x in remade.get(reader, ()) and fusible(graph.nodes[x[0]].op)
+                              and graph.nodes[x[0]].op not in EXPENSIVE and fuses(x, reader))
+
     def reads(copy: tuple[int, str]) -> list[tuple[int, str]]:
-        return [r for o in operands[copy] for r in (reads(o) if o in fused else [o])]
+        """What ``copy``'s kernel reads: for an operand computed inside, what that reads (and the value
+        its region is tied to, :func:`tied`)."""
+        return [r for o in operands[copy] for x in (o, *factor_of(o))
+                for r in ([*reads(x), *([tie[x]] if x in tie and tied(x, copy) else [])] if inside(x, copy) else [x])]
+
+    def tied(x: tuple[int, str], reader: tuple[int, str]) -> bool:
+        """Whether ``reader``'s kernel, computing ``x`` inside, reads the value its region is tied to:
+        where it is the one kernel computing it. One that several kernels read XLA may write once
+        after all (keras llama greedy at 0.8: a recomputed multiply read by three kernels, written
+        by one reading the tie; tied in each reader it read 1.057 of XLA's figure, 1.017 untied)."""
+        return x in remade.get(reader, ()) or len(readers.get(x, [])) == 1
 
     last = dict(born)
     first_read: dict[tuple[int, str], int] = {}
@@ -207,6 +247,24 @@ def _slice_copies(graph: Graph, order: list[tuple[int, str]]) -> dict[int, tuple
     return out
 
 
+def _buffers_made_again(graph: Graph, order: list, operands: dict) -> dict:
+    """XLA's own buffers (``xla_buffer`` nodes) that a library call (:data:`LIBRARY_CALLS`)
+    recomputed in the backward pass reads, as copies ``(u, "b")``: ``apply_plan`` keeps the
+    program's values, not XLA's, so XLA writes the operand again for the recomputed dot, and the
+    forward pass's buffer dies at its forward reader (keras llama, greedy at 0.6: the attention's
+    grouped values broadcast to every head, two 8 KiB buffers held from the forward pass to the
+    recomputed dots, 1.054 of XLA's figure; 0.999). Rewrites ``operands`` so."""
+    again = {}
+    for i, c in order:
+        if c == "b" and graph.nodes[i].phase == "forward" and graph.nodes[i].op in LIBRARY_CALLS:
+            for j, (u, cu) in enumerate(operands[(i, c)]):
+                if cu == "f" and graph.nodes[u].op == "xla_buffer":
+                    operands[(i, c)][j] = (u, "b")
+                    again[(u, "b")] = None
+    operands.update((c, []) for c in again)
+    return again
+
+
 def _made_again(graph: Graph, order: list, operands: dict, read) -> dict:
     """The forward values the backward pass makes again inside one of its kernels (a ``fuse="xla"``
     node holds the equations XLA fused into its kernel), as copies ``(u, "b")`` with their operands.
@@ -233,6 +291,56 @@ def _made_again(graph: Graph, order: list, operands: dict, read) -> dict:
                 again[(u, "b")] = None
     operands.update({c: [read(o, "b") for o in graph.preds[c[0]]] for c in again})
     return again
+
+
+def _read_recomputed(graph: Graph, order: list, operands: dict) -> dict:
+    """Add to ``operands`` the recomputed forward values that backward kernels
+    read where the graph has them make the value inside, and return those
+    reads, by kernel. ``apply_plan`` makes an equation once, in the first
+    backward kernel holding it (``jax_policy._once``); a later kernel holding it
+    reads the value last made, which a recomputed region made after that first
+    kernel replaces (resnet, cpsat at 0.5: a ReLU made inside a select, then
+    recomputed for a convolution, read again by the transposed copy for a
+    weight gradient after that, which XLA computes inside that copy)."""
+    groups = graph.meta.get("groups") if graph.meta.get("fuse") == "xla" else None
+    if not groups:
+        return {}
+    base = graph.meta["xla"]["step_nodes"] - len(groups)
+    node_of = {g[-1]: base + j for j, g in enumerate(groups)}
+    at = {copy: k for k, copy in enumerate(order)}
+    first_maker: dict[int, int] = {}
+    added: dict = {}
+    for k, (i, c) in enumerate(order):
+        if c != "b" or not base <= i < base + len(groups):
+            continue
+        for e in groups[i - base][:-1]:
+            u = node_of.get(e)
+            if u is None or graph.nodes[u].phase != "forward":
+                continue
+            first = first_maker.setdefault(u, k)
+            if first < at.get((u, "b"), -1) < k and (u, "b") not in operands[(i, c)]:
+                operands[(i, c)].append((u, "b"))
+                added.setdefault((i, c), []).append((u, "b"))
+    return added
+
+
+def _ties(graph: Graph, order: list) -> dict:
+    """Each recomputed copy's tie: the backward value computed before its region,
+    which ``apply_plan`` has the region read (``x + 0 * last[0]``,
+    ``jax_policy._evaluate_tied``), so a kernel computing the copy inside reads
+    that value too and holds it until then (resnet, cpsat at 0.5: an
+    input-gradient convolution held for a transposed copy that recomputes a
+    ReLU after it)."""
+    out: dict = {}
+    before = None
+    for i, c in order:
+        node = graph.nodes[i]
+        if c == "b" and node.phase == "forward":
+            if before is not None:
+                out[(i, c)] = before
+        elif c == "b" and node.op != "xla_buffer":
+            before = (i, c)
+    return out
 
 
 def _housed(graph: Graph, born: dict, last: dict, operands: dict, size: dict, end: int, copied: dict,
