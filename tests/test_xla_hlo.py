@@ -108,11 +108,12 @@ def test_step_flops_count_a_loop_body_per_trip():
 
 def test_gpu_fixture_kernels(gpu_plain):
     ks = kernels(gpu_plain)
-    # ../shared/gpu/README.md: 513 kernels, 350 fusions and 163 cuBLAS calls; 101.5 GB moved
+    # ../shared/gpu/README.md: 513 kernels, 350 fusions and 163 cuBLAS calls; 101.5 GB moved where a
+    # sliced operand is read whole, 100.9 read as sliced (xla.kernels.SLICES)
     assert len(ks) == 513
     assert sum(k.kind.startswith("fusion") for k in ks) == 350
     assert sum(k.kind == "custom-call:__cublas$lt$matmul" for k in ks) == 163
-    assert round(sum(k.bytes_read + k.bytes_written for k in ks) / 1e9, 1) == 101.5
+    assert round(sum(k.bytes_read + k.bytes_written for k in ks) / 1e9, 1) == 100.9
     # forward + backward GEMMs of the 8-layer GPT: 3x the forward's 2*N*D*(12D + ...) per layer
     n, d, t, h, v, layers = 8 * 1024, 1024, 1024, 16, 8192, 8
     forward = layers * (2 * n * d * 12 * d + 2 * 2 * 8 * h * t * t * (d // h)) + 2 * n * d * v

@@ -13,17 +13,18 @@ leak into the next, and XLA's process-wide flags are the row's own):
 
 Each row: XLA's compiled peak (``peak_memory_in_bytes`` on GPU / TPU; temp + arguments + outputs -
 aliases on CPU, which computes no peak), the device's peak where it reports one, and the largest
-gradient difference from the plain step. Then one process times every variant of the model in
-interleaved rounds (and a second compile of the plain step, ``plain (again)``, beside them: the noise
-floor); a row's step time is its fastest round. On CPU the clock is the process's CPU time with the
-worker pinned to one core, so the other work on a shared machine does not enter the figure; on a
-GPU, wall-clock time. Last, each row's kernels are priced (:mod:`rematopt.xla.cost`) on the rates
-micro-benchmarks measured on the core (:mod:`rematopt.xla.machine`; on a GPU its data sheet), scaled
-so that the plain step's predicted time is its measured time, plus on CPU the page faults the compiled
-program predicts (:func:`rematopt.xla.cost.step_faults`) at their measured price; every other row is
-predicted. On CPU every row runs
-under XLA's memory-minimizing scheduler (``--xla_cpu_enable_concurrency_optimized_scheduler=false``),
-without which XLA's CPU schedule undoes rematerialization.
+gradient difference from the plain step. Then every variant of the model is timed in interleaved
+rounds, each in a process of its own (and a second compile of the plain step, ``plain (again)``,
+beside them: the noise floor); a row's step time is its fastest round. On CPU the clock is the
+process's CPU time with the worker pinned to one core, so the other work on a shared machine does
+not enter the figure; on a GPU, wall-clock time. Last, each row's kernels are priced
+(:mod:`rematopt.xla.cost`) on the rates micro-benchmarks measured on the core
+(:mod:`rematopt.xla.machine`; on a GPU its data sheet), scaled so that the plain step's predicted
+time is its measured time, plus on CPU the page faults the compiled program predicts
+(:func:`rematopt.xla.cost.step_faults`) at their measured price; every other row is predicted. On
+CPU every row runs under XLA's memory-minimizing scheduler
+(``--xla_cpu_enable_concurrency_optimized_scheduler=false``), without which XLA's CPU schedule
+undoes rematerialization.
 """
 
 from __future__ import annotations
@@ -185,52 +186,106 @@ def measure(spec: dict) -> dict:
 
 
 def time_steps(spec: dict) -> dict:
-    """Time every variant of one model in one process, in interleaved rounds: each round runs one step
-    of every variant (the order rotated each round), so the machine's drift reaches all of them
-    alike. The clock is ``spec["clock"]``: ``cpu``, the process's CPU time (the worker is pinned to
-    one core, so this is the step's work on that core, whatever else loads the machine), or
-    ``wall``; at least ``spec["rounds"]`` rounds, more for short steps (up to :data:`ROUND_SECONDS` of
-    each variant's steps). Per variant, its milliseconds and the process's minor page faults per round (pages the
-    step touched fresh: on CPU, XLA maps its temp buffer anew each step), and its compiled peak (a
-    second copy of a program must match the first). The compiles hit JAX's persistent cache the row processes
-    filled. Then each variant of ``spec["profile"]`` is profiled kernel by kernel
-    (:func:`rematopt.xla.profile.kernel_seconds`, :data:`PROFILE_STEPS` steps, wall time)."""
+    """Time every variant of one model in interleaved rounds: each round runs one step of every variant
+    (the order rotated each round), so the machine's drift reaches all of them alike. Each variant runs
+    in a process of its own (:func:`serve`, pinned like this one), so a step finds glibc's heap as its
+    own steps left it, as in a training loop: in one process shared by all, the allocator's state left
+    by one variant moved the next one's page faults (quick gpt's 0.8 plan: 25,793 a step alone, as
+    :func:`rematopt.xla.cost.step_faults` predicts, 27,313 / 27,713 right after per-layer / whole-step
+    dots_saveable's step; per-layer nothing_saveable 44,898 alone, 36,837 after an untimed step of its
+    own that followed another variant's). The clock is ``spec["clock"]``: ``cpu``, the process's CPU
+    time (pinned to one core, so this is the step's work on that core, whatever else loads the
+    machine), or ``wall``; at least ``spec["rounds"]`` rounds, more for short steps (up to
+    :data:`ROUND_SECONDS` of each variant's steps). Per variant, its milliseconds and minor page faults
+    per round, and its compiled peak (a second copy of a program must match the first). The compiles
+    hit JAX's persistent cache the row processes filled. Then each variant of ``spec["profile"]`` is
+    profiled kernel by kernel (:func:`rematopt.xla.profile.kernel_seconds`, :data:`PROFILE_STEPS`
+    steps, wall time)."""
+    out = {"times": {}, "faults": {}, "peaks": {}, "errors": {}, "profiles": {}}
+    common = {k: v for k, v in spec.items() if k not in ("variants", "profile", "rounds")}
+    servers = {}
+    # on a GPU the variants' processes share the device: each takes what it uses, not JAX's default 75%
+    env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+    try:
+        for label, variant in spec["variants"].items():
+            servers[label] = subprocess.Popen(
+                [sys.executable, "-m", "rematopt.studies.device", json.dumps({**common, **variant, "serve": True})],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=spec.get("cwd"), env=env)
+        for label in list(servers):
+            got = _ask(servers[label])
+            if "error" in got:  # one variant's failure is its row's note, the others still run
+                out["errors"][label] = got["error"]
+                servers.pop(label).kill()
+                continue
+            out["peaks"][label], out["times"][label], out["faults"][label] = got["peak"], [], []
+        labels = list(servers)
+        slowest = max((_ask(servers[label], "step")["ms"] for label in labels), default=0.0) / 1e3
+        rounds = max(spec["rounds"], min(MAX_ROUNDS, math.ceil(ROUND_SECONDS / max(slowest, 1e-6))))
+        out["rounds"] = rounds
+        for r in range(rounds):
+            for label in labels[r % len(labels):] + labels[:r % len(labels)]:
+                got = _ask(servers[label], "step")
+                out["times"][label].append(got["ms"])
+                out["faults"][label].append(got["faults"])
+        for label in spec.get("profile", ()):
+            if label in servers:
+                out["profiles"][label] = _ask(servers[label], "profile")["profile"]
+    finally:
+        for server in servers.values():
+            server.kill()
+            server.wait()
+    return out
+
+
+def _ask(server: subprocess.Popen, command: str | None = None) -> dict:
+    """Send ``command`` to a :func:`serve` process (none: read its greeting); its JSON answer."""
+    if command:
+        server.stdin.write(command + "\n")
+        server.stdin.flush()
+    while True:
+        line = server.stdout.readline()
+        if not line:
+            return {"error": f"the variant's process ended (exit status {server.poll()})"}
+        if line.startswith("{"):
+            return json.loads(line)
+
+
+def serve(spec: dict) -> None:
+    """One variant's process for :func:`time_steps`: compile it (on the main thread, as a user's program
+    does), run its warm-up, print its compiled peak; then per line read, ``step`` runs one step (its
+    milliseconds and minor page faults printed), ``profile`` profiles it kernel by kernel; end of input
+    ends it. Every step runs on one thread of its own (:func:`rematopt.xla.machine.off_main_thread`), as
+    the faults are predicted for: compiled (from JAX's persistent cache) on that thread too, quick gpt's
+    whole-step dots_saveable step faulted 19,273 pages a step in the bench where it faults 43,721 so,
+    as predicted (43,849)."""
     import jax
 
+    from ..xla.machine import off_main_thread
     from ..xla.memory import xla_reference
     from ..xla.profile import kernel_seconds
 
     clock = time.process_time if spec["clock"] == "cpu" else time.perf_counter
-    steps, out = {}, {"times": {}, "faults": {}, "peaks": {}, "errors": {}, "profiles": {}}
-    for label, variant in spec["variants"].items():
-        try:
-            compiled, args, _ = _compile({**spec, **variant})
-            jax.block_until_ready(compiled(*args))  # the warm-up
-        except Exception as e:  # one variant's failure is its row's note, the others still run
-            out["errors"][label] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
-            continue
-        steps[label] = (compiled, args)
-        out["times"][label], out["faults"][label] = [], []
-        out["peaks"][label] = xla_reference(compiled.memory_analysis(), jax.default_backend()).bytes
-    labels = list(steps)
-    slowest = 0.0
-    for compiled, args in steps.values():  # one more step each, timed, to size the rounds
-        t = clock()
-        jax.block_until_ready(compiled(*args))
-        slowest = max(slowest, clock() - t)
-    rounds = max(spec["rounds"], min(MAX_ROUNDS, math.ceil(ROUND_SECONDS / max(slowest, 1e-6))))
-    out["rounds"] = rounds
-    for r in range(rounds):
-        for label in labels[r % len(labels):] + labels[:r % len(labels)]:
-            compiled, args = steps[label]
-            faults, t = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, clock()
-            jax.block_until_ready(compiled(*args))
-            out["times"][label].append(1e3 * (clock() - t))
-            out["faults"][label].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults)
-    for label in spec.get("profile", ()):
-        if label in steps:
-            out["profiles"][label] = kernel_seconds(*steps[label], steps=PROFILE_STEPS)
-    return out
+    try:
+        compiled, args, _ = _compile(spec)
+    except Exception as e:
+        print(json.dumps({"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"}),
+              flush=True)
+        return
+
+    def loop() -> None:
+        jax.block_until_ready(compiled(*args))  # the warm-up
+        print(json.dumps({"peak": xla_reference(compiled.memory_analysis(), jax.default_backend()).bytes}), flush=True)
+        for line in sys.stdin:
+            if line.strip() == "step":
+                faults, t = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, clock()
+                jax.block_until_ready(compiled(*args))
+                ms = 1e3 * (clock() - t)
+                print(json.dumps({"ms": ms, "faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults}),
+                      flush=True)
+            elif line.strip() == "profile":
+                print(json.dumps({"profile": kernel_seconds(compiled, args, steps=PROFILE_STEPS)}), flush=True)
+
+    off_main_thread(loop)
 
 
 def _options(spec: dict) -> dict:
@@ -431,7 +486,7 @@ def _bench_model(bench: Bench, model: Model, config: dict, rounds: int, ratios: 
 
 def _time(bench: Bench, model: str, specs: dict[str, dict], base: dict, pin: dict, rounds: int, env: dict,
           timeout: float, progress: Callable[[str], None]) -> None:
-    """Every measured variant's step time from :func:`time_steps` (one process, interleaved rounds), with
+    """Every measured variant's step time from :func:`time_steps` (a process each, interleaved rounds), with
     a second compile of the plain step, timed alongside, as the row ``plain (again)``."""
     started = time.perf_counter()
     variants = {**specs, AGAIN: specs["plain"]}
@@ -492,7 +547,8 @@ def _calibrate(bench: Bench, model: str) -> None:
     m = bench.machine
     args = dict(step=bench.costs[model, "plain"], measured_s=plain.step_ms / 1e3,
                 device=m.device() if m else device(bench.device), faults=plain.predicted_faults or 0,
-                launch_s=m.launch_s if m else 0.0, fault_s=m.fault_s if m else 0.0)
+                launch_s=m.launch_s if m else 0.0, fault_s=m.fault_s if m else 0.0,
+                transcendental_s=m.transcendental_s if m else 0.0)
     for into, profiled, field_ in ((bench.calibrations, None, "predicted_ms"),
                                    (bench.class_calibrations, bench.profiles.get((model, "plain")),
                                     "predicted_class_ms")):
@@ -773,10 +829,11 @@ def main(argv: list[str]) -> int:
     if "plan_dir" in spec:
         print(json.dumps(plan_step({**spec, "dir": spec["plan_dir"]})))
         return 0
+    if spec.get("serve"):
+        serve(spec)
+        return 0
     if "variants" in spec:
-        from ..xla.machine import off_main_thread
-
-        print(json.dumps(off_main_thread(lambda: time_steps(spec))))
+        print(json.dumps(time_steps(spec)))
         return 0
     if spec.get("machine"):
         from ..xla.machine import measure as measure_machine

@@ -5,7 +5,9 @@ number of times it runs (a kernel inside a while loop: the loop's trip count). A
 equations is one kernel, so it moves its inputs and outputs once; that is what the per-equation
 graph model got wrong (on the H200 fixture its elementwise work priced at about 52 ms where XLA's
 fused kernels take about 12 ms). Dots, convolutions and library calls run on the matrix units
-(``Device.flops_per_s``); everything else on the vector units (``Device.vector_flops_per_s``).
+(``Device.flops_per_s``); everything else on the vector units (``Device.vector_flops_per_s``). A
+transposing kernel's transcendental functions, evaluated one element at a time
+(:func:`rematopt.xla.kernels.scalar_transcendentals`), cost a measured price each on top.
 
 A recomputation is priced by compiling the planned step and pricing its kernels: what XLA fused
 into existing kernels grows them, what it could not fuse adds kernels.
@@ -77,11 +79,15 @@ def on_matrix_units(kernel: Kernel) -> bool:
     return kernel.kind.startswith(MATRIX_KINDS)
 
 
-def kernel_cost(kernel: Kernel, device: Device, launch_s: float = 0.0) -> KernelCost:
-    """Its roofline on ``device``, plus ``launch_s`` (what starting a kernel costs), per run."""
+def kernel_cost(kernel: Kernel, device: Device, launch_s: float = 0.0, transcendental_s: float = 0.0) -> KernelCost:
+    """Its roofline on ``device``, plus ``launch_s`` (what starting a kernel costs) and ``transcendental_s``
+    for each transcendental function it evaluates one element at a time
+    (:func:`rematopt.xla.kernels.scalar_transcendentals`: the roofline's vector rate is 4 times too fast for
+    those, :mod:`rematopt.xla.machine`), per run."""
     compute, memory = _sides(kernel, device)
-    return KernelCost(kernel, (max(compute, memory) + launch_s) * kernel.trip_count,
-                      "compute" if compute > memory else "memory")
+    scalar = kernel.scalar_transcendentals * transcendental_s
+    return KernelCost(kernel, (max(compute, memory) + launch_s + scalar) * kernel.trip_count,
+                      "compute" if compute + scalar > memory else "memory")
 
 
 def _sides(kernel: Kernel, device: Device) -> tuple[float, float]:
@@ -217,7 +223,8 @@ def kernel_class(kernel: Kernel) -> str:
 @dataclass(frozen=True)
 class Calibration:
     """A profile scaled to one measured step: a step takes ``scale x`` its kernels' time on ``device``
-    (``launch_s`` more per kernel run) plus ``fault_s`` per page fault; with ``class_scales``, each
+    (``launch_s`` more per kernel run, ``transcendental_s`` more per transcendental function a kernel
+    evaluates one element at a time) plus ``fault_s`` per page fault; with ``class_scales``, each
     kernel class (:func:`kernel_class`) its own scale, ``scale`` for a class without one. The scales
     absorb what the micro-benchmarks miss (the kernels' sizes, caches, strided reads); the fault price
     is the kernel's (the operating system's) work, measured, not scaled."""
@@ -228,13 +235,14 @@ class Calibration:
     fault_s: float
     calibrated_on: str
     class_scales: tuple[tuple[str, float], ...] = ()
+    transcendental_s: float = 0.0
 
     def class_seconds(self, step: StepCost) -> dict[str, float]:
         """``step``'s kernels on the profile, unscaled, per class."""
         out: dict[str, float] = {}
         for k in step.kernels:
             c = kernel_class(k.kernel)
-            out[c] = out.get(c, 0.0) + kernel_cost(k.kernel, self.device, self.launch_s).seconds
+            out[c] = out.get(c, 0.0) + kernel_cost(k.kernel, self.device, self.launch_s, self.transcendental_s).seconds
         return out
 
     def kernel_seconds(self, step: StepCost) -> float:
@@ -262,7 +270,8 @@ def profiled_by_class(step: StepCost, profiled: dict[str, float]) -> dict[str, f
 
 
 def calibrate(step: StepCost, measured_s: float, device: Device, faults: int = 0, launch_s: float = 0.0,
-              fault_s: float = 0.0, name: str = "plain", profiled: dict[str, float] | None = None) -> Calibration:
+              fault_s: float = 0.0, name: str = "plain", profiled: dict[str, float] | None = None,
+              transcendental_s: float = 0.0) -> Calibration:
     """Scale ``device`` so that ``step`` (which faults ``faults`` pages a run) is priced at ``measured_s``:
     the one figure taken from a measured step. Calibrate on one step and predict the others.
 
@@ -272,7 +281,7 @@ def calibrate(step: StepCost, measured_s: float, device: Device, faults: int = 0
     under :data:`MIN_CLASS_SHARE` of the profile or of the price takes the global scale (and its share at
     that scale is taken out first), so the step is still priced at ``measured_s``; with one class this is
     the one-scale calibration."""
-    unscaled = Calibration(device, 1.0, launch_s, fault_s, name)
+    unscaled = Calibration(device, 1.0, launch_s, fault_s, name, transcendental_s=transcendental_s)
     priced, rest = unscaled.class_seconds(step), measured_s - faults * fault_s
     kernels = sum(priced.values())
     if kernels <= 0 or rest <= 0:

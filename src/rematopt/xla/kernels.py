@@ -4,7 +4,11 @@ One :class:`Kernel` per instruction of the entry schedule that runs code on the 
 library call (cuBLAS GEMM, cuDNN, oneDNN / YNNPACK custom calls), a copy, a lone dot or elementwise op.
 Layout-only and bookkeeping instructions (bitcast, get-tuple-element, tuple, parameter, constant,
 optimization-barrier) launch nothing. While loops, conditionals and calls contribute the kernels of
-the computations they run, each marked with the loop's trip count where XLA printed it.
+the computations they run, each marked with the loop's trip count where XLA printed it; a loop whose
+trip count XLA knows runs its body that many times and its condition never (the CPU runtime's profile
+records no condition kernel of such a loop). A call XLA's CPU compiles into one function
+(``xla_cpu_small_call``: jax's threefry key splits, a loop of five rounds on a few words) is one
+kernel, as its runtime runs and profiles it.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ NO_FLOPS = frozenset({
     "reverse", "bitcast-convert", "convert", "copy-start", "copy-done", "custom-call", "fusion", "while",
     "conditional", "call", "opt-barrier", "optimization-barrier", "after-all", "rng-get-and-update-state",
 })
+# The frontend attribute by which XLA's CPU marks a call it compiles into one function with its callees.
+SMALL_CALL = 'xla_cpu_small_call="true"'
 # Library GEMM calls whose result is a tuple (output, workspace): the workspace is scratch, not output.
 WORKSPACE_TARGETS = ("__cublas", "__cudnn")
 
@@ -42,6 +48,8 @@ class Kernel:
     # its largest transposition (:func:`transposition`): (bytes of the array moved, bytes of its contiguous
     # run); None where it moves no array across dimensions
     transposes: tuple[int, int] | None = None
+    # transcendental functions it evaluates per run, one element at a time (:func:`scalar_transcendentals`)
+    scalar_transcendentals: int = 0
 
 
 def kernels(module: HloModule) -> list[Kernel]:
@@ -59,12 +67,36 @@ def _collect(module: HloModule, computation: str, trips: int, out: list[Kernel],
     for inst in comp.instructions:
         if inst.opcode in NOT_KERNELS:
             continue
+        if inst.opcode == "call" and SMALL_CALL in inst.attrs.get("frontend_attributes", ""):
+            out.append(_small_call(module, comp.by_name, inst, trips))
+            continue
         if inst.opcode in CONTROL:
-            n = trips * (known_trip_count(inst) or 1) if inst.opcode == "while" else trips
+            known = known_trip_count(inst) if inst.opcode == "while" else None
+            n = trips * (known or 1)
             for called in inst.called:
-                _collect(module, called, n, out, stack)
+                # a loop whose trip count XLA knows runs its body that many times, its condition never
+                if not (known and called == _unquote_name(inst.attrs.get("condition", ""))):
+                    _collect(module, called, n, out, stack)
             continue
         out.append(_kernel(module, comp.by_name, inst, trips))
+
+
+def _small_call(module: HloModule, scope: dict[str, Instruction], inst: Instruction, trips: int) -> Kernel:
+    """A call XLA's CPU compiles into one function: one kernel that reads its operands, writes its
+    result and does all its callees' work (their kernels' FLOPs times their trip counts). Priced as the
+    16 kernels of a threefry key split's loop of 5 rounds, quick flax_linen's took 47 us of launches a
+    call where its profile recorded 1.5 us."""
+    inner: list[Kernel] = []
+    for called in inst.called:
+        _collect(module, called, 1, inner, set())
+    operands = dict.fromkeys(o for o in inst.operands if o in scope)
+    names = (inst.metadata.op_name,) if inst.metadata.op_name else ()
+    return Kernel(inst.name, "call", sum(scope[o].bytes for o in operands), inst.shape.bytes,
+                  sum(k.flops * k.trip_count for k in inner), names, trips, inst.computation)
+
+
+def _unquote_name(ref: str) -> str:
+    return ref.strip().lstrip("%")
 
 
 def step_flops(module: HloModule) -> int:
@@ -92,20 +124,44 @@ def _kernel(module: HloModule, scope: dict[str, Instruction], inst: Instruction,
     flops = sum(instruction_flops(i) for i in inner) if inner else instruction_flops(inst)
     names = [i.metadata.op_name for i in [inst, *inner] if i.metadata.op_name]
     moves = [t for t in map(transposition, inner or [inst]) if t]
+    scalar = scalar_transcendentals(inst, inner or [inst]) if moves and kind != "fusion:kCustom" else 0
     return Kernel(inst.name, kind, read, written, flops, tuple(dict.fromkeys(names)), trips, inst.computation,
-                  max(moves, default=None))
+                  max(moves, default=None), scalar)
+
+
+# Elementwise functions that cost tens of cycles an element, where arithmetic costs one.
+TRANSCENDENTAL = frozenset({
+    "exponential", "exponential-minus-one", "log", "log-plus-one", "sine", "cosine", "tan", "tanh", "logistic",
+    "power", "sqrt", "rsqrt", "cbrt", "erf", "atan2",
+})
+
+
+def scalar_transcendentals(kernel: Instruction, inner: list[Instruction]) -> int:
+    """Transcendental functions a transposing kernel of XLA's CPU loop emitter evaluates per run: it
+    computes its output element by element, in the output's order, so each transcendental runs once per
+    element of the larger of its own shape and the kernel's output (a broadcast operand is computed again
+    for every element it reaches), and without the vectorized functions a streaming kernel uses. quick
+    keras_llama's rotary embeddings fuse sin and cos of a [128, 8] table into the transposition of q and k:
+    125 us a kernel where a transposing copy of the same [8, 4, 128, 8] takes 4 (docs/device.md)."""
+    out = max((leaf.elements for leaf in kernel.shape.leaves), default=0)
+    return sum(max(out, i.shape.leaves[0].elements) for i in inner if i.opcode in TRANSCENDENTAL and i.shape.leaves)
+
+
+# What reads only part of its operand. quick keras_llama's plan fuses the one element it keeps of a
+# 2.1 MB attention array (a `slice`): 0.5 us profiled, 32 us priced as reading it whole.
+SLICES = ("slice", "dynamic-slice")
 
 
 def _traffic(module: HloModule, scope: dict[str, Instruction], inst: Instruction) -> tuple[int, int]:
     """(bytes read, bytes written): each distinct operand once and the output, but a slice for what is
-    sliced: an operand only read through dynamic-slices reads those slices, and a dynamic-update-slice
+    sliced: an operand only read through slices or dynamic-slices reads those slices, and a dynamic-update-slice
     writes its update in place, its buffer operand neither read nor rewritten (as XLA's cost analysis
     counts them). A scan's body slices its step out of the stacked arrays this way; counting the
     whole stack priced flax_linen's plain step at 0.25 GB per step against 0.12 for its plan."""
     operands = list(dict.fromkeys(o for o in inst.operands if o in scope))
     sizes = {o: scope[o].bytes for o in operands}
     written = written_bytes(inst)
-    if inst.opcode == "dynamic-slice" and operands:
+    if inst.opcode in SLICES and operands:
         sizes[inst.operands[0]] = inst.shape.bytes
     elif inst.opcode == "dynamic-update-slice" and len(inst.operands) > 1:
         sizes[inst.operands[0]] = 0
@@ -124,7 +180,7 @@ def _traffic(module: HloModule, scope: dict[str, Instruction], inst: Instruction
             if name not in sizes:
                 continue
             uses = _uses(p.name, users)
-            if uses and all(u.opcode == "dynamic-slice" and _through_bitcasts(fused.by_name[u.operands[0]],
+            if uses and all(u.opcode in SLICES and _through_bitcasts(fused.by_name[u.operands[0]],
                                                                              fused.by_name).name == p.name
                             for u in uses):
                 sizes[name] = min(sizes[name], sum(u.shape.bytes for u in uses))

@@ -7,8 +7,10 @@ at 1,760 times the data sheet and keras_llama's kernels at 0 us each). Here each
 by a micro-benchmark on the core the steps run on, with the step's own clock (process CPU time):
 jitted GEMMs for the matrix rate (XLA's CPU runs them as YNNPACK fusions), the same GEMMs with both
 operands transposed for the lone dots it leaves to Eigen (weight gradients; 2 to 4 times slower), a
-long elementwise chain in cache for the vector rate, a large elementwise op for the bandwidth, a
-chain of tiny kernels for what starting a kernel costs, and fresh anonymous pages for a page fault
+long elementwise chain in cache (independent streams of it) for the vector rate, a large elementwise
+op for the bandwidth, a chain of tiny kernels for what starting a kernel costs, a transposing kernel
+with and without sines and cosines for a transcendental function evaluated one element at a time
+(:func:`rematopt.xla.kernels.scalar_transcendentals`), and fresh anonymous pages for a page fault
 (XLA's CPU runtime takes its temp buffer from malloc each step; above glibc's mmap threshold the
 kernel zero-fills every page of it on first touch, :func:`rematopt.xla.cost.step_faults`).
 """
@@ -32,8 +34,19 @@ PAGE = mmap.PAGESIZE
 # ceiling so its output does not fault) and the fault region are sized to run in milliseconds.
 GEMM_ROWS, GEMM_WIDTHS = 1024, (32, 64, 128)
 CHAIN_ELEMENTS, CHAIN_OPS = 1 << 14, 64
+# The chain runs as independent streams, as XLA's fused kernels compute several values per element: one
+# dependent chain measured the latency of an operation, 30.1 GFLOP/s, where 4 / 8 / 16 / 32 streams ran
+# 49.8 / 67.6 / 60.0 / 65.3 and quick flax_linen's threefry fusions 112 to 118 and its largest
+# multiply-add fusion 79 (profiled in the step); priced at one chain's rate, its per-layer policies'
+# recomputed elementwise kernels looked 2 to 4 times their profiled time.
+CHAIN_STREAMS = 8
 STREAM_BYTES = 8 << 20
 TINY_KERNELS = 64
+# Rotary embeddings as keras-hub's Llama fuses them into the transposition of q and k: [batch, tokens,
+# heads, width] times the sin and cos of a [tokens, width] table, heads swapped with tokens. With a
+# batch of 8 (quick keras_llama's), 32 and 128, a sin or cos cost 0.93 to 0.99 ns an element so, 0.24
+# to 0.26 in the same fusion without the transposition; 32 runs in about 0.3 ms.
+ROTARY = (32, 128, 4, 8)
 FAULT_BYTES = 64 << 20
 
 
@@ -47,6 +60,7 @@ class Machine:
     bytes_per_s: float  # an elementwise op streaming its input and output
     launch_s: float  # one more kernel in a step
     fault_s: float  # one minor page fault (a fresh page, zero-filled)
+    transcendental_s: float = 0.0  # a transcendental function evaluated one element at a time
 
     def device(self) -> Device:
         """The ``cpu`` profile with this machine's rates."""
@@ -57,7 +71,8 @@ class Machine:
     def describe(self) -> str:
         return (f"GEMM {self.flops_per_s / 1e9:.3g} GFLOP/s, lone dot {self.dot_flops_per_s / 1e9:.3g} GFLOP/s, "
                 f"vector {self.vector_flops_per_s / 1e9:.3g} GFLOP/s, {self.bytes_per_s / 1e9:.3g} GB/s, "
-                f"{self.launch_s * 1e6:.3g} us a kernel, {self.fault_s * 1e6:.3g} us a page fault")
+                f"{self.launch_s * 1e6:.3g} us a kernel, {self.transcendental_s * 1e9:.3g} ns a transcendental "
+                f"element by element, {self.fault_s * 1e6:.3g} us a page fault")
 
 
 def off_main_thread(run: Callable[[], object]) -> object:
@@ -124,6 +139,8 @@ def measure(repeats: int = 7) -> Machine:
     import jax.numpy as jnp
 
     from .cost import step_cost
+    from .hlo import parse_hlo
+    from .kernels import kernels
 
     def timed(fn, *args) -> tuple[float, object]:
         compiled = jax.jit(fn).lower(*args).compile()
@@ -143,12 +160,13 @@ def measure(repeats: int = 7) -> Machine:
         return statistics.median(rates)
 
     def chain(x):
-        for i in range(CHAIN_OPS):
-            x = x * 1.0001 + 0.5 if i % 2 else x * 0.9999 - 0.25
-        return x
+        streams = [x + i for i in range(CHAIN_STREAMS)]
+        for i in range(CHAIN_OPS // CHAIN_STREAMS):
+            streams = [y * 1.0001 + 0.5 if i % 2 else y * 0.9999 - 0.25 for y in streams]
+        return sum(streams[1:], streams[0])
 
     v = jnp.ones((CHAIN_ELEMENTS,), jnp.float32)
-    vector, _ = timed(chain, v)
+    vector, chained = timed(chain, v)
     s = jnp.ones((STREAM_BYTES // 4,), jnp.float32)
     stream, _ = timed(lambda x: x * 2.0 + 1.0, s)
 
@@ -160,7 +178,20 @@ def measure(repeats: int = 7) -> Machine:
     t = jnp.ones((8,), jnp.float32)
     launches, compiled = timed(tiny, t)
     n = len(step_cost(compiled.as_text(), device("cpu")).kernels)
+    def rotary(trig):
+        def embed(x, table):
+            swap = (0, 2, 1, 3)
+            if trig:
+                return jnp.transpose(x * jnp.cos(table)[None, :, None] + x * jnp.sin(table)[None, :, None], swap)
+            return jnp.transpose(x * table[None, :, None] + x * (0.5 * table)[None, :, None], swap)
+        return embed
+
+    x, table = jnp.ones(ROTARY, jnp.float32), jnp.full((ROTARY[1], ROTARY[3]), 0.3, jnp.float32)
+    trig, compiled = timed(rotary(True), x, table)
+    arithmetic, _ = timed(rotary(False), x, table)
+    evaluated = sum(k.scalar_transcendentals for k in kernels(parse_hlo(compiled.as_text())))
     faults = sorted(fault_seconds()[0] for _ in range(3))[1]
     return Machine(flops_per_s=gemm_rate(False), dot_flops_per_s=gemm_rate(True),
-                   vector_flops_per_s=2 * CHAIN_OPS * CHAIN_ELEMENTS / vector, bytes_per_s=2 * STREAM_BYTES / stream,
-                   launch_s=launches / max(n, 1), fault_s=faults)
+                   vector_flops_per_s=step_cost(chained.as_text(), device("cpu")).flops / vector,
+                   bytes_per_s=2 * STREAM_BYTES / stream, launch_s=launches / max(n, 1), fault_s=faults,
+                   transcendental_s=max(trig - arithmetic, 0.0) / max(evaluated, 1))
