@@ -36,6 +36,7 @@ import numpy as np
 
 from ..errors import ImportFailure, PlanError
 from ..graph import Graph
+from ..importers.jaxpr.compiled import TAG
 from ..importers.jaxpr.flatten import Const, evaluate
 from ..importers.jaxpr.step import Step, trace_step
 from ..importers.jaxpr.unroll import iterations
@@ -100,7 +101,8 @@ def residual_fates(graph: Graph, plan: Plan) -> Fates:
     return Fates(pick("kept"), pick("offloaded"), pick("recomputed"), tuple(schedule))
 
 
-def apply_plan(loss_fn: Callable, graph: Graph, plan: Plan, scan: bool = True, ordered: bool = True) -> Callable:
+def apply_plan(loss_fn: Callable, graph: Graph, plan: Plan, scan: bool = True, ordered: bool = True,
+               scopes: bool = False) -> Callable:
     """``loss_fn'`` with ``loss_fn``'s signature whose gradient (with respect to
     the graph's ``argnums``, ``meta.argnums``) saves exactly what ``plan``
     keeps, offloads what it offloads and recomputes the rest.
@@ -125,6 +127,13 @@ def apply_plan(loss_fn: Callable, graph: Graph, plan: Plan, scan: bool = True, o
     the one before it, so XLA runs the plan's order, the one its peak is of;
     ``ordered=False`` leaves the order to XLA's scheduler, which may find a
     better one or a worse one for the same plan (:func:`_evaluate_tied`).
+
+    ``scopes``: every equation runs under a ``jax.named_scope`` naming it
+    (``rmq<k>``, as the compiled graph's import names the plain step's), so each
+    buffer of the compiled step says in its ``op_name`` which equation, and so
+    which node, wrote it (``importers.jaxpr.compiled.equation_of``): what XLA
+    holds at its peak set beside :func:`~rematopt.exporters.jax_applied.applied_step`'s.
+    Metadata only: the compiled program is the same.
     """
     replay = simulate(graph, plan)
     if not replay.valid:
@@ -145,6 +154,9 @@ def apply_plan(loss_fn: Callable, graph: Graph, plan: Plan, scan: bool = True, o
         if key not in built:
             step = trace_step(loss_fn, args, argnums, fuse, unroll, kwargs, groups)
             check_matches(step, graph)
+            if scopes:
+                for k, e in enumerate(step.flat.eqns):
+                    e.scope = f"{TAG}{k}"
             built[key], planned.loops = _planned_step(step, fates, scan, ordered)
             for note in planned.loops:
                 if scan and not note.rolled:
@@ -438,6 +450,9 @@ def _first_reader_order(group_of: dict, phase_of: dict, recompute: dict, inputs_
     return out
 
 
+TIE = "tie"  # the scope of the tie's add in the compiled step's op_names
+
+
 def _evaluate_tied(eqns: Sequence, env: dict, last: Any) -> dict:
     """Evaluate a recomputed region's equations, each made to read ``last``.
 
@@ -472,7 +487,8 @@ def _evaluate_tied(eqns: Sequence, env: dict, last: Any) -> dict:
             floats = [r for r in reads if jax.numpy.issubdtype(getattr(env[r], "dtype", np.int32), jax.numpy.floating)]
             if floats:
                 r = min(floats, key=lambda r: np.size(env[r]))
-                env[r] = env[r] + s.astype(env[r].dtype) * 0
+                with jax.named_scope(TIE):  # names what XLA writes for the tie alone (``apply_plan(scopes=True)``)
+                    env[r] = env[r] + s.astype(env[r].dtype) * 0
                 tied.add(r)
         evaluate([e], env)
         if tied.intersection(reads):

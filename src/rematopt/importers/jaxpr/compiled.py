@@ -21,7 +21,7 @@ from .flatten import Const, aval_bytes, bind
 from .step import Step
 
 TAG = "rmq"
-_TAG = re.compile(rf"(?:^|/){TAG}(\d+)(?:/|$)")
+_TAG = re.compile(rf"(?:^|[/(]){TAG}(\d+)(?=[/)]|$)")  # in a transform too: ``transpose(jvp(rmq7))``
 
 
 def compile_named(step: Step):
@@ -52,7 +52,9 @@ def compile_named(step: Step):
 
 
 def equation_of(op_name: str) -> int | None:
-    """The equation an HLO instruction came from (its innermost ``rmq<k>`` scope). Where XLA merged
+    """The equation an HLO instruction came from (its innermost ``rmq<k>`` scope; in a step that
+    ``apply_plan(..., scopes=True)`` made, the forward pass's equations read ``jvp(rmq<k>)`` and the
+    backward pass's ``transpose(jvp(rmq<k>))``). Where XLA merged
     instructions (``a;b``: a transpose of a transpose) the latest equation's, whose result it is."""
     found = [int(tags[-1]) for part in op_name.split(";") if (tags := _TAG.findall(part))]
     return max(found) if found else None

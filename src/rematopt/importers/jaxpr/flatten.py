@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+import jax
 import numpy as np
 from jax.extend import core as jcore
 
@@ -41,6 +42,7 @@ class Eqn:
     source: str = ""
     phase: str | None = None
     name_stack: Any = None     # jax NameStack, whole (inlined bodies' stacks are relative to their call)
+    scope: str | None = None   # a jax.named_scope to bind it under, naming it in XLA's op_names
 
 
 @dataclass
@@ -123,8 +125,11 @@ def aval_bytes(aval: Any) -> int:
 
 
 def bind(eqn: Eqn, invals: Sequence) -> list:
-    """Run one equation on concrete or traced values (as ``eval_jaxpr`` does)."""
-    return bind_primitive(eqn.prim, eqn.params, invals)
+    """Run one equation on concrete or traced values (as ``eval_jaxpr`` does), under its ``scope``."""
+    if eqn.scope is None:
+        return bind_primitive(eqn.prim, eqn.params, invals)
+    with jax.named_scope(eqn.scope):
+        return bind_primitive(eqn.prim, eqn.params, invals)
 
 
 def bind_primitive(prim: Any, eqn_params: dict, invals: Sequence) -> list:
