@@ -281,7 +281,11 @@ def import_nodelink(file: str, output: str) -> None:
               "graphs by name (default: random_layered_n250, n500, n1000, gpt_l2_w64, gpt48).")
 @click.option("--ratios", default=None, help="scale, bounds: budget ratios (default: 0.9,0.8,0.7,0.6; bounds: 0.9,0.8).")
 @click.option("--time-limit", type=float, default=120.0, show_default=True,
-              help="scale, bounds: cpsat's limit, seconds.")
+              help="scale, bounds: cpsat's limit, seconds; device: the whole run's wall clock (default: none), "
+              "the rows finished by then kept.")
+@click.option("--deterministic-time", type=click.FloatRange(min=0), default=None,
+              help="device: each budget's planning, in CP-SAT's deterministic seconds (one worker, seed 0: the "
+              "same plans on any load; default 10, quick 5).")
 @click.option("--bound-limit", type=float, default=30.0, show_default=True,
               help="bounds: each bound of the table asked alone for this long, seconds.")
 @click.option("--workers", type=int, default=2, show_default=True, help="scale: cpsat's threads.")
@@ -290,12 +294,12 @@ def import_nodelink(file: str, output: str) -> None:
 @click.option("--folder", type=click.Path(file_okay=False), default="bench-graphs", show_default=True,
               help="scale: where the instances are made (on first use) and kept.")
 @click.option("--models", default=None, help="device: models by name (default: gpt, unet, flax_linen, keras_llama).")
-@click.option("--quick", is_flag=True, help="device: small sizes and fewer rows (under 5 minutes on 2 cores).")
+@click.option("--quick", is_flag=True, help="device: small sizes, fewer rows, one budget (9 minutes of CPU on 2 cores, planning most of it).")
 @click.option("--runs", type=int, default=None, help="device: interleaved timing rounds, one step of every variant each (default 9; 5 quick).")
 @click.option("--out", type=click.Path(file_okay=False), default="reports/device", show_default=True,
               help="device: the report goes to OUT/<backend>/.")
-def bench(what: str, sizes: str, graphs: str | None, ratios: str | None, time_limit: float, bound_limit: float,
-          workers: int, lns: str, folder: str, models: str | None, quick: bool, runs: int | None, out: str) -> None:
+def bench(what: str, sizes: str, graphs: str | None, ratios: str | None, time_limit: float,
+          deterministic_time: float | None, bound_limit: float, workers: int, lns: str, folder: str, models: str | None, quick: bool, runs: int | None, out: str) -> None:
     """Print timing tables (simulator: replay, save and load at several plan sizes;
     greedy: the d=2000 chain-with-sinks stress case and the clone projection check;
     cpsat: the exact planner on ../shared/benchmarks/nodelink at ratios 0.9 and 0.8;
@@ -321,7 +325,7 @@ def bench(what: str, sizes: str, graphs: str | None, ratios: str | None, time_li
                            ratios=tuple(float(r) for r in ratios.split(",")) if ratios else None,
                            time_limit=None if click.get_current_context().get_parameter_source("time_limit")
                            == ParameterSource.DEFAULT else time_limit, out=Path(out),
-                           progress=lambda line: click.echo(line, err=True))
+                           progress=lambda line: click.echo(line, err=True), deterministic_time=deterministic_time)
         click.echo(f"wrote {Path(out) / bench_.backend}/device.md, device.csv, device.png ({len(bench_.rows)} rows)")
         return
     if what == "bounds":

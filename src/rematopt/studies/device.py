@@ -1,15 +1,17 @@
 """``rematopt bench device``: the remat JAX users write against rematopt's plans, as the device runs them.
 
 For each model, every variant of its training step (``jax.jit(jax.value_and_grad(loss))``) is
-compiled and run once on the backend present, each in a fresh process (so one row's memory does not
-leak into the next, and XLA's process-wide flags are the row's own):
+compiled and run once on the backend present, on a GPU each in a fresh process (so one row's memory
+does not leak into the next row's device peak), on CPU a model's rows in one (the peak there is the
+compiled program's):
 
 - ``plain``: the step as written;
 - ``layer:<policy>`` / ``step:<policy>``: the factory's ``remat=`` per layer, in the model library's
   idiom, and on the whole loss;
 - ``xla-gpu@r`` (GPU only): the plain step under XLA's own GPU rematerialization, its slop factor
   aimed at r x the plain step's compiled peak;
-- ``rematopt@r``: a plan for r x the plain step's peak applied with ``rematopt.jax.apply_plan``.
+- ``rematopt@r``: a plan for r x the plain step's peak applied with ``rematopt.jax.apply_plan``,
+  from ``--verify xla``'s loop on CP-SAT's deterministic clock, so the plans are the same on any load.
 
 Each row: XLA's compiled peak (``peak_memory_in_bytes`` on GPU / TPU; temp + arguments + outputs -
 aliases on CPU, which computes no peak), the device's peak where it reports one, and the largest
@@ -37,10 +39,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from ..xla.cost import KERNEL_CLASSES, Calibration, StepCost, calibrate, profiled_by_class
 from ..xla.machine import Machine
@@ -48,7 +52,7 @@ from ..xla.machine import Machine
 CPU_SCHEDULER = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
 POLICIES = ("nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable")
 RATIOS = (0.8, 0.6, 0.5)
-# --quick (under 5 minutes on the 2-core machine): fewer rows, each a process of about 10 s there
+# --quick: fewer rows and one budget (9 min of CPU on the 2-core machine, 71% of it planning; docs/device.md)
 QUICK_POLICIES = {"layer": ("nothing_saveable", "dots_saveable"), "step": ("dots_saveable",)}
 QUICK_RATIOS = (0.8,)
 # Interleaved timing rounds (one step of every variant each). On the shared 2-core machine the CPU
@@ -65,6 +69,20 @@ PROFILE_STEPS = 5
 AGAIN = "plain (again)"
 # XLA's GPU memory limit is (0.8 x device memory - inputs - outputs) x slop / 100 (issue 36).
 GPU_LIMIT_SHARE = 0.8
+# Planning runs on CP-SAT's deterministic clock (one worker, seed 0; rematopt.planners.meter), so the
+# same plans come out at any load: D deterministic seconds per budget's closed loop, in at most
+# PLAN_ROUNDS rounds per order (each round compiles its plan twice on CPU: the rounds are the time).
+# Quick at D = 5 and 8 rounds made the plans the 40 wall seconds had made (gpt 107.49 MB compiled, +5.5%
+# on the graph, in 11 rounds; unet 8.38 MB, +0.0%, 7 rounds; flax_linen 12.26 MB against 12.13, 10
+# rounds); at 4 rounds gpt's plan was +7.0%. The full sizes: 4 rounds, so that the four models' three
+# budgets end within the hour the full run had (quick gpt's 8 rounds took 99 s of CPU).
+DETERMINISTIC_S, QUICK_DETERMINISTIC_S = 10.0, 5.0
+PLAN_ROUNDS, QUICK_PLAN_ROUNDS = 4, 8
+# The wall clock's bound on one budget's loop where the command has no --time-limit: far above what D
+# takes, so that only a machine many times slower cuts it (a cut loop says so: stopped_by time_limit).
+PLAN_WALL_S = 1800.0
+# A row, measuring or timing process never runs longer than this.
+WORKER_WALL_S = 900.0
 
 
 @dataclass(frozen=True)
@@ -119,6 +137,10 @@ class Row:
     kernels: int | None = None
     bytes_moved: int | None = None
     grad_error: float | None = None
+    # which limit ended planning (rematopt rows; xla.verify's stopped_by): deterministic_time, max_rounds,
+    # bracket (every order's bracket closed first) or time_limit (the wall clock cut it: not reproducible)
+    stopped_by: str | None = None
+    deterministic_spent: float | None = None  # the deterministic seconds cpsat spent on the plan
     compile_s: float | None = None
     argument_bytes: int | None = None
     output_bytes: int | None = None
@@ -127,6 +149,19 @@ class Row:
 
 
 # ---------------------------------------------------------------- one row, in its own process
+
+_PHASES: dict[str, float] = {}  # this worker's wall seconds per phase, sent back with its answer
+
+
+@contextmanager
+def _phase(name: str) -> Iterator[None]:
+    """Count the block's wall seconds toward this worker's phase ``name`` (the report's time table)."""
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        _PHASES[name] = _PHASES.get(name, 0.0) + time.perf_counter() - started
+
 
 def _compile(spec: dict):
     """The variant ``spec`` names, compiled: (compiled, args, compile seconds)."""
@@ -137,7 +172,8 @@ def _compile(spec: dict):
     config = dict(spec["config"])
     if spec.get("remat"):
         config.update(remat=spec["remat"], remat_scope=spec["scope"])
-    fn, args = load_factory(spec["model"], **config)
+    with _phase("build"):  # the model's library imported, its parameters made
+        fn, args = load_factory(spec["model"], **config)
     if spec.get("plan"):
         from ..importers import load as load_graph
         from ..jax import apply_plan
@@ -145,7 +181,8 @@ def _compile(spec: dict):
 
         fn = apply_plan(fn, load_graph(spec["graph"]), Plan.load(spec["plan"]), ordered=spec.get("ordered", True))
     start = time.perf_counter()
-    compiled = jax.jit(jax.value_and_grad(fn)).lower(*args).compile(**_options(spec))
+    with _phase("compile"):
+        compiled = jax.jit(jax.value_and_grad(fn)).lower(*args).compile(**_options(spec))
     return compiled, args, time.perf_counter() - start
 
 
@@ -206,6 +243,7 @@ def time_steps(spec: dict) -> dict:
     servers = {}
     # on a GPU the variants' processes share the device: each takes what it uses, not JAX's default 75%
     env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+    started = time.perf_counter()
     try:
         for label, variant in spec["variants"].items():
             servers[label] = subprocess.Popen(
@@ -218,7 +256,9 @@ def time_steps(spec: dict) -> dict:
                 servers.pop(label).kill()
                 continue
             out["peaks"][label], out["times"][label], out["faults"][label] = got["peak"], [], []
+        _PHASES["start, compile and warm up each variant"] = time.perf_counter() - started
         labels = list(servers)
+        started = time.perf_counter()
         slowest = max((_ask(servers[label], "step")["ms"] for label in labels), default=0.0) / 1e3
         rounds = max(spec["rounds"], min(MAX_ROUNDS, math.ceil(ROUND_SECONDS / max(slowest, 1e-6))))
         out["rounds"] = rounds
@@ -227,9 +267,11 @@ def time_steps(spec: dict) -> dict:
                 got = _ask(servers[label], "step")
                 out["times"][label].append(got["ms"])
                 out["faults"][label].append(got["faults"])
-        for label in spec.get("profile", ()):
-            if label in servers:
-                out["profiles"][label] = _ask(servers[label], "profile")["profile"]
+        _PHASES["rounds"] = time.perf_counter() - started
+        with _phase("profile"):
+            for label in spec.get("profile", ()):
+                if label in servers:
+                    out["profiles"][label] = _ask(servers[label], "profile")["profile"]
     finally:
         for server in servers.values():
             server.kill()
@@ -301,21 +343,27 @@ def plan_step(spec: dict) -> dict:
     from ..solve import solve
     from ..xla.verify import verify
 
-    fn, args = load_factory(spec["model"], **spec["config"])
+    with _phase("build"):
+        fn, args = load_factory(spec["model"], **spec["config"])
     folder = Path(spec["dir"])
     out: dict = {"plans": {}}
     graph = None
     for ratio in spec["ratios"]:
         path = folder / f"plan_{ratio}.json"
+        wall = min(PLAN_WALL_S, spec["until"] - time.time())  # the command's wall clock, the outer bound
         try:
             if graph is None:
-                graph = trace_grad(fn, *args, name=spec["label"], fuse="xla", device=spec["device"])
-            v = verify(fn, args, graph, "cpsat", ratio, time_limit=spec["time_limit"], stock={})
+                with _phase("trace"):
+                    graph = trace_grad(fn, *args, name=spec["label"], fuse="xla", device=spec["device"])
+            with _phase("closed loop"):
+                v = verify(fn, args, graph, "cpsat", ratio, time_limit=wall, stock={},
+                           deterministic_time=spec["deterministic_time"], max_rounds=spec["max_rounds"])
         except Exception as e:  # the loop's failure is a finding of the bench, reported on the row
             why = f"--verify xla failed ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})"
             fallback = trace_grad(fn, *args, name=spec["label"], device=spec["device"])
-            sol = solve(fallback, "cpsat", budget_ratio=ratio, time_limit=spec["time_limit"] / 2, workers=2,
-                        lp_bound=False, check_budget=False)
+            sol = solve(fallback, "cpsat", budget_ratio=ratio, time_limit=max(1.0, spec["until"] - time.time()),
+                        deterministic_time=spec["deterministic_time"] / 2, workers=1, lp_bound=False,
+                        check_budget=False)
             if sol.replay is None:
                 out["plans"][str(ratio)] = {"status": f"{why}; cpsat: {sol.plan.stats.status}"}
                 continue
@@ -324,31 +372,86 @@ def plan_step(spec: dict) -> dict:
             out["plans"][str(ratio)] = {"status": f"{why}; cpsat {sol.plan.stats.status} on the per-equation graph "
                                                   f"at r x its peak", "path": str(path),
                                         "graph": str(folder / f"graph_{ratio}.json"), "nodes": fallback.n,
-                                        "peak": sol.replay.peak_bytes, "overhead": sol.replay.overhead}
+                                        "peak": sol.replay.peak_bytes, "overhead": sol.replay.overhead,
+                                        "stopped_by": sol.plan.stats.get("stopped_by") or "bracket",
+                                        "deterministic_spent": sol.plan.stats.get("deterministic_spent")}
             continue
         c = v.chosen
+        loop = {"stopped_by": v.stopped_by or "bracket", "rounds": v.rounds, "deterministic_spent": v.deterministic_spent}
         if c.plan is None:
-            out["plans"][str(ratio)] = {"status": "--verify xla: no plan"}
+            out["plans"][str(ratio)] = {"status": f"--verify xla: no plan compiled smaller than the plain step after "
+                                                  f"{v.rounds} rounds", **loop}
             continue
         graph.save(folder / "graph.json")
         c.plan.save(path)
         out["plans"][str(ratio)] = {"status": f"--verify xla: cpsat {c.status}, {'fits' if c.fits else 'misses'} "
                                               f"after {v.rounds} round{'s' * (v.rounds != 1)}",
                                     "path": str(path), "graph": str(folder / "graph.json"), "nodes": graph.n,
-                                    "peak": c.predicted_peak, "overhead": c.overhead, "ordered": c.ordered}
+                                    "peak": c.predicted_peak, "overhead": c.overhead, "ordered": c.ordered,
+                                    **loop}
     return out
 
 
-def _worker(spec: dict, env: dict, timeout: float) -> dict:
-    """Run ``measure`` or ``plan_step`` in a fresh interpreter; its JSON, or ``{"error": ...}``."""
-    run = subprocess.run([sys.executable, "-m", "rematopt.studies.device", json.dumps(spec)], capture_output=True,
-                         text=True, env=env, cwd=spec["cwd"], timeout=timeout)
-    lines = run.stdout.strip().splitlines()
-    if run.returncode != 0 or not lines:
-        last = [ln for ln in run.stderr.strip().splitlines()  # the exception's line, not JAX's traceback note
-                if ln.strip() and not ln.startswith(("For simplicity, JAX", "-----"))]
-        return {"error": (last[-1] if last else f"exit status {run.returncode}")[:300]}
-    return json.loads(lines[-1])
+def _worker(spec: dict, env: dict, timeout: float, spent: dict[str, dict[str, float]] | None = None,
+            kind: str = "", each: Callable[[dict], None] | None = None) -> dict:
+    """Run a worker (:func:`main`) in a fresh interpreter; its last JSON line, or ``{"error": ...}``.
+    ``each`` gets every ``{"row": ...}`` line as the worker prints it. Its wall and CPU seconds, and
+    its phases', are added to ``spent[kind]``."""
+    if timeout <= 0:
+        raise OutOfTime
+    started, cpu, killed = time.time(), _children_cpu(), threading.Event()
+    lines: list[str] = []
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "rematopt.studies.device", json.dumps({**spec, "launched": started})],
+                                stdout=subprocess.PIPE, stderr=err, text=True, env=env, cwd=spec["cwd"])
+        timer = threading.Timer(timeout, lambda: (killed.set(), proc.kill()))
+        timer.start()
+        try:
+            for line in proc.stdout:
+                if each and line.startswith('{"row"'):
+                    each(json.loads(line))
+                elif line.strip():
+                    lines.append(line)
+            proc.wait()
+        except BaseException:  # Ctrl-C: the worker goes with the run
+            proc.kill()
+            proc.wait()
+            raise
+        finally:
+            timer.cancel()
+            if spent is not None:
+                into = spent.setdefault(kind, {"processes": 0, "wall": 0.0, "cpu": 0.0})
+                into["processes"] += 1
+                into["wall"] += time.time() - started
+                into["cpu"] += _children_cpu() - cpu
+        if killed.is_set():
+            return {"error": f"stopped after {timeout:.0f} s of wall clock"}
+        if proc.returncode != 0 or not lines:
+            err.seek(0)
+            last = [ln for ln in err.read().strip().splitlines()  # the exception's line, not JAX's traceback note
+                    if ln.strip() and not ln.startswith(("For simplicity, JAX", "-----"))]
+            return {"error": (last[-1] if last else f"exit status {proc.returncode}")[:300]}
+    got = json.loads(lines[-1])
+    for phase, seconds in got.pop("phases", {}).items():
+        if spent is not None:
+            spent[kind][phase] = spent[kind].get(phase, 0.0) + seconds
+    return got
+
+
+def _children_cpu() -> float:
+    """The CPU seconds (user + system) of this process's finished children."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def worker_env() -> dict[str, str]:
+    """A worker's environment: this rematopt first on the path, XLA's CPU memory-minimizing scheduler on."""
+    return {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {CPU_SCHEDULER}".strip(),
+            "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])}
+
+
+class OutOfTime(Exception):
+    """The command's --time-limit ran out: the rows finished before it are kept."""
 
 
 # ---------------------------------------------------------------- the bench
@@ -361,6 +464,7 @@ class Bench:
     notes: list[str] = field(default_factory=list)
     planning: str = ""
     ratios: tuple[float, ...] = RATIOS
+    deterministic_time: float | None = None  # each budget's planning, in CP-SAT's deterministic seconds
     clock: str = "cpu"  # what a step time is: "cpu" (the process's CPU time, one core) or "wall"
     costs: dict[tuple[str, str], StepCost] = field(default_factory=dict)  # (model, variant): its kernels, data sheet
     machine: Machine | None = None  # the CPU's measured rates (None on a GPU: its data sheet)
@@ -368,51 +472,66 @@ class Bench:
     # (model, variant): seconds per kernel name, profiled in the timing process (plain and the plans)
     profiles: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
     class_calibrations: dict[str, Calibration | str] = field(default_factory=dict)  # per kernel class, per model
+    # per kind of worker process: how many, their wall and CPU seconds, and their phases' wall seconds
+    spent: dict[str, dict[str, float]] = field(default_factory=dict)
+    run: dict[str, float] = field(default_factory=dict)  # the whole run: wall, cpu, load_start, load_end
 
 
 def run_bench(models: tuple[str, ...] = DEFAULT_MODELS, quick: bool = False, runs: int | None = None,
               ratios: tuple[float, ...] | None = None, time_limit: float | None = None, out: Path | None = None,
               progress: Callable[[str], None] = print, cwd: Path | None = None,
-              configs: dict[str, dict] | None = None) -> Bench:
-    """Measure every variant of every model; writes the report after each row (Ctrl-C keeps them)."""
+              configs: dict[str, dict] | None = None, deterministic_time: float | None = None) -> Bench:
+    """Measure every variant of every model; writes the report after each row (Ctrl-C, or the end of
+    ``time_limit``, the whole run's wall seconds, keeps them). Each budget's plan is cpsat's under
+    ``deterministic_time`` deterministic seconds (default :data:`DETERMINISTIC_S`, quick
+    :data:`QUICK_DETERMINISTIC_S`), so the plans are the same at any load."""
     cwd = cwd or Path.cwd()
+    until = time.time() + (time_limit if time_limit is not None else math.inf)
     runs = runs or (QUICK_ROUNDS if quick else ROUNDS)
     ratios = ratios or (QUICK_RATIOS if quick else RATIOS)
-    # --verify xla: tracing, compiles and rounds. 40 s under --quick: the same plans as 60 s on all four
-    # models (gpt's 0.8 plan in 8 rounds either way), and the run 4 min 45 s instead of 5 min 34 s
-    time_limit = time_limit or (40.0 if quick else 120.0)
-    env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {CPU_SCHEDULER}".strip(),
-           "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])}
-    backend = _worker({"probe": True, "cwd": str(cwd)}, env, 120).get("backend", "cpu")
+    if deterministic_time is None:
+        deterministic_time = QUICK_DETERMINISTIC_S if quick else DETERMINISTIC_S
+    env = worker_env()
+    started, cpu, load = time.time(), _children_cpu(), os.getloadavg()[0]
+    spent: dict[str, dict[str, float]] = {}
+    backend = _worker({"probe": True, "cwd": str(cwd)}, env, 120, spent, "probe").get("backend", "cpu")
     profile = {"cpu": "cpu", "gpu": "h200", "tpu": "tpu-v4"}.get(backend, "cpu")
-    bench = Bench(backend, profile, ratios=ratios, clock="cpu" if backend == "cpu" else "wall")
+    bench = Bench(backend, profile, ratios=ratios, deterministic_time=deterministic_time,
+                  clock="cpu" if backend == "cpu" else "wall", spent=spent)
     bench.planning = ("cpsat on the graph traced with fuse='xla' (nodes as XLA's compiled plain step makes "
                       "them) under --verify xla's closed loop (rematopt.xla.verify, stock policies left out: "
                       "they are rows of their own): the planning budget is bisected until the applied plan's "
-                      "compiled peak fits r x the compiled plain peak, within the time limit")
+                      "compiled peak fits r x the compiled plain peak")
     if backend == "cpu":
         bench.notes.append(f"CPU rows run under XLA_FLAGS={CPU_SCHEDULER} (the memory-minimizing scheduler), "
                            f"each worker pinned to core {min(os.sched_getaffinity(0))}.")
-        got = _worker({"machine": True, "pin": min(os.sched_getaffinity(0)), "cwd": str(cwd)}, env, 300)
-        if "error" in got:
-            bench.notes.append(f"the micro-benchmarks failed ({got['error']}): the data sheet's rates are scaled")
-        else:
-            bench.machine = Machine(**got)
-            progress(f"machine: {bench.machine.describe()}")
     try:
+        if backend == "cpu":
+            got = _worker({"machine": True, "pin": min(os.sched_getaffinity(0)), "cwd": str(cwd)}, env,
+                          min(300, until - time.time()), spent, "micro-benchmarks")
+            if "error" in got:
+                bench.notes.append(f"the micro-benchmarks failed ({got['error']}): the data sheet's rates are scaled")
+            else:
+                bench.machine = Machine(**got)
+                progress(f"machine: {bench.machine.describe()}")
         for name in models:
             model = MODELS[name]
             config = (configs or {}).get(name) or (model.quick if quick else model.config)
-            _bench_model(bench, model, config, runs, ratios, time_limit, quick, env, cwd, out, progress)
+            _bench_model(bench, model, config, runs, ratios, until, quick, env, cwd, out, progress)
     except KeyboardInterrupt:
         bench.notes.append("interrupted (Ctrl-C): the rows above are the ones that finished.")
         progress("interrupted: keeping the finished rows")
+    except OutOfTime:
+        bench.notes.append(f"the time limit ({time_limit:g} s) ran out: the rows above are the ones that finished.")
+        progress("out of time: keeping the finished rows")
+    bench.run = {"wall": time.time() - started, "cpu": _children_cpu() - cpu, "load_start": load,
+                 "load_end": os.getloadavg()[0]}
     if out:
         write_report(bench, out)
     return bench
 
 
-def _bench_model(bench: Bench, model: Model, config: dict, rounds: int, ratios: tuple[float, ...], time_limit: float,
+def _bench_model(bench: Bench, model: Model, config: dict, rounds: int, ratios: tuple[float, ...], until: float,
                  quick: bool, env: dict, cwd: Path, out: Path | None, progress: Callable[[str], None]) -> None:
     from ..importers.costmodel import device
     from ..xla.cost import step_cost
@@ -425,47 +544,70 @@ def _bench_model(bench: Bench, model: Model, config: dict, rounds: int, ratios: 
     base = {"model": model.spec, "config": config, "grads": str(work / "grads.npz"), "device": bench.device,
             "cwd": str(cwd)}
     pin = {"pin": min(os.sched_getaffinity(0))} if bench.clock == "cpu" else {}
-    timeout = 900.0
+    def timeout(most: float = WORKER_WALL_S) -> float:  # what is left of the command's wall clock
+        return min(most, until - time.time())
+
     specs: dict[str, dict] = {}  # variant: what compiles it, for the timing process
+    made: dict[str, Row] = {}
 
-    def row(variant: str, kind: str, ratio: float | None = None, **extra) -> Row | None:
-        started = time.perf_counter()
-        hlo = work / f"hlo_{len(specs)}.txt"
-        got = _worker({**base, **pin, **extra, "hlo": str(hlo)}, env, timeout)
-        r = Row(model.label, variant, kind, ratio)
-        if "error" in got:
-            r.note = got["error"]
-        else:
-            for k, v in got.items():
-                if hasattr(r, k):
-                    setattr(r, k, v)
-            bench.costs[model.label, variant] = step_cost(read_hlo(hlo), device(bench.device))
-            specs[variant] = extra
-        bench.rows.append(r)
-        progress(f"{model.label:12} {variant:42} " + (f"peak {r.compiled_peak / 1e6:9.2f} MB  {r.kernels:5} kernels"
-                                                      if r.compiled_peak else f"-- {r.note}")
-                 + f"  ({time.perf_counter() - started:.0f} s)")
-        if out:
-            write_report(bench, out)
-        return r if "error" not in got else None
+    def measured(rows: list[tuple[Row, dict]]) -> None:
+        """Measure ``rows`` (each a row and what compiles it). On a GPU each in a fresh process, so one
+        row's memory does not leak into the next's device peak. On CPU there is none to leak (the peak is
+        the compiled program's; the CPU reports no device peak), so a model's rows share one process,
+        which imports JAX and the model's library once: each row's line as it finishes."""
+        hlo = {r.variant: work / f"hlo_{len(bench.rows) + k}.txt" for k, (r, _) in enumerate(rows)}
+        batches = [rows] if bench.backend == "cpu" else [[r] for r in rows]
+        for batch in batches:
+            started, reached = [time.perf_counter()], set()
 
-    plain = row("plain", "plain")
-    if plain is None:
+            def record(got: dict) -> None:
+                reached.add(got["row"])
+                r, extra = batch[got["row"]]
+                if "error" in got:
+                    r.note = (r.note + " " if r.note else "") + got["error"]
+                else:
+                    for k, v in got.items():
+                        if hasattr(r, k) and k != "note":
+                            setattr(r, k, v)
+                    bench.costs[model.label, r.variant] = step_cost(read_hlo(hlo[r.variant]), device(bench.device))
+                    specs[r.variant] = extra
+                    made[r.variant] = r
+                bench.rows.append(r)
+                progress(f"{model.label:12} {r.variant:42} "
+                         + (f"peak {r.compiled_peak / 1e6:9.2f} MB  {r.kernels:5} kernels" if r.compiled_peak
+                            else f"-- {r.note}") + f"  ({time.perf_counter() - started[0]:.0f} s)")
+                started[0] = time.perf_counter()
+                if out:
+                    write_report(bench, out)
+
+            got = _worker({**base, **pin, "rows": [{**extra, "hlo": str(hlo[r.variant])} for r, extra in batch]},
+                          env, timeout(), bench.spent, "rows", each=record)
+            for k in range(len(batch)):  # the rows the process did not reach
+                if k not in reached:
+                    record({"row": k, "error": got.get("error", "not measured")})
+
+    policies = [(Row(model.label, f"{scope}:{policy}", scope), {"remat": policy, "scope": scope})
+                for scope in ("layer", "step") for policy in (QUICK_POLICIES[scope] if quick else POLICIES)]
+    if bench.backend == "cpu":  # the plain step first: its gradients are the others' reference
+        measured([(Row(model.label, "plain", "plain"), {"first": True})] + policies)
+    else:  # the plain step's peak aims XLA's GPU remat
+        measured([(Row(model.label, "plain", "plain"), {})])
+        if "plain" in made:
+            measured(policies + [(Row(model.label, f"xla-gpu@{r} (slop {_slop(made['plain'], r)})", "xla-gpu", r),
+                                  {"slop": _slop(made["plain"], r)}) for r in ratios])
+    if "plain" not in made:
         return
-    for scope in ("layer", "step"):
-        for policy in QUICK_POLICIES[scope] if quick else POLICIES:
-            row(f"{scope}:{policy}", scope, remat=policy, scope=scope)
-    if bench.backend == "gpu":
-        for ratio in ratios:
-            slop = _slop(plain, ratio)
-            row(f"xla-gpu@{ratio} (slop {slop})", "xla-gpu", ratio, slop=slop)
     started = time.perf_counter()
     planned = _worker({**base, "plan_dir": str(work), "label": model.label, "ratios": list(ratios),
-                       "time_limit": time_limit}, env, timeout)
+                       "deterministic_time": bench.deterministic_time,
+                       "max_rounds": QUICK_PLAN_ROUNDS if quick else PLAN_ROUNDS,
+                       "until": min(until, time.time() + len(ratios) * PLAN_WALL_S)},
+                      env, timeout(len(ratios) * PLAN_WALL_S + WORKER_WALL_S), bench.spent, "planning")
     if "error" in planned:
         bench.notes.append(f"{model.label}: planning failed: {planned['error']}")
     progress(f"{model.label:12} planning " + (f"failed: {planned['error']}" if "error" in planned else "done")
              + f"  ({time.perf_counter() - started:.0f} s)")
+    plans = []
     for ratio in ratios if "error" not in planned else ():
         p = planned["plans"].get(str(ratio), {})
         if "path" not in p:
@@ -473,12 +615,13 @@ def _bench_model(bench: Bench, model: Model, config: dict, rounds: int, ratios: 
                                   note=f"no plan: {p.get('status', 'not run')}"))
             progress(f"{model.label:12} rematopt@{ratio}: {bench.rows[-1].note}")
             continue
-        r = row(f"rematopt@{ratio}", "rematopt", ratio, graph=p["graph"], plan=p["path"],
-                ordered=p.get("ordered", True))
-        if r is not None:
-            r.predicted_peak, r.predicted_overhead = p["peak"], p["overhead"]
-            r.note = f"{p['status']}, graph of {p['nodes']} nodes"
-    _time(bench, model.label, specs, base, pin, rounds, env, timeout, progress)
+        plans.append((Row(model.label, f"rematopt@{ratio}", "rematopt", ratio, predicted_peak=p["peak"],
+                          predicted_overhead=p["overhead"], stopped_by=p["stopped_by"],
+                          deterministic_spent=p["deterministic_spent"],
+                          note=f"{p['status']}, graph of {p['nodes']} nodes"),
+                      {"graph": p["graph"], "plan": p["path"], "ordered": p.get("ordered", True)}))
+    measured(plans)
+    _time(bench, model.label, specs, base, pin, rounds, env, timeout(), progress)
     _calibrate(bench, model.label)
     if out:
         write_report(bench, out)
@@ -492,7 +635,7 @@ def _time(bench: Bench, model: str, specs: dict[str, dict], base: dict, pin: dic
     variants = {**specs, AGAIN: specs["plain"]}
     profile = [v for v in specs if v == "plain" or v.startswith("rematopt@")]
     got = _worker({**base, **pin, "variants": variants, "rounds": rounds, "clock": bench.clock,
-                   "profile": profile}, env, timeout)
+                   "profile": profile}, env, timeout, bench.spent, "timing")
     rows = {r.variant: r for r in bench.rows if r.model == model}
     plain = rows["plain"]
     again = Row(model, AGAIN, "plain", note="a second compile of the plain step, timed in the same rounds: "
@@ -653,11 +796,13 @@ def markdown(bench: Bench) -> str:
               "against the odd rounds.", "",
               "## Predicted against measured", "", _prediction_summary(bench), "",
               "## Where the time went, per kernel class", "", _by_class(bench), "",
-              "## Every row", "", f"Planning: {bench.planning}.", "",
+              "## Where the run's time went", "", _time_spent(bench), "",
+              "## Every row", "", f"Planning: {bench.planning}. {_reproducible(bench)}", "",
               "| model | variant | compiled peak MB | device peak MB | step ms | predicted ms | overhead measured "
               "| overhead predicted | graph: plan peak MB | graph: plan overhead | kernels | GB moved "
-              "| page faults per step: predicted / measured | max grad error | compile s | note |",
-              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+              "| page faults per step: predicted / measured | max grad error | compile s "
+              "| planning stopped by (deterministic s) | note |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     for r in bench.rows:
         base = _plain_ms(bench, r.model)
         over = lambda x: "—" if x is None or base is None else f"{100 * (x / base[0] - 1):+.1f}%"  # noqa: E731
@@ -669,8 +814,42 @@ def markdown(bench: Bench) -> str:
                      f"{'—' if r.predicted_faults is None else f'{r.predicted_faults:,}'} / "
                      f"{'—' if r.page_faults is None else f'{r.page_faults:,}'} | "
                      f"{'—' if r.grad_error is None else f'{r.grad_error:.1e}'} | "
-                     f"{'—' if r.compile_s is None else f'{r.compile_s:.1f}'} | {r.note} |")
+                     f"{'—' if r.compile_s is None else f'{r.compile_s:.1f}'} | {_stopped(r)} | {r.note} |")
     return "\n".join(lines) + "\n"
+
+
+def _time_spent(bench: Bench) -> str:
+    """The run's wall and CPU seconds, and per kind of worker process where its wall seconds went."""
+    run = bench.run
+    head = (f"The run: {run['wall']:.0f} s of wall clock, {run['cpu']:.0f} s of CPU (its processes, one after "
+            f"another), load average {run['load_start']:.1f} at its start and {run['load_end']:.1f} at its end "
+            f"({os.cpu_count()} cores)." if run else "The run did not finish.")
+    out = [head, "", "| process | count | wall s | CPU s | its phases, wall s |", "|---|---:|---:|---:|---|"]
+    for kind, d in bench.spent.items():
+        phases = {k: v for k, v in d.items() if k not in ("processes", "wall", "cpu")}
+        phases["other"] = d["wall"] - sum(phases.values())
+        out.append(f"| {kind} | {d['processes']:.0f} | {d['wall']:.1f} | {d['cpu']:.1f} | "
+                   + ", ".join(f"{k} {v:.1f}" for k, v in phases.items()) + " |")
+    return "\n".join(out)
+
+
+def _reproducible(bench: Bench) -> str:
+    """Whether the plans are the ones ``deterministic_time`` makes on any load, and which are not."""
+    if bench.deterministic_time is None:
+        return "Planning ran on the wall clock: the plans may differ between runs."
+    cut = [f"{r.model} {r.variant}" for r in bench.rows if r.stopped_by == "time_limit"]
+    said = (f"Each budget's loop had {bench.deterministic_time:g} seconds of CP-SAT's deterministic time "
+            "(--deterministic-time: one worker, seed 0), so the plans are reproducible: the same on any load, "
+            "given the same jax, XLA and OR-Tools")
+    return said + (f"; except where the wall clock cut planning ({', '.join(cut)}: `time_limit` below)." if cut
+                   else ". The column `planning stopped by` says which limit ended each loop.")
+
+
+def _stopped(r: Row) -> str:
+    if r.stopped_by is None:
+        return "—"
+    spent = "" if r.deterministic_spent is None else f" ({r.deterministic_spent:.2f})"
+    return f"{r.stopped_by}{spent}" + (" (the wall clock: not reproducible)" if r.stopped_by == "time_limit" else "")
 
 
 def _plain_ms(bench: Bench, model: str) -> tuple[float, float] | None:
@@ -819,28 +998,38 @@ def figure(bench: Bench, path: Path) -> None:
 def main(argv: list[str]) -> int:
     """The worker: one JSON spec in, one JSON line out."""
     spec = json.loads(argv[0])
+    if "launched" in spec:  # the interpreter's start and this module's imports
+        _PHASES["start"] = time.time() - spec["launched"]
     if "pin" in spec:  # before JAX starts, so XLA's CPU thread pool is sized to the one core
         os.sched_setaffinity(0, {spec["pin"]})
-    if spec.get("probe"):
+    with _phase("import jax"):
         import jax
 
-        print(json.dumps({"backend": jax.default_backend()}))
-        return 0
-    if "plan_dir" in spec:
-        print(json.dumps(plan_step({**spec, "dir": spec["plan_dir"]})))
-        return 0
-    if spec.get("serve"):
+        from .. import jax as _  # noqa: F401 - rematopt's JAX front end, which every row uses
+    if spec.get("serve"):  # one variant of the timing rounds, answering time_steps line by line
         serve(spec)
         return 0
-    if "variants" in spec:
-        print(json.dumps(time_steps(spec)))
-        return 0
-    if spec.get("machine"):
+    if spec.get("probe"):
+        got = {"backend": jax.default_backend()}
+    elif "plan_dir" in spec:
+        got = plan_step({**spec, "dir": spec["plan_dir"]})
+    elif "variants" in spec:
+        got = time_steps(spec)
+    elif spec.get("machine"):
         from ..xla.machine import measure as measure_machine
 
-        print(json.dumps(asdict(measure_machine())))
-        return 0
-    print(json.dumps(measure(spec)))
+        got = asdict(measure_machine())
+    else:  # rows, each printed as it is measured; one row's failure is its own
+        for k, row in enumerate(spec["rows"]):
+            try:
+                got = measure({**spec, **row})
+            except Exception as e:  # noqa: BLE001 - reported on the row
+                got = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"}
+            print(json.dumps({"row": k, **got}), flush=True)
+            if "error" in got and row.get("first"):  # the rows after it compare against its gradients
+                break
+        got = {"error": "not measured: the plain step failed"} if "error" in got and row.get("first") else {}
+    print(json.dumps({**got, "phases": _PHASES}))
     return 0
 
 

@@ -10,7 +10,14 @@ count (:func:`~rematopt.xla.kernels.step_flops`; XLA's ``cost_analysis()``
 counts a scanned step's body once). Run from a checkout
 (models/ is imported), on CPU under the memory-minimizing scheduler:
 
-    python -m rematopt.studies.first_round OUT.jsonl [planners=greedy,cpsat] [ratios=0.8,0.6,0.5] [MODEL ...]
+    python -m rematopt.studies.first_round OUT.jsonl [planners=greedy,cpsat] [ratios=0.8,0.6,0.5]
+        [deterministic_time=D|wall] [time_limit=S] [MODEL ...]
+
+cpsat runs on one worker for D seconds of CP-SAT's deterministic time
+(default :data:`CPSAT_DETERMINISTIC_S`), S wall seconds the outer bound, so
+its plans, and the table, are the same on any load; ``deterministic_time=wall``
+gives it S wall seconds instead (default :data:`CPSAT_SECONDS`), as the
+study ran before. Each record says which limit ended the solve (``stopped_by``).
 """
 
 from __future__ import annotations
@@ -25,12 +32,26 @@ from ..errors import BudgetError
 from ..xla import flags
 from .closed_loop import MODELS, RATIOS
 
-CPSAT_SECONDS = 8.0  # per plan: the loop's first round gets about this much on a model of this size
+CPSAT_SECONDS = 8.0  # per plan on the wall clock: the loop's first round gets about this much on a model of this size
+CPSAT_DETERMINISTIC_S = 8.0  # per plan, the default: CP-SAT's deterministic seconds, one worker
+CPSAT_WALL_S = 600.0  # the wall clock's bound on a deterministic solve: only a far slower machine reaches it
 TRIES = 4            # planning budgets tried, each halfway up to the no-remat peak, before giving up
 
 
-def rows(name: str, planners: tuple[str, ...], ratios: tuple[float, ...]) -> list[dict[str, Any]]:
-    """One record per (planner, ratio) for model ``name``."""
+def cpsat_limits(deterministic_time: float | None = CPSAT_DETERMINISTIC_S,
+                 time_limit: float | None = None) -> dict[str, Any]:
+    """cpsat's options: ``deterministic_time`` seconds of CP-SAT's deterministic time on one worker,
+    ``time_limit`` (default :data:`CPSAT_WALL_S`) the wall clock's bound; ``deterministic_time=None``:
+    ``time_limit`` wall seconds alone (default :data:`CPSAT_SECONDS`), which depend on the load."""
+    if deterministic_time is None:
+        return {"time_limit": time_limit or CPSAT_SECONDS, "workers": 1}
+    return {"deterministic_time": deterministic_time, "time_limit": time_limit or CPSAT_WALL_S, "workers": 1}
+
+
+def rows(name: str, planners: tuple[str, ...], ratios: tuple[float, ...],
+         limits: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """One record per (planner, ratio) for model ``name``; ``limits``: the options of a planner that
+    takes a time limit (:func:`cpsat_limits`)."""
     import jax
 
     from .. import planners as registry
@@ -56,7 +77,7 @@ def rows(name: str, planners: tuple[str, ...], ratios: tuple[float, ...]) -> lis
     graphs = [g for g in plan_graphs(step) if g is not None]
     out = []
     for planner in planners:
-        opts = {"time_limit": CPSAT_SECONDS, "workers": 1} if "time_limit" in registry.options(planner) else {}
+        opts = (limits or cpsat_limits()) if "time_limit" in registry.options(planner) else {}
         for ratio in ratios:
             rec: dict[str, Any] = {"model": name, "planner": planner, "ratio": ratio, "xla_plain": plain,
                                    "plain_flops": plain_flops}
@@ -83,6 +104,8 @@ def rows(name: str, planners: tuple[str, ...], ratios: tuple[float, ...]) -> lis
                 except Exception as e:  # noqa: BLE001 - as the loop does: a plan that does not apply, the traced graph
                     rec["apply_error"] = f"{type(e).__name__}: {e}"[:200]
                     continue
+                rec.update({k: sol.plan.stats[k] for k in ("stopped_by", "deterministic_spent")
+                            if k in sol.plan.stats})
                 rec.update(graph=where, planning_ratio=b / g0, status=sol.status, plan_peak=sol.replay.peak_bytes,
                            applied_peak=applied_peak(graph, sol.plan), xla=c, flops=flops,
                            xla_unordered=free, flops_unordered=free_flops)
@@ -110,16 +133,29 @@ def markdown(records: list[dict[str, Any]]) -> str:
     return head + "\n".join(lines) + "\n"
 
 
-if __name__ == "__main__":
-    flags.apply(flags.CPU_VERIFY)  # before the backend starts
-    path, given = Path(sys.argv[1]), sys.argv[2:]
-    chosen = {"planners": ("greedy", "cpsat"), "ratios": RATIOS}
+def arguments(given: list[str]) -> tuple[dict[str, Any], list[str]]:
+    """The command line's KEY=VALUE settings (defaults filled in), and the models named after them."""
+    chosen: dict[str, Any] = {"planners": ("greedy", "cpsat"), "ratios": RATIOS,
+                              "deterministic_time": CPSAT_DETERMINISTIC_S, "time_limit": None}
+    given = list(given)
     while given and "=" in given[0]:
         key, value = given.pop(0).split("=")
-        chosen[key] = tuple(float(x) for x in value.split(",")) if key == "ratios" else tuple(value.split(","))
-    with path.open("a") as f:
-        for name in given or list(MODELS):
-            for rec in rows(name, chosen["planners"], chosen["ratios"]):
+        if key == "ratios":
+            chosen[key] = tuple(float(x) for x in value.split(","))
+        elif key in ("deterministic_time", "time_limit"):
+            chosen[key] = None if value == "wall" else float(value)
+        else:
+            chosen[key] = tuple(value.split(","))
+    return chosen, given or list(MODELS)
+
+
+if __name__ == "__main__":
+    flags.apply(flags.CPU_VERIFY)  # before the backend starts
+    chosen, names = arguments(sys.argv[2:])
+    limits = cpsat_limits(chosen["deterministic_time"], chosen["time_limit"])
+    with Path(sys.argv[1]).open("a") as f:
+        for name in names:
+            for rec in rows(name, chosen["planners"], chosen["ratios"], limits):
                 print(json.dumps(rec), file=sys.stderr, flush=True)
                 f.write(json.dumps(rec) + "\n")
                 f.flush()

@@ -208,7 +208,7 @@ def verify(loss_fn: Callable, args: Sequence, graph: Graph, planner: str, budget
            stock: dict[str, Callable] | None = None, settings: flags.XlaSettings | None = None,
            progress: Callable[[str], None] | None = None,
            known: dict[str, tuple[Compiled, str]] | None = None, fallback: Graph | None = None,
-           deterministic_time: float | None = None) -> Verdict:
+           deterministic_time: float | None = None, max_rounds: int = MAX_ROUNDS) -> Verdict:
     """The cheapest candidate whose compiled peak is within ``budget_ratio`` x
     the compiled plain step's (module docstring), planning in each of
     :func:`plan_orders`' orders in turn, each in its share of the time left:
@@ -219,7 +219,8 @@ def verify(loss_fn: Callable, args: Sequence, graph: Graph, planner: str, budget
     ``known``: figures already compiled under these labels (``"plain"`` and
     the stock labels), reused across budgets of one model; ``fallback``: the
     graph to plan on instead when a plan of ``graph`` does not apply (the
-    traced graph, for a compiled one)."""
+    traced graph, for a compiled one); ``max_rounds``: planning rounds per
+    order (each round compiles its plan, twice on CPU)."""
     start = time.perf_counter()
     m = Meter() if deterministic_time is None else Meter(deterministic_time, start + time_limit)
     limit = time_limit if deterministic_time is None else deterministic_time
@@ -261,7 +262,8 @@ def verify(loss_fn: Callable, args: Sequence, graph: Graph, planner: str, budget
             left = limit - (m.now() - t0)
             deadline = t0 + limit - left * (len(orders) - k - 1) / (len(orders) - k)  # its share of what is left
             found, done, end = _search(loss_fn, args, argnums, ordered, name, planner, budget, plain, options,
-                                       settings, say, m, deadline, fallback if k == 0 else None, base_peak)
+                                       settings, say, m, deadline, fallback if k == 0 else None, base_peak,
+                                       max_rounds)
             candidates += found
             planning += done
             ends.append(end)
@@ -307,10 +309,10 @@ def plan_orders(graph: Graph) -> dict[str, Graph]:
 def _search(loss_fn: Callable, args: Sequence, argnums: tuple[int, ...], graph: Graph, order: str, planner: str,
             budget: int, plain: Compiled, options: dict[str, Any], settings: flags.XlaSettings,
             say: Callable[[str], None], m: Meter, deadline: float, fallback: Graph | None,
-            base_peak: int) -> tuple[list[Candidate], list[Round], str | None]:
+            base_peak: int, max_rounds: int = MAX_ROUNDS) -> tuple[list[Candidate], list[Round], str | None]:
     """Plans of ``graph`` (in its ``order``) bracketed and bisected on the
     planning budget until ``deadline`` (on ``m``'s clock) or
-    :data:`MAX_ROUNDS`: the candidates compiled, the rounds run, and what
+    ``max_rounds``: the candidates compiled, the rounds run, and what
     ended them ("time", "max_rounds", or None: the bracket closed, or no
     other plan to try). The first planning budget is the budget's
     share of the plain step scaled by ``base_peak`` (the no-remat peak of the
@@ -336,7 +338,7 @@ def _search(loss_fn: Callable, args: Sequence, argnums: tuple[int, ...], graph: 
     tried: set[int] = set()
     began: float | None = None  # when the previous round began
     while b > floor and b not in tried:
-        if len(done) >= MAX_ROUNDS:
+        if len(done) >= max_rounds:
             return candidates, done, "max_rounds"
         tried.add(b)
         now = m.now()
@@ -345,7 +347,7 @@ def _search(loss_fn: Callable, args: Sequence, argnums: tuple[int, ...], graph: 
         if left <= last_round:  # a round takes about as long as the one before: it would not end in time
             return candidates, done, "time"
         began = now
-        per_round = left / (MAX_ROUNDS - len(done))
+        per_round = left / (max_rounds - len(done))
         opts, share = dict(options), None
         if m.deterministic and "deterministic_time" in takes:
             share = per_round
