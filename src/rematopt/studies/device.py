@@ -312,8 +312,7 @@ def serve(spec: dict) -> None:
     try:
         compiled, args, _ = _compile(spec)
     except Exception as e:
-        print(json.dumps({"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"}),
-              flush=True)
+        print(json.dumps({"error": _why(e)}), flush=True)
         return
 
     def loop() -> None:
@@ -330,6 +329,11 @@ def serve(spec: dict) -> None:
                 print(json.dumps({"profile": kernel_seconds(compiled, args, steps=PROFILE_STEPS)}), flush=True)
 
     off_main_thread(loop)
+
+
+def _why(e: Exception, width: int = 200) -> str:
+    """A worker's failure as its row's note: the exception's type and the first line of its message."""
+    return f"{type(e).__name__}: {str(e).splitlines()[0][:width] if str(e) else ''}"
 
 
 def _options(spec: dict) -> dict:
@@ -361,7 +365,7 @@ def plan_step(spec: dict) -> dict:
                 v = verify(fn, args, graph, "cpsat", ratio, time_limit=wall, stock={},
                            deterministic_time=spec["deterministic_time"], max_rounds=spec["max_rounds"])
         except Exception as e:  # the loop's failure is a finding of the bench, reported on the row
-            why = f"--verify xla failed ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})"
+            why = f"--verify xla failed ({_why(e, 120)})"
             fallback = trace_grad(fn, *args, name=spec["label"], device=spec["device"])
             sol = solve(fallback, "cpsat", budget_ratio=ratio, time_limit=max(1.0, spec["until"] - time.time()),
                         deterministic_time=spec["deterministic_time"] / 2, workers=1, lp_bound=False,
@@ -1026,7 +1030,7 @@ def main(argv: list[str]) -> int:
             try:
                 got = measure({**spec, **row})
             except Exception as e:  # noqa: BLE001 - reported on the row
-                got = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"}
+                got = {"error": _why(e)}
             print(json.dumps({"row": k, **got}), flush=True)
             if "error" in got and row.get("first"):  # the rows after it compare against its gradients
                 break

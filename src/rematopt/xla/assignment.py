@@ -155,7 +155,7 @@ class _Module:
 
     def _sequential(self, inst: Instruction) -> list[str]:
         if inst.opcode == "while":
-            return [inst.attrs.get("condition", "").lstrip("%"), inst.attrs.get("body", "").lstrip("%")]
+            return [inst.callee("condition"), inst.callee("body")]
         if inst.opcode in ("call", "conditional"):
             return list(inst.called)
         return []

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -239,11 +239,7 @@ class Calibration:
 
     def class_seconds(self, step: StepCost) -> dict[str, float]:
         """``step``'s kernels on the profile, unscaled, per class."""
-        out: dict[str, float] = {}
-        for k in step.kernels:
-            c = kernel_class(k.kernel)
-            out[c] = out.get(c, 0.0) + kernel_cost(k.kernel, self.device, self.launch_s, self.transcendental_s).seconds
-        return out
+        return _by_class(step, lambda k: kernel_cost(k, self.device, self.launch_s, self.transcendental_s).seconds)
 
     def kernel_seconds(self, step: StepCost) -> float:
         """``step``'s kernels on the profile, unscaled."""
@@ -262,10 +258,15 @@ class Calibration:
 def profiled_by_class(step: StepCost, profiled: dict[str, float]) -> dict[str, float]:
     """``profiled`` (seconds per kernel name, :func:`rematopt.xla.profile.kernel_seconds`) summed over
     ``step``'s kernels per class (:func:`kernel_class`); a kernel the profile lacks counts 0."""
+    return _by_class(step, lambda k: profiled.get(k.name, 0.0))
+
+
+def _by_class(step: StepCost, seconds: Callable[[Kernel], float]) -> dict[str, float]:
+    """``seconds`` of each of ``step``'s kernels, summed per class (:func:`kernel_class`)."""
     out: dict[str, float] = {}
     for k in step.kernels:
         c = kernel_class(k.kernel)
-        out[c] = out.get(c, 0.0) + profiled.get(k.kernel.name, 0.0)
+        out[c] = out.get(c, 0.0) + seconds(k.kernel)
     return out
 
 

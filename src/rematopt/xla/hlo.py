@@ -117,6 +117,10 @@ class Instruction:
     def bytes(self) -> int:
         return self.shape.bytes
 
+    def callee(self, attribute: str) -> str:
+        """The computation one of its attributes names (a while loop's ``condition`` or ``body``); "" if none."""
+        return self.attrs.get(attribute, "").strip().lstrip("%")
+
     def backend_config(self) -> dict:
         """The backend config as JSON, or ``{}`` where there is none or it is not JSON."""
         raw = self.attrs.get("backend_config", "")

@@ -75,7 +75,7 @@ def _collect(module: HloModule, computation: str, trips: int, out: list[Kernel],
             n = trips * (known or 1)
             for called in inst.called:
                 # a loop whose trip count XLA knows runs its body that many times, its condition never
-                if not (known and called == _unquote_name(inst.attrs.get("condition", ""))):
+                if not (known and called == inst.callee("condition")):
                     _collect(module, called, n, out, stack)
             continue
         out.append(_kernel(module, comp.by_name, inst, trips))
@@ -93,10 +93,6 @@ def _small_call(module: HloModule, scope: dict[str, Instruction], inst: Instruct
     names = (inst.metadata.op_name,) if inst.metadata.op_name else ()
     return Kernel(inst.name, "call", sum(scope[o].bytes for o in operands), inst.shape.bytes,
                   sum(k.flops * k.trip_count for k in inner), names, trips, inst.computation)
-
-
-def _unquote_name(ref: str) -> str:
-    return ref.strip().lstrip("%")
 
 
 def step_flops(module: HloModule) -> int:

@@ -215,7 +215,7 @@ def _context(module: HloModule, callers: dict[str, str], computation: str) -> li
 
 def _runs(caller: Instruction, computation: str) -> str:
     if caller.opcode == "while":
-        return "condition" if caller.attrs.get("condition", "").lstrip("%") == computation else "body"
+        return "condition" if caller.callee("condition") == computation else "body"
     return "branch" if caller.opcode == "conditional" else "call"
 
 
