@@ -27,6 +27,7 @@ steps by least squares; with the three to five baselines of a bench model it is 
 from __future__ import annotations
 
 import math
+import mmap
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
@@ -132,7 +133,7 @@ class Fit:
 # step, per step after the warm-up: temp buffer 30.3 MB, 0 faults; 34.3 MB, 8,365 (its pages + 1);
 # 128.3 MB, 31,315; quick gpt's plain step (132.8 MB temp), 32,431 (docs/device.md).
 MMAP_CEILING = 32 << 20
-PAGE = 4096
+PAGE = mmap.PAGESIZE  # one minor fault each, on the machine the step runs on
 
 
 def step_faults(module: HloModule | str, temp_bytes: int) -> int:

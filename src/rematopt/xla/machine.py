@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..importers.costmodel import Device, device
+from .cost import PAGE
 
-PAGE = mmap.PAGESIZE
 # GEMMs as the bench models run them: 1,024 rows (tokens) by widths 32 to 128; each rate is the median
 # over the grid. Eigen's lone dots ranged 15.4 .. 44.0 GFLOP/s over it (median 28), and 17 .. 42 at
 # 4,096 rows, so the rows add nothing. The in-cache chain, the streamed array (8 MB, under glibc's mmap
