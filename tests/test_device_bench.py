@@ -71,7 +71,7 @@ def test_the_report_says_why_a_plan_misses_or_is_slower_and_nothing_where_it_win
     assert over["verdict"] == "does not fit as compiled"
     assert "the loop stopped on its rounds (8 rounds" in over["why"]
     assert "its least compiled plan 10.0% over the budget" in over["why"]  # 55 against 50
-    assert "the graph predicted 48.00 MB for it (+14.6% compiled), within the budget: the prediction missed" in over["why"]
+    assert "the applied step on the graph predicted 48.00 MB for it (+14.6% compiled), within the budget: the prediction missed" in over["why"]
     assert "layer:b fits at 45.00 MB" in over["why"]
     priced = by_ratio[0.8]  # layer:a fits (72 of 80), predicted -10% where the plan is -4%
     assert priced["verdict"] == "slower than the baseline"
