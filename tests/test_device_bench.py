@@ -50,7 +50,7 @@ def _bench_for_causes() -> Bench:
     slower, one priced faster but measured slower (its page faults the difference), one that wins."""
     m = Machine(flops_per_s=1e11, dot_flops_per_s=2.5e10, vector_flops_per_s=3e10, bytes_per_s=5e10,
                 launch_s=1e-6, fault_s=2e-6, transcendental_s=1e-9)
-    return Bench("cpu", "cpu", ratios=(0.9, 0.8, 0.7, 0.5), machine=m, rows=[
+    return Bench("cpu", "cpu", ratios=(0.9, 0.8, 0.7, 0.6, 0.5), machine=m, rows=[
         Row("m", "plain", "plain", compiled_peak=100 * MB, step_ms=10.0, predicted_ms=10.0, page_faults=0),
         Row("m", "layer:a", "layer", compiled_peak=72 * MB, step_ms=8.0, predicted_ms=9.0, page_faults=0),
         Row("m", "layer:b", "layer", compiled_peak=45 * MB, step_ms=12.0, predicted_ms=12.5, page_faults=0),
@@ -58,6 +58,8 @@ def _bench_for_causes() -> Bench:
         Row("m", "rematopt@0.8", "rematopt", 0.8, compiled_peak=75 * MB, step_ms=9.5, predicted_ms=9.6, page_faults=0,
             predicted_overhead=0.04),
         Row("m", "rematopt@0.7", "rematopt", 0.7, compiled_peak=66 * MB, step_ms=13.0, predicted_ms=8.5, page_faults=200),
+        Row("m", "rematopt@0.6", "rematopt", 0.6, note="no plan: --verify xla: no plan compiled smaller than the "
+            "plain step after 8 rounds"),
         Row("m", "rematopt@0.5", "rematopt", 0.5, compiled_peak=55 * MB, step_ms=11.0, predicted_peak=48 * MB, rounds=8,
             stopped_by="max_rounds"),
     ])
@@ -82,6 +84,7 @@ def test_the_report_says_why_a_plan_misses_or_is_slower_and_nothing_where_it_win
     assert "predicted faster than the baseline (-15.0% against +25.0% over the plain step) but measured slower " \
            "(+30.0% against +20.0%): the plan's prediction was off by -45.0 points" in off["why"]
     assert "page faults" not in off["why"]  # 0.4 ms of faults against 1 ms slower: not the difference
+    assert by_ratio[0.6]["verdict"] == "no plan" and "no plan compiled smaller" in by_ratio[0.6]["why"]
     md = markdown(b)
     assert "- m 0.5 (does not fit as compiled): the loop stopped" in md and "- m 0.9" not in md
 
