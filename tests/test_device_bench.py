@@ -57,7 +57,8 @@ def _bench_for_causes() -> Bench:
         Row("m", "rematopt@0.9", "rematopt", 0.9, compiled_peak=85 * MB, step_ms=7.5, predicted_ms=8.0, page_faults=0),
         Row("m", "rematopt@0.8", "rematopt", 0.8, compiled_peak=75 * MB, step_ms=9.5, predicted_ms=9.6, page_faults=0,
             predicted_overhead=0.04),
-        Row("m", "rematopt@0.7", "rematopt", 0.7, compiled_peak=66 * MB, step_ms=13.0, predicted_ms=8.5, page_faults=200),
+        Row("m", "rematopt@0.7", "rematopt", 0.7, compiled_peak=66 * MB, step_ms=13.0, predicted_ms=8.5,
+            page_faults=200),
         Row("m", "rematopt@0.6", "rematopt", 0.6, note="no plan: --verify xla: no plan compiled smaller than the "
             "plain step after 8 rounds"),
         Row("m", "rematopt@0.5", "rematopt", 0.5, compiled_peak=55 * MB, step_ms=11.0, predicted_peak=48 * MB, rounds=8,
@@ -73,13 +74,16 @@ def test_the_report_says_why_a_plan_misses_or_is_slower_and_nothing_where_it_win
     assert over["verdict"] == "does not fit as compiled"
     assert "the loop stopped on its rounds (8 rounds" in over["why"]
     assert "its least compiled plan 10.0% over the budget" in over["why"]  # 55 against 50
-    assert "the applied step on the graph predicted 48.00 MB for it (+14.6% compiled), within the budget: the prediction missed" in over["why"]
+    assert ("the applied step on the graph predicted 48.00 MB for it (+14.6% compiled), within the budget: "
+            "the prediction missed") in over["why"]
     assert "layer:b fits at 45.00 MB" in over["why"]
     priced = by_ratio[0.8]  # layer:a fits (72 of 80), predicted -10% where the plan is -4%
     assert priced["verdict"] == "slower than the baseline"
-    assert "own price of the compiled plan, -4.0% against the plain step, against the baseline's -10.0%" in priced["why"]
+    assert ("own price of the compiled plan, -4.0% against the plain step, against the baseline's -10.0%"
+            in priced["why"])
     assert "the planner's space or search" in priced["why"] and "+4.0% on the graph" in priced["why"]
-    assert "the baseline runs -20.0% against the plain step itself" in priced["why"] and "page faults" not in priced["why"]
+    assert "the baseline runs -20.0% against the plain step itself" in priced["why"]
+    assert "page faults" not in priced["why"]
     off = by_ratio[0.7]  # layer:b alone fits (45 of 70): the plan predicted -15% against its +25%, measured +30%
     assert "predicted faster than the baseline (-15.0% against +25.0% over the plain step) but measured slower " \
            "(+30.0% against +20.0%): the plan's prediction was off by -45.0 points" in off["why"]

@@ -795,7 +795,8 @@ def _why_over(p: Row, b: Row | None, budget: float) -> str:
            f"its least compiled plan {100 * (p.compiled_peak / budget - 1):.1f}% over the budget"]
     if p.predicted_peak:
         error = 100 * (p.compiled_peak / p.predicted_peak - 1)
-        out.append(f"the applied step on the graph predicted {_mb(p.predicted_peak)} MB for it ({error:+.1f}% compiled), "
+        out.append(f"the applied step on the graph predicted {_mb(p.predicted_peak)} MB for it "
+                   f"({error:+.1f}% compiled), "
                    + ("within the budget: the prediction missed" if p.predicted_peak <= budget
                       else "over the budget too"))
     out.append(f"{b.variant} fits at {_mb(b.compiled_peak)} MB" if b else "no baseline fits either")
