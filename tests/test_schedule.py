@@ -1,0 +1,121 @@
+"""``rematopt.studies.schedule.run_tasks`` and the order ``rematopt bench device`` runs its processes in,
+on stub tasks that record what ran beside them: at most ``slots`` at once, never before the tasks they
+wait on, ``alone`` tasks (the timing processes) with nothing beside them, two tasks really at once
+(each waits for the other at a barrier), and the first failure stopping the rest. No timings asserted."""
+
+from __future__ import annotations
+
+import math
+import tempfile
+import threading
+from dataclasses import replace
+
+import pytest
+
+from rematopt.studies.schedule import Task, run_tasks
+
+
+class Log:
+    """Stub tasks that record, at their start and end, which tasks ran beside them."""
+
+    def __init__(self):
+        self.lock, self.running, self.beside, self.slots, self.order = threading.Lock(), set(), {}, {}, []
+
+    def task(self, name: str, after: tuple[str, ...] = (), alone: bool = False, then=lambda: None) -> Task:
+        def run(slot: int) -> None:
+            with self.lock:
+                self.beside[name] = set(self.running)
+                for other in self.running:
+                    self.beside[other].add(name)
+                self.running.add(name)
+                self.slots[name] = slot
+                self.order.append(name)
+            try:
+                then()
+            finally:
+                with self.lock:
+                    self.running.discard(name)
+        return Task(name, run, after, alone)
+
+
+def test_tasks_wait_on_their_inputs_and_alone_tasks_run_with_nothing_beside_them():
+    log = Log()
+    meet = threading.Barrier(2, timeout=30)  # a and b must run at once, or the barrier breaks
+    tasks = [log.task("a", then=meet.wait), log.task("b", then=meet.wait), log.task("c", after=("a",)),
+             log.task("t", after=("b",), alone=True), log.task("d", after=("b",)), log.task("u", alone=True)]
+    ran = run_tasks(tasks, 2)
+    assert sorted(r.name for r in ran) == sorted(t.name for t in tasks)
+    assert log.beside["a"] >= {"b"} and {log.slots["a"], log.slots["b"]} == {0, 1}
+    # the alone tasks: nothing beside them, on slot 0 (the core the timing is pinned to)
+    assert log.beside["t"] == log.beside["u"] == set() and log.slots["t"] == log.slots["u"] == 0
+    # every task after its inputs; d, ready with t (both wait on b), does not pass t, which comes first
+    assert log.order.index("c") > log.order.index("a")
+    assert log.order.index("b") < log.order.index("t") < log.order.index("d")
+    assert log.order[-1] == "u" and all(len(s) <= 1 for s in log.beside.values())  # two slots: one beside at most
+    ends = {r.name: r for r in ran}
+    assert ends["t"].start >= max(ends[n].end for n in ("a", "b", "c"))
+
+
+def test_one_slot_runs_the_tasks_in_the_order_given():
+    log = Log()
+    names = ["r", "p", "q", "t"]
+    run_tasks([log.task("r"), log.task("p"), log.task("q", after=("r", "p")), log.task("t", after=("q",), alone=True)], 1)
+    assert log.order == names and all(not s for s in log.beside.values())
+
+
+def test_the_first_failure_stops_the_others_and_is_raised():
+    log, stopped = Log(), threading.Event()
+
+    def fail():
+        raise TimeoutError("the time limit")
+
+    def wait_for_stop():  # a running task that ends only when stop() is called, as a killed worker does
+        assert stopped.wait(30)
+
+    tasks = [log.task("long", then=wait_for_stop), log.task("bad", then=fail), log.task("later"),
+             log.task("after_bad", after=("bad",))]
+    with pytest.raises(TimeoutError, match="the time limit"):
+        run_tasks(tasks, 2, stop=stopped.set)
+    assert stopped.is_set() and "later" not in log.order and "after_bad" not in log.order
+    assert log.running == set()  # the running task was waited for
+
+
+def test_bad_task_lists_are_refused():
+    log = Log()
+    with pytest.raises(ValueError, match="waiting on no task"):
+        run_tasks([log.task("a", after=("nowhere",))], 2)
+    with pytest.raises(ValueError, match="named twice"):
+        run_tasks([log.task("a"), log.task("a")], 2)
+    with pytest.raises(ValueError, match="waiting on each other"):
+        run_tasks([log.task("a", after=("b",)), log.task("b", after=("a",))], 2)
+
+
+def test_the_device_bench_plans_beside_the_rows_and_times_each_model_alone(tmp_path, monkeypatch):
+    """The bench's own tasks (rematopt.studies.device._model_tasks, in _order's order), their work stubbed:
+    on two slots each model's planning runs beside rows, its plan rows after its rows and its planning,
+    and every timing after all measuring and planning, with nothing beside it; on one slot (a GPU)
+    model by model, as before."""
+    pytest.importorskip("jax")
+    from rematopt.studies.device import MODELS, Bench, Workers, _model_tasks, _order
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # each model's work folder
+    models = ("gpt", "unet", "flax_linen")
+    bench = Bench("cpu", "cpu")
+
+    def graph() -> list[list[Task]]:
+        return [_model_tasks(bench, MODELS[m], {}, 1, (0.8,), math.inf, True, {}, tmp_path, None, print, Workers(),
+                             threading.RLock(), [0, 1], models) for m in models]
+
+    log = Log()
+    meet = threading.Barrier(2, timeout=30)  # the first model's planning and rows start at once
+    stubbed = [replace(t, run=log.task(t.name, then=meet.wait if t.name in ("gpt planning", "gpt rows") else
+                                       lambda: None).run) for t in _order(graph(), 2)]
+    run_tasks(stubbed, 2)
+    timings = [f"{m} timing" for m in models]
+    assert log.order[-3:] == timings and all(log.beside[t] == set() for t in timings)
+    assert log.beside["gpt planning"] >= {"gpt rows"}
+    for m in models:
+        assert log.order.index(f"{m} plan rows") > max(log.order.index(f"{m} rows"), log.order.index(f"{m} planning"))
+    log = Log()
+    run_tasks([replace(t, run=log.task(t.name).run) for t in _order(graph(), 1)], 1)
+    assert log.order == [f"{m} {task}" for m in models for task in ("rows", "planning", "plan rows", "timing")]
