@@ -243,19 +243,25 @@ def time_steps(spec: dict) -> dict:
     machine), or ``wall``; at least ``spec["rounds"]`` rounds, more for short steps (up to
     :data:`ROUND_SECONDS` of each variant's steps). Per variant, its milliseconds and minor page faults
     per round, and its compiled peak (a second copy of a program must match the first). The compiles
-    hit JAX's persistent cache the row processes filled. Then each variant of ``spec["profile"]`` is
-    profiled kernel by kernel (:func:`rematopt.xla.profile.kernel_seconds`, :data:`PROFILE_STEPS`
-    steps, wall time)."""
-    out = {"times": {}, "faults": {}, "peaks": {}, "errors": {}, "profiles": {}}
-    common = {k: v for k, v in spec.items() if k not in ("variants", "profile", "rounds")}
+    hit JAX's persistent cache the row processes filled. The variants' processes start (interpreter,
+    imports, model, compile, warm-up) pinned in turn to the cores of ``spec["start_on"]`` (the bench:
+    both cores, nothing else of it running), each with a one-thread XLA pool, and before the rounds
+    every thread of each moves to ``spec["pin"]`` (``out["cores"]``: where each variant's threads then
+    are). Then each variant of ``spec["profile"]`` is profiled kernel by kernel
+    (:func:`rematopt.xla.profile.kernel_seconds`, :data:`PROFILE_STEPS` steps, wall time)."""
+    out = {"times": {}, "faults": {}, "peaks": {}, "errors": {}, "profiles": {}, "cores": {}}
+    common = {k: v for k, v in spec.items() if k not in ("variants", "profile", "rounds", "start_on")}
+    start_on = spec.get("start_on") or ([spec["pin"]] if "pin" in spec else [])
     servers = {}
     # on a GPU the variants' processes share the device: each takes what it uses, not JAX's default 75%
     env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
     started = time.perf_counter()
     try:
-        for label, variant in spec["variants"].items():
+        for k, (label, variant) in enumerate(spec["variants"].items()):
+            pin = {"pin": start_on[k % len(start_on)]} if start_on else {}
             servers[label] = subprocess.Popen(
-                [sys.executable, "-m", "rematopt.studies.device", json.dumps({**common, **variant, "serve": True})],
+                [sys.executable, "-m", "rematopt.studies.device",
+                 json.dumps({**common, **variant, **pin, "serve": True})],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=spec.get("cwd"), env=env)
         for label in list(servers):
             got = _ask(servers[label])
@@ -264,6 +270,8 @@ def time_steps(spec: dict) -> dict:
                 servers.pop(label).kill()
                 continue
             out["peaks"][label], out["times"][label], out["faults"][label] = got["peak"], [], []
+            if "pin" in spec:
+                out["cores"][label] = _move(servers[label].pid, spec["pin"])
         _PHASES["start, compile and warm up each variant"] = time.perf_counter() - started
         labels = list(servers)
         started = time.perf_counter()
@@ -285,6 +293,19 @@ def time_steps(spec: dict) -> dict:
             server.kill()
             server.wait()
     return out
+
+
+def _move(pid: int, core: int) -> list[int]:
+    """Pin every thread of process ``pid`` to ``core`` (``sched_setaffinity`` moves one thread; a thread
+    inherits its maker's cores); the cores its threads may then run on."""
+    cores: set[int] = set()
+    for tid in map(int, os.listdir(f"/proc/{pid}/task")):
+        try:
+            os.sched_setaffinity(tid, {core})
+            cores |= os.sched_getaffinity(tid)
+        except ProcessLookupError:  # the thread ended meanwhile
+            pass
+    return sorted(cores)
 
 
 def _ask(server: subprocess.Popen, command: str | None = None) -> dict:
@@ -745,7 +766,10 @@ def _model_tasks(bench: Bench, model: Model, config: dict, rounds: int, ratios: 
     def timing(slot: int) -> None:
         if "plain" not in made:
             return
-        _time(bench, model.label, specs, base, pin(slot), rounds, env, timeout(), progress, workers, lock)
+        # the variants' processes start on both cores (nothing else of the bench runs), then all move to one
+        start_on = {"start_on": cores[:AT_ONCE]} if bench.clock == "cpu" else {}
+        _time(bench, model.label, specs, base, {**pin(slot), **start_on}, rounds, env, timeout(), progress, workers,
+              lock)
         with lock:
             _calibrate(bench, model.label)
             if out:
