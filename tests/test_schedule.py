@@ -119,3 +119,22 @@ def test_the_device_bench_plans_beside_the_rows_and_times_each_model_alone(tmp_p
     log = Log()
     run_tasks([replace(t, run=log.task(t.name).run) for t in _order(graph(), 1)], 1)
     assert log.order == [f"{m} {task}" for m in models for task in ("rows", "planning", "plan rows", "timing")]
+
+
+def test_the_time_table_says_what_ran_at_once_and_the_idle_critical_path():
+    """From the processes' (kind, model, start, end, CPU s): the seconds two ran at once, and the idle
+    machine's figure: half the measuring and planning CPU on two cores, or the longest model's chain
+    (its rows or planning, then its plan rows) where that is longer; the timing processes after it."""
+    pytest.importorskip("jax")
+    from rematopt.studies.device import Bench, _critical_path, _overlap
+
+    ran = [("probe", "", 0, 1, 1.0), ("micro-benchmarks", "", 1, 3, 2.0),
+           ("planning", "a", 3, 63, 60.0), ("rows", "a", 3, 13, 10.0), ("rows", "b", 13, 23, 10.0),
+           ("planning", "b", 23, 33, 10.0), ("rows", "b", 33, 38, 5.0), ("rows", "a", 63, 68, 5.0),
+           ("timing", "a", 68, 88, 20.0), ("timing", "b", 88, 98, 10.0)]
+    assert _overlap(ran) == pytest.approx(35.0)  # a's planning beside 3 to 38
+    said = _critical_path(Bench("cpu", "cpu", processes=ran))
+    # 100 s of CPU in 65 s; a's chain max(10, 60) + 5 = 65 > 100 / 2; 3 + 65 + 30
+    assert "6 processes, 100 s of CPU in 65 s of wall clock" in said and "a's chain, 65 s" in said
+    assert "at least 65 s" in said and "2 processes, 30 s of CPU" in said and "about 98 s" in said
+    assert _critical_path(Bench("cpu", "cpu")) == ""

@@ -436,7 +436,7 @@ class Workers:
 
     def __init__(self, spent: dict[str, dict[str, float]] | None = None):
         self.spent = {} if spent is None else spent
-        self.ran: list[tuple[str, float, float]] = []  # kind, start, end (time.time())
+        self.ran: list[tuple[str, str, float, float, float]] = []  # kind, model, start, end (time.time()), CPU s
         self.lock = threading.Lock()
         self.procs: set[subprocess.Popen] = set()
         self.stopping = False
@@ -504,7 +504,7 @@ def _worker(spec: dict, env: dict, timeout: float, workers: Workers | None = Non
                 into["processes"] += 1
                 into["wall"] += time.time() - started
                 into["cpu"] += cpu
-                workers.ran.append((kind, started, time.time()))
+                workers.ran.append((kind, spec.get("label", ""), started, time.time(), cpu))
         if workers.stopping:
             raise Stopped
         if killed.is_set():
@@ -558,7 +558,7 @@ class Bench:
     # per kind of worker process: how many, their wall and CPU seconds, and their phases' wall seconds
     spent: dict[str, dict[str, float]] = field(default_factory=dict)
     run: dict[str, float] = field(default_factory=dict)  # the whole run: wall, cpu, load_start, load_end, two_at_once
-    processes: list[tuple[str, float, float]] = field(default_factory=list)  # each worker's kind, start, end
+    processes: list[tuple[str, str, float, float, float]] = field(default_factory=list)  # Workers.ran
 
 
 def run_bench(models: tuple[str, ...] = DEFAULT_MODELS, quick: bool = False, runs: int | None = None,
@@ -631,9 +631,9 @@ def _order(tasks: list[list[Task]], slots: int) -> list[Task]:
     return [m[2] for m in tasks] + [t for m in tasks for t in (m[1], m[0])] + [m[3] for m in tasks]
 
 
-def _overlap(ran: list[tuple[str, float, float]]) -> float:
-    """The wall seconds in which more than one of the worker processes ``ran`` (kind, start, end) ran."""
-    edges = sorted([(start, 1) for _, start, _ in ran] + [(end, -1) for _, _, end in ran])
+def _overlap(ran: list[tuple[str, str, float, float, float]]) -> float:
+    """The wall seconds in which more than one of the worker processes ``ran`` (:attr:`Workers.ran`) ran."""
+    edges = sorted([(start, 1) for _, _, start, _, _ in ran] + [(end, -1) for _, _, _, end, _ in ran])
     seconds, running, last = 0.0, 0, 0.0
     for t, step in edges:
         if running > 1:
@@ -661,8 +661,8 @@ def _model_tasks(bench: Bench, model: Model, config: dict, rounds: int, ratios: 
     # the timing process's compiles hit the cache the row processes fill
     env = {**env, "JAX_COMPILATION_CACHE_DIR": str(work / "jax-cache"),
            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
-    base = {"model": model.spec, "config": config, "grads": str(work / "grads.npz"), "device": bench.device,
-            "cwd": str(cwd)}
+    base = {"model": model.spec, "label": model.label, "config": config, "grads": str(work / "grads.npz"),
+            "device": bench.device, "cwd": str(cwd)}
     order = {name: k for k, name in enumerate(models)}
 
     def pin(slot: int) -> dict:
@@ -732,7 +732,7 @@ def _model_tasks(bench: Bench, model: Model, config: dict, rounds: int, ratios: 
 
     def planning(slot: int) -> None:
         started = time.perf_counter()
-        planned.update(_worker({**base, "plan_dir": str(work), "label": model.label, "ratios": list(ratios),
+        planned.update(_worker({**base, "plan_dir": str(work), "ratios": list(ratios),
                                 "deterministic_time": bench.deterministic_time,
                                 "max_rounds": QUICK_PLAN_ROUNDS if quick else PLAN_ROUNDS,
                                 "until": min(until, time.time() + len(ratios) * PLAN_WALL_S)},
@@ -980,13 +980,41 @@ def _time_spent(bench: Bench) -> str:
             f"for {run.get('two_at_once', 0.0):.0f} s of it (rows and planning; timing alone), load average "
             f"{run['load_start']:.1f} at its start and {run['load_end']:.1f} at its end ({os.cpu_count()} cores)."
             if run else "The run did not finish.")
-    out = [head, "", "| process | count | wall s | CPU s | its phases, wall s |", "|---|---:|---:|---:|---|"]
+    out = [head + _critical_path(bench), "", "| process | count | wall s | CPU s | its phases, wall s |",
+           "|---|---:|---:|---:|---|"]
     for kind, d in bench.spent.items():
         phases = {k: v for k, v in d.items() if k not in ("processes", "wall", "cpu")}
         phases["other"] = d["wall"] - sum(phases.values())
         out.append(f"| {kind} | {d['processes']:.0f} | {d['wall']:.1f} | {d['cpu']:.1f} | "
                    + ", ".join(f"{k} {v:.1f}" for k, v in phases.items()) + " |")
     return "\n".join(out)
+
+
+def _critical_path(bench: Bench) -> str:
+    """What the run's processes would take on an idle machine, where a pinned process's CPU seconds are its
+    wall seconds: the measuring and planning at least half their CPU (two cores) and at least the longest
+    model's chain (its rows or its planning, then its plan rows); the timing processes one after another."""
+    ran = bench.processes
+    stage = [p for p in ran if p[0] in ("rows", "planning")]
+    timing = [p for p in ran if p[0] == "timing"]
+    if not stage:
+        return ""
+    chains = {}
+    for model in dict.fromkeys(p[1] for p in stage):
+        rows = sorted((p for p in stage if p[1] == model and p[0] == "rows"), key=lambda p: p[2])
+        planning = sum(p[4] for p in stage if p[1] == model and p[0] == "planning")
+        chains[model] = max(rows[0][4] if rows else 0.0, planning) + sum(p[4] for p in rows[1:])
+    longest = max(chains, key=chains.get)
+    cpu = sum(p[4] for p in stage)
+    before = sum(p[4] for p in ran if p[0] in ("probe", "micro-benchmarks"))
+    least = max(cpu / AT_ONCE, chains[longest])
+    timed = sum(p[4] for p in timing)
+    return (f" Measuring and planning: {len(stage)} processes, {cpu:.0f} s of CPU in "
+            f"{max(p[3] for p in stage) - min(p[2] for p in stage):.0f} s of wall clock; on an idle machine at "
+            f"least {least:.0f} s (half their CPU, or {longest}'s chain, {chains[longest]:.0f} s: its rows or its "
+            f"planning, then its plan rows). Timing, each alone: {len(timing)} processes, {timed:.0f} s of CPU. "
+            f"With the probe and micro-benchmarks ({before:.0f} s of CPU), about {before + least + timed:.0f} s "
+            f"on an idle machine, taking each process's CPU seconds for its wall seconds.")
 
 
 def _reproducible(bench: Bench) -> str:
