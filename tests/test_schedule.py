@@ -137,4 +137,4 @@ def test_the_time_table_says_what_ran_at_once_and_the_idle_critical_path():
     # 100 s of CPU in 65 s; a's chain max(10, 60) + 5 = 65 > 100 / 2; 3 + 65 + 30
     assert "6 processes, 100 s of CPU in 65 s of wall clock" in said and "a's chain, 65 s" in said
     assert "at least 65 s" in said and "2 processes, 30 s of CPU" in said and "about 98 s" in said
-    assert _critical_path(Bench("cpu", "cpu")) == ""
+    assert _critical_path(Bench("cpu", "cpu", processes=ran[:-2])) == ""  # cut before any timing: no figure

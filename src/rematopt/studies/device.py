@@ -997,7 +997,7 @@ def _critical_path(bench: Bench) -> str:
     ran = bench.processes
     stage = [p for p in ran if p[0] in ("rows", "planning")]
     timing = [p for p in ran if p[0] == "timing"]
-    if not stage:
+    if not stage or not timing:  # a run cut before any timing: no figure for the whole
         return ""
     chains = {}
     for model in dict.fromkeys(p[1] for p in stage):
@@ -1012,7 +1012,8 @@ def _critical_path(bench: Bench) -> str:
     return (f" Measuring and planning: {len(stage)} processes, {cpu:.0f} s of CPU in "
             f"{max(p[3] for p in stage) - min(p[2] for p in stage):.0f} s of wall clock; on an idle machine at "
             f"least {least:.0f} s (half their CPU, or {longest}'s chain, {chains[longest]:.0f} s: its rows or its "
-            f"planning, then its plan rows). Timing, each alone: {len(timing)} processes, {timed:.0f} s of CPU. "
+            f"planning, then its plan rows). Timing, each alone: {len(timing)} process{'es' * (len(timing) != 1)}, "
+            f"{timed:.0f} s of CPU. "
             f"With the probe and micro-benchmarks ({before:.0f} s of CPU), about {before + least + timed:.0f} s "
             f"on an idle machine, taking each process's CPU seconds for its wall seconds.")
 
