@@ -31,6 +31,7 @@ undoes rematerialization.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -678,7 +679,7 @@ def _model_tasks(bench: Bench, model: Model, config: dict, rounds: int, ratios: 
     specs: dict[str, dict] = {}  # variant: what compiles it, for the timing process
     made: dict[str, Row] = {}
     planned: dict = {}
-    hlo_files = iter(work / f"hlo_{k}.txt" for k in range(10 ** 6))
+    numbers = itertools.count()  # the model's hlo_<n>.txt files
 
     def measured(rows: list[tuple[Row, dict]], slot: int) -> None:
         """Measure ``rows`` (each a row and what compiles it). On a GPU each in a fresh process, so one
@@ -687,7 +688,7 @@ def _model_tasks(bench: Bench, model: Model, config: dict, rounds: int, ratios: 
         which imports JAX and the model's library once: each row's line as it finishes."""
         if not rows:
             return
-        hlo = {r.variant: next(hlo_files) for r, _ in rows}
+        hlo = {r.variant: work / f"hlo_{next(numbers)}.txt" for r, _ in rows}
         batches = [rows] if bench.backend == "cpu" else [[r] for r in rows]
         for batch in batches:
             started, reached = [time.perf_counter()], set()
