@@ -123,8 +123,9 @@ def test_the_device_bench_plans_beside_the_rows_and_times_each_model_alone(tmp_p
 
 def test_the_time_table_says_what_ran_at_once_and_the_idle_critical_path():
     """From the processes' (kind, model, start, end, CPU s): the seconds two ran at once, and the idle
-    machine's figure: half the measuring and planning CPU on two cores, or the longest model's chain
-    (its rows or planning, then its plan rows) where that is longer; the timing processes after it."""
+    machine's figures: at least half the measuring and planning CPU on two cores, or the longest model's
+    chain (its rows or planning, then its plan rows) where that is longer; about the run's own schedule
+    at full speed (or that chain); the timing processes after it."""
     pytest.importorskip("jax")
     from rematopt.studies.device import Bench, _critical_path, _overlap
 
@@ -136,5 +137,16 @@ def test_the_time_table_says_what_ran_at_once_and_the_idle_critical_path():
     said = _critical_path(Bench("cpu", "cpu", processes=ran))
     # 100 s of CPU in 65 s; a's chain max(10, 60) + 5 = 65 > 100 / 2; 3 + 65 + 30
     assert "6 processes, 100 s of CPU in 65 s of wall clock" in said and "a's chain, 65 s" in said
-    assert "at least 65 s" in said and "2 processes, 30 s of CPU" in said and "about 98 s" in said
+    assert "at least 65 s" in said and "2 processes, 30 s of CPU" in said and "about 98 s on an idle" in said
+    # at a third of a core each (300 process-seconds for 100 s of CPU): this schedule's 65 s take 21.7 s,
+    # less than a's chain, which stays the figure
+    slow = [(k, m, 3 * s, 3 * e, c) for k, m, s, e, c in ran]
+    said = _critical_path(Bench("cpu", "cpu", processes=slow))
+    assert "in 195 s of wall clock" in said and "about 65 s as this run's schedule" in said
+    assert "about 98 s on an idle" in said
+    # where the chain is short, the schedule: its 65 s at a share 100 / 100 of a core
+    short = [p if p[:2] != ("rows", "a") or p[2] != 63 else ("rows", "a", 63, 68, 0.0) for p in ran]
+    short = [p if p[:2] != ("planning", "a") else ("planning", "a", 3, 63, 20.0) for p in short]
+    said = _critical_path(Bench("cpu", "cpu", processes=short))
+    assert "55 s of CPU in 65 s" in said and "about 36 s as this run's schedule" in said  # 65 x 55 / 100
     assert _critical_path(Bench("cpu", "cpu", processes=ran[:-2])) == ""  # cut before any timing: no figure

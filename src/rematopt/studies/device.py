@@ -625,11 +625,12 @@ def run_bench(models: tuple[str, ...] = DEFAULT_MODELS, quick: bool = False, run
 def _order(tasks: list[list[Task]], slots: int) -> list[Task]:
     """The models' tasks (each :func:`_model_tasks`'s four) in the order :func:`run_tasks` starts them. One
     at a time, model by model: rows, planning, plan rows, timing. Several: the plan rows first (short, and
-    their model's timing waits on them), then planning and rows model by model (planning first, the longer),
-    and the timings last, each alone when nothing else is left."""
+    their model's timing waits on them), then every model's planning (the long tasks: started last, one
+    would run on alone at the end while the other core idles), then the rows, and the timings last, each
+    alone when nothing else is left."""
     if slots == 1:
         return [t for model in tasks for t in model]
-    return [m[2] for m in tasks] + [t for m in tasks for t in (m[1], m[0])] + [m[3] for m in tasks]
+    return [m[2] for m in tasks] + [m[1] for m in tasks] + [m[0] for m in tasks] + [m[3] for m in tasks]
 
 
 def _overlap(ran: list[tuple[str, str, float, float, float]]) -> float:
@@ -1007,16 +1008,18 @@ def _critical_path(bench: Bench) -> str:
         chains[model] = max(rows[0][4] if rows else 0.0, planning) + sum(p[4] for p in rows[1:])
     longest = max(chains, key=chains.get)
     cpu = sum(p[4] for p in stage)
+    span = max(p[3] for p in stage) - min(p[2] for p in stage)
+    # the run's own schedule at full speed: its processes ran at cpu / (their wall seconds) of a core each
+    scheduled = max(span * cpu / sum(p[3] - p[2] for p in stage), chains[longest])
     before = sum(p[4] for p in ran if p[0] in ("probe", "micro-benchmarks"))
-    least = max(cpu / AT_ONCE, chains[longest])
     timed = sum(p[4] for p in timing)
-    return (f" Measuring and planning: {len(stage)} processes, {cpu:.0f} s of CPU in "
-            f"{max(p[3] for p in stage) - min(p[2] for p in stage):.0f} s of wall clock; on an idle machine at "
-            f"least {least:.0f} s (half their CPU, or {longest}'s chain, {chains[longest]:.0f} s: its rows or its "
-            f"planning, then its plan rows). Timing, each alone: {len(timing)} process{'es' * (len(timing) != 1)}, "
-            f"{timed:.0f} s of CPU. "
-            f"With the probe and micro-benchmarks ({before:.0f} s of CPU), about {before + least + timed:.0f} s "
-            f"on an idle machine, taking each process's CPU seconds for its wall seconds.")
+    return (f" Measuring and planning: {len(stage)} processes, {cpu:.0f} s of CPU in {span:.0f} s of wall clock; "
+            f"on an idle machine at least {max(cpu / AT_ONCE, chains[longest]):.0f} s (half their CPU, or "
+            f"{longest}'s chain, {chains[longest]:.0f} s: its rows or its planning, then its plan rows), about "
+            f"{scheduled:.0f} s as this run's schedule had them (its wall clock times the share of a core each "
+            f"process had). Timing, each alone: {len(timing)} process{'es' * (len(timing) != 1)}, {timed:.0f} s of "
+            f"CPU. With the probe and micro-benchmarks ({before:.0f} s of CPU), about {before + scheduled + timed:.0f} "
+            f"s on an idle machine, taking each process's CPU seconds for its wall seconds.")
 
 
 def _reproducible(bench: Bench) -> str:
