@@ -3,7 +3,7 @@
 For each model, every variant of its training step (``jax.jit(jax.value_and_grad(loss))``) is
 compiled and run once on the backend present, on a GPU each in a fresh process (so one row's memory
 does not leak into the next row's device peak), on CPU a model's rows in one (the peak there is the
-compiled program's):
+compiled program's), two such processes at a time, the timing processes alone (:func:`_model_tasks`):
 
 - ``plain``: the step as written;
 - ``layer:<policy>`` / ``step:<policy>``: the factory's ``remat=`` per layer, in the model library's
@@ -55,7 +55,8 @@ from .schedule import Task, run_tasks
 CPU_SCHEDULER = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
 POLICIES = ("nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable")
 RATIOS = (0.8, 0.6, 0.5)
-# --quick: fewer rows and one budget (9 min of CPU on the 2-core machine, 71% of it planning; docs/device.md)
+# --quick: fewer rows and one budget (7.5 min of CPU on the idle 2-core machine, 56% of it planning: 6 min 13 s
+# one process after another, about 4 to 4.5 min two at a time, estimated from its CPU figures; docs/device.md)
 QUICK_POLICIES = {"layer": ("nothing_saveable", "dots_saveable"), "step": ("dots_saveable",)}
 QUICK_RATIOS = (0.8,)
 # Interleaved timing rounds (one step of every variant each). On the shared 2-core machine the CPU
@@ -89,8 +90,9 @@ PLAN_WALL_S = 1800.0
 # A row, measuring or timing process never runs longer than this.
 WORKER_WALL_S = 900.0
 # On CPU, the row and planning processes run this many at a time, each row process pinned to a core of
-# its own: the 2-core machine ran them one after another, one core idle (quick: rows 89 s, planning
-# 189 s of its 372 s; docs/device.md).
+# its own: the 2-core machine ran them one after another, one core idle (quick on the idle machine:
+# rows 89 s, planning 189 s of its 372 s; two at a time on the loaded machine, two processes ran at once
+# for 790 of its 1,008 s; docs/device.md).
 AT_ONCE = 2
 
 
