@@ -210,6 +210,10 @@ def test_bench_on_a_tiny_model_writes_the_report(tmp_path):
     assert plan.stopped_by in ("deterministic_time", "max_rounds", "bracket") and plan.deterministic_spent <= 0.5
     # on CPU a model's rows share a process (the plain step and the policies; after planning, the plans)
     assert bench.spent["rows"]["processes"] == 2 and bench.spent["planning"]["processes"] == 1
+    # the timing process had no other process of the bench beside it; rows and planning ran two at a time
+    timing = [p for p in bench.processes if p[0] == "timing"]
+    assert len(timing) == 1 and all(p[3] <= timing[0][2] for p in bench.processes if p is not timing[0])
+    assert (bench.run["two_at_once"] > 0) == (len(os.sched_getaffinity(0)) > 1)
     assert "## Where the run's time went" in (tmp_path / bench.backend / "device.md").read_text()
     folder = tmp_path / bench.backend
     md = (folder / "device.md").read_text()
