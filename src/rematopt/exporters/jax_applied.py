@@ -26,9 +26,13 @@ A plan's own peak (:func:`~rematopt.simulate.simulate`) is of its events;
   op is fused into the kernels reading it (they read what it reads), unless a
   library call reads it directly; a recomputation nothing in the backward
   pass reads is not made; a slice of a stacked argument that a library call
-  reads is a copy (:func:`_slice_copies`); a dot's result that is the gradient of
+  reads is a copy (:func:`_slice_copies`; a matrix's, held from the first
+  reader to the last); a dot's result (or its transpose) that is the gradient of
   such a slice is held to the step's end, where XLA stacks the slices'
-  gradients into the caller's, one allocation per leaf (:func:`_housed`);
+  gradients into the caller's, one allocation per leaf (:func:`_housed`), unless
+  the step scans such gradients (``scanned``); a recomputed library call makes
+  a kept operand that is XLA's copy of a buffer again from that buffer
+  (:func:`_copied_again`);
   where its kernel writes only a factor of a value (a softmax's division by
   its sum: the sum's reciprocal), each reader multiplies the rest in, so
   reads the value's operand of its shape too (the forward pass's exp,
