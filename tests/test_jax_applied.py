@@ -290,7 +290,8 @@ def small(layers):  # gpt_scan's decoder at a few KiB a layer
 
 def softmax(g):  # the attention from its score dot to its value dot, in every layer
     lines = ("gpt.py:44:", "gpt.py:46:", "gpt.py:47:")
-    out = {{v.id for v in g.nodes if v.phase == "forward" and str((v.extra or {{}}).get("source", "")).startswith(lines)}}
+    out = {{v.id for v in g.nodes
+           if v.phase == "forward" and str((v.extra or {{}}).get("source", "")).startswith(lines)}}
     return out | {{v.id for v in g.nodes if v.op == "select_n" and v.phase == "forward" and set(g.preds[v.id]) & out}}
 
 
