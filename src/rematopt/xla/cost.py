@@ -7,7 +7,8 @@ graph model got wrong (on the H200 fixture its elementwise work priced at about 
 fused kernels take about 12 ms). Dots, convolutions and library calls run on the matrix units
 (``Device.flops_per_s``); everything else on the vector units (``Device.vector_flops_per_s``). A
 transposing kernel's transcendental functions, evaluated one element at a time
-(:func:`rematopt.xla.kernels.scalar_transcendentals`), cost a measured price each on top.
+(:func:`rematopt.xla.kernels.scalar_transcendentals`), and the elements it reads one cache line each
+(:func:`rematopt.xla.kernels.strided_reads`) cost a measured price each on top.
 
 A recomputation is priced by compiling the planned step and pricing its kernels: what XLA fused
 into existing kernels grows them, what it could not fuse adds kernels.
