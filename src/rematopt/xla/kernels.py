@@ -198,14 +198,15 @@ def _traffic(module: HloModule, scope: dict[str, Instruction], inst: Instruction
 # XLA's CPU loop emitter computes its output in the output's order, so an operand whose minor dimension
 # is not the output's is read one element per cache line (its stride: 64 bytes or more between
 # consecutive reads), and the line serves the next element of that operand only a sweep later. Timed
-# alone on this machine's core (xla.machine), summing k [2048, 64] arrays read across into [64, 2048]
-# (stride 256 B): 0.67 to 0.79 ns an element for k = 1 to 8, 1.19 at k = 12, 1.61 at 16, 2.08 at 20;
-# a [2048, 256] array (stride 1 KiB) 1.76 ns alone where [2048, 240] (960 B) takes 0.61. In quick gpt's
-# plain step, its residual-gradient transposes read 14 to 22 arrays across at 2.2 to 3.9 ns an element.
+# alone on this machine's core (xla.machine), summing k [2048, 64] arrays (slices of one buffer) times a
+# [64] vector into [64, 2048] (stride 256 B): 0.6 to 0.9 ns an element for k = 1 to 8, 1.19 at k = 12,
+# 1.61 at 16, 2.08 at 20; a [2048, 256] array (stride 1 KiB) 1.76 ns alone where [2048, 240] (960 B)
+# takes 0.61. In quick gpt's plain step, its residual-gradient transposes read 14 to 22 arrays across
+# at 2.2 to 3.9 ns an element (docs/device.md).
 LINE = 64
 PREFETCH_STREAMS = 8
-# A stride that is a multiple of this puts an operand's lines in a sixteenth of the cache's sets (a 4 KiB
-# page holds four of them, at the same offsets in every page), so a sweep's lines do not stay.
+# Strides that are all multiples of this put a sweep's lines in a sixteenth of the cache's sets or fewer
+# (a 4 KiB page holds four of them, at the same offsets in every page), so the lines do not stay.
 CONFLICT_STRIDE = 1024
 
 
@@ -214,11 +215,12 @@ def strided_reads(kernel: Instruction, inner: list[Instruction]) -> tuple[int, i
     sweeps, elements whose lines it does not): per transposition in it (:func:`transposition`) whose
     consecutive output elements lie a line or more apart in its operand, for as long a sweep as a line
     holds elements, each operand it reads there as large as what moves (a lone copy or transpose: its
-    operand) reads one line per element. The lines are not kept where the kernel reads more such
-    operands than :data:`PREFETCH_STREAMS`, or an operand's stride is a multiple of
-    :data:`CONFLICT_STRIDE`; a broadcast operand (smaller than what moves) stays in cache."""
+    operand; a fusion's operand read through slices, each slice) reads one line per element. The lines
+    are not kept where the kernel reads more such operands than :data:`PREFETCH_STREAMS`, or the strides
+    of an operand's sweep are all multiples of :data:`CONFLICT_STRIDE`; a broadcast operand (smaller than
+    what moves) stays in cache."""
     scope = {i.name: i for i in inner}
-    reads: list[tuple[int, int]] = []  # (elements, stride) per operand read one line per element
+    reads: list[tuple[int, int]] = []  # (elements, its sweep's common stride) per operand read so
     for move in inner or [kernel]:
         geometry = _stride_and_sweep(move)
         if geometry is None:
