@@ -22,7 +22,7 @@ import resource
 import statistics
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable
 
 from ..importers.costmodel import Device, device
@@ -200,21 +200,26 @@ def measure(repeats: int = 7) -> Machine:
     trig, compiled = timed(rotary(True), x, table)
     arithmetic, _ = timed(rotary(False), x, table)
     evaluated = sum(k.scalar_transcendentals for k in kernels(parse_hlo(compiled.as_text())))
-    faults = sorted(fault_seconds()[0] for _ in range(3))[1]
-    rates = Machine(flops_per_s=gemm_rate(False), dot_flops_per_s=gemm_rate(True),
-                    vector_flops_per_s=step_cost(chained.as_text(), device("cpu")).flops / vector,
-                    bytes_per_s=2 * STREAM_BYTES / stream, launch_s=launches / max(n, 1), fault_s=faults,
-                    transcendental_s=max(trig - arithmetic, 0.0) / max(evaluated, 1))
 
     def strided(arrays: int) -> tuple[float, list[int]]:
-        """(seconds beyond the roofline on ``rates``, strided elements [kept, not kept] it read): the arrays
-        slices of one buffer, as a step's lie in its temp buffer one after another."""
+        """(seconds ``arrays`` arrays take read across more than read in order, the elements [kept, not
+        kept] read one cache line each): the arrays slices of one buffer, as a step's lie in its temp
+        buffer one after another."""
         x = jnp.ones((arrays, *STRIDED_SHAPE), jnp.float32)
         w = jnp.arange(STRIDED_SHAPE[1], dtype=jnp.float32)
-        seconds, compiled = timed(lambda x, w: sum((x[i] * w for i in range(1, arrays)), x[0] * w).T, x, w)
-        priced = step_cost(compiled.as_text(), rates.device(), rates.launch_s).kernels
-        return max(seconds - sum(k.seconds for k in priced), 0.0), [sum(k.kernel.strided[i] for k in priced)
-                                                                     for i in (0, 1)]
+
+        def total(x, w):
+            return sum((x[i] * w for i in range(1, arrays)), x[0] * w)
+
+        across, compiled = timed(lambda x, w: total(x, w).T, x, w)
+        in_order, _ = timed(total, x, w)
+        read = kernels(parse_hlo(compiled.as_text()))
+        return max(across - in_order, 0.0), [sum(k.strided[i] for k in read) for i in (0, 1)]
 
     (kept, (hit, _)), (lost, (_, miss)) = strided(1), strided(STRIDED_MANY)
-    return replace(rates, strided_read_s=kept / max(hit, 1), strided_miss_s=lost / max(miss, 1))
+    faults = sorted(fault_seconds()[0] for _ in range(3))[1]
+    return Machine(flops_per_s=gemm_rate(False), dot_flops_per_s=gemm_rate(True),
+                   vector_flops_per_s=step_cost(chained.as_text(), device("cpu")).flops / vector,
+                   bytes_per_s=2 * STREAM_BYTES / stream, launch_s=launches / max(n, 1), fault_s=faults,
+                   transcendental_s=max(trig - arithmetic, 0.0) / max(evaluated, 1),
+                   strided_read_s=kept / max(hit, 1), strided_miss_s=lost / max(miss, 1))
