@@ -10,7 +10,9 @@ operands transposed for the lone dots it leaves to Eigen (weight gradients; 2 to
 long elementwise chain in cache (independent streams of it) for the vector rate, a large elementwise
 op for the bandwidth, a chain of tiny kernels for what starting a kernel costs, a transposing kernel
 with and without sines and cosines for a transcendental function evaluated one element at a time
-(:func:`rematopt.xla.kernels.scalar_transcendentals`), and fresh anonymous pages for a page fault
+(:func:`rematopt.xla.kernels.scalar_transcendentals`), sums of arrays written transposed and in order
+for an element read one cache line each (:func:`rematopt.xla.kernels.strided_reads`), and fresh
+anonymous pages for a page fault
 (XLA's CPU runtime takes its temp buffer from malloc each step; above glibc's mmap threshold the
 kernel zero-fills every page of it on first touch, :func:`rematopt.xla.cost.step_faults`).
 """
@@ -50,8 +52,9 @@ ROTARY = (32, 128, 4, 8)
 # Strided reads (xla.kernels.strided_reads) as quick gpt's transposing kernels make them: [2048, 64]
 # arrays (tokens by width) times a [64] vector, written transposed to [64, 2048] (stride 256 B, sweep 2,048
 # elements); one array for a read whose lines the cache keeps, 16 (twice PREFETCH_STREAMS) for one whose
-# lines it does not, as quick gpt's residual-gradient transposes read 14 to 22. Alone on the core: 0.59 ns
-# an element for one array (0.13 on the roofline), 1.6 for 16 (docs/device.md).
+# lines it does not, as quick gpt's residual-gradient transposes read 14 to 22; each against the same sum
+# written in order. On the core, under a load average of 12: 0.56 and 0.63 ns more an element for one
+# array (the transposed kernel takes 0.59 ns an element, its roofline 0.13), 1.74 and 1.77 for 16.
 STRIDED_SHAPE, STRIDED_MANY = (2048, 64), 16
 FAULT_BYTES = 64 << 20
 
