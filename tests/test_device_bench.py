@@ -7,6 +7,7 @@ asserted."""
 from __future__ import annotations
 
 import csv
+import os
 import time
 from pathlib import Path
 
@@ -54,10 +55,15 @@ def test_noise_is_the_widest_gap_between_two_measurements_of_one_step():
 
 
 def test_time_steps_interleaves_rounds_of_every_variant_and_keeps_going_past_a_failure():
+    """The variants' processes start on the cores given, and all their threads move to the one core pinned
+    before the rounds."""
+    cores = sorted(os.sched_getaffinity(0))
     spec = {"model": MODELS["mlp"].spec, "config": MODELS["mlp"].quick, "rounds": 3, "clock": "cpu", "variants": {
         "plain": {}, AGAIN: {}, "layer:nothing_saveable": {"remat": "nothing_saveable", "scope": "layer"},
-        "broken": {"remat": "no_such_policy", "scope": "layer"}}, "profile": ["plain", "broken"]}
+        "broken": {"remat": "no_such_policy", "scope": "layer"}}, "profile": ["plain", "broken"],
+        "pin": cores[-1], "start_on": cores[:2]}
     got = time_steps(spec)
+    assert got["cores"] == {label: [cores[-1]] for label in ("plain", AGAIN, "layer:nothing_saveable")}
     assert set(got["times"]) == {"plain", AGAIN, "layer:nothing_saveable"} and set(got["errors"]) == {"broken"}
     # the tiny MLP's steps take microseconds: as many rounds as short steps get, every variant in each
     assert got["rounds"] == MAX_ROUNDS
@@ -204,6 +210,10 @@ def test_bench_on_a_tiny_model_writes_the_report(tmp_path):
     assert plan.stopped_by in ("deterministic_time", "max_rounds", "bracket") and plan.deterministic_spent <= 0.5
     # on CPU a model's rows share a process (the plain step and the policies; after planning, the plans)
     assert bench.spent["rows"]["processes"] == 2 and bench.spent["planning"]["processes"] == 1
+    # the timing process had no other process of the bench beside it; rows and planning ran two at a time
+    timing = [p for p in bench.processes if p[0] == "timing"]
+    assert len(timing) == 1 and all(p[3] <= timing[0][2] for p in bench.processes if p is not timing[0])
+    assert (bench.run["two_at_once"] > 0) == (len(os.sched_getaffinity(0)) > 1)
     assert "## Where the run's time went" in (tmp_path / bench.backend / "device.md").read_text()
     folder = tmp_path / bench.backend
     md = (folder / "device.md").read_text()

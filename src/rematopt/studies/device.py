@@ -3,7 +3,7 @@
 For each model, every variant of its training step (``jax.jit(jax.value_and_grad(loss))``) is
 compiled and run once on the backend present, on a GPU each in a fresh process (so one row's memory
 does not leak into the next row's device peak), on CPU a model's rows in one (the peak there is the
-compiled program's):
+compiled program's), two such processes at a time, the timing processes alone (:func:`_model_tasks`):
 
 - ``plain``: the step as written;
 - ``layer:<policy>`` / ``step:<policy>``: the factory's ``remat=`` per layer, in the model library's
@@ -31,10 +31,12 @@ undoes rematerialization.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
 import resource
+import signal
 import statistics
 import subprocess
 import sys
@@ -48,11 +50,13 @@ from typing import Callable, Iterator
 
 from ..xla.cost import KERNEL_CLASSES, Calibration, StepCost, calibrate, profiled_by_class
 from ..xla.machine import Machine
+from .schedule import Task, run_tasks
 
 CPU_SCHEDULER = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
 POLICIES = ("nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable")
 RATIOS = (0.8, 0.6, 0.5)
-# --quick: fewer rows and one budget (9 min of CPU on the 2-core machine, 71% of it planning; docs/device.md)
+# --quick: fewer rows and one budget (7.5 min of CPU on the idle 2-core machine, 56% of it planning: 6 min 13 s
+# one process after another, about 4 to 4.5 min two at a time, estimated from its CPU figures; docs/device.md)
 QUICK_POLICIES = {"layer": ("nothing_saveable", "dots_saveable"), "step": ("dots_saveable",)}
 QUICK_RATIOS = (0.8,)
 # Interleaved timing rounds (one step of every variant each). On the shared 2-core machine the CPU
@@ -85,6 +89,11 @@ PLAN_ROUNDS, QUICK_PLAN_ROUNDS = 4, 4
 PLAN_WALL_S = 1800.0
 # A row, measuring or timing process never runs longer than this.
 WORKER_WALL_S = 900.0
+# On CPU, the row and planning processes run this many at a time, each row process pinned to a core of
+# its own: the 2-core machine ran them one after another, one core idle (quick on the idle machine:
+# rows 89 s, planning 189 s of its 372 s; two at a time on the loaded machine, two processes ran at once
+# for 790 of its 1,008 s; docs/device.md).
+AT_ONCE = 2
 
 
 @dataclass(frozen=True)
@@ -237,19 +246,25 @@ def time_steps(spec: dict) -> dict:
     machine), or ``wall``; at least ``spec["rounds"]`` rounds, more for short steps (up to
     :data:`ROUND_SECONDS` of each variant's steps). Per variant, its milliseconds and minor page faults
     per round, and its compiled peak (a second copy of a program must match the first). The compiles
-    hit JAX's persistent cache the row processes filled. Then each variant of ``spec["profile"]`` is
-    profiled kernel by kernel (:func:`rematopt.xla.profile.kernel_seconds`, :data:`PROFILE_STEPS`
-    steps, wall time)."""
-    out = {"times": {}, "faults": {}, "peaks": {}, "errors": {}, "profiles": {}}
-    common = {k: v for k, v in spec.items() if k not in ("variants", "profile", "rounds")}
+    hit JAX's persistent cache the row processes filled. The variants' processes start (interpreter,
+    imports, model, compile, warm-up) pinned in turn to the cores of ``spec["start_on"]`` (the bench:
+    both cores, nothing else of it running), each with a one-thread XLA pool, and before the rounds
+    every thread of each moves to ``spec["pin"]`` (``out["cores"]``: where each variant's threads then
+    are). Then each variant of ``spec["profile"]`` is profiled kernel by kernel
+    (:func:`rematopt.xla.profile.kernel_seconds`, :data:`PROFILE_STEPS` steps, wall time)."""
+    out = {"times": {}, "faults": {}, "peaks": {}, "errors": {}, "profiles": {}, "cores": {}}
+    common = {k: v for k, v in spec.items() if k not in ("variants", "profile", "rounds", "start_on")}
+    start_on = spec.get("start_on") or ([spec["pin"]] if "pin" in spec else [])
     servers = {}
     # on a GPU the variants' processes share the device: each takes what it uses, not JAX's default 75%
     env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
     started = time.perf_counter()
     try:
-        for label, variant in spec["variants"].items():
+        for k, (label, variant) in enumerate(spec["variants"].items()):
+            pin = {"pin": start_on[k % len(start_on)]} if start_on else {}
             servers[label] = subprocess.Popen(
-                [sys.executable, "-m", "rematopt.studies.device", json.dumps({**common, **variant, "serve": True})],
+                [sys.executable, "-m", "rematopt.studies.device",
+                 json.dumps({**common, **variant, **pin, "serve": True})],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=spec.get("cwd"), env=env)
         for label in list(servers):
             got = _ask(servers[label])
@@ -258,6 +273,8 @@ def time_steps(spec: dict) -> dict:
                 servers.pop(label).kill()
                 continue
             out["peaks"][label], out["times"][label], out["faults"][label] = got["peak"], [], []
+            if "pin" in spec:
+                out["cores"][label] = _move(servers[label].pid, spec["pin"])
         _PHASES["start, compile and warm up each variant"] = time.perf_counter() - started
         labels = list(servers)
         started = time.perf_counter()
@@ -279,6 +296,19 @@ def time_steps(spec: dict) -> dict:
             server.kill()
             server.wait()
     return out
+
+
+def _move(pid: int, core: int) -> list[int]:
+    """Pin every thread of process ``pid`` to ``core`` (``sched_setaffinity`` moves one thread; a thread
+    inherits its maker's cores); the cores its threads may then run on."""
+    cores: set[int] = set()
+    for tid in map(int, os.listdir(f"/proc/{pid}/task")):
+        try:
+            os.sched_setaffinity(tid, {core})
+            cores |= os.sched_getaffinity(tid)
+        except ProcessLookupError:  # the thread ended meanwhile
+            pass
+    return sorted(cores)
 
 
 def _ask(server: subprocess.Popen, command: str | None = None) -> dict:
@@ -398,38 +428,88 @@ def plan_step(spec: dict) -> dict:
     return out
 
 
-def _worker(spec: dict, env: dict, timeout: float, spent: dict[str, dict[str, float]] | None = None,
-            kind: str = "", each: Callable[[dict], None] | None = None) -> dict:
+class Stopped(Exception):
+    """Ctrl-C, or the time limit running out in another task: this task's worker was ended, its results dropped."""
+
+
+class Workers:
+    """The bench's worker processes: what each kind spent (``spent``, for the report's time table; ``ran``,
+    when each ran), and the ones running now, so that Ctrl-C, or the time limit running out in one task,
+    ends the others' at once (:meth:`stop`)."""
+
+    def __init__(self, spent: dict[str, dict[str, float]] | None = None):
+        self.spent = {} if spent is None else spent
+        self.ran: list[tuple[str, str, float, float, float]] = []  # kind, model, start, end (time.time()), CPU s
+        self.lock = threading.Lock()
+        self.procs: set[subprocess.Popen] = set()
+        self.stopping = False
+
+    def kill(self, proc: subprocess.Popen) -> None:
+        """SIGKILL ``proc`` unless :meth:`reap` has reaped it (a reaped process's id may be another's)."""
+        with self.lock:
+            if proc.returncode is None:
+                os.kill(proc.pid, signal.SIGKILL)
+
+    def reap(self, proc: subprocess.Popen) -> float:
+        """Wait for ``proc`` to end; its CPU seconds, its own and its children's (the timing worker's
+        variant processes): ``os.wait4``'s, the one child's, where ``RUSAGE_CHILDREN`` would count the
+        other task's worker too."""
+        os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)  # ended, not reaped: a kill now is harmless
+        with self.lock:
+            _, status, usage = os.wait4(proc.pid, 0)
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            self.procs.discard(proc)
+        return usage.ru_utime + usage.ru_stime
+
+    def stop(self) -> None:
+        with self.lock:
+            self.stopping = True
+            running = list(self.procs)
+        for proc in running:
+            self.kill(proc)
+
+
+def _worker(spec: dict, env: dict, timeout: float, workers: Workers | None = None, kind: str = "",
+            each: Callable[[dict], None] | None = None) -> dict:
     """Run a worker (:func:`main`) in a fresh interpreter; its last JSON line, or ``{"error": ...}``.
     ``each`` gets every ``{"row": ...}`` line as the worker prints it. Its wall and CPU seconds, and
-    its phases', are added to ``spent[kind]``."""
+    its phases', are added to ``workers.spent[kind]``."""
+    workers = workers or Workers()
     if timeout <= 0:
         raise OutOfTime
-    started, cpu, killed = time.time(), _children_cpu(), threading.Event()
+    started, killed = time.time(), threading.Event()
     lines: list[str] = []
     with tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "rematopt.studies.device", json.dumps({**spec, "launched": started})],
-                                stdout=subprocess.PIPE, stderr=err, text=True, env=env, cwd=spec["cwd"])
-        timer = threading.Timer(timeout, lambda: (killed.set(), proc.kill()))
+        with workers.lock:
+            if workers.stopping:
+                raise Stopped
+            proc = subprocess.Popen([sys.executable, "-m", "rematopt.studies.device",
+                                     json.dumps({**spec, "launched": started})],
+                                    stdout=subprocess.PIPE, stderr=err, text=True, env=env, cwd=spec["cwd"])
+            workers.procs.add(proc)
+        timer = threading.Timer(timeout, lambda: (killed.set(), workers.kill(proc)))
         timer.start()
         try:
             for line in proc.stdout:
-                if each and line.startswith('{"row"'):
+                if each and line.startswith('{"row"') and not workers.stopping:
                     each(json.loads(line))
                 elif line.strip():
                     lines.append(line)
-            proc.wait()
         except BaseException:  # Ctrl-C: the worker goes with the run
-            proc.kill()
-            proc.wait()
+            workers.kill(proc)
             raise
         finally:
             timer.cancel()
-            if spent is not None:
-                into = spent.setdefault(kind, {"processes": 0, "wall": 0.0, "cpu": 0.0})
+            cpu = workers.reap(proc)
+            proc.stdout.close()
+            with workers.lock:
+                into = workers.spent.setdefault(kind, {"processes": 0, "wall": 0.0, "cpu": 0.0})
                 into["processes"] += 1
                 into["wall"] += time.time() - started
-                into["cpu"] += _children_cpu() - cpu
+                into["cpu"] += cpu
+                workers.ran.append((kind, spec.get("label", ""), started, time.time(), cpu))
+        if workers.stopping:
+            raise Stopped
         if killed.is_set():
             return {"error": f"stopped after {timeout:.0f} s of wall clock"}
         if proc.returncode != 0 or not lines:
@@ -438,9 +518,9 @@ def _worker(spec: dict, env: dict, timeout: float, spent: dict[str, dict[str, fl
                     if ln.strip() and not ln.startswith(("For simplicity, JAX", "-----"))]
             return {"error": (last[-1] if last else f"exit status {proc.returncode}")[:300]}
     got = json.loads(lines[-1])
-    for phase, seconds in got.pop("phases", {}).items():
-        if spent is not None:
-            spent[kind][phase] = spent[kind].get(phase, 0.0) + seconds
+    with workers.lock:
+        for phase, seconds in got.pop("phases", {}).items():
+            workers.spent[kind][phase] = workers.spent[kind].get(phase, 0.0) + seconds
     return got
 
 
@@ -480,7 +560,8 @@ class Bench:
     class_calibrations: dict[str, Calibration | str] = field(default_factory=dict)  # per kernel class, per model
     # per kind of worker process: how many, their wall and CPU seconds, and their phases' wall seconds
     spent: dict[str, dict[str, float]] = field(default_factory=dict)
-    run: dict[str, float] = field(default_factory=dict)  # the whole run: wall, cpu, load_start, load_end
+    run: dict[str, float] = field(default_factory=dict)  # the whole run: wall, cpu, load_start, load_end, two_at_once
+    processes: list[tuple[str, str, float, float, float]] = field(default_factory=list)  # Workers.ran
 
 
 def run_bench(models: tuple[str, ...] = DEFAULT_MODELS, quick: bool = False, runs: int | None = None,
@@ -490,7 +571,9 @@ def run_bench(models: tuple[str, ...] = DEFAULT_MODELS, quick: bool = False, run
     """Measure every variant of every model; writes the report after each row (Ctrl-C, or the end of
     ``time_limit``, the whole run's wall seconds, keeps them). Each budget's plan is cpsat's under
     ``deterministic_time`` deterministic seconds (default :data:`DETERMINISTIC_S`, quick
-    :data:`QUICK_DETERMINISTIC_S`), so the plans are the same at any load."""
+    :data:`QUICK_DETERMINISTIC_S`), so the plans are the same at any load. On CPU the models' row and
+    planning processes run :data:`AT_ONCE` at a time, and each model's timing process with none beside
+    it (:func:`_model_tasks`)."""
     cwd = cwd or Path.cwd()
     until = time.time() + (time_limit if time_limit is not None else math.inf)
     runs = runs or (QUICK_ROUNDS if quick else ROUNDS)
@@ -499,31 +582,35 @@ def run_bench(models: tuple[str, ...] = DEFAULT_MODELS, quick: bool = False, run
         deterministic_time = QUICK_DETERMINISTIC_S if quick else DETERMINISTIC_S
     env = worker_env()
     started, cpu, load = time.time(), _children_cpu(), os.getloadavg()[0]
-    spent: dict[str, dict[str, float]] = {}
-    backend = _worker({"probe": True, "cwd": str(cwd)}, env, 120, spent, "probe").get("backend", "cpu")
+    workers = Workers()
+    backend = _worker({"probe": True, "cwd": str(cwd)}, env, 120, workers, "probe").get("backend", "cpu")
     profile = {"cpu": "cpu", "gpu": "h200", "tpu": "tpu-v4"}.get(backend, "cpu")
     bench = Bench(backend, profile, ratios=ratios, deterministic_time=deterministic_time,
-                  clock="cpu" if backend == "cpu" else "wall", spent=spent)
+                  clock="cpu" if backend == "cpu" else "wall", spent=workers.spent, processes=workers.ran)
     bench.planning = ("cpsat on the graph traced with fuse='xla' (nodes as XLA's compiled plain step makes "
                       "them) under --verify xla's closed loop (rematopt.xla.verify, stock policies left out: "
                       "they are rows of their own): the planning budget is bisected until the applied plan's "
                       "compiled peak fits r x the compiled plain peak")
+    cores = sorted(os.sched_getaffinity(0))
+    slots = min(AT_ONCE, len(cores)) if backend == "cpu" else 1
     if backend == "cpu":
         bench.notes.append(f"CPU rows run under XLA_FLAGS={CPU_SCHEDULER} (the memory-minimizing scheduler), "
-                           f"each worker pinned to core {min(os.sched_getaffinity(0))}.")
+                           f"each measuring worker pinned to one core (timing: core {cores[0]}, nothing else of "
+                           "the bench beside it).")
     try:
         if backend == "cpu":
-            got = _worker({"machine": True, "pin": min(os.sched_getaffinity(0)), "cwd": str(cwd)}, env,
-                          min(300, until - time.time()), spent, "micro-benchmarks")
+            got = _worker({"machine": True, "pin": cores[0], "cwd": str(cwd)}, env,
+                          min(300, until - time.time()), workers, "micro-benchmarks")
             if "error" in got:
                 bench.notes.append(f"the micro-benchmarks failed ({got['error']}): the data sheet's rates are scaled")
             else:
                 bench.machine = Machine(**got)
                 progress(f"machine: {bench.machine.describe()}")
-        for name in models:
-            model = MODELS[name]
-            config = (configs or {}).get(name) or (model.quick if quick else model.config)
-            _bench_model(bench, model, config, runs, ratios, until, quick, env, cwd, out, progress)
+        lock = threading.RLock()
+        tasks = [_model_tasks(bench, MODELS[name], (configs or {}).get(name) or
+                              (MODELS[name].quick if quick else MODELS[name].config), runs, ratios, until, quick,
+                              env, cwd, out, progress, workers, lock, cores, models) for name in models]
+        run_tasks(_order(tasks, slots), slots, stop=workers.stop)
     except KeyboardInterrupt:
         bench.notes.append("interrupted (Ctrl-C): the rows above are the ones that finished.")
         progress("interrupted: keeping the finished rows")
@@ -531,14 +618,45 @@ def run_bench(models: tuple[str, ...] = DEFAULT_MODELS, quick: bool = False, run
         bench.notes.append(f"the time limit ({time_limit:g} s) ran out: the rows above are the ones that finished.")
         progress("out of time: keeping the finished rows")
     bench.run = {"wall": time.time() - started, "cpu": _children_cpu() - cpu, "load_start": load,
-                 "load_end": os.getloadavg()[0]}
+                 "load_end": os.getloadavg()[0], "two_at_once": _overlap(workers.ran)}
     if out:
         write_report(bench, out)
     return bench
 
 
-def _bench_model(bench: Bench, model: Model, config: dict, rounds: int, ratios: tuple[float, ...], until: float,
-                 quick: bool, env: dict, cwd: Path, out: Path | None, progress: Callable[[str], None]) -> None:
+def _order(tasks: list[list[Task]], slots: int) -> list[Task]:
+    """The models' tasks (each :func:`_model_tasks`'s four) in the order :func:`run_tasks` starts them. One
+    at a time, model by model: rows, planning, plan rows, timing. Several: the plan rows first (short, and
+    their model's timing waits on them), then every model's planning (the long tasks: started last, one
+    would run on alone at the end while the other core idles), then the rows, and the timings last, each
+    alone when nothing else is left."""
+    if slots == 1:
+        return [t for model in tasks for t in model]
+    return [m[2] for m in tasks] + [m[1] for m in tasks] + [m[0] for m in tasks] + [m[3] for m in tasks]
+
+
+def _overlap(ran: list[tuple[str, str, float, float, float]]) -> float:
+    """The wall seconds in which more than one of the worker processes ``ran`` (:attr:`Workers.ran`) ran."""
+    edges = sorted([(start, 1) for _, _, start, _, _ in ran] + [(end, -1) for _, _, _, end, _ in ran])
+    seconds, running, last = 0.0, 0, 0.0
+    for t, step in edges:
+        if running > 1:
+            seconds += t - last
+        running, last = running + step, t
+    return seconds
+
+
+def _model_tasks(bench: Bench, model: Model, config: dict, rounds: int, ratios: tuple[float, ...], until: float,
+                 quick: bool, env: dict, cwd: Path, out: Path | None, progress: Callable[[str], None],
+                 workers: Workers, lock: threading.RLock, cores: list[int], models: tuple[str, ...]) -> list[Task]:
+    """One model's four tasks (:func:`rematopt.studies.schedule.run_tasks`), each one worker process: its
+    rows (the plain step and the policies), its planning, its plans' rows, its timing. Planning needs
+    none of the rows' results (``--verify xla`` compiles the plain step itself), so it may run beside
+    them; the plans' rows need the plans and the plain step's gradients; the timing needs every row's
+    spec and runs alone (``Task.alone``): on CPU its clock is a pinned process's CPU time, and a process
+    on the other core would share the caches and memory bandwidth with it. The rows' compiled peaks are
+    the compiled programs', and the plans come from CP-SAT's deterministic clock, so neither depends on
+    what runs beside them. ``lock`` guards ``bench`` and the report, which the tasks' threads share."""
     from ..importers.costmodel import device
     from ..xla.cost import step_cost
     from ..xla.hlo import read_hlo
@@ -547,21 +665,33 @@ def _bench_model(bench: Bench, model: Model, config: dict, rounds: int, ratios: 
     # the timing process's compiles hit the cache the row processes fill
     env = {**env, "JAX_COMPILATION_CACHE_DIR": str(work / "jax-cache"),
            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
-    base = {"model": model.spec, "config": config, "grads": str(work / "grads.npz"), "device": bench.device,
-            "cwd": str(cwd)}
-    pin = {"pin": min(os.sched_getaffinity(0))} if bench.clock == "cpu" else {}
+    base = {"model": model.spec, "label": model.label, "config": config, "grads": str(work / "grads.npz"),
+            "device": bench.device, "cwd": str(cwd)}
+    order = {name: k for k, name in enumerate(models)}
+
+    def pin(slot: int) -> dict:
+        return {"pin": cores[slot]} if bench.clock == "cpu" else {}
+
     def timeout(most: float = WORKER_WALL_S) -> float:  # what is left of the command's wall clock
         return min(most, until - time.time())
 
+    def add(r: Row) -> None:
+        """``r`` after its model's rows (before the next model's): the report reads model by model."""
+        bench.rows.insert(sum(order[x.model] <= order[r.model] for x in bench.rows), r)
+
     specs: dict[str, dict] = {}  # variant: what compiles it, for the timing process
     made: dict[str, Row] = {}
+    planned: dict = {}
+    numbers = itertools.count()  # the model's hlo_<n>.txt files
 
-    def measured(rows: list[tuple[Row, dict]]) -> None:
+    def measured(rows: list[tuple[Row, dict]], slot: int) -> None:
         """Measure ``rows`` (each a row and what compiles it). On a GPU each in a fresh process, so one
         row's memory does not leak into the next's device peak. On CPU there is none to leak (the peak is
         the compiled program's; the CPU reports no device peak), so a model's rows share one process,
         which imports JAX and the model's library once: each row's line as it finishes."""
-        hlo = {r.variant: work / f"hlo_{len(bench.rows) + k}.txt" for k, (r, _) in enumerate(rows)}
+        if not rows:
+            return
+        hlo = {r.variant: work / f"hlo_{next(numbers)}.txt" for r, _ in rows}
         batches = [rows] if bench.backend == "cpu" else [[r] for r in rows]
         for batch in batches:
             started, reached = [time.perf_counter()], set()
@@ -569,106 +699,129 @@ def _bench_model(bench: Bench, model: Model, config: dict, rounds: int, ratios: 
             def record(got: dict) -> None:
                 reached.add(got["row"])
                 r, extra = batch[got["row"]]
-                if "error" in got:
-                    r.note = (r.note + " " if r.note else "") + got["error"]
-                else:
-                    for k, v in got.items():
-                        if hasattr(r, k) and k != "note":
-                            setattr(r, k, v)
-                    bench.costs[model.label, r.variant] = step_cost(read_hlo(hlo[r.variant]), device(bench.device))
-                    specs[r.variant] = extra
-                    made[r.variant] = r
-                bench.rows.append(r)
-                progress(f"{model.label:12} {r.variant:42} "
-                         + (f"peak {r.compiled_peak / 1e6:9.2f} MB  {r.kernels:5} kernels" if r.compiled_peak
-                            else f"-- {r.note}") + f"  ({time.perf_counter() - started[0]:.0f} s)")
-                started[0] = time.perf_counter()
-                if out:
-                    write_report(bench, out)
+                with lock:
+                    if "error" in got:
+                        r.note = (r.note + " " if r.note else "") + got["error"]
+                    else:
+                        for k, v in got.items():
+                            if hasattr(r, k) and k != "note":
+                                setattr(r, k, v)
+                        bench.costs[model.label, r.variant] = step_cost(read_hlo(hlo[r.variant]), device(bench.device))
+                        specs[r.variant] = extra
+                        made[r.variant] = r
+                    add(r)
+                    progress(f"{model.label:12} {r.variant:42} "
+                             + (f"peak {r.compiled_peak / 1e6:9.2f} MB  {r.kernels:5} kernels" if r.compiled_peak
+                                else f"-- {r.note}") + f"  ({time.perf_counter() - started[0]:.0f} s)")
+                    started[0] = time.perf_counter()
+                    if out:
+                        write_report(bench, out)
 
-            got = _worker({**base, **pin, "rows": [{**extra, "hlo": str(hlo[r.variant])} for r, extra in batch]},
-                          env, timeout(), bench.spent, "rows", each=record)
+            got = _worker({**base, **pin(slot), "rows": [{**extra, "hlo": str(hlo[r.variant])} for r, extra in batch]},
+                          env, timeout(), workers, "rows", each=record)
             for k in range(len(batch)):  # the rows the process did not reach
                 if k not in reached:
                     record({"row": k, "error": got.get("error", "not measured")})
 
-    policies = [(Row(model.label, f"{scope}:{policy}", scope), {"remat": policy, "scope": scope})
-                for scope in ("layer", "step") for policy in (QUICK_POLICIES[scope] if quick else POLICIES)]
-    if bench.backend == "cpu":  # the plain step first: its gradients are the others' reference
-        measured([(Row(model.label, "plain", "plain"), {"first": True})] + policies)
-    else:  # the plain step's peak aims XLA's GPU remat
-        measured([(Row(model.label, "plain", "plain"), {})])
-        if "plain" in made:
-            measured(policies + [(Row(model.label, f"xla-gpu@{r} (slop {_slop(made['plain'], r)})", "xla-gpu", r),
-                                  {"slop": _slop(made["plain"], r)}) for r in ratios])
-    if "plain" not in made:
-        return
-    started = time.perf_counter()
-    planned = _worker({**base, "plan_dir": str(work), "label": model.label, "ratios": list(ratios),
-                       "deterministic_time": bench.deterministic_time,
-                       "max_rounds": QUICK_PLAN_ROUNDS if quick else PLAN_ROUNDS,
-                       "until": min(until, time.time() + len(ratios) * PLAN_WALL_S)},
-                      env, timeout(len(ratios) * PLAN_WALL_S + WORKER_WALL_S), bench.spent, "planning")
-    if "error" in planned:
-        bench.notes.append(f"{model.label}: planning failed: {planned['error']}")
-    progress(f"{model.label:12} planning " + (f"failed: {planned['error']}" if "error" in planned else "done")
-             + f"  ({time.perf_counter() - started:.0f} s)")
-    plans = []
-    for ratio in ratios if "error" not in planned else ():
-        p = planned["plans"].get(str(ratio), {})
-        if "path" not in p:
-            bench.rows.append(Row(model.label, f"rematopt@{ratio}", "rematopt", ratio,
-                                  note=f"no plan: {p.get('status', 'not run')}"))
-            progress(f"{model.label:12} rematopt@{ratio}: {bench.rows[-1].note}")
-            continue
-        plans.append((Row(model.label, f"rematopt@{ratio}", "rematopt", ratio, predicted_peak=p["peak"],
-                          predicted_overhead=p["overhead"], stopped_by=p["stopped_by"],
-                          deterministic_spent=p["deterministic_spent"],
-                          note=f"{p['status']}, graph of {p['nodes']} nodes"),
-                      {"graph": p["graph"], "plan": p["path"], "ordered": p.get("ordered", True)}))
-    measured(plans)
-    _time(bench, model.label, specs, base, pin, rounds, env, timeout(), progress)
-    _calibrate(bench, model.label)
-    if out:
-        write_report(bench, out)
+    def rows(slot: int) -> None:
+        policies = [(Row(model.label, f"{scope}:{policy}", scope), {"remat": policy, "scope": scope})
+                    for scope in ("layer", "step") for policy in (QUICK_POLICIES[scope] if quick else POLICIES)]
+        if bench.backend == "cpu":  # the plain step first: its gradients are the others' reference
+            measured([(Row(model.label, "plain", "plain"), {"first": True})] + policies, slot)
+        else:  # the plain step's peak aims XLA's GPU remat
+            measured([(Row(model.label, "plain", "plain"), {})], slot)
+            if "plain" in made:
+                measured(policies + [(Row(model.label, f"xla-gpu@{r} (slop {_slop(made['plain'], r)})", "xla-gpu",
+                                          r), {"slop": _slop(made["plain"], r)}) for r in ratios], slot)
+
+    def planning(slot: int) -> None:
+        started = time.perf_counter()
+        planned.update(_worker({**base, "plan_dir": str(work), "ratios": list(ratios),
+                                "deterministic_time": bench.deterministic_time,
+                                "max_rounds": QUICK_PLAN_ROUNDS if quick else PLAN_ROUNDS,
+                                "until": min(until, time.time() + len(ratios) * PLAN_WALL_S)},
+                               env, timeout(len(ratios) * PLAN_WALL_S + WORKER_WALL_S), workers, "planning"))
+        with lock:
+            if "error" in planned:
+                bench.notes.append(f"{model.label}: planning failed: {planned['error']}")
+            progress(f"{model.label:12} planning " + (f"failed: {planned['error']}" if "error" in planned else "done")
+                     + f"  ({time.perf_counter() - started:.0f} s)")
+
+    def plan_rows(slot: int) -> None:
+        if "plain" not in made or "error" in planned:  # no plain step: nothing to compare a plan with
+            return
+        plans = []
+        for ratio in ratios:
+            p = planned["plans"].get(str(ratio), {})
+            if "path" not in p:
+                missing = Row(model.label, f"rematopt@{ratio}", "rematopt", ratio,
+                              note=f"no plan: {p.get('status', 'not run')}")
+                with lock:
+                    add(missing)
+                    progress(f"{model.label:12} rematopt@{ratio}: {missing.note}")
+                continue
+            plans.append((Row(model.label, f"rematopt@{ratio}", "rematopt", ratio, predicted_peak=p["peak"],
+                              predicted_overhead=p["overhead"], stopped_by=p["stopped_by"],
+                              deterministic_spent=p["deterministic_spent"],
+                              note=f"{p['status']}, graph of {p['nodes']} nodes"),
+                          {"graph": p["graph"], "plan": p["path"], "ordered": p.get("ordered", True)}))
+        measured(plans, slot)
+
+    def timing(slot: int) -> None:
+        if "plain" not in made:
+            return
+        # the variants' processes start on both cores (nothing else of the bench runs), then all move to one
+        start_on = {"start_on": cores[:AT_ONCE]} if bench.clock == "cpu" else {}
+        _time(bench, model.label, specs, base, {**pin(slot), **start_on}, rounds, env, timeout(), progress, workers,
+              lock)
+        with lock:
+            _calibrate(bench, model.label)
+            if out:
+                write_report(bench, out)
+
+    name = model.label
+    return [Task(f"{name} rows", rows), Task(f"{name} planning", planning),
+            Task(f"{name} plan rows", plan_rows, after=(f"{name} rows", f"{name} planning")),
+            Task(f"{name} timing", timing, after=(f"{name} rows", f"{name} plan rows"), alone=True)]
 
 
 def _time(bench: Bench, model: str, specs: dict[str, dict], base: dict, pin: dict, rounds: int, env: dict,
-          timeout: float, progress: Callable[[str], None]) -> None:
+          timeout: float, progress: Callable[[str], None], workers: Workers, lock: threading.RLock) -> None:
     """Every measured variant's step time from :func:`time_steps` (a process each, interleaved rounds), with
     a second compile of the plain step, timed alongside, as the row ``plain (again)``."""
     started = time.perf_counter()
     variants = {**specs, AGAIN: specs["plain"]}
     profile = [v for v in specs if v == "plain" or v.startswith("rematopt@")]
     got = _worker({**base, **pin, "variants": variants, "rounds": rounds, "clock": bench.clock,
-                   "profile": profile}, env, timeout, bench.spent, "timing")
-    rows = {r.variant: r for r in bench.rows if r.model == model}
-    plain = rows["plain"]
-    again = Row(model, AGAIN, "plain", note="a second compile of the plain step, timed in the same rounds: "
-                "the noise floor")
-    bench.rows.insert(bench.rows.index(plain) + 1, again)
-    if "error" in got:
-        again.note = f"timing failed: {got['error']}"
-        progress(f"{model:12} timing failed: {got['error']}")
-        return
-    for variant, times in got["times"].items():
-        r = rows.get(variant, again)
-        r.step_ms = min(times)
-        halves = min(times[0::2]), min(times[1::2] or times)
-        r.step_ms_spread = abs(halves[0] - halves[1]) / r.step_ms
-        r.page_faults = int(statistics.median(got["faults"][variant]))
-    for variant, why in got["errors"].items():
-        rows.get(variant, again).note += f" timing failed: {why}"
-    for variant, seconds in got.get("profiles", {}).items():
-        bench.profiles[model, variant] = seconds
-    if AGAIN in got["peaks"]:
-        again.compiled_peak, again.compiled_peak_is = got["peaks"][AGAIN], plain.compiled_peak_is
-        for k in ("predicted_raw_ms", "kernels", "bytes_moved", "predicted_faults"):
-            setattr(again, k, getattr(plain, k))
-        bench.costs[model, AGAIN] = bench.costs[model, "plain"]
-    progress(f"{model:12} {len(got['times'])} variants timed in {got.get('rounds', rounds)} interleaved rounds "
-             f"({bench.clock} clock; plain {plain.step_ms or float('nan'):.2f} ms, again "
-             f"{again.step_ms or float('nan'):.2f} ms)  ({time.perf_counter() - started:.0f} s)")
+                   "profile": profile}, env, timeout, workers, "timing")
+    with lock:
+        rows = {r.variant: r for r in bench.rows if r.model == model}
+        plain = rows["plain"]
+        again = Row(model, AGAIN, "plain", note="a second compile of the plain step, timed in the same rounds: "
+                    "the noise floor")
+        bench.rows.insert(bench.rows.index(plain) + 1, again)
+        if "error" in got:
+            again.note = f"timing failed: {got['error']}"
+            progress(f"{model:12} timing failed: {got['error']}")
+            return
+        for variant, times in got["times"].items():
+            r = rows.get(variant, again)
+            r.step_ms = min(times)
+            halves = min(times[0::2]), min(times[1::2] or times)
+            r.step_ms_spread = abs(halves[0] - halves[1]) / r.step_ms
+            r.page_faults = int(statistics.median(got["faults"][variant]))
+        for variant, why in got["errors"].items():
+            rows.get(variant, again).note += f" timing failed: {why}"
+        for variant, seconds in got.get("profiles", {}).items():
+            bench.profiles[model, variant] = seconds
+        if AGAIN in got["peaks"]:
+            again.compiled_peak, again.compiled_peak_is = got["peaks"][AGAIN], plain.compiled_peak_is
+            for k in ("predicted_raw_ms", "kernels", "bytes_moved", "predicted_faults"):
+                setattr(again, k, getattr(plain, k))
+            bench.costs[model, AGAIN] = bench.costs[model, "plain"]
+        progress(f"{model:12} {len(got['times'])} variants timed in {got.get('rounds', rounds)} interleaved rounds "
+                 f"({bench.clock} clock; plain {plain.step_ms or float('nan'):.2f} ms, again "
+                 f"{again.step_ms or float('nan'):.2f} ms)  ({time.perf_counter() - started:.0f} s)")
 
 
 def _slop(plain: Row, ratio: float) -> int:
@@ -827,16 +980,48 @@ def markdown(bench: Bench) -> str:
 def _time_spent(bench: Bench) -> str:
     """The run's wall and CPU seconds, and per kind of worker process where its wall seconds went."""
     run = bench.run
-    head = (f"The run: {run['wall']:.0f} s of wall clock, {run['cpu']:.0f} s of CPU (its processes, one after "
-            f"another), load average {run['load_start']:.1f} at its start and {run['load_end']:.1f} at its end "
-            f"({os.cpu_count()} cores)." if run else "The run did not finish.")
-    out = [head, "", "| process | count | wall s | CPU s | its phases, wall s |", "|---|---:|---:|---:|---|"]
+    head = (f"The run: {run['wall']:.0f} s of wall clock, {run['cpu']:.0f} s of CPU, two worker processes at once "
+            f"for {run.get('two_at_once', 0.0):.0f} s of it (rows and planning; timing alone), load average "
+            f"{run['load_start']:.1f} at its start and {run['load_end']:.1f} at its end ({os.cpu_count()} cores)."
+            if run else "The run did not finish.")
+    out = [head + _critical_path(bench), "", "| process | count | wall s | CPU s | its phases, wall s |",
+           "|---|---:|---:|---:|---|"]
     for kind, d in bench.spent.items():
         phases = {k: v for k, v in d.items() if k not in ("processes", "wall", "cpu")}
         phases["other"] = d["wall"] - sum(phases.values())
         out.append(f"| {kind} | {d['processes']:.0f} | {d['wall']:.1f} | {d['cpu']:.1f} | "
                    + ", ".join(f"{k} {v:.1f}" for k, v in phases.items()) + " |")
     return "\n".join(out)
+
+
+def _critical_path(bench: Bench) -> str:
+    """What the run's processes would take on an idle machine, where a pinned process's CPU seconds are its
+    wall seconds: the measuring and planning at least half their CPU (two cores) and at least the longest
+    model's chain (its rows or its planning, then its plan rows); the timing processes one after another."""
+    ran = bench.processes
+    stage = [p for p in ran if p[0] in ("rows", "planning")]
+    timing = [p for p in ran if p[0] == "timing"]
+    if not stage or not timing:  # a run cut before any timing: no figure for the whole
+        return ""
+    chains = {}
+    for model in dict.fromkeys(p[1] for p in stage):
+        rows = sorted((p for p in stage if p[1] == model and p[0] == "rows"), key=lambda p: p[2])
+        planning = sum(p[4] for p in stage if p[1] == model and p[0] == "planning")
+        chains[model] = max(rows[0][4] if rows else 0.0, planning) + sum(p[4] for p in rows[1:])
+    longest = max(chains, key=chains.get)
+    cpu = sum(p[4] for p in stage)
+    span = max(p[3] for p in stage) - min(p[2] for p in stage)
+    # the run's own schedule at full speed: its processes ran at cpu / (their wall seconds) of a core each
+    scheduled = max(span * cpu / sum(p[3] - p[2] for p in stage), chains[longest])
+    before = sum(p[4] for p in ran if p[0] in ("probe", "micro-benchmarks"))
+    timed = sum(p[4] for p in timing)
+    return (f" Measuring and planning: {len(stage)} processes, {cpu:.0f} s of CPU in {span:.0f} s of wall clock; "
+            f"on an idle machine at least {max(cpu / AT_ONCE, chains[longest]):.0f} s (half their CPU, or "
+            f"{longest}'s chain, {chains[longest]:.0f} s: its rows or its planning, then its plan rows), about "
+            f"{scheduled:.0f} s as this run's schedule had them (its wall clock times the share of a core each "
+            f"process had). Timing, each alone: {len(timing)} process{'es' * (len(timing) != 1)}, {timed:.0f} s of "
+            f"CPU. With the probe and micro-benchmarks ({before:.0f} s of CPU), about {before + scheduled + timed:.0f} "
+            f"s on an idle machine, taking each process's CPU seconds for its wall seconds.")
 
 
 def _reproducible(bench: Bench) -> str:
