@@ -26,9 +26,13 @@ A plan's own peak (:func:`~rematopt.simulate.simulate`) is of its events;
   op is fused into the kernels reading it (they read what it reads), unless a
   library call reads it directly; a recomputation nothing in the backward
   pass reads is not made; a slice of a stacked argument that a library call
-  reads is a copy (:func:`_slice_copies`); a dot's result that is the gradient of
+  reads is a copy (:func:`_slice_copies`; a matrix's, held from the first
+  reader to the last); a dot's result (or its transpose) that is the gradient of
   such a slice is held to the step's end, where XLA stacks the slices'
-  gradients into the caller's, one allocation per leaf (:func:`_housed`);
+  gradients into the caller's, one allocation per leaf (:func:`_housed`), unless
+  the step scans such gradients (``scanned``); a recomputed library call makes
+  a kept operand that is XLA's copy of a buffer again from that buffer
+  (:func:`_copied_again`);
   where its kernel writes only a factor of a value (a softmax's division by
   its sum: the sum's reciprocal), each reader multiplies the rest in, so
   reads the value's operand of its shape too (the forward pass's exp,
@@ -61,14 +65,19 @@ EXPENSIVE = frozenset({"exp", "exp2", "expm1", "log", "log1p", "tanh", "logistic
                        "div", "rem", "erf", "erfc", "erf_inv", "sin", "cos", "tan", "atan2"})
 # Kernels that read their operands as whole buffers in memory (XLA's CPU library calls), never fusing a slice.
 LIBRARY_CALLS = frozenset({"dot_general", "conv_general_dilated"})
+# The gradients of a stacked argument's slices XLA writes with a dot: a dot's, or its transpose's, which XLA folds
+# into the dot (gpt_scan's weight gradients: ``dot.53``, op_name ``.../transpose``).
+STACKED_DOTS = LIBRARY_CALLS | {"transpose"}
 
 
-def applied_peak(graph: Graph, plan: Plan) -> int:
+def applied_peak(graph: Graph, plan: Plan, scanned: dict[str, set[int]] | None = None) -> int:
     """Peak bytes of ``apply_plan(loss_fn, graph, plan)``'s gradient step on
     ``graph``'s memory model (module docstring): each value is allocated when
     its pass computes it and freed after its last reader there, as the
-    simulator frees a plan's values; outputs and persistent values never."""
-    step = applied_step(graph, plan)
+    simulator frees a plan's values; outputs and persistent values never.
+    ``scanned``: the nodes the step ran inside a ``lax.scan``, by pass
+    (:func:`scanned_nodes` of the applied function's ``loops``; None: none)."""
+    step = applied_step(graph, plan, scanned)
     n = len(step.order)
     rises, frees = [0] * n, [0] * (n + 1)  # frees[-1]: before the first computation
     for copy, k in step.born.items():
@@ -101,8 +110,19 @@ class AppliedStep:
     housed: set[tuple[int, str]]
 
 
-def applied_step(graph: Graph, plan: Plan) -> AppliedStep:
-    """The live ranges of the values of ``apply_plan``'s step for ``plan`` (module docstring)."""
+def scanned_nodes(loops) -> dict[str, set[int]]:
+    """The graph nodes an applied step runs inside a ``lax.scan``, by pass ("forward",
+    "backward"): from ``apply_plan(...).loops`` once the function was traced."""
+    out: dict[str, set[int]] = {}
+    for note in loops:
+        for phase, nodes in note.nodes.items():
+            out.setdefault(phase, set()).update(nodes)
+    return out
+
+
+def applied_step(graph: Graph, plan: Plan, scanned: dict[str, set[int]] | None = None) -> AppliedStep:
+    """The live ranges of the values of ``apply_plan``'s step for ``plan`` (module docstring);
+    ``scanned`` as :func:`applied_peak` takes it."""
     phase = [v.phase for v in graph.nodes]
     fates = residual_fates(graph, plan)
     ops, nodes = plan.ops.tolist(), plan.nodes.tolist()
@@ -131,6 +151,7 @@ def applied_step(graph: Graph, plan: Plan) -> AppliedStep:
     order = [copy for copy in order if copy in needed]
 
     again = {**_made_again(graph, order, operands, read), **_buffers_made_again(graph, order, operands)}
+    _copied_again(graph, order, operands)
     remade = _read_recomputed(graph, order, operands)
     tie = _ties(graph, order)
 
@@ -212,10 +233,15 @@ def applied_step(graph: Graph, plan: Plan) -> AppliedStep:
                 and born[c] >= backward_pass)
     # a result XLA copies into the output's layout holds its kernel's buffer to the step's end; so does
     # a dot's result that is a stacked argument's slice's gradient, which XLA stacks there into the
-    # caller's gradient (:func:`_housed`)
+    # caller's gradient (:func:`_housed`); so does a transposed one, unless the step scans some of them
+    # (:data:`STACKED_DOTS`)
     copied = sorted((c for c in born if "layout_copy" in extra[c]), key=lambda c: extra[c]["layout_copy_order"])
-    stacked = {u: leaf for u, leaf in graph.meta.get("xla", {}).get("stacked_outputs", [])
-               if graph.nodes[u].op in LIBRARY_CALLS and "layout_copy" not in (graph.nodes[u].extra or {})}
+    gradients = [(u, leaf) for u, leaf in graph.meta.get("xla", {}).get("stacked_outputs", [])
+                 if "layout_copy" not in (graph.nodes[u].extra or {})]
+    in_scan = (scanned or {}).get("backward", set())
+    kinds = LIBRARY_CALLS if any(u in in_scan and graph.nodes[u].op in STACKED_DOTS for u, _ in gradients) \
+        else STACKED_DOTS
+    stacked = {u: leaf for u, leaf in gradients if graph.nodes[u].op in kinds}
     copied += [c for c in born if c[0] in stacked and "allocation" in extra[c]]
     last.update((c, len(order) - 1) for c in copied)
     # the copies one after another, in the order of the results (resnet, cpsat at 0.8: as XLA runs them):
@@ -238,13 +264,20 @@ def _slice_copies(graph: Graph, order: list[tuple[int, str]]) -> dict[int, tuple
     last (gpt_scan at its instance config, greedy at 0.8: twelve weight slices,
     393,216 B, live from the forward pass's dots to the backward pass's). Other
     kernels fuse the slice and read the stack in place."""
-    sliced = {u for u in graph.initial_resident if "iteration" in (graph.nodes[u].extra or {})}
+    sliced = {u for u in graph.initial_resident if "iteration" in (graph.nodes[u].extra or {})
+              and _rank((graph.nodes[u].extra or {}).get("aval")) <= 2}
     out: dict[int, tuple[int, int]] = {}
     for k, (i, _) in enumerate(order):
         if graph.nodes[i].op in LIBRARY_CALLS:
             for u in sliced.intersection(graph.preds[i]):
                 out[u] = (out.get(u, (k, k))[0], k)
     return out
+
+
+def _rank(aval: str | None) -> int:
+    """The number of dimensions of an ``extra.aval`` such as ``f32[32,2,16]`` (0 where unknown)."""
+    dims = (aval or "").partition("[")[2].rstrip("]")
+    return len(dims.split(",")) if dims else 0
 
 
 def _buffers_made_again(graph: Graph, order: list, operands: dict) -> dict:
@@ -263,6 +296,34 @@ def _buffers_made_again(graph: Graph, order: list, operands: dict) -> dict:
                     again[(u, "b")] = None
     operands.update((c, []) for c in again)
     return again
+
+
+def _copied_again(graph: Graph, order: list, operands: dict) -> None:
+    """A library call (:data:`LIBRARY_CALLS`) recomputed in the backward pass reads its kept
+    forward operands tied (``x + 0 * last``, ``jax_policy._evaluate_tied``), and XLA cannot fuse
+    the tie into the call: where an operand is XLA's copy of a buffer (its node made from an
+    ``xla_buffer`` of its bytes that nothing else reads: a projection's result transposed for the
+    attention's value dot), XLA makes the copy again from that buffer, which the forward pass
+    holds to the recomputation beside the kept copy (gpt_scan at its instance config, cpsat at
+    0.5: the v projection's two 16 KiB results, held from the forward pass to the recomputed value
+    dot). Not where the call also reads an ``xla_buffer`` of the operand's bytes: the graph does
+    not say which operand that copies (the score dot's q and k: XLA holds the raw q beside its
+    copy, and the raw k alone). Rewrites ``operands`` so."""
+    def bytes_of(u: int) -> int:
+        return (graph.nodes[u].extra or {}).get("housed", graph.bytes[u])
+
+    def copy_source(u: int) -> list[int]:
+        return [p for p in graph.preds[u] if graph.nodes[p].op == "xla_buffer" and graph.succs[p] == [u]
+                and bytes_of(p) == bytes_of(u)]
+
+    for i, c in order:
+        if c != "b" or graph.nodes[i].phase != "forward" or graph.nodes[i].op not in LIBRARY_CALLS:
+            continue
+        copies = {bytes_of(p) for p in graph.preds[i] if graph.nodes[p].op == "xla_buffer"}
+        for j, (u, cu) in enumerate(operands[(i, c)]):
+            source = copy_source(u)
+            if cu == "f" and len(source) == 1 and bytes_of(u) not in copies:
+                operands[(i, c)][j] = (source[0], "f")
 
 
 def _made_again(graph: Graph, order: list, operands: dict, read) -> dict:

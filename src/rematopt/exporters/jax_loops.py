@@ -88,6 +88,7 @@ class LoopNote:
     scanned: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # pass -> (first, last) per run
     unrolled: dict[str, list[int]] = field(default_factory=dict)  # pass -> iterations run one by one
     why: dict[str, str] = field(default_factory=dict)  # pass -> why the first unrolled iteration is
+    nodes: dict[str, set[int]] = field(default_factory=dict)  # pass -> the graph nodes run inside a scan
 
     @property
     def rolled(self) -> bool:
@@ -283,6 +284,7 @@ def _roll_sweep(units: list[Unit], parts: list, readers: dict, aval: Callable, n
         if e - s >= MIN_RUN:
             out.append(_run(segs[s:e], desc, F[s], note.loop))
             note.scanned.setdefault(phase, []).append((segs[s].iteration, segs[e - 1].iteration))
+            note.nodes.setdefault(phase, set()).update(u.node for seg in segs[s:e] for u in seg.units)
             s = e
         else:
             out.extend(segs[s].units)

@@ -55,7 +55,7 @@ def rows(name: str, planners: tuple[str, ...], ratios: tuple[float, ...],
     import jax
 
     from .. import planners as registry
-    from ..exporters.jax_applied import applied_peak
+    from ..exporters.jax_applied import applied_peak, scanned_nodes
     from ..jax import apply_plan
     from ..reference import no_remat_peak
     from ..solve import solve
@@ -99,7 +99,8 @@ def rows(name: str, planners: tuple[str, ...], ratios: tuple[float, ...],
                 try:
                     with warnings.catch_warnings():
                         warnings.simplefilter("ignore")
-                        c, flops = compile_figures(apply_plan(fn, graph, sol.plan))
+                        applied = apply_plan(fn, graph, sol.plan)
+                        c, flops = compile_figures(applied)
                         free, free_flops = compile_figures(apply_plan(fn, graph, sol.plan, ordered=False))
                 except Exception as e:  # noqa: BLE001 - as the loop does: a plan that does not apply, the traced graph
                     rec["apply_error"] = f"{type(e).__name__}: {e}"[:200]
@@ -107,7 +108,7 @@ def rows(name: str, planners: tuple[str, ...], ratios: tuple[float, ...],
                 rec.update({k: sol.plan.stats[k] for k in ("stopped_by", "deterministic_spent")
                             if k in sol.plan.stats})
                 rec.update(graph=where, planning_ratio=b / g0, status=sol.status, plan_peak=sol.replay.peak_bytes,
-                           applied_peak=applied_peak(graph, sol.plan), xla=c, flops=flops,
+                           applied_peak=applied_peak(graph, sol.plan, scanned_nodes(applied.loops)), xla=c, flops=flops,
                            xla_unordered=free, flops_unordered=free_flops)
                 break
             out.append(rec)

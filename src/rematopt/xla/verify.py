@@ -321,7 +321,7 @@ def _search(loss_fn: Callable, args: Sequence, argnums: tuple[int, ...], graph: 
     left is the planner's: half of it on the wall clock (the other half
     applies and compiles), all of it in deterministic time (which a
     compile does not spend), the wall clock left as the outer bound."""
-    from ..exporters.jax_applied import applied_peak
+    from ..exporters.jax_applied import applied_peak, scanned_nodes
     from ..exporters.jax_policy import apply_plan
     from ..solve import solve
 
@@ -380,8 +380,9 @@ def _search(loss_fn: Callable, args: Sequence, argnums: tuple[int, ...], graph: 
         where = "compiled" if graph.meta.get("fuse") == "xla" else "traced"
         label = f"{planner} plan, {where} graph, {order} order (planning budget {human_bytes(b)})"
         try:
-            c, _ = compile_figures(apply_plan(loss_fn, graph, sol.plan), args, argnums, settings)
-            variants = [(label, c, applied_peak(graph, sol.plan), True)]
+            applied = apply_plan(loss_fn, graph, sol.plan)
+            c, _ = compile_figures(applied, args, argnums, settings)
+            variants = [(label, c, applied_peak(graph, sol.plan, scanned_nodes(applied.loops)), True)]
             if where == "compiled" and jax.default_backend() == "cpu":  # the plan's order tied, or XLA's own
                 free, _ = compile_figures(apply_plan(loss_fn, graph, sol.plan, ordered=False), args, argnums, settings)
                 variants.append((f"{label}, XLA's order", free, None, False))  # planned in ``order``, run in XLA's
