@@ -320,8 +320,10 @@ def test_the_machine_micro_benchmarks_measure_positive_rates_and_one_fault_a_fre
     m = measure(repeats=2)
     dev = m.device()
     assert all(0 < x < float("inf") for x in (m.flops_per_s, m.dot_flops_per_s, m.vector_flops_per_s, m.bytes_per_s,
-                                               m.launch_s, m.fault_s, m.transcendental_s))
+                                               m.launch_s, m.fault_s, m.transcendental_s, m.strided_read_s,
+                                               m.strided_miss_s))
     assert dev.dot_flops_per_s == m.dot_flops_per_s and "measured" in dev.source
+    assert (dev.strided_read_s, dev.strided_miss_s) == (m.strided_read_s, m.strided_miss_s)
 
 
 GPT_FAULTS_SCRIPT = """
@@ -396,6 +398,73 @@ ENTRY %main (p: f32[8,256,1], q: f32[64,256]) -> (f32[8,256,1], f32[64,256]) {
 """
     moved = {k.kernel.name: k.kernel.transposes for k in step_cost(hlo, device("cpu")).kernels}
     assert moved == {"unit": None, "relayout": (64 * 256 * 4, 4)}
+
+
+def strided(fn, *args) -> list[tuple[int, int]]:
+    """Each kernel's (kept, not kept) elements read one cache line each, of ``fn`` compiled on ``args``."""
+    compiled = jax.jit(fn).lower(*args).compile()
+    return [k.kernel.strided for k in step_cost(compiled.as_text(), device("cpu")).kernels]
+
+
+@pytest.mark.parametrize("shape,perm,kept", [
+    ((2048, 64), (1, 0), True),  # tokens by width to width by tokens: 256 B between reads, 2,048 a sweep
+    ((2048, 256), (1, 0), False),  # 1 KiB between reads: a sixteenth of the cache's sets
+    ((2048, 240), (1, 0), True),  # 960 B: every set
+    ((8, 256, 4, 16), (0, 2, 3, 1), True),  # quick gpt's q into heads: 64 elements a sweep
+    ((4, 64, 64, 24), (3, 1, 2, 0), True),  # quick unet's features outermost: its sweep's strides spread
+])
+def test_a_transposition_reads_an_element_a_cache_line_where_its_reads_lie_a_line_apart(shape, perm, kept):
+    import jax.numpy as jnp
+
+    x = jnp.ones(shape, jnp.float32)
+    w = jnp.arange(shape[-1], dtype=jnp.float32)  # a broadcast operand stays in cache: not counted
+    assert strided(lambda x, w: jnp.transpose(x * w, perm), x, w) == [(x.size, 0) if kept else (0, x.size)]
+
+
+@pytest.mark.parametrize("shape,perm", [
+    ((8, 256, 4, 16), (0, 2, 1, 3)),  # heads swapped with tokens: a head's 16 floats stay contiguous
+    ((8, 64, 64, 4), (0, 3, 1, 2)),  # four channels outermost: 16 B between reads, four to a line
+    ((4, 2048, 64), (1, 0, 2)),  # the minor dimension kept
+])
+def test_a_transposition_whose_reads_share_lines_reads_none_a_line_each(shape, perm):
+    import jax.numpy as jnp
+
+    x = jnp.ones(shape, jnp.float32)
+    assert strided(lambda x: jnp.transpose(x, perm) * 2.0, x) == [(0, 0)]
+    assert strided(lambda x: jnp.sin(x) * 2.0, x) == [(0, 0)]  # no transposition
+
+
+def test_more_arrays_read_across_than_the_prefetcher_follows_keep_no_lines():
+    """Every array the transposing fusion reads across counts, slices of one buffer each on their own
+    (xla.machine's micro-benchmark: as a step's arrays lie in its temp buffer); beyond
+    PREFETCH_STREAMS of them, none is kept. The elements are the bytes XLA's cost analysis counts for
+    the kernel less its output and the broadcast vector."""
+    import jax.numpy as jnp
+
+    from rematopt.xla.kernels import PREFETCH_STREAMS
+
+    w = jnp.arange(64, dtype=jnp.float32)
+    for arrays in (PREFETCH_STREAMS, PREFETCH_STREAMS + 1):
+        x = jnp.ones((arrays, 2048, 64), jnp.float32)
+        step = jax.jit(lambda x, w: sum((x[i] * w for i in range(1, x.shape[0])), x[0] * w).T)
+        compiled = step.lower(x, w).compile()
+        [k] = step_cost(compiled.as_text(), device("cpu")).kernels
+        elements = x.size
+        assert k.kernel.strided == ((elements, 0) if arrays <= PREFETCH_STREAMS else (0, elements))
+        xla = compiled.cost_analysis()
+        xla = xla[0] if isinstance(xla, (list, tuple)) else xla
+        assert 4 * elements == xla["bytes accessed"] - x[0].nbytes - w.nbytes
+
+
+def test_each_element_read_a_cache_line_each_adds_the_devices_price_for_it():
+    dev = replace(device("cpu"), strided_read_s=1e-9, strided_miss_s=3e-9)
+    k = replace(kernel(read=int(1e6), trips=3), transposes=(int(1e6), 4), strided=(1000, 200))
+    roofline = kernel_cost(replace(k, strided=(0, 0)), dev)
+    assert kernel_cost(k, dev).seconds == pytest.approx(roofline.seconds + 3 * (1000e-9 + 200 * 3e-9))
+    assert kernel_cost(k, device("cpu")).seconds == pytest.approx(roofline.seconds)  # a profile without the rates
+    heavy = replace(kernel(flops=int(1e9)), strided=(int(1e6), 0))  # compute-bound until its strided reads count
+    assert kernel_cost(replace(heavy, strided=(0, 0)), dev).bound == "compute"
+    assert kernel_cost(heavy, dev).bound == "memory"
 
 
 def rotary(x, table, swap=True):

@@ -28,6 +28,11 @@ class Device:
     # through Eigen, at 15 to 44 GFLOP/s on this machine's core where YNNPACK's GEMMs run 65 to 107
     # (widths 32 to 128, rematopt.xla.machine). Measured, never a data sheet's figure.
     dot_flops_per_s: float | None = None
+    # What a transposing kernel of XLA's CPU loop emitter pays beyond its roofline for each element it
+    # reads one cache line each (rematopt.xla.kernels.strided_reads): where its cache keeps the lines
+    # between sweeps, and where it does not. Measured on the core (rematopt.xla.machine); 0 elsewhere.
+    strided_read_s: float = 0.0
+    strided_miss_s: float = 0.0
 
 
 # Peak dense FLOP/s at the training precision (bf16 tensor cores on GPUs; h200:

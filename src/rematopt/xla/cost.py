@@ -7,7 +7,8 @@ graph model got wrong (on the H200 fixture its elementwise work priced at about 
 fused kernels take about 12 ms). Dots, convolutions and library calls run on the matrix units
 (``Device.flops_per_s``); everything else on the vector units (``Device.vector_flops_per_s``). A
 transposing kernel's transcendental functions, evaluated one element at a time
-(:func:`rematopt.xla.kernels.scalar_transcendentals`), cost a measured price each on top.
+(:func:`rematopt.xla.kernels.scalar_transcendentals`), and the elements it reads one cache line each
+(:func:`rematopt.xla.kernels.strided_reads`) cost a measured price each on top.
 
 A recomputation is priced by compiling the planned step and pricing its kernels: what XLA fused
 into existing kernels grows them, what it could not fuse adds kernels.
@@ -81,14 +82,18 @@ def on_matrix_units(kernel: Kernel) -> bool:
 
 
 def kernel_cost(kernel: Kernel, device: Device, launch_s: float = 0.0, transcendental_s: float = 0.0) -> KernelCost:
-    """Its roofline on ``device``, plus ``launch_s`` (what starting a kernel costs) and ``transcendental_s``
+    """Its roofline on ``device``, plus ``launch_s`` (what starting a kernel costs), ``transcendental_s``
     for each transcendental function it evaluates one element at a time
     (:func:`rematopt.xla.kernels.scalar_transcendentals`: the roofline's vector rate is 4 times too fast for
-    those, :mod:`rematopt.xla.machine`), per run."""
+    those, :mod:`rematopt.xla.machine`) and the device's price of each element it reads one cache line each
+    (:func:`rematopt.xla.kernels.strided_reads`: the roofline's bandwidth is 3 to 12 times too fast for
+    those), per run."""
     compute, memory = _sides(kernel, device)
     scalar = kernel.scalar_transcendentals * transcendental_s
-    return KernelCost(kernel, (max(compute, memory) + launch_s + scalar) * kernel.trip_count,
-                      "compute" if compute + scalar > memory else "memory")
+    hit, miss = kernel.strided
+    strided = hit * device.strided_read_s + miss * device.strided_miss_s
+    return KernelCost(kernel, (max(compute, memory) + launch_s + scalar + strided) * kernel.trip_count,
+                      "compute" if compute + scalar > memory + strided else "memory")
 
 
 def _sides(kernel: Kernel, device: Device) -> tuple[float, float]:

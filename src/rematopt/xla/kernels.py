@@ -13,6 +13,7 @@ kernel, as its runtime runs and profiles it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .hlo import DTYPE_BITS, HloModule, Instruction
@@ -50,6 +51,9 @@ class Kernel:
     transposes: tuple[int, int] | None = None
     # transcendental functions it evaluates per run, one element at a time (:func:`scalar_transcendentals`)
     scalar_transcendentals: int = 0
+    # elements it reads per run one cache line each (:func:`strided_reads`): (those the core's caches keep
+    # between sweeps, those they do not)
+    strided: tuple[int, int] = (0, 0)
 
 
 def kernels(module: HloModule) -> list[Kernel]:
@@ -120,9 +124,11 @@ def _kernel(module: HloModule, scope: dict[str, Instruction], inst: Instruction,
     flops = sum(instruction_flops(i) for i in inner) if inner else instruction_flops(inst)
     names = [i.metadata.op_name for i in [inst, *inner] if i.metadata.op_name]
     moves = [t for t in map(transposition, inner or [inst]) if t]
-    scalar = scalar_transcendentals(inst, inner or [inst]) if moves and kind != "fusion:kCustom" else 0
+    loop = moves and kind != "fusion:kCustom"  # XLA's loop emitter, not a library's
+    scalar = scalar_transcendentals(inst, inner or [inst]) if loop else 0
+    strided = strided_reads(inst, inner) if loop else (0, 0)
     return Kernel(inst.name, kind, read, written, flops, tuple(dict.fromkeys(names)), trips, inst.computation,
-                  max(moves, default=None), scalar)
+                  max(moves, default=None), scalar, strided)
 
 
 # Elementwise functions that cost tens of cycles an element, where arithmetic costs one.
@@ -188,13 +194,118 @@ def _traffic(module: HloModule, scope: dict[str, Instruction], inst: Instruction
     return sum(sizes.values()), written
 
 
+# A cache line, and how many arrays a core's prefetcher follows at a stride. A transposing kernel of
+# XLA's CPU loop emitter computes its output in the output's order, so an operand whose minor dimension
+# is not the output's is read one element per cache line (its stride: 64 bytes or more between
+# consecutive reads), and the line serves the next element of that operand only a sweep later. Timed
+# alone on this machine's core (xla.machine), summing k [2048, 64] arrays (slices of one buffer) times a
+# [64] vector into [64, 2048] (stride 256 B): 0.6 to 0.9 ns an element for k = 1 to 8, 1.19 at k = 12,
+# 1.61 at 16, 2.08 at 20; a [2048, 256] array (stride 1 KiB) 1.76 ns alone where [2048, 240] (960 B)
+# takes 0.61. In quick gpt's plain step, its residual-gradient transposes read 14 to 22 arrays across
+# at 2.2 to 3.9 ns an element (docs/device.md).
+LINE = 64
+PREFETCH_STREAMS = 8
+# Strides that are all multiples of this put a sweep's lines in a sixteenth of the cache's sets or fewer
+# (a 4 KiB page holds four of them, at the same offsets in every page), so the lines do not stay.
+CONFLICT_STRIDE = 1024
+
+
+def strided_reads(kernel: Instruction, inner: list[Instruction]) -> tuple[int, int]:
+    """(elements a transposing kernel reads one cache line each whose lines its cache keeps between
+    sweeps, elements whose lines it does not): per transposition in it (:func:`transposition`) whose
+    consecutive output elements lie a line or more apart in its operand, for as long a sweep as a line
+    holds elements, each operand it reads there as large as what moves (a lone copy or transpose: its
+    operand; a fusion's operand read through slices, each slice) reads one line per element. The lines
+    are not kept where the kernel reads more such operands than :data:`PREFETCH_STREAMS`, or the strides
+    of an operand's sweep are all multiples of :data:`CONFLICT_STRIDE`; a broadcast operand (smaller than
+    what moves) stays in cache."""
+    scope = {i.name: i for i in inner}
+    reads: list[tuple[int, int]] = []  # (elements, its sweep's common stride) per operand read so
+    for move in inner or [kernel]:
+        geometry = _stride_and_sweep(move)
+        if geometry is None:
+            continue
+        stride, sweep, spread, elements = geometry
+        if stride < LINE or sweep < LINE // _element_bytes(move):  # a line serves the next elements
+            continue
+        n = len(_arrays_read(move, scope, elements)) if inner else 1
+        reads += [(elements, spread)] * n
+    kept = len(reads) <= PREFETCH_STREAMS
+    hit = sum(e for e, spread in reads if kept and spread % CONFLICT_STRIDE)
+    return hit, sum(e for e, _ in reads) - hit
+
+
+def _element_bytes(inst: Instruction) -> int:
+    return max(DTYPE_BITS.get(inst.operand_shapes[0].leaves[0].dtype, 32) // 8, 1)
+
+
+def _stride_and_sweep(inst: Instruction) -> tuple[int, int, int, int] | None:
+    """Of a transposition, as it reads its operand in its output's order: (bytes between the operand
+    elements of two consecutive output elements, the sweep: how many consecutive output elements it
+    reads before the operand's minor dimension advances, the greatest common divisor of the strides
+    (bytes) of the sweep's dimensions, elements moved); None for anything else."""
+    orders = _orders(inst)
+    if orders is None or orders[0] == orders[1]:
+        return None
+    read, written = orders
+    source = inst.operand_shapes[0].leaves[0]
+    strides, step = {}, _element_bytes(inst)
+    for d in read:
+        strides[d] = step
+        step *= source.dims[d]
+    sweep, spread = 1, 0
+    for d in written:
+        if d == read[0]:
+            break
+        sweep *= source.dims[d]
+        spread = math.gcd(spread, strides[d])
+    return strides[written[0]], sweep, spread, source.elements
+
+
+def _arrays_read(inst: Instruction, scope: dict[str, Instruction], elements: int) -> list[Instruction]:
+    """The fusion's operands whose values reach ``inst`` with at least ``elements`` elements: each
+    parameter, or each slice of a parameter where the fusion reads it through slices."""
+    seen: dict[str, Instruction] = {}
+    stack = list(inst.operands)
+    while stack:
+        name = stack.pop()
+        if name in seen or name not in scope:
+            continue
+        seen[name] = scope[name]
+        stack.extend(scope[name].operands)
+    sliced = {_through_bitcasts(scope[i.operands[0]], scope).name for i in seen.values()
+              if i.opcode in SLICES and i.operands[0] in scope}
+    return [i for i in seen.values() if i.shape.leaves and i.shape.leaves[0].elements >= elements and (
+        (i.opcode == "parameter" and i.name not in sliced) or (
+            i.opcode in SLICES and i.operands[0] in scope
+            and _through_bitcasts(scope[i.operands[0]], scope).opcode == "parameter"))]
+
+
 def transposition(inst: Instruction) -> tuple[int, int] | None:
     """(bytes, contiguous run in bytes) of what ``inst`` moves across dimensions: a ``transpose``, or a
     ``copy`` that changes the layout, whose elements do not keep their order in memory (size-1
     dimensions aside); None for anything else. The run is how many bytes stay contiguous from the
     input to the output: the minor dimensions both orders share (a 2-D transpose: one element; swapping
-    attention heads with tokens: a head's width). A core reads short runs at a fraction of the rate it
-    streams at (:data:`rematopt.xla.machine.TRANSPOSE_RUNS`)."""
+    attention heads with tokens: a head's width)."""
+    orders = _orders(inst)
+    if orders is None:
+        return None
+    read, written = orders
+    source = inst.operand_shapes[0].leaves[0]
+    if read == written:
+        return None
+    run = max(DTYPE_BITS.get(source.dtype, 32) // 8, 1)
+    for a, b in zip(read, written):
+        if a != b:
+            break
+        run *= source.dims[a]
+    return source.bytes, run
+
+
+def _orders(inst: Instruction) -> tuple[list[int], list[int]] | None:
+    """The order in which a ``transpose`` or ``copy`` reads its operand's dimensions from memory and the
+    order in which it writes them, both as the operand's dimensions, minor first, without size-1
+    dimensions (they do not move data); None for anything else."""
     if inst.opcode not in ("transpose", "copy") or not inst.operand_shapes or not inst.operand_shapes[0].leaves:
         return None
     source, out = inst.operand_shapes[0].leaves[0], inst.shape.leaves[0]
@@ -204,17 +315,7 @@ def transposition(inst: Instruction) -> tuple[int, int] | None:
             if inst.opcode == "transpose" else list(range(len(out.dims))))
     minor_to_major = [int(d) for d in source.layout.strip("{}").split(":")[0].split(",") if d.strip()]
     out_order = [int(d) for d in out.layout.strip("{}").split(":")[0].split(",") if d.strip()]
-    # both orders as the input's dimensions, minor first, without size-1 dimensions (they do not move data)
-    read = [d for d in minor_to_major if source.dims[d] > 1]
-    written = [perm[d] for d in out_order if out.dims[d] > 1]
-    if read == written:
-        return None
-    run = max(DTYPE_BITS.get(source.dtype, 32) // 8, 1)
-    for a, b in zip(read, written):
-        if a != b:
-            break
-        run *= source.dims[a]
-    return source.bytes, run
+    return ([d for d in minor_to_major if source.dims[d] > 1], [perm[d] for d in out_order if out.dims[d] > 1])
 
 
 def _through_bitcasts(inst: Instruction, scope: dict[str, Instruction]) -> Instruction:

@@ -10,7 +10,9 @@ operands transposed for the lone dots it leaves to Eigen (weight gradients; 2 to
 long elementwise chain in cache (independent streams of it) for the vector rate, a large elementwise
 op for the bandwidth, a chain of tiny kernels for what starting a kernel costs, a transposing kernel
 with and without sines and cosines for a transcendental function evaluated one element at a time
-(:func:`rematopt.xla.kernels.scalar_transcendentals`), and fresh anonymous pages for a page fault
+(:func:`rematopt.xla.kernels.scalar_transcendentals`), sums of arrays written transposed and in order
+for an element read one cache line each (:func:`rematopt.xla.kernels.strided_reads`), and fresh
+anonymous pages for a page fault
 (XLA's CPU runtime takes its temp buffer from malloc each step; above glibc's mmap threshold the
 kernel zero-fills every page of it on first touch, :func:`rematopt.xla.cost.step_faults`).
 """
@@ -47,6 +49,13 @@ TINY_KERNELS = 64
 # batch of 8 (quick keras_llama's), 32 and 128, a sin or cos cost 0.93 to 0.99 ns an element so, 0.24
 # to 0.26 in the same fusion without the transposition; 32 runs in about 0.3 ms.
 ROTARY = (32, 128, 4, 8)
+# Strided reads (xla.kernels.strided_reads) as quick gpt's transposing kernels make them: [2048, 64]
+# arrays (tokens by width) times a [64] vector, written transposed to [64, 2048] (stride 256 B, sweep 2,048
+# elements); one array for a read whose lines the cache keeps, 16 (twice PREFETCH_STREAMS) for one whose
+# lines it does not, as quick gpt's residual-gradient transposes read 14 to 22; each against the same sum
+# written in order. On the core, under a load average of 12: 0.56 and 0.63 ns more an element for one
+# array (the transposed kernel takes 0.59 ns an element, its roofline 0.13), 1.74 and 1.77 for 16.
+STRIDED_SHAPE, STRIDED_MANY = (2048, 64), 16
 FAULT_BYTES = 64 << 20
 
 
@@ -61,18 +70,22 @@ class Machine:
     launch_s: float  # one more kernel in a step
     fault_s: float  # one minor page fault (a fresh page, zero-filled)
     transcendental_s: float = 0.0  # a transcendental function evaluated one element at a time
+    strided_read_s: float = 0.0  # beyond the roofline, an element read one cache line each, the line kept
+    strided_miss_s: float = 0.0  # the same, its line not kept between sweeps
 
     def device(self) -> Device:
         """The ``cpu`` profile with this machine's rates."""
         return Device("cpu@measured", self.flops_per_s, self.bytes_per_s,
                       f"measured on this machine: {self.describe()}", vector_flops_per_s=self.vector_flops_per_s,
-                      dot_flops_per_s=self.dot_flops_per_s)
+                      dot_flops_per_s=self.dot_flops_per_s, strided_read_s=self.strided_read_s,
+                      strided_miss_s=self.strided_miss_s)
 
     def describe(self) -> str:
         return (f"GEMM {self.flops_per_s / 1e9:.3g} GFLOP/s, lone dot {self.dot_flops_per_s / 1e9:.3g} GFLOP/s, "
                 f"vector {self.vector_flops_per_s / 1e9:.3g} GFLOP/s, {self.bytes_per_s / 1e9:.3g} GB/s, "
                 f"{self.launch_s * 1e6:.3g} us a kernel, {self.transcendental_s * 1e9:.3g} ns a transcendental "
-                f"element by element, {self.fault_s * 1e6:.3g} us a page fault")
+                f"element by element, {self.strided_read_s * 1e9:.3g} / {self.strided_miss_s * 1e9:.3g} ns more an "
+                f"element read across a line (kept / not kept), {self.fault_s * 1e6:.3g} us a page fault")
 
 
 def off_main_thread(run: Callable[[], object]) -> object:
@@ -190,8 +203,26 @@ def measure(repeats: int = 7) -> Machine:
     trig, compiled = timed(rotary(True), x, table)
     arithmetic, _ = timed(rotary(False), x, table)
     evaluated = sum(k.scalar_transcendentals for k in kernels(parse_hlo(compiled.as_text())))
+
+    def strided(arrays: int) -> tuple[float, list[int]]:
+        """(seconds ``arrays`` arrays take read across more than read in order, the elements [kept, not
+        kept] read one cache line each): the arrays slices of one buffer, as a step's lie in its temp
+        buffer one after another."""
+        x = jnp.ones((arrays, *STRIDED_SHAPE), jnp.float32)
+        w = jnp.arange(STRIDED_SHAPE[1], dtype=jnp.float32)
+
+        def total(x, w):
+            return sum((x[i] * w for i in range(1, arrays)), x[0] * w)
+
+        across, compiled = timed(lambda x, w: total(x, w).T, x, w)
+        in_order, _ = timed(total, x, w)
+        read = kernels(parse_hlo(compiled.as_text()))
+        return max(across - in_order, 0.0), [sum(k.strided[i] for k in read) for i in (0, 1)]
+
+    (kept, (hit, _)), (lost, (_, miss)) = strided(1), strided(STRIDED_MANY)
     faults = sorted(fault_seconds()[0] for _ in range(3))[1]
     return Machine(flops_per_s=gemm_rate(False), dot_flops_per_s=gemm_rate(True),
                    vector_flops_per_s=step_cost(chained.as_text(), device("cpu")).flops / vector,
                    bytes_per_s=2 * STREAM_BYTES / stream, launch_s=launches / max(n, 1), fault_s=faults,
-                   transcendental_s=max(trig - arithmetic, 0.0) / max(evaluated, 1))
+                   transcendental_s=max(trig - arithmetic, 0.0) / max(evaluated, 1),
+                   strided_read_s=kept / max(hit, 1), strided_miss_s=lost / max(miss, 1))
