@@ -42,6 +42,70 @@ def test_verdict_takes_the_fastest_baseline_that_fits_and_says_where_the_plan_mi
     assert not by_ratio[0.5]["plan_fits"] and by_ratio[0.5]["verdict"] == "does not fit as compiled"
 
 
+
+MB = 1_000_000
+
+
+def _bench_for_causes() -> Bench:
+    """One model, four budgets: a plan that misses where a baseline fits, one that fits and is priced
+    slower, one priced faster but measured slower (its page faults the difference), one that wins."""
+    m = Machine(flops_per_s=1e11, dot_flops_per_s=2.5e10, vector_flops_per_s=3e10, bytes_per_s=5e10,
+                launch_s=1e-6, fault_s=2e-6, transcendental_s=1e-9)
+    return Bench("cpu", "cpu", ratios=(0.9, 0.8, 0.7, 0.6, 0.5), machine=m, rows=[
+        Row("m", "plain", "plain", compiled_peak=100 * MB, step_ms=10.0, predicted_ms=10.0, page_faults=0),
+        Row("m", "layer:a", "layer", compiled_peak=72 * MB, step_ms=8.0, predicted_ms=9.0, page_faults=0),
+        Row("m", "layer:b", "layer", compiled_peak=45 * MB, step_ms=12.0, predicted_ms=12.5, page_faults=0),
+        Row("m", "rematopt@0.9", "rematopt", 0.9, compiled_peak=85 * MB, step_ms=7.5, predicted_ms=8.0, page_faults=0),
+        Row("m", "rematopt@0.8", "rematopt", 0.8, compiled_peak=75 * MB, step_ms=9.5, predicted_ms=9.6, page_faults=0,
+            predicted_overhead=0.04),
+        Row("m", "rematopt@0.7", "rematopt", 0.7, compiled_peak=66 * MB, step_ms=13.0, predicted_ms=8.5,
+            page_faults=200),
+        Row("m", "rematopt@0.6", "rematopt", 0.6, note="no plan: --verify xla: no plan compiled smaller than the "
+            "plain step after 8 rounds"),
+        Row("m", "rematopt@0.5", "rematopt", 0.5, compiled_peak=55 * MB, step_ms=11.0, predicted_peak=48 * MB, rounds=8,
+            stopped_by="max_rounds"),
+    ])
+
+
+def test_the_report_says_why_a_plan_misses_or_is_slower_and_nothing_where_it_wins():
+    b = _bench_for_causes()
+    by_ratio = {v["ratio"]: v for v in verdict(b)}
+    assert by_ratio[0.9]["verdict"] == "at or below the baseline" and by_ratio[0.9]["why"] == ""
+    over = by_ratio[0.5]
+    assert over["verdict"] == "does not fit as compiled"
+    assert "the loop stopped on its rounds (8 rounds" in over["why"]
+    assert "its least compiled plan 10.0% over the budget" in over["why"]  # 55 against 50
+    assert ("the applied step on the graph predicted 48.00 MB for it (+14.6% compiled), within the budget: "
+            "the prediction missed") in over["why"]
+    assert "layer:b fits at 45.00 MB" in over["why"]
+    priced = by_ratio[0.8]  # layer:a fits (72 of 80), predicted -10% where the plan is -4%
+    assert priced["verdict"] == "slower than the baseline"
+    assert ("own price of the compiled plan, -4.0% against the plain step, against the baseline's -10.0%"
+            in priced["why"])
+    assert "the planner's space or search" in priced["why"] and "+4.0% on the graph" in priced["why"]
+    assert "the baseline runs -20.0% against the plain step itself" in priced["why"]
+    assert "page faults" not in priced["why"]
+    off = by_ratio[0.7]  # layer:b alone fits (45 of 70): the plan predicted -15% against its +25%, measured +30%
+    assert "predicted faster than the baseline (-15.0% against +25.0% over the plain step) but measured slower " \
+           "(+30.0% against +20.0%): the plan's prediction was off by -45.0 points" in off["why"]
+    assert "page faults" not in off["why"]  # 0.4 ms of faults against 1 ms slower: not the difference
+    assert by_ratio[0.6]["verdict"] == "no plan" and "no plan compiled smaller" in by_ratio[0.6]["why"]
+    md = markdown(b)
+    assert "- m 0.5 (does not fit as compiled): the loop stopped" in md and "- m 0.9" not in md
+
+
+def test_the_cause_names_page_faults_where_they_make_up_the_difference():
+    b = _bench_for_causes()
+    plan = next(r for r in b.rows if r.variant == "rematopt@0.7")
+    plan.step_ms, plan.page_faults = 12.5, 1_000  # 0.5 ms slower than layer:b, 2 ms of faults
+    why = {v["ratio"]: v for v in verdict(b)}[0.7]["why"]
+    assert "measured slower (+25.0% against +20.0%)" in why
+    assert "page faults: the plan's step faults 1,000 times against the baseline's 0 (+2.00 ms of the +0.50 ms)" in why
+    plan.step_ms = 12.1  # within the noise (the plain rows differ by 0, the baseline 12.0): a success, no cause
+    b.rows[0].step_ms_spread = 0.01
+    v = {v["ratio"]: v for v in verdict(b)}[0.7]
+    assert v["verdict"] == "slower, within the noise" and v["why"] == ""
+
 def test_noise_is_the_widest_gap_between_two_measurements_of_one_step():
     b = Bench("cpu", "cpu", rows=[
         Row("m", "plain", "plain", step_ms=10.0, step_ms_spread=0.01),

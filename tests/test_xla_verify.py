@@ -210,3 +210,50 @@ def test_a_factory_that_refuses_per_layer_remat_offers_whole_step_candidates_onl
     said = []
     assert per_layer("refuses_remat:factory", {}, said.append) == {}
     assert len(said) == 1 and "no per-layer candidates" in said[0]
+
+
+def test_the_step_down_grows_where_xlas_figure_does_not_follow():
+    """Before a plan fits, the planning budget steps down by XLA's excess, at least STEP, a step that
+    doubles after a round whose plan compiled no smaller than the order's least: unet at the bench's
+    size, 0.6 (15 MiB), eager order, compiled 15.3, 15.6, 15.3 and 15.3 MiB in 2% steps from 15 MiB
+    where a 13 MiB planning budget's plan compiles to 14.3."""
+    from rematopt.xla.verify import STEP, step_down
+
+    mib = 2 ** 20
+    b, least, step = 15 * mib, None, STEP
+    got = []
+    for peak in (15.3, 15.6, 15.3):
+        b, least, step = step_down(b, 15 * mib, int(peak * mib), least, step)
+        got.append((round(b / mib, 2), round(least / mib, 2), step))
+    assert got == [(14.7, 15.3, STEP), (14.11, 15.3, 2 * STEP), (12.98, 15.3, 4 * STEP)]
+    # a plan that compiles lower keeps the step; a large excess steps by itself
+    b, least, step = step_down(10 * mib, 5 * mib, 8 * mib, 9 * mib, 2 * STEP)
+    assert (b, least, step) == (int(10 * mib * 5 / 8), 8 * mib, 2 * STEP)
+
+
+def test_no_round_plans_below_the_graphs_lower_bound():
+    """A budget far below what any plan reaches: the loop's steps stop at each order's lower bound
+    (reference.peak_lower_bound), where a round still plans, instead of spending rounds below it."""
+    code = """
+import json
+from rematopt import jax as rj
+from rematopt.reference import peak_lower_bound
+from rematopt.xla import verify
+loss, args = rj.load_factory("models.mlp:factory", layers=2, width=32, in_dim=16, batch=8)
+graph = rj.trace_grad(loss, *args, fuse="xla")
+v = verify.verify(loss, args, graph, "greedy", 0.05, time_limit=300, stock={}, max_rounds=4)
+bounds = {name: peak_lower_bound(g) for name, g in verify.plan_orders(graph).items()}
+print(json.dumps([[r.order, r.planning_budget, bounds[r.order], r.status] for r in v.planning]))
+"""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = dict(os.environ, XLA_FLAGS="--xla_cpu_enable_concurrency_optimized_scheduler=false")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         cwd=Path(__file__).resolve().parents[1], env=env)
+    assert run.returncode == 0, run.stderr[-2000:]
+    rounds = json.loads(run.stdout.splitlines()[-1])
+    assert rounds and all(b >= bound and status != "below the bound" for _, b, bound, status in rounds)
+    assert any(b == bound for _, b, bound, _ in rounds)  # the steps went down to the bound and planned there

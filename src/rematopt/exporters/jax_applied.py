@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from ..graph import Graph
 from ..importers.jaxpr.cost import fusible, fusion_consumer
 from ..plan import COMPUTE, Plan
-from .jax_policy import residual_fates
+from .jax_policy import residual_fates, unwritten_recomputed
 
 # Elementwise ops XLA's fusion does not compute again in each of several readers (its IsExpensive:
 # transcendentals and divisions); it writes them once (keras gemma, greedy at 0.8: a recomputed softmax exp
@@ -124,6 +124,7 @@ def applied_step(graph: Graph, plan: Plan, scanned: dict[str, set[int]] | None =
     """The live ranges of the values of ``apply_plan``'s step for ``plan`` (module docstring);
     ``scanned`` as :func:`applied_peak` takes it."""
     phase = [v.phase for v in graph.nodes]
+    plan = unwritten_recomputed(graph, plan)  # as apply_plan runs it
     fates = residual_fates(graph, plan)
     ops, nodes = plan.ops.tolist(), plan.nodes.tolist()
     start = next(t for t, (o, i) in enumerate(zip(ops, nodes)) if o == COMPUTE and phase[i] == "backward")

@@ -152,6 +152,7 @@ class Row:
     # bracket (every order's bracket closed first) or time_limit (the wall clock cut it: not reproducible)
     stopped_by: str | None = None
     deterministic_spent: float | None = None  # the deterministic seconds cpsat spent on the plan
+    rounds: int | None = None  # the planning rounds the loop ran, all orders together (rematopt rows)
     compile_s: float | None = None
     argument_bytes: int | None = None
     output_bytes: int | None = None
@@ -762,7 +763,7 @@ def _model_tasks(bench: Bench, model: Model, config: dict, rounds: int, ratios: 
                 continue
             plans.append((Row(model.label, f"rematopt@{ratio}", "rematopt", ratio, predicted_peak=p["peak"],
                               predicted_overhead=p["overhead"], stopped_by=p["stopped_by"],
-                              deterministic_spent=p["deterministic_spent"],
+                              deterministic_spent=p["deterministic_spent"], rounds=p.get("rounds"),
                               note=f"{p['status']}, graph of {p['nodes']} nodes"),
                           {"graph": p["graph"], "plan": p["path"], "ordered": p.get("ordered", True)}))
         measured(plans, slot)
@@ -912,8 +913,80 @@ def verdict(bench: Bench) -> list[dict]:
                 entry["verdict"] = "does not fit as compiled"
             else:
                 entry["verdict"] = "no plan"
+            entry["why"] = cause(bench, entry)
             out.append(entry)
     return out
+
+
+SUCCESSES = ("at or below the baseline", "slower, within the noise", "fits where no baseline does")
+
+
+def cause(bench: Bench, entry: dict) -> str:
+    """Why a :func:`verdict` entry is not a success, from its rows' data ("" where it is one): for a
+    plan that misses, what ended its loop, how far over it compiled and how far the graph's prediction
+    of it was; for a plan slower than the baseline, whether rematopt's own price of the compiled plan
+    already ranked it slower (the planner's space or search) or the prediction was off, and the page
+    faults where they make up the difference."""
+    p, b = entry["plan"], entry["baseline"]
+    if entry["verdict"] in SUCCESSES:
+        return ""
+    if entry["verdict"] == "no plan":
+        return p.note if p and p.note else "the bench made no plan at this budget"
+    if entry["verdict"] == "does not fit as compiled":
+        return _why_over(p, b, entry["budget"])
+    return _why_slower(bench, p, b)
+
+
+def _why_over(p: Row, b: Row | None, budget: float) -> str:
+    """A plan whose compiled peak is over the budget: the loop's end, the excess, the graph's prediction."""
+    rounds = f"{p.rounds} round{'s' * (p.rounds != 1)}" if p.rounds is not None else "its rounds"
+    ended = {"max_rounds": f"the loop stopped on its rounds ({rounds}, at most {PLAN_ROUNDS} an order)",
+             "deterministic_time": f"the loop spent its deterministic time ({rounds})",
+             "time_limit": f"the wall clock cut the loop ({rounds})",
+             "bracket": f"the loop's brackets closed ({rounds}): no planning budget's plan compiled within it"}
+    out = [ended.get(p.stopped_by or "", f"the loop ended ({rounds})"),
+           f"its least compiled plan {100 * (p.compiled_peak / budget - 1):.1f}% over the budget"]
+    if p.predicted_peak:
+        error = 100 * (p.compiled_peak / p.predicted_peak - 1)
+        out.append(f"the applied step on the graph predicted {_mb(p.predicted_peak)} MB for it "
+                   f"({error:+.1f}% compiled), "
+                   + ("within the budget: the prediction missed" if p.predicted_peak <= budget
+                      else "over the budget too"))
+    out.append(f"{b.variant} fits at {_mb(b.compiled_peak)} MB" if b else "no baseline fits either")
+    return "; ".join(out)
+
+
+def _why_slower(bench: Bench, p: Row, b: Row) -> str:
+    """A plan that fits but runs slower than the fastest fitting baseline: rematopt's price of both
+    compiled programs (as overheads over the plain step), what was measured, and the page faults."""
+    base = _plain_ms(bench, p.model)
+    slower = f"measured {100 * (p.step_ms / b.step_ms - 1):+.1f}% against {b.variant}"
+    if base is None or p.predicted_ms is None or b.predicted_ms is None:
+        out = [f"{slower}; not priced (the plain step was not calibrated)"]
+    else:
+        over = lambda ms, plain: f"{100 * (ms / plain - 1):+.1f}%"  # noqa: E731
+        pp, bp = over(p.predicted_ms, base[1]), over(b.predicted_ms, base[1])
+        pm, bm = over(p.step_ms, base[0]), over(b.step_ms, base[0])
+        if p.predicted_ms >= b.predicted_ms:
+            out = [f"rematopt's own price of the compiled plan, {pp} against the plain step, against the baseline's "
+                   f"{bp}, ranked it slower already: the planner's space or search (it minimized the graph's "
+                   f"recompute cost" + ("" if p.predicted_overhead is None
+                                        else f", +{100 * p.predicted_overhead:.1f}% on the graph") + ")"]
+        else:
+            miss = 100 * ((p.predicted_ms / base[1]) - (p.step_ms / base[0]))
+            out = [f"predicted faster than the baseline ({pp} against {bp} over the plain step) but measured "
+                   f"slower ({pm} against {bm}): the plan's prediction was off by {miss:+.1f} points"]
+        if b.step_ms < base[0] * (1 - (noise(bench, p.model) or 0.0)):
+            out.append(f"the baseline runs {bm} against the plain step itself, whose program every plan recomputes "
+                       "from")
+    c = bench.calibrations.get(p.model)
+    fault_s = c.fault_s if isinstance(c, Calibration) else bench.machine.fault_s if bench.machine else 0.0
+    if p.page_faults is not None and b.page_faults is not None and fault_s:
+        extra_ms = 1e3 * fault_s * (p.page_faults - b.page_faults)
+        if extra_ms > 0 and extra_ms >= 0.5 * (p.step_ms - b.step_ms):
+            out.append(f"page faults: the plan's step faults {p.page_faults:,} times against the baseline's "
+                       f"{b.page_faults:,} ({extra_ms:+.2f} ms of the {p.step_ms - b.step_ms:+.2f} ms)")
+    return "; ".join(out)
 
 
 def _mb(x) -> str:
@@ -950,10 +1023,13 @@ def markdown(bench: Bench) -> str:
                      f"{_mb(b.compiled_peak if b else None)} | {_ms(b.step_ms if b else None)} | "
                      f"{_mb(p.compiled_peak if p else None)} | {_ms(p.step_ms if p else None)} | {ratio} | "
                      f"±{100 * v['noise']:.1f}% | {v['verdict']} |")
+    why = [f"- {v['model']} {v['ratio']} ({v['verdict']}): {v['why']}." for v in verdict(bench) if v["why"]]
     lines += ["", "Noise: per model, the largest relative difference between two measurements of one step time: "
               "the plain step against its second compile, and each variant's fastest step in the even rounds "
-              "against the odd rounds.", "",
-              "## Predicted against measured", "", _prediction_summary(bench), "",
+              "against the odd rounds.", ""]
+    lines += ["Why, where the plan misses or is slower (from the rows below; `rounds` are the planning rounds of "
+              "--verify xla's loop, both orders together):", "", *why, ""] if why else []
+    lines += ["## Predicted against measured", "", _prediction_summary(bench), "",
               "## Where the time went, per kernel class", "", _by_class(bench), "",
               "## Where the run's time went", "", _time_spent(bench), "",
               "## Every row", "", f"Planning: {bench.planning}. {_reproducible(bench)}", "",
