@@ -384,3 +384,18 @@ def test_compiled_graph_peak(cpu_steps, model):
     reference = meta["xla_bytes"]
     peak = graphs["xla"]["no_remat_peak"]
     assert abs(peak / reference - 1) < GRAPH_TOLERANCE.get(model, 0.01), (peak, reference)
+
+
+def test_cpu_allocations_take_the_applied_steps_named_allocations_beside_its_buffers():
+    """The applied step names a buffer ``(node, output)`` and a stacked gradient's allocation
+    ``("stack", leaf)``; tied on size and position the two were compared (int against str: flax_linen's
+    eager-order plans at the bench's full size did not apply). A temporary that dies before both
+    outputs are written is housed in one of them; one live across their writes is not."""
+    from rematopt.xla.memory import cpu_allocations
+
+    outputs = {(3, "out"): 64, ("stack", "w"): 64}
+    written = {(3, "out"): 5, ("stack", "w"): 5}
+    temps = {(1, "out"): (0, 2), (2, "out"): (1, 7)}
+    sizes = {(1, "out"): 64, (2, "out"): 64, **outputs}
+    housed = cpu_allocations(temps, {}, outputs, written, sizes, 10, {}, {(1, "out"): 0, (2, "out"): 1, **written})
+    assert housed == {(1, "out")}

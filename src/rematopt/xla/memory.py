@@ -265,6 +265,14 @@ def backend_of(module: HloModule) -> str:
     return "cpu"
 
 
+def _named_last(b) -> tuple:
+    """A buffer's key, comparable across kinds: the applied step (exporters.jax_applied) names
+    buffers ``(node, output)`` and allocations ``("stack", leaf)`` / ``("allocation", copy)``; two of
+    different kinds tied on size and position compared an int with a str (flax_linen's eager-order plans
+    at the bench's full size failed to apply on it). Named keys after the others; ints as before."""
+    return isinstance(b, tuple) and isinstance(b[0], str), b
+
+
 def cpu_allocations(span: dict[int, tuple[int, int]], shares: dict[int, list[int]], outputs: dict[int, int],
                      out_at: dict[int, int], sizes: dict[int, int], end: int,
                      operands: dict[int, list[int]], post_order: dict[int, int]) -> set[int]:
@@ -276,7 +284,7 @@ def cpu_allocations(span: dict[int, tuple[int, int]], shares: dict[int, list[int
     it writes into a dying operand's memory), trying its operands' allocations first, then the
     others smallest first. The rest go to the heap simulator; this walk takes their live peak
     for its size (a lower bound: the packing may leave gaps). Returns the housed temporaries."""
-    allocations = sorted(outputs, key=lambda b: (-outputs[b], post_order[b], b))  # creation order
+    allocations = sorted(outputs, key=lambda b: (-outputs[b], post_order[b], _named_last(b)))  # creation order
     held: dict[int, list[int]] = {a: [] for a in allocations}
     home: dict[int, int] = {a: a for a in allocations}
     ranges = dict(span)
@@ -294,7 +302,7 @@ def cpu_allocations(span: dict[int, tuple[int, int]], shares: dict[int, list[int
         return True
 
     housed: set[int] = set()
-    for b in sorted(span, key=lambda b: (-sizes[b], post_order[b], b)):
+    for b in sorted(span, key=lambda b: (-sizes[b], post_order[b], _named_last(b))):
         if not sizes[b]:
             continue
         tried = [home[o] for o in operands.get(b, []) if o in home]
