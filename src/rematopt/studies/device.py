@@ -55,7 +55,7 @@ from .schedule import Task, run_tasks
 CPU_SCHEDULER = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
 POLICIES = ("nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable")
 RATIOS = (0.8, 0.6, 0.5)
-# --quick: fewer rows and one budget (7.6 min of CPU on the idle 2-core machine, 61% of it planning: 6 min 13 s
+# --quick: fewer rows and one budget (7.6 min of CPU on the idle 2-core machine, 62% of it planning: 6 min 13 s
 # one process after another, 4 min 20 s two at a time, measured at 9538fcc; docs/device.md)
 QUICK_POLICIES = {"layer": ("nothing_saveable", "dots_saveable"), "step": ("dots_saveable",)}
 QUICK_RATIOS = (0.8,)
