@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -26,6 +27,15 @@ def benchmarks_dir() -> Path:
 def nodelink_files() -> list[Path]:
     """The published graphs, for parametrisation (empty where ../shared is absent)."""
     return sorted(NODELINK_DIR.glob("*.json")) if NODELINK_DIR.is_dir() else []
+
+
+def last_json(script: str, env: dict | None = None, timeout: float = 300, cwd: Path | None = None):
+    """Run ``script`` in a fresh interpreter (``env``: its environment, this one's by default); the JSON
+    of the last line it printed. A script that fails fails the test with its stderr's tail."""
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=timeout,
+                         cwd=cwd)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
 
 
 def rematopt(*args):

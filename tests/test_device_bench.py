@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import last_json
+
 pytest.importorskip("jax")
 
 from rematopt.importers.costmodel import device  # noqa: E402
@@ -309,17 +311,12 @@ def test_each_variant_is_timed_in_a_process_of_its_own_and_faults_as_predicted(m
     compiled program predicts (xla.cost.step_faults). In one process shared by all of quick gpt's
     rows, one variant's frees moved the next one's faults by up to 8% (docs/device.md); with these
     two variants alone in one process they did not, so this checks the path, not that finding."""
-    import json
     import os
-    import subprocess
-    import sys
 
     monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_concurrency_optimized_scheduler=false")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
     monkeypatch.chdir(ROOT)
-    run = subprocess.run([sys.executable, "-c", PREDICTED_FAULTS], capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-2000:]
-    predicted = json.loads(run.stdout.strip().splitlines()[-1])
+    predicted = last_json(PREDICTED_FAULTS)
     variants = {label: {"remat": "dots_saveable", "scope": label.split(":")[0]} for label in predicted}
     got = time_steps({"model": MODELS["gpt"].spec, "config": MODELS["gpt"].quick, "rounds": 3, "clock": "cpu",
                       "pin": min(os.sched_getaffinity(0)), "variants": variants})

@@ -13,13 +13,13 @@ plans (every forward value kept but a chosen few, recomputed) pin the cases."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from conftest import last_json
 
 pytest.importorskip("jax")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -140,10 +140,7 @@ def test_without_recomputation_the_applied_step_is_the_plan():
 @pytest.fixture(scope="module")
 def compiled_steps():
     env = dict(os.environ, XLA_FLAGS=SCHEDULER_FLAG, JAX_PLATFORMS="cpu")
-    run = subprocess.run([sys.executable, "-c", STEP.format(root=str(ROOT))], env=env,
-                         capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-2000:]
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    return last_json(STEP.format(root=str(ROOT)), env)
 
 
 def test_applied_peak_is_what_xla_compiles(compiled_steps):
@@ -325,10 +322,7 @@ print(json.dumps(out))
 @pytest.fixture(scope="module")
 def scanned_steps():
     env = dict(os.environ, XLA_FLAGS=SCHEDULER_FLAG, JAX_PLATFORMS="cpu")
-    run = subprocess.run([sys.executable, "-c", SCANNED.format(root=str(ROOT))], env=env,
-                         capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-2000:]
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    return last_json(SCANNED.format(root=str(ROOT)), env, timeout=600)
 
 
 def test_transposed_stacked_gradients_are_stacked_at_the_end(scanned_steps):

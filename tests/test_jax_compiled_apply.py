@@ -14,14 +14,14 @@ backward pass in the graph's order (XLA's schedule), applies too."""
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from conftest import last_json
 
 pytest.importorskip("jax")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -76,10 +76,7 @@ def figures():
     if not models:
         pytest.skip("neither flax nor keras_hub is installed; pip install -e '.[libraries]' installs them")
     env = dict(os.environ, XLA_FLAGS=SCHEDULER_FLAG, JAX_PLATFORMS="cpu")
-    run = subprocess.run([sys.executable, "-c", STEP.format(root=str(ROOT), models=models, ratio=RATIO)], env=env,
-                         capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    return last_json(STEP.format(root=str(ROOT), models=models, ratio=RATIO), env, timeout=600)
 
 
 @pytest.fixture(params=sorted(MODELS))

@@ -11,13 +11,13 @@ in the eager order (rematopt.reorder), which XLA's plain step does not run."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from conftest import last_json
 
 pytest.importorskip("jax")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -59,10 +59,7 @@ print(json.dumps(out))
 @pytest.fixture(scope="module")
 def resnet_figures():
     env = dict(os.environ, XLA_FLAGS=SCHEDULER_FLAG, JAX_PLATFORMS="cpu")
-    run = subprocess.run([sys.executable, "-c", STEP.format(root=str(ROOT))], env=env,
-                         capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-2000:]
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    return last_json(STEP.format(root=str(ROOT)), env)
 
 
 def test_cpu_pipeline_drops_the_barriers(resnet_figures):

@@ -9,13 +9,13 @@ applied without the rewrite, and as the applied step predicts."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from conftest import last_json
 
 pytest.importorskip("jax")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -58,10 +58,7 @@ print(json.dumps(out))
 
 def test_a_kept_value_xla_never_writes_is_computed_again_and_the_step_is_smaller():
     env = dict(os.environ, XLA_FLAGS=SCHEDULER_FLAG, JAX_PLATFORMS="cpu")
-    run = subprocess.run([sys.executable, "-c", STEP.format(root=str(ROOT))], env=env, capture_output=True,
-                         text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-2000:]
-    got = json.loads(run.stdout.strip().splitlines()[-1])
+    got = last_json(STEP.format(root=str(ROOT)), env, timeout=600)
     moved = set(got["kept_before"]) - set(got["kept_after"])
     # measured: three values moved, 267,068 B compiled as the planner made the plan, 250,556 B rewritten
     assert moved and moved == set(got["zero_bytes"])  # only 0-byte values, each now recomputed

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import json
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from conftest import last_json
 
 jax = pytest.importorskip("jax")
 import numpy as np  # noqa: E402
@@ -151,10 +151,7 @@ print(json.dumps(out))
 
 def compiled_temps(xla_flags: str, code: str = TEMPS) -> dict:
     env = {**os.environ, "XLA_FLAGS": xla_flags, "JAX_PLATFORMS": "cpu"}
-    run = subprocess.run([sys.executable, "-c", code.format(root=str(ROOT))], capture_output=True, text=True,
-                         env=env, timeout=300)
-    assert run.returncode == 0, run.stderr[-2000:]
-    return json.loads(run.stdout.splitlines()[-1])
+    return last_json(code.format(root=str(ROOT)), env)
 
 
 def test_per_layer_remat_shrinks_the_cpu_temp_under_the_memory_minimizing_scheduler():

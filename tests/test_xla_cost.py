@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import last_json
+
 jax = pytest.importorskip("jax")
 
 from rematopt.importers.costmodel import DEVICES, Device, device  # noqa: E402
@@ -248,15 +250,11 @@ def test_the_page_faults_of_a_cpu_step_are_its_fresh_buffers_pages():
     """In a fresh interpreter pinned to one core (glibc's thresholds start as a step finds them, one
     thread allocates every buffer, as in ``rematopt bench device``): a step whose temp buffer
     is above the mmap ceiling faults each of its pages every run, one under it none after the warm-up."""
-    import json
     import os
-    import subprocess
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
-    run = subprocess.run([sys.executable, "-c", FAULTS_SCRIPT], capture_output=True, text=True, env=env, timeout=300)
-    assert run.returncode == 0, run.stderr[-2000:]
-    (small_temp, small_predicted, small_measured), (big_temp, big_predicted, big_measured) = json.loads(
-        run.stdout.strip().splitlines()[-1])
+    (small_temp, small_predicted, small_measured), (big_temp, big_predicted, big_measured) = last_json(
+        FAULTS_SCRIPT, env)
     assert small_temp < MMAP_CEILING < big_temp
     assert small_predicted == 0 and small_measured < 0.01 * small_temp / 4096
     assert big_predicted == big_temp // 4096 + 1 and big_measured == pytest.approx(big_predicted, abs=8)
@@ -353,16 +351,11 @@ def test_the_page_faults_of_gpts_per_layer_remat_step_include_its_fusions_scratc
     """Quick gpt under per-layer nothing_saveable (the bench's row, its scheduler): 20,449 faults of its
     83.8 MB temp buffer and some 24,000 of the scratch its four softmax-backward YNNPACK fusions give
     back to the kernel each call; the prediction from the compiled program is within 5% of ``getrusage``."""
-    import json
     import os
-    import subprocess
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
            "XLA_FLAGS": "--xla_cpu_enable_concurrency_optimized_scheduler=false"}
-    run = subprocess.run([sys.executable, "-c", GPT_FAULTS_SCRIPT], capture_output=True, text=True, env=env,
-                         timeout=300, cwd=ROOT)
-    assert run.returncode == 0, run.stderr[-2000:]
-    predicted, measured = json.loads(run.stdout.strip().splitlines()[-1])
+    predicted, measured = last_json(GPT_FAULTS_SCRIPT, env, cwd=ROOT)
     assert predicted > 40_000 and predicted == pytest.approx(measured, rel=0.05)
 
 

@@ -4,14 +4,13 @@ options reach XLA, and every measurement records what was on."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
 import pytest
+
+from conftest import last_json
 
 from rematopt.xla import flags
 from rematopt.xla.flags import XlaSettings, XlaSettingsError
@@ -36,10 +35,7 @@ print(json.dumps({{"temp": int(c.memory_analysis().temp_size_in_bytes), "record"
 def _probe(sched: bool) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT)])
-    out = subprocess.run([sys.executable, "-c", PROBE.format(sched=sched)], capture_output=True, text=True,
-                         cwd=ROOT, env=env, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return last_json(PROBE.format(sched=sched), env, cwd=ROOT)
 
 
 def test_memory_scheduler_takes_effect_and_is_recorded():

@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("jax")
 
-from conftest import cpu_burner, rematopt  # noqa: E402
+from conftest import last_json, cpu_burner, rematopt  # noqa: E402
 
 
 def verified(*args):
@@ -246,14 +246,9 @@ bounds = {name: peak_lower_bound(g) for name, g in verify.plan_orders(graph).ite
 print(json.dumps([[r.order, r.planning_budget, bounds[r.order], r.status] for r in v.planning]))
 """
     import os
-    import subprocess
-    import sys
     from pathlib import Path
 
     env = dict(os.environ, XLA_FLAGS="--xla_cpu_enable_concurrency_optimized_scheduler=false")
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                         cwd=Path(__file__).resolve().parents[1], env=env)
-    assert run.returncode == 0, run.stderr[-2000:]
-    rounds = json.loads(run.stdout.splitlines()[-1])
+    rounds = last_json(code, env, cwd=Path(__file__).resolve().parents[1])
     assert rounds and all(b >= bound and status != "below the bound" for _, b, bound, status in rounds)
     assert any(b == bound for _, b, bound, _ in rounds)  # the steps went down to the bound and planned there

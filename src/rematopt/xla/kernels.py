@@ -294,7 +294,7 @@ def transposition(inst: Instruction) -> tuple[int, int] | None:
     source = inst.operand_shapes[0].leaves[0]
     if read == written:
         return None
-    run = max(DTYPE_BITS.get(source.dtype, 32) // 8, 1)
+    run = _element_bytes(inst)
     for a, b in zip(read, written):
         if a != b:
             break
