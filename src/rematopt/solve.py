@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from . import planners
+from .fused_reads import fused_reads
 from .graph import Graph
 from .plan import Plan
 from .reference import no_remat_peak, resolve_budget, working_set_bound
@@ -132,7 +133,7 @@ def solve(graph: Graph, planner: str = "no-remat", budget: int | None = None,
         check_budget = planner in REFUSE_IMPOSSIBLE_BUDGET
     budget = resolve_budget(graph, budget, budget_ratio, check=check_budget)
     start = time.perf_counter()
-    plan = fn(graph, budget, dict(options))
+    plan = fn(fused_reads(graph), budget, dict(options))  # a plan of it is one of ``graph``
     wall = time.perf_counter() - start
     plan.stats = replace(plan.stats, budget_bytes=budget, wall_s=wall)
     replay = None
