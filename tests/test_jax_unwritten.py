@@ -1,10 +1,9 @@
 """A forward value XLA never writes (0 bytes on a compiled graph) that a plan keeps while recomputing
 its operand is computed again by ``apply_plan`` (``exporters.jax_policy.unwritten_recomputed``):
 kept, it is a residual XLA writes whole, beside the forward operand it holds for the kernels it fuses
-the value into. Checked on keras llama at its instance config (greedy at 0.8 in the eager order,
-planned on ``fused_reads(graph)`` as ``solve`` plans a compiled graph; at 0.6 the rewritten step
-compiles to 237,244 B, which the applied step reads 6.2% high: its peak falls in layer 0's recomputed
-feed-forward block, not at a rewritten value): the rewritten plan is valid with the same peak and only those fates changed, and the
+the value into. Checked on keras llama at its instance config (greedy at 0.6 in the eager order,
+where the planner keeps a K projection's dot, a logistic and a softmax's division whose operands it
+recomputes): the rewritten plan is valid with the same peak and only those fates changed, and the
 compiled step, in a fresh process under the memory-minimizing scheduler, is smaller than the step
 applied without the rewrite, and as the applied step predicts."""
 
@@ -40,7 +39,7 @@ from rematopt.xla.verify import xla_peak
 
 fn, args = keras_lm.factory(backbone="llama")
 graph = eager(trace_grad(fn, *args, fuse="xla"))
-plan = solve(graph, "greedy", budget_ratio=0.8).plan
+plan = solve(graph, "greedy", budget_ratio=0.6).plan
 moved = unwritten_recomputed(graph, plan)
 before, after = residual_fates(graph, plan), residual_fates(graph, moved)
 out = {{"kept_before": sorted(before.kept), "kept_after": sorted(after.kept),
@@ -61,7 +60,7 @@ def test_a_kept_value_xla_never_writes_is_computed_again_and_the_step_is_smaller
     env = dict(os.environ, XLA_FLAGS=SCHEDULER_FLAG, JAX_PLATFORMS="cpu")
     got = last_json(STEP.format(root=str(ROOT)), env, timeout=600)
     moved = set(got["kept_before"]) - set(got["kept_after"])
-    # measured: 250,556 B compiled rewritten, 252,564 B applied
+    # measured: three values moved, 267,068 B compiled as the planner made the plan, 250,556 B rewritten
     assert moved and moved == set(got["zero_bytes"])  # only 0-byte values, each now recomputed
     assert set(got["kept_after"]) == set(got["kept_before"]) - moved
     assert set(got["recomputed_after"]) == set(got["recomputed_before"]) | moved
