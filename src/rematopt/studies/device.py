@@ -100,31 +100,56 @@ AT_ONCE = 2
 class Model:
     label: str
     spec: str  # MODULE:FACTORY
-    config: dict
-    quick: dict  # the config under --quick
+    config: dict  # on CPU
+    quick: dict  # under --quick, on any backend
+    accelerator: dict  # on a GPU or TPU
+
+    def config_for(self, backend: str, quick: bool) -> dict:
+        return self.quick if quick else self.config if backend == "cpu" else self.accelerator
 
 
 # Defaults: the GPT decoder at a size where activations dominate (issue 36), a U-Net, one Flax and
-# one Keras model. Sizes chosen so a row compiles and runs in seconds on the 2-core machine.
+# one Keras model. On CPU, sizes chosen so a row compiles and runs in seconds on the 2-core machine. On
+# an accelerator, widths, sequences and images at the size of ../shared/gpu's GPT step (its plain step
+# 16.1 GB as XLA compiled it on an H200) and layers as on CPU, so planning takes as long as there; every
+# one traced at that size on CPU (gpt, keras_llama: 1,699 and 1,079 equations; their outputs 125 and
+# 62 GB in all, unet 23, flax_linen 14), none compiled there.
 MODELS = {
     "gpt": Model("gpt", "models.gpt:factory", {"layers": 8, "width": 256, "heads": 8, "seq": 256, "batch": 4,
                                                "vocab": 512},
-                 {"layers": 4, "width": 64, "heads": 4, "seq": 256, "batch": 8, "vocab": 256}),
+                 {"layers": 4, "width": 64, "heads": 4, "seq": 256, "batch": 8, "vocab": 256},
+                 {"layers": 8, "width": 1024, "heads": 16, "seq": 1024, "batch": 8, "vocab": 8192}),
     "unet": Model("unet", "models.unet:factory", {"depth": 3, "channels": 16, "image": 64, "batch": 4},
-                  {"depth": 2, "channels": 8, "image": 64, "batch": 4}),
+                  {"depth": 2, "channels": 8, "image": 64, "batch": 4},
+                  {"depth": 3, "channels": 64, "image": 256, "batch": 16}),
     "flax_linen": Model("flax_linen", "models.flax_linen:factory",
                         {"layers": 4, "width": 128, "heads": 4, "seq": 128, "vocab": 256, "batch": 4},
-                        {"layers": 2, "width": 32, "heads": 2, "seq": 128, "vocab": 64, "batch": 8}),
+                        {"layers": 2, "width": 32, "heads": 2, "seq": 128, "vocab": 64, "batch": 8},
+                        {"layers": 4, "width": 1024, "heads": 16, "seq": 1024, "vocab": 8192, "batch": 8}),
     "keras_llama": Model("keras_llama", "models.keras_lm:factory",
                          {"backbone": "llama", "layers": 4, "width": 128, "heads": 4, "kv_heads": 2, "hidden": 256,
                           "seq": 128, "vocab": 256, "batch": 4},
                          {"backbone": "llama", "layers": 2, "width": 32, "heads": 4, "kv_heads": 2, "hidden": 64,
-                          "seq": 128, "vocab": 64, "batch": 8}),
+                          "seq": 128, "vocab": 64, "batch": 8},
+                         {"backbone": "llama", "layers": 4, "width": 1024, "heads": 16, "kv_heads": 8,
+                          "hidden": 2816, "seq": 1024, "vocab": 8192, "batch": 8}),
 }
 DEFAULT_MODELS = tuple(MODELS)
 # not a default: the smallest step, for checking the bench itself
 MODELS["mlp"] = Model("mlp", "models.mlp:factory", {"layers": 8, "width": 512, "batch": 256},
-                      {"layers": 3, "width": 32, "in_dim": 16, "batch": 16})
+                      {"layers": 3, "width": 32, "in_dim": 16, "batch": 16},
+                      {"layers": 8, "width": 4096, "batch": 4096})
+
+# The cost profile of a device XLA names (``device_kind``): the steps are float32, which JAX runs as
+# TF32 on these GPUs; any other device takes its backend's.
+PROFILES = (("h200", "h200"), ("h100", "h100-tf32"))
+BACKEND_PROFILES = {"cpu": "cpu", "gpu": "h200", "tpu": "tpu-v4"}
+
+
+def profile_for(backend: str, kind: str = "") -> str:
+    """The cost profile for a device of ``kind`` on ``backend``: the named device's where one is
+    known, else the backend's (calibration on the plain step fixes the absolute speed either way)."""
+    return next((p for name, p in PROFILES if name in kind.lower()), BACKEND_PROFILES.get(backend, "cpu"))
 
 
 @dataclass
@@ -547,6 +572,7 @@ class OutOfTime(Exception):
 class Bench:
     backend: str
     device: str  # the cost profile's name
+    kind: str = ""  # the device as XLA names it (device_kind)
     rows: list[Row] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     planning: str = ""
@@ -584,9 +610,9 @@ def run_bench(models: tuple[str, ...] = DEFAULT_MODELS, quick: bool = False, run
     env = worker_env()
     started, cpu, load = time.time(), _children_cpu(), os.getloadavg()[0]
     workers = Workers()
-    backend = _worker({"probe": True, "cwd": str(cwd)}, env, 120, workers, "probe").get("backend", "cpu")
-    profile = {"cpu": "cpu", "gpu": "h200", "tpu": "tpu-v4"}.get(backend, "cpu")
-    bench = Bench(backend, profile, ratios=ratios, deterministic_time=deterministic_time,
+    probed = _worker({"probe": True, "cwd": str(cwd)}, env, 120, workers, "probe")
+    backend, kind = probed.get("backend", "cpu"), probed.get("kind", "")
+    bench = Bench(backend, profile_for(backend, kind), kind=kind, ratios=ratios, deterministic_time=deterministic_time,
                   clock="cpu" if backend == "cpu" else "wall", spent=workers.spent, processes=workers.ran)
     bench.planning = ("cpsat on the graph traced with fuse='xla' (nodes as XLA's compiled plain step makes "
                       "them) under --verify xla's closed loop (rematopt.xla.verify, stock policies left out: "
@@ -609,7 +635,7 @@ def run_bench(models: tuple[str, ...] = DEFAULT_MODELS, quick: bool = False, run
                 progress(f"machine: {bench.machine.describe()}")
         lock = threading.RLock()
         tasks = [_model_tasks(bench, MODELS[name], (configs or {}).get(name) or
-                              (MODELS[name].quick if quick else MODELS[name].config), runs, ratios, until, quick,
+                              MODELS[name].config_for(backend, quick), runs, ratios, until, quick,
                               env, cwd, out, progress, workers, lock, cores, models) for name in models]
         run_tasks(_order(tasks, slots), slots, stop=workers.stop)
     except KeyboardInterrupt:
@@ -1003,7 +1029,8 @@ def markdown(bench: Bench) -> str:
     clock = ("the process's CPU time on one pinned core (other load on the machine does not enter it)"
              if bench.clock == "cpu" else "wall-clock time")
     lines = [f"# rematopt bench device: {bench.backend}", "",
-             f"jax {jax.__version__}, backend `{bench.backend}`, cost profile "
+             f"jax {jax.__version__}, backend `{bench.backend}`"
+             + (f" ({bench.kind})" if bench.kind not in ("", bench.backend) else "") + ", cost profile "
              + (f"`{bench.device}` at the rates micro-benchmarks measured on the core ({bench.machine.describe()}; "
                 "rematopt.xla.machine)" if bench.machine else f"`{bench.device}` (its data sheet's rates)")
              + ", scaled per model so that the plain step's predicted time is its measured time. Step time: "
@@ -1277,7 +1304,7 @@ def main(argv: list[str]) -> int:
         serve(spec)
         return 0
     if spec.get("probe"):
-        got = {"backend": jax.default_backend()}
+        got = {"backend": jax.default_backend(), "kind": jax.devices()[0].device_kind}
     elif "plan_dir" in spec:
         got = plan_step({**spec, "dir": spec["plan_dir"]})
     elif "variants" in spec:
