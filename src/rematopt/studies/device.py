@@ -94,6 +94,11 @@ WORKER_WALL_S = 900.0
 # rows 89 s, planning 189 s of its 372 s; two at a time on the loaded machine, two processes ran at once
 # for 790 of its 1,008 s; docs/device.md).
 AT_ONCE = 2
+# On an accelerator, the processes at once: each budget's planning in a process of its own on the host's
+# cores (CP-SAT on one worker, XLA's compiles), beside one process at a time measuring rows on the
+# device; timing alone. A lent GPU host has 16 cores and 15 minutes, and the CPU run's gpt planning alone
+# took 624 s of its 1,685 s for three budgets one after another (docs/device.md, "On a GPU").
+GPU_AT_ONCE = 8
 
 
 @dataclass(frozen=True)
@@ -619,7 +624,7 @@ def run_bench(models: tuple[str, ...] = DEFAULT_MODELS, quick: bool = False, run
                       "they are rows of their own): the planning budget is bisected until the applied plan's "
                       "compiled peak fits r x the compiled plain peak")
     cores = sorted(os.sched_getaffinity(0))
-    slots = min(AT_ONCE, len(cores)) if backend == "cpu" else 1
+    slots = min(AT_ONCE if backend == "cpu" else GPU_AT_ONCE, len(cores))
     if backend == "cpu":
         bench.notes.append(f"CPU rows run under XLA_FLAGS={CPU_SCHEDULER} (the memory-minimizing scheduler), "
                            f"each measuring worker pinned to one core (timing: core {cores[0]}, nothing else of "
@@ -637,7 +642,7 @@ def run_bench(models: tuple[str, ...] = DEFAULT_MODELS, quick: bool = False, run
         tasks = [_model_tasks(bench, MODELS[name], (configs or {}).get(name) or
                               MODELS[name].config_for(backend, quick), runs, ratios, until, quick,
                               env, cwd, out, progress, workers, lock, cores, models) for name in models]
-        run_tasks(_order(tasks, slots), slots, stop=workers.stop)
+        run_tasks(_order(tasks, slots, rows_first=backend != "cpu"), slots, stop=workers.stop)
     except KeyboardInterrupt:
         bench.notes.append("interrupted (Ctrl-C): the rows above are the ones that finished.")
         progress("interrupted: keeping the finished rows")
@@ -651,15 +656,19 @@ def run_bench(models: tuple[str, ...] = DEFAULT_MODELS, quick: bool = False, run
     return bench
 
 
-def _order(tasks: list[list[Task]], slots: int) -> list[Task]:
-    """The models' tasks (each :func:`_model_tasks`'s four) in the order :func:`run_tasks` starts them. One
-    at a time, model by model: rows, planning, plan rows, timing. Several: the plan rows first (short, and
-    their model's timing waits on them), then every model's planning (the long tasks: started last, one
-    would run on alone at the end while the other core idles), then the rows, and the timings last, each
-    alone when nothing else is left."""
+def _order(tasks: list[list[Task]], slots: int, rows_first: bool = False) -> list[Task]:
+    """The models' tasks (each :func:`_model_tasks`'s: rows, planning (one task, or one a budget), plan
+    rows, timing) in the order :func:`run_tasks` starts them. One at a time, model by model. Several: the
+    plan rows first (short, and their model's timing waits on them), then every model's planning (the
+    long tasks: started last, one would run on alone at the end while the other core idles), then the
+    rows, and the timings last, each alone when nothing else is left. ``rows_first`` (a GPU, whose rows
+    hold the device one at a time): the rows before the plannings, so that the plannings, more than the
+    slots, do not keep the device idle."""
     if slots == 1:
         return [t for model in tasks for t in model]
-    return [m[2] for m in tasks] + [m[1] for m in tasks] + [m[0] for m in tasks] + [m[3] for m in tasks]
+    rows, plannings = [m[0] for m in tasks], [t for m in tasks for t in m[1:-2]]
+    return ([m[-2] for m in tasks] + (rows + plannings if rows_first else plannings + rows)
+            + [m[-1] for m in tasks])
 
 
 def _overlap(ran: list[tuple[str, str, float, float, float]]) -> float:
@@ -676,14 +685,17 @@ def _overlap(ran: list[tuple[str, str, float, float, float]]) -> float:
 def _model_tasks(bench: Bench, model: Model, config: dict, rounds: int, ratios: tuple[float, ...], until: float,
                  quick: bool, env: dict, cwd: Path, out: Path | None, progress: Callable[[str], None],
                  workers: Workers, lock: threading.RLock, cores: list[int], models: tuple[str, ...]) -> list[Task]:
-    """One model's four tasks (:func:`rematopt.studies.schedule.run_tasks`), each one worker process: its
-    rows (the plain step and the policies), its planning, its plans' rows, its timing. Planning needs
-    none of the rows' results (``--verify xla`` compiles the plain step itself), so it may run beside
-    them; the plans' rows need the plans and the plain step's gradients; the timing needs every row's
-    spec and runs alone (``Task.alone``): on CPU its clock is a pinned process's CPU time, and a process
-    on the other core would share the caches and memory bandwidth with it. The rows' compiled peaks are
-    the compiled programs', and the plans come from CP-SAT's deterministic clock, so neither depends on
-    what runs beside them. ``lock`` guards ``bench`` and the report, which the tasks' threads share."""
+    """One model's tasks (:func:`rematopt.studies.schedule.run_tasks`), each one worker process: its
+    rows (the plain step and the policies), its planning (on CPU one process for every budget; on an
+    accelerator one a budget, side by side on the host's cores), its plans' rows, its timing. Planning
+    needs none of the rows' results (``--verify xla`` compiles the plain step itself), so it may run
+    beside them; the plans' rows need the plans and the plain step's gradients; the timing needs every
+    row's spec and runs alone (``Task.alone``): on CPU its clock is a pinned process's CPU time, and a
+    process on the other core would share the caches and memory bandwidth with it; on a GPU, a wall
+    clock. On a GPU the rows hold the device (``Task.holds``): one process at a time measures there, so
+    one row's memory is not beside another's. The rows' compiled peaks are the compiled programs', and
+    the plans come from CP-SAT's deterministic clock, so neither depends on what runs beside them.
+    ``lock`` guards ``bench`` and the report, which the tasks' threads share."""
     from ..importers.costmodel import device
     from ..xla.cost import step_cost
     from ..xla.hlo import read_hlo
@@ -708,7 +720,10 @@ def _model_tasks(bench: Bench, model: Model, config: dict, rounds: int, ratios: 
 
     specs: dict[str, dict] = {}  # variant: what compiles it, for the timing process
     made: dict[str, Row] = {}
-    planned: dict = {}
+    planned: dict[str, dict] = {}  # str(ratio): plan_step's record of that budget's plan
+    # an accelerator's planning processes only compile, beside a row process on the device: they take
+    # its memory as they need it, not JAX's default 75% of it at their start
+    planning_env = env if bench.backend == "cpu" else {**env, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
     numbers = itertools.count()  # the model's hlo_<n>.txt files
 
     def measured(rows: list[tuple[Row, dict]], slot: int) -> None:
@@ -761,25 +776,31 @@ def _model_tasks(bench: Bench, model: Model, config: dict, rounds: int, ratios: 
                 measured(policies + [(Row(model.label, f"xla-gpu@{r} (slop {_slop(made['plain'], r)})", "xla-gpu",
                                           r), {"slop": _slop(made["plain"], r)}) for r in ratios], slot)
 
-    def planning(slot: int) -> None:
-        started = time.perf_counter()
-        planned.update(_worker({**base, "plan_dir": str(work), "ratios": list(ratios),
-                                "deterministic_time": bench.deterministic_time,
-                                "max_rounds": QUICK_PLAN_ROUNDS if quick else PLAN_ROUNDS,
-                                "until": min(until, time.time() + len(ratios) * PLAN_WALL_S)},
-                               env, timeout(len(ratios) * PLAN_WALL_S + WORKER_WALL_S), workers, "planning"))
-        with lock:
-            if "error" in planned:
-                bench.notes.append(f"{model.label}: planning failed: {planned['error']}")
-            progress(f"{model.label:12} planning " + (f"failed: {planned['error']}" if "error" in planned else "done")
-                     + f"  ({time.perf_counter() - started:.0f} s)")
+    def planning(budgets: tuple[float, ...]) -> Callable[[int], None]:
+        def run(slot: int) -> None:
+            started = time.perf_counter()
+            got = _worker({**base, "plan_dir": str(work), "ratios": list(budgets),
+                           "deterministic_time": bench.deterministic_time,
+                           "max_rounds": QUICK_PLAN_ROUNDS if quick else PLAN_ROUNDS,
+                           "until": min(until, time.time() + len(budgets) * PLAN_WALL_S)},
+                          planning_env, timeout(len(budgets) * PLAN_WALL_S + WORKER_WALL_S), workers, "planning")
+            with lock:
+                for r in budgets:
+                    planned[str(r)] = ({"status": f"planning failed: {got['error']}"} if "error" in got
+                                       else got["plans"].get(str(r), {}))
+                if "error" in got:
+                    bench.notes.append(f"{model.label}: planning failed: {got['error']}")
+                progress(f"{model.label:12} planning{'' if budgets == ratios else f'@{budgets[0]}'} "
+                         + (f"failed: {got['error']}" if "error" in got else "done")
+                         + f"  ({time.perf_counter() - started:.0f} s)")
+        return run
 
     def plan_rows(slot: int) -> None:
-        if "plain" not in made or "error" in planned:  # no plain step: nothing to compare a plan with
+        if "plain" not in made:  # no plain step: nothing to compare a plan with
             return
         plans = []
         for ratio in ratios:
-            p = planned["plans"].get(str(ratio), {})
+            p = planned.get(str(ratio), {})
             if "path" not in p:
                 missing = Row(model.label, f"rematopt@{ratio}", "rematopt", ratio,
                               note=f"no plan: {p.get('status', 'not run')}")
@@ -806,9 +827,12 @@ def _model_tasks(bench: Bench, model: Model, config: dict, rounds: int, ratios: 
             if out:
                 write_report(bench, out)
 
-    name = model.label
-    return [Task(f"{name} rows", rows), Task(f"{name} planning", planning),
-            Task(f"{name} plan rows", plan_rows, after=(f"{name} rows", f"{name} planning")),
+    name, device_rows = model.label, "" if bench.backend == "cpu" else "device"
+    groups = [ratios] if bench.backend == "cpu" else [(r,) for r in ratios]
+    plannings = [Task(f"{name} planning" + ("" if g == ratios else f"@{g[0]}"), planning(g)) for g in groups]
+    return [Task(f"{name} rows", rows, holds=device_rows), *plannings,
+            Task(f"{name} plan rows", plan_rows, after=(f"{name} rows", *(t.name for t in plannings)),
+                 holds=device_rows),
             Task(f"{name} timing", timing, after=(f"{name} rows", f"{name} plan rows"), alone=True)]
 
 
@@ -1100,11 +1124,12 @@ def _time_spent(bench: Bench) -> str:
 def _critical_path(bench: Bench) -> str:
     """What the run's processes would take on an idle machine, where a pinned process's CPU seconds are its
     wall seconds: the measuring and planning at least half their CPU (two cores) and at least the longest
-    model's chain (its rows or its planning, then its plan rows); the timing processes one after another."""
+    model's chain (its rows or its planning, then its plan rows); the timing processes one after another.
+    On CPU only: a GPU host's processes share its device, not two cores."""
     ran = bench.processes
     stage = [p for p in ran if p[0] in ("rows", "planning")]
     timing = [p for p in ran if p[0] == "timing"]
-    if not stage or not timing:  # a run cut before any timing: no figure for the whole
+    if not stage or not timing or bench.backend != "cpu":  # a run cut before any timing: no figure for the whole
         return ""
     chains = {}
     for model in dict.fromkeys(p[1] for p in stage):
