@@ -721,8 +721,10 @@ def _model_tasks(bench: Bench, model: Model, config: dict, rounds: int, ratios: 
     specs: dict[str, dict] = {}  # variant: what compiles it, for the timing process
     made: dict[str, Row] = {}
     planned: dict[str, dict] = {}  # str(ratio): plan_step's record of that budget's plan
-    # an accelerator's planning processes only compile, beside a row process on the device: they take
-    # its memory as they need it, not JAX's default 75% of it at their start
+    # on an accelerator the planning processes only compile, beside a row process on the device: they
+    # take its memory as they need it (CUDA's context, autotuning's buffers: under a GB each), not JAX's
+    # default 75% of it at their start. The rows and timing keep the default, so that `bytes_limit`, which
+    # aims XLA's GPU remat (_slop), means what it meant.
     planning_env = env if bench.backend == "cpu" else {**env, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
     numbers = itertools.count()  # the model's hlo_<n>.txt files
 
