@@ -1,5 +1,5 @@
-"""The graph a planner plans a compiled step on: each kernel reading a value XLA never writes also
-reads what that value is computed from.
+"""The graph cpsat plans a compiled step on (``solve.PLAN_ON_FUSED_READS``): each kernel reading a
+value XLA never writes also reads what that value is computed from.
 
 On a ``fuse="xla"`` graph a value of 0 bytes is one XLA computes inside the kernels reading it (a
 softmax's division by its sum, made from the exp in each reader). The graph's edges let a plan keep

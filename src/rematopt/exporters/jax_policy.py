@@ -112,9 +112,9 @@ def unwritten_recomputed(graph: Graph, plan: Plan) -> Plan:
     0.5 (the K projections' dots, the rotary stacks and the RMS norms' sums) 17.10 MiB instead of 17.48.
     The recomputation costs the value's FLOPs again, which the compiled program's price counts. The
     plan's peak is the same (it frees and computes 0-byte values); the rewrite is taken only where the
-    plan stays valid and no other value's fate changes, the value read first first. A plan ``solve``
-    made of a compiled graph has each such value's operands on the device at its readers
-    (:func:`~rematopt.fused_reads.fused_reads`), so the rewrite is always valid there."""
+    plan stays valid and no other value's fate changes, the value read first first. A plan cpsat made
+    through ``solve`` has each such value's operands on the device at its readers
+    (:func:`~rematopt.fused_reads.fused_reads`), where the rewrite computes it."""
     if graph.meta.get("fuse") != "xla":
         return plan
     fates = residual_fates(graph, plan)
