@@ -394,7 +394,8 @@ def plan_step(spec: dict) -> dict:
                     graph = trace_grad(fn, *args, name=spec["label"], fuse="xla", device=spec["device"])
             with _phase("closed loop"):
                 v = verify(fn, args, graph, "cpsat", ratio, time_limit=wall, stock={},
-                           deterministic_time=spec["deterministic_time"], max_rounds=spec["max_rounds"])
+                           deterministic_time=spec["deterministic_time"], max_rounds=spec["max_rounds"],
+                           machine=Machine(**spec["machine"]) if spec.get("machine") else None)
         except Exception as e:  # the loop's failure is a finding of the bench, reported on the row
             why = f"--verify xla failed ({_why(e, 120)})"
             fallback = trace_grad(fn, *args, name=spec["label"], device=spec["device"])
@@ -414,7 +415,8 @@ def plan_step(spec: dict) -> dict:
                                         "deterministic_spent": sol.plan.stats.get("deterministic_spent")}
             continue
         c = v.chosen
-        loop = {"stopped_by": v.stopped_by or "bracket", "rounds": v.rounds, "deterministic_spent": v.deterministic_spent}
+        loop = {"stopped_by": v.stopped_by or "bracket", "rounds": v.rounds, "deterministic_spent": v.deterministic_spent,
+                "chosen_by": v.chosen_by, "fault_rounds": sum(r.aim != "budget" for r in v.planning)}
         if c.plan is None:
             out["plans"][str(ratio)] = {"status": f"--verify xla: no plan compiled smaller than the plain step after "
                                                   f"{v.rounds} rounds", **loop}
@@ -740,6 +742,7 @@ def _model_tasks(bench: Bench, model: Model, config: dict, rounds: int, ratios: 
         planned.update(_worker({**base, "plan_dir": str(work), "ratios": list(ratios),
                                 "deterministic_time": bench.deterministic_time,
                                 "max_rounds": QUICK_PLAN_ROUNDS if quick else PLAN_ROUNDS,
+                                "machine": asdict(bench.machine) if bench.machine else None,
                                 "until": min(until, time.time() + len(ratios) * PLAN_WALL_S)},
                                env, timeout(len(ratios) * PLAN_WALL_S + WORKER_WALL_S), workers, "planning"))
         with lock:
