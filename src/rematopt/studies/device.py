@@ -423,8 +423,10 @@ def plan_step(spec: dict) -> dict:
             continue
         graph.save(folder / "graph.json")
         c.plan.save(path)
+        faults = f" ({loop['fault_rounds']} aimed under the mmap ceiling)" if loop["fault_rounds"] else ""
         out["plans"][str(ratio)] = {"status": f"--verify xla: cpsat {c.status}, {'fits' if c.fits else 'misses'} "
-                                              f"after {v.rounds} round{'s' * (v.rounds != 1)}",
+                                              f"after {v.rounds} round{'s' * (v.rounds != 1)}{faults}, chosen by "
+                                              f"{v.chosen_by}",
                                     "path": str(path), "graph": str(folder / "graph.json"), "nodes": graph.n,
                                     "peak": c.predicted_peak, "overhead": c.overhead, "ordered": c.ordered,
                                     **loop}
@@ -593,7 +595,10 @@ def run_bench(models: tuple[str, ...] = DEFAULT_MODELS, quick: bool = False, run
     bench.planning = ("cpsat on the graph traced with fuse='xla' (nodes as XLA's compiled plain step makes "
                       "them) under --verify xla's closed loop (rematopt.xla.verify, stock policies left out: "
                       "they are rows of their own): the planning budget is bisected until the applied plan's "
-                      "compiled peak fits r x the compiled plain peak")
+                      "compiled peak fits r x the compiled plain peak; of the plans that fit, the one of least "
+                      "priced time (its compiled kernels on the core's measured rates, its predicted page faults "
+                      "at their price; on a GPU its data sheet), and where it still faults on a temp buffer "
+                      "above glibc's mmap ceiling, up to two more rounds aimed under it")
     cores = sorted(os.sched_getaffinity(0))
     slots = min(AT_ONCE, len(cores)) if backend == "cpu" else 1
     if backend == "cpu":
@@ -974,7 +979,8 @@ def _why_slower(bench: Bench, p: Row, b: Row) -> str:
             out = [f"rematopt's own price of the compiled plan, {pp} against the plain step, against the baseline's "
                    f"{bp}, ranked it slower already: the planner's space or search (it minimized the graph's "
                    f"recompute cost" + ("" if p.predicted_overhead is None
-                                        else f", +{100 * p.predicted_overhead:.1f}% on the graph") + ")"]
+                                        else f", +{100 * p.predicted_overhead:.1f}% on the graph")
+                   + "; the loop chose the least priced of the plans it compiled)"]
         else:
             miss = 100 * ((p.predicted_ms / base[1]) - (p.step_ms / base[0]))
             out = [f"predicted faster than the baseline ({pp} against {bp} over the plain step) but measured "
