@@ -19,7 +19,7 @@ pytest.importorskip("jax")
 
 from rematopt.importers.costmodel import device  # noqa: E402
 from rematopt.plan import Plan  # noqa: E402
-from rematopt.studies.device import AGAIN, MAX_ROUNDS, MODELS, Bench, Row, _by_class, _calibrate, _slop, _worker, markdown, noise, pareto, run_bench, time_steps, verdict, worker_env, write_report  # noqa: E402,E501
+from rematopt.studies.device import AGAIN, MAX_ROUNDS, MODELS, Bench, profile_for, Row, _by_class, _calibrate, _slop, _worker, markdown, noise, pareto, run_bench, time_steps, verdict, worker_env, write_report  # noqa: E402,E501
 from rematopt.xla.cost import Calibration, StepCost, kernel_cost  # noqa: E402
 from rematopt.xla.kernels import Kernel  # noqa: E402
 from rematopt.xla.machine import Machine  # noqa: E402
@@ -239,6 +239,28 @@ def test_the_time_limit_is_the_whole_runs_and_keeps_what_finished(tmp_path):
     assert list(bench.spent) == ["probe"] and bench.spent["probe"]["processes"] == 1
     assert bench.spent["probe"]["cpu"] > 0 and bench.spent["probe"]["import jax"] > 0
     assert "| probe | 1 |" in md and bench.run["wall"] >= bench.spent["probe"]["wall"]
+
+
+def test_on_an_accelerator_the_models_run_at_the_gpu_fixtures_size_priced_by_the_device_named():
+    """The GPU targets are about ../shared/gpu's GPT step: on a GPU the bench runs it at that size, its
+    other models at widths of that order, and prices kernels on the profile of the device XLA names."""
+    import jax
+
+    from rematopt.jax import load_factory
+
+    gpt = MODELS["gpt"]
+    assert gpt.config_for("gpu", False) == {"layers": 8, "width": 1024, "heads": 16, "seq": 1024, "batch": 8,
+                                            "vocab": 8192}
+    assert gpt.config_for("cpu", False) == gpt.config and gpt.config_for("gpu", True) == gpt.quick
+    for m in MODELS.values():  # the factories take every key (keras_llama's trace takes 36 s: not here)
+        assert set(m.accelerator) == set(m.config)
+    fn, args = load_factory(gpt.spec, **gpt.accelerator)
+    tokens = jax.eval_shape(jax.value_and_grad(fn), *args)[0]
+    assert tokens.shape == ()
+    assert profile_for("gpu", "NVIDIA H100 80GB HBM3") == "h100-tf32" and profile_for("gpu", "NVIDIA H200") == "h200"
+    assert profile_for("gpu", "Tesla V100-SXM2-16GB") == "h200" and profile_for("cpu", "cpu") == "cpu"
+    assert profile_for("tpu", "TPU v4") == "tpu-v4"
+    assert device(profile_for("gpu", "NVIDIA H100 80GB HBM3")).vector_flops_per_s == device("h200").vector_flops_per_s
 
 
 def test_pareto_front_and_slop():

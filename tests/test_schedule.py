@@ -121,6 +121,42 @@ def test_the_device_bench_plans_beside_the_rows_and_times_each_model_alone(tmp_p
     assert log.order == [f"{m} {task}" for m in models for task in ("rows", "planning", "plan rows", "timing")]
 
 
+def test_a_resource_is_held_by_one_running_task_at_most():
+    log = Log()
+    tasks = [replace(log.task(n), holds="device") for n in ("r1", "r2", "r3")] + [log.task(n) for n in ("p1", "p2")]
+    ran = run_tasks(tasks, 4)
+    assert sorted(r.name for r in ran) == ["p1", "p2", "r1", "r2", "r3"]
+    for r in ("r1", "r2", "r3"):
+        assert not log.beside[r] & {"r1", "r2", "r3"}
+    assert log.order[:3] == ["r1", "p1", "p2"]  # r2 and r3 wait for the device; the plannings pass them
+
+
+def test_on_a_gpu_the_bench_plans_each_budget_beside_one_row_process_on_the_device(tmp_path, monkeypatch):
+    """The bench's own tasks on a GPU backend (stubbed): one planning task a budget, the rows first in the
+    order, every row and plan-row task holding the device (none beside another), the plan rows after
+    their model's rows and every one of its budgets' plannings, each timing alone."""
+    pytest.importorskip("jax")
+    from rematopt.studies.device import MODELS, Bench, Workers, _model_tasks, _order
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    models, ratios = ("gpt", "unet"), (0.8, 0.6, 0.5)
+    bench = Bench("gpu", "h200")
+    tasks = [_model_tasks(bench, MODELS[m], {}, 1, ratios, math.inf, False, {}, tmp_path, None, print, Workers(),
+                          threading.RLock(), list(range(8)), models) for m in models]
+    assert [t.name for t in tasks[0]] == ["gpt rows", "gpt planning@0.8", "gpt planning@0.6", "gpt planning@0.5",
+                                          "gpt plan rows", "gpt timing"]
+    ordered = _order(tasks, 4, rows_first=True)
+    assert [t.name for t in ordered][:4] == ["gpt plan rows", "unet plan rows", "gpt rows", "unet rows"]
+    log = Log()
+    run_tasks([replace(t, run=log.task(t.name).run) for t in ordered], 4)
+    device = {t.name for t in ordered if t.holds == "device"}
+    assert device == {f"{m} {k}" for m in models for k in ("rows", "plan rows")}
+    assert all(not log.beside[d] & device for d in device)
+    for m in models:
+        assert log.order.index(f"{m} plan rows") > max(log.order.index(f"{m} planning@{r}") for r in ratios)
+        assert log.beside[f"{m} timing"] == set()
+
+
 def test_the_time_table_says_what_ran_at_once_and_the_idle_critical_path():
     """From the processes' (kind, model, start, end, CPU s): the seconds two ran at once, and the idle
     machine's figures: at least half the measuring and planning CPU on two cores, or the longest model's

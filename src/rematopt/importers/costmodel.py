@@ -47,6 +47,10 @@ DEVICES: dict[str, Device] = {
                    "NVIDIA H200 SXM data sheet: 4.8 TB/s HBM3e; 989 TFLOPS TF32 tensor core with sparsity, so "
                    "494 dense (JAX's default precision runs float32 dots as TF32 there); 67 TFLOPS FP32 for "
                    "the vector units", vector_flops_per_s=67e12),
+    "h100-tf32": Device("h100-tf32", 494e12, 3.35e12,
+                        "NVIDIA H100 SXM data sheet: 3.35 TB/s HBM3; 989 TFLOPS TF32 tensor core with sparsity, so "
+                        "494 dense (float32 dots run as TF32 by JAX's default precision); 67 TFLOPS FP32 for the "
+                        "vector units", vector_flops_per_s=67e12),
     "tpu-v4": Device("tpu-v4", 275e12, 1.2e12,
                      "Google Cloud TPU v4 documentation: 275 TFLOPS bf16, 1,200 GB/s HBM2"),
     "cpu": Device("cpu", 1e12, 1e11,

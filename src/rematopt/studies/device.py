@@ -94,37 +94,67 @@ WORKER_WALL_S = 900.0
 # rows 89 s, planning 189 s of its 372 s; two at a time on the loaded machine, two processes ran at once
 # for 790 of its 1,008 s; docs/device.md).
 AT_ONCE = 2
+# On an accelerator, the processes at once: each budget's planning in a process of its own on the host's
+# cores (CP-SAT on one worker, XLA's compiles), beside one process at a time measuring rows on the
+# device; timing alone. A lent GPU host has 16 cores and 15 minutes, and the CPU run's gpt planning alone
+# took 624 s of its 1,685 s for three budgets one after another (docs/device.md, "On a GPU").
+GPU_AT_ONCE = 8
 
 
 @dataclass(frozen=True)
 class Model:
     label: str
     spec: str  # MODULE:FACTORY
-    config: dict
-    quick: dict  # the config under --quick
+    config: dict  # on CPU
+    quick: dict  # under --quick, on any backend
+    accelerator: dict  # on a GPU or TPU
+
+    def config_for(self, backend: str, quick: bool) -> dict:
+        return self.quick if quick else self.config if backend == "cpu" else self.accelerator
 
 
 # Defaults: the GPT decoder at a size where activations dominate (issue 36), a U-Net, one Flax and
-# one Keras model. Sizes chosen so a row compiles and runs in seconds on the 2-core machine.
+# one Keras model. On CPU, sizes chosen so a row compiles and runs in seconds on the 2-core machine. On
+# an accelerator, widths, sequences and images at the size of ../shared/gpu's GPT step (its plain step
+# 16.1 GB as XLA compiled it on an H200) and layers as on CPU, so planning takes as long as there; every
+# one traced at that size on CPU (gpt, keras_llama: 1,699 and 1,079 equations; their outputs 125 and
+# 62 GB in all, unet 23, flax_linen 14), none compiled there.
 MODELS = {
     "gpt": Model("gpt", "models.gpt:factory", {"layers": 8, "width": 256, "heads": 8, "seq": 256, "batch": 4,
                                                "vocab": 512},
-                 {"layers": 4, "width": 64, "heads": 4, "seq": 256, "batch": 8, "vocab": 256}),
+                 {"layers": 4, "width": 64, "heads": 4, "seq": 256, "batch": 8, "vocab": 256},
+                 {"layers": 8, "width": 1024, "heads": 16, "seq": 1024, "batch": 8, "vocab": 8192}),
     "unet": Model("unet", "models.unet:factory", {"depth": 3, "channels": 16, "image": 64, "batch": 4},
-                  {"depth": 2, "channels": 8, "image": 64, "batch": 4}),
+                  {"depth": 2, "channels": 8, "image": 64, "batch": 4},
+                  {"depth": 3, "channels": 64, "image": 256, "batch": 16}),
     "flax_linen": Model("flax_linen", "models.flax_linen:factory",
                         {"layers": 4, "width": 128, "heads": 4, "seq": 128, "vocab": 256, "batch": 4},
-                        {"layers": 2, "width": 32, "heads": 2, "seq": 128, "vocab": 64, "batch": 8}),
+                        {"layers": 2, "width": 32, "heads": 2, "seq": 128, "vocab": 64, "batch": 8},
+                        {"layers": 4, "width": 1024, "heads": 16, "seq": 1024, "vocab": 8192, "batch": 8}),
     "keras_llama": Model("keras_llama", "models.keras_lm:factory",
                          {"backbone": "llama", "layers": 4, "width": 128, "heads": 4, "kv_heads": 2, "hidden": 256,
                           "seq": 128, "vocab": 256, "batch": 4},
                          {"backbone": "llama", "layers": 2, "width": 32, "heads": 4, "kv_heads": 2, "hidden": 64,
-                          "seq": 128, "vocab": 64, "batch": 8}),
+                          "seq": 128, "vocab": 64, "batch": 8},
+                         {"backbone": "llama", "layers": 4, "width": 1024, "heads": 16, "kv_heads": 8,
+                          "hidden": 2816, "seq": 1024, "vocab": 8192, "batch": 8}),
 }
 DEFAULT_MODELS = tuple(MODELS)
 # not a default: the smallest step, for checking the bench itself
 MODELS["mlp"] = Model("mlp", "models.mlp:factory", {"layers": 8, "width": 512, "batch": 256},
-                      {"layers": 3, "width": 32, "in_dim": 16, "batch": 16})
+                      {"layers": 3, "width": 32, "in_dim": 16, "batch": 16},
+                      {"layers": 8, "width": 4096, "batch": 4096})
+
+# The cost profile of a device XLA names (``device_kind``): the steps are float32, which JAX runs as
+# TF32 on these GPUs; any other device takes its backend's.
+PROFILES = (("h200", "h200"), ("h100", "h100-tf32"))
+BACKEND_PROFILES = {"cpu": "cpu", "gpu": "h200", "tpu": "tpu-v4"}
+
+
+def profile_for(backend: str, kind: str = "") -> str:
+    """The cost profile for a device of ``kind`` on ``backend``: the named device's where one is
+    known, else the backend's (calibration on the plain step fixes the absolute speed either way)."""
+    return next((p for name, p in PROFILES if name in kind.lower()), BACKEND_PROFILES.get(backend, "cpu"))
 
 
 @dataclass
@@ -376,6 +406,7 @@ def plan_step(spec: dict) -> dict:
     (:func:`rematopt.xla.verify.verify`, no stock candidates: the bench measures those itself) at
     each ratio; the graph and each ratio's chosen plan saved under ``spec["dir"]``. Where the loop
     fails, plain cpsat on the per-equation graph at r x its no-remat peak, and the note says why."""
+    from ..importers.costmodel import device
     from ..jax import load_factory, trace_grad
     from ..solve import solve
     from ..xla.verify import verify
@@ -383,6 +414,10 @@ def plan_step(spec: dict) -> dict:
     with _phase("build"):
         fn, args = load_factory(spec["model"], **spec["config"])
     folder = Path(spec["dir"])
+    # what the loop prices its candidates on: the core's measured rates, else the bench's profile (the
+    # CPU's data sheet has no fault price: there the loop's own default, xla.machine.REFERENCE)
+    price = (Machine(**spec["machine"]) if spec.get("machine")
+             else None if spec["device"].startswith("cpu") else device(spec["device"]))
     out: dict = {"plans": {}}
     graph = None
     for ratio in spec["ratios"]:
@@ -395,7 +430,7 @@ def plan_step(spec: dict) -> dict:
             with _phase("closed loop"):
                 v = verify(fn, args, graph, "cpsat", ratio, time_limit=wall, stock={},
                            deterministic_time=spec["deterministic_time"], max_rounds=spec["max_rounds"],
-                           machine=Machine(**spec["machine"]) if spec.get("machine") else None)
+                           machine=price)
         except Exception as e:  # the loop's failure is a finding of the bench, reported on the row
             why = f"--verify xla failed ({_why(e, 120)})"
             fallback = trace_grad(fn, *args, name=spec["label"], device=spec["device"])
@@ -551,6 +586,7 @@ class OutOfTime(Exception):
 class Bench:
     backend: str
     device: str  # the cost profile's name
+    kind: str = ""  # the device as XLA names it (device_kind)
     rows: list[Row] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     planning: str = ""
@@ -588,9 +624,9 @@ def run_bench(models: tuple[str, ...] = DEFAULT_MODELS, quick: bool = False, run
     env = worker_env()
     started, cpu, load = time.time(), _children_cpu(), os.getloadavg()[0]
     workers = Workers()
-    backend = _worker({"probe": True, "cwd": str(cwd)}, env, 120, workers, "probe").get("backend", "cpu")
-    profile = {"cpu": "cpu", "gpu": "h200", "tpu": "tpu-v4"}.get(backend, "cpu")
-    bench = Bench(backend, profile, ratios=ratios, deterministic_time=deterministic_time,
+    probed = _worker({"probe": True, "cwd": str(cwd)}, env, 120, workers, "probe")
+    backend, kind = probed.get("backend", "cpu"), probed.get("kind", "")
+    bench = Bench(backend, profile_for(backend, kind), kind=kind, ratios=ratios, deterministic_time=deterministic_time,
                   clock="cpu" if backend == "cpu" else "wall", spent=workers.spent, processes=workers.ran)
     bench.planning = ("cpsat on the graph traced with fuse='xla' (nodes as XLA's compiled plain step makes "
                       "them) under --verify xla's closed loop (rematopt.xla.verify, stock policies left out: "
@@ -600,7 +636,7 @@ def run_bench(models: tuple[str, ...] = DEFAULT_MODELS, quick: bool = False, run
                       "at their price; on a GPU its data sheet), and where it still faults on a temp buffer "
                       "above glibc's mmap ceiling, up to two more rounds aimed under it")
     cores = sorted(os.sched_getaffinity(0))
-    slots = min(AT_ONCE, len(cores)) if backend == "cpu" else 1
+    slots = min(AT_ONCE if backend == "cpu" else GPU_AT_ONCE, len(cores))
     if backend == "cpu":
         bench.notes.append(f"CPU rows run under XLA_FLAGS={CPU_SCHEDULER} (the memory-minimizing scheduler), "
                            f"each measuring worker pinned to one core (timing: core {cores[0]}, nothing else of "
@@ -616,9 +652,9 @@ def run_bench(models: tuple[str, ...] = DEFAULT_MODELS, quick: bool = False, run
                 progress(f"machine: {bench.machine.describe()}")
         lock = threading.RLock()
         tasks = [_model_tasks(bench, MODELS[name], (configs or {}).get(name) or
-                              (MODELS[name].quick if quick else MODELS[name].config), runs, ratios, until, quick,
+                              MODELS[name].config_for(backend, quick), runs, ratios, until, quick,
                               env, cwd, out, progress, workers, lock, cores, models) for name in models]
-        run_tasks(_order(tasks, slots), slots, stop=workers.stop)
+        run_tasks(_order(tasks, slots, rows_first=backend != "cpu"), slots, stop=workers.stop)
     except KeyboardInterrupt:
         bench.notes.append("interrupted (Ctrl-C): the rows above are the ones that finished.")
         progress("interrupted: keeping the finished rows")
@@ -632,15 +668,19 @@ def run_bench(models: tuple[str, ...] = DEFAULT_MODELS, quick: bool = False, run
     return bench
 
 
-def _order(tasks: list[list[Task]], slots: int) -> list[Task]:
-    """The models' tasks (each :func:`_model_tasks`'s four) in the order :func:`run_tasks` starts them. One
-    at a time, model by model: rows, planning, plan rows, timing. Several: the plan rows first (short, and
-    their model's timing waits on them), then every model's planning (the long tasks: started last, one
-    would run on alone at the end while the other core idles), then the rows, and the timings last, each
-    alone when nothing else is left."""
+def _order(tasks: list[list[Task]], slots: int, rows_first: bool = False) -> list[Task]:
+    """The models' tasks (each :func:`_model_tasks`'s: rows, planning (one task, or one a budget), plan
+    rows, timing) in the order :func:`run_tasks` starts them. One at a time, model by model. Several: the
+    plan rows first (short, and their model's timing waits on them), then every model's planning (the
+    long tasks: started last, one would run on alone at the end while the other core idles), then the
+    rows, and the timings last, each alone when nothing else is left. ``rows_first`` (a GPU, whose rows
+    hold the device one at a time): the rows before the plannings, so that the plannings, more than the
+    slots, do not keep the device idle."""
     if slots == 1:
         return [t for model in tasks for t in model]
-    return [m[2] for m in tasks] + [m[1] for m in tasks] + [m[0] for m in tasks] + [m[3] for m in tasks]
+    rows, plannings = [m[0] for m in tasks], [t for m in tasks for t in m[1:-2]]
+    return ([m[-2] for m in tasks] + (rows + plannings if rows_first else plannings + rows)
+            + [m[-1] for m in tasks])
 
 
 def _overlap(ran: list[tuple[str, str, float, float, float]]) -> float:
@@ -657,14 +697,17 @@ def _overlap(ran: list[tuple[str, str, float, float, float]]) -> float:
 def _model_tasks(bench: Bench, model: Model, config: dict, rounds: int, ratios: tuple[float, ...], until: float,
                  quick: bool, env: dict, cwd: Path, out: Path | None, progress: Callable[[str], None],
                  workers: Workers, lock: threading.RLock, cores: list[int], models: tuple[str, ...]) -> list[Task]:
-    """One model's four tasks (:func:`rematopt.studies.schedule.run_tasks`), each one worker process: its
-    rows (the plain step and the policies), its planning, its plans' rows, its timing. Planning needs
-    none of the rows' results (``--verify xla`` compiles the plain step itself), so it may run beside
-    them; the plans' rows need the plans and the plain step's gradients; the timing needs every row's
-    spec and runs alone (``Task.alone``): on CPU its clock is a pinned process's CPU time, and a process
-    on the other core would share the caches and memory bandwidth with it. The rows' compiled peaks are
-    the compiled programs', and the plans come from CP-SAT's deterministic clock, so neither depends on
-    what runs beside them. ``lock`` guards ``bench`` and the report, which the tasks' threads share."""
+    """One model's tasks (:func:`rematopt.studies.schedule.run_tasks`), each one worker process: its
+    rows (the plain step and the policies), its planning (on CPU one process for every budget; on an
+    accelerator one a budget, side by side on the host's cores), its plans' rows, its timing. Planning
+    needs none of the rows' results (``--verify xla`` compiles the plain step itself), so it may run
+    beside them; the plans' rows need the plans and the plain step's gradients; the timing needs every
+    row's spec and runs alone (``Task.alone``): on CPU its clock is a pinned process's CPU time, and a
+    process on the other core would share the caches and memory bandwidth with it; on a GPU, a wall
+    clock. On a GPU the rows hold the device (``Task.holds``): one process at a time measures there, so
+    one row's memory is not beside another's. The rows' compiled peaks are the compiled programs', and
+    the plans come from CP-SAT's deterministic clock, so neither depends on what runs beside them.
+    ``lock`` guards ``bench`` and the report, which the tasks' threads share."""
     from ..importers.costmodel import device
     from ..xla.cost import step_cost
     from ..xla.hlo import read_hlo
@@ -689,7 +732,12 @@ def _model_tasks(bench: Bench, model: Model, config: dict, rounds: int, ratios: 
 
     specs: dict[str, dict] = {}  # variant: what compiles it, for the timing process
     made: dict[str, Row] = {}
-    planned: dict = {}
+    planned: dict[str, dict] = {}  # str(ratio): plan_step's record of that budget's plan
+    # on an accelerator the planning processes only compile, beside a row process on the device: they
+    # take its memory as they need it (CUDA's context, autotuning's buffers: under a GB each), not JAX's
+    # default 75% of it at their start. The rows and timing keep the default, so that `bytes_limit`, which
+    # aims XLA's GPU remat (_slop), means what it meant.
+    planning_env = env if bench.backend == "cpu" else {**env, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
     numbers = itertools.count()  # the model's hlo_<n>.txt files
 
     def measured(rows: list[tuple[Row, dict]], slot: int) -> None:
@@ -742,26 +790,32 @@ def _model_tasks(bench: Bench, model: Model, config: dict, rounds: int, ratios: 
                 measured(policies + [(Row(model.label, f"xla-gpu@{r} (slop {_slop(made['plain'], r)})", "xla-gpu",
                                           r), {"slop": _slop(made["plain"], r)}) for r in ratios], slot)
 
-    def planning(slot: int) -> None:
-        started = time.perf_counter()
-        planned.update(_worker({**base, "plan_dir": str(work), "ratios": list(ratios),
-                                "deterministic_time": bench.deterministic_time,
-                                "max_rounds": QUICK_PLAN_ROUNDS if quick else PLAN_ROUNDS,
-                                "machine": asdict(bench.machine) if bench.machine else None,
-                                "until": min(until, time.time() + len(ratios) * PLAN_WALL_S)},
-                               env, timeout(len(ratios) * PLAN_WALL_S + WORKER_WALL_S), workers, "planning"))
-        with lock:
-            if "error" in planned:
-                bench.notes.append(f"{model.label}: planning failed: {planned['error']}")
-            progress(f"{model.label:12} planning " + (f"failed: {planned['error']}" if "error" in planned else "done")
-                     + f"  ({time.perf_counter() - started:.0f} s)")
+    def planning(budgets: tuple[float, ...]) -> Callable[[int], None]:
+        def run(slot: int) -> None:
+            started = time.perf_counter()
+            got = _worker({**base, "plan_dir": str(work), "ratios": list(budgets),
+                           "deterministic_time": bench.deterministic_time,
+                           "max_rounds": QUICK_PLAN_ROUNDS if quick else PLAN_ROUNDS,
+                           "machine": asdict(bench.machine) if bench.machine else None,
+                           "until": min(until, time.time() + len(budgets) * PLAN_WALL_S)},
+                          planning_env, timeout(len(budgets) * PLAN_WALL_S + WORKER_WALL_S), workers, "planning")
+            with lock:
+                for r in budgets:
+                    planned[str(r)] = ({"status": f"planning failed: {got['error']}"} if "error" in got
+                                       else got["plans"].get(str(r), {}))
+                if "error" in got:
+                    bench.notes.append(f"{model.label}: planning failed: {got['error']}")
+                progress(f"{model.label:12} planning{'' if budgets == ratios else f'@{budgets[0]}'} "
+                         + (f"failed: {got['error']}" if "error" in got else "done")
+                         + f"  ({time.perf_counter() - started:.0f} s)")
+        return run
 
     def plan_rows(slot: int) -> None:
-        if "plain" not in made or "error" in planned:  # no plain step: nothing to compare a plan with
+        if "plain" not in made:  # no plain step: nothing to compare a plan with
             return
         plans = []
         for ratio in ratios:
-            p = planned["plans"].get(str(ratio), {})
+            p = planned.get(str(ratio), {})
             if "path" not in p:
                 missing = Row(model.label, f"rematopt@{ratio}", "rematopt", ratio,
                               note=f"no plan: {p.get('status', 'not run')}")
@@ -788,9 +842,12 @@ def _model_tasks(bench: Bench, model: Model, config: dict, rounds: int, ratios: 
             if out:
                 write_report(bench, out)
 
-    name = model.label
-    return [Task(f"{name} rows", rows), Task(f"{name} planning", planning),
-            Task(f"{name} plan rows", plan_rows, after=(f"{name} rows", f"{name} planning")),
+    name, device_rows = model.label, "" if bench.backend == "cpu" else "device"
+    groups = [ratios] if bench.backend == "cpu" else [(r,) for r in ratios]
+    plannings = [Task(f"{name} planning" + ("" if g == ratios else f"@{g[0]}"), planning(g)) for g in groups]
+    return [Task(f"{name} rows", rows, holds=device_rows), *plannings,
+            Task(f"{name} plan rows", plan_rows, after=(f"{name} rows", *(t.name for t in plannings)),
+                 holds=device_rows),
             Task(f"{name} timing", timing, after=(f"{name} rows", f"{name} plan rows"), alone=True)]
 
 
@@ -1012,7 +1069,8 @@ def markdown(bench: Bench) -> str:
     clock = ("the process's CPU time on one pinned core (other load on the machine does not enter it)"
              if bench.clock == "cpu" else "wall-clock time")
     lines = [f"# rematopt bench device: {bench.backend}", "",
-             f"jax {jax.__version__}, backend `{bench.backend}`, cost profile "
+             f"jax {jax.__version__}, backend `{bench.backend}`"
+             + (f" ({bench.kind})" if bench.kind not in ("", bench.backend) else "") + ", cost profile "
              + (f"`{bench.device}` at the rates micro-benchmarks measured on the core ({bench.machine.describe()}; "
                 "rematopt.xla.machine)" if bench.machine else f"`{bench.device}` (its data sheet's rates)")
              + ", scaled per model so that the plain step's predicted time is its measured time. Step time: "
@@ -1082,11 +1140,12 @@ def _time_spent(bench: Bench) -> str:
 def _critical_path(bench: Bench) -> str:
     """What the run's processes would take on an idle machine, where a pinned process's CPU seconds are its
     wall seconds: the measuring and planning at least half their CPU (two cores) and at least the longest
-    model's chain (its rows or its planning, then its plan rows); the timing processes one after another."""
+    model's chain (its rows or its planning, then its plan rows); the timing processes one after another.
+    On CPU only: a GPU host's processes share its device, not two cores."""
     ran = bench.processes
     stage = [p for p in ran if p[0] in ("rows", "planning")]
     timing = [p for p in ran if p[0] == "timing"]
-    if not stage or not timing:  # a run cut before any timing: no figure for the whole
+    if not stage or not timing or bench.backend != "cpu":  # a run cut before any timing: no figure for the whole
         return ""
     chains = {}
     for model in dict.fromkeys(p[1] for p in stage):
@@ -1286,7 +1345,7 @@ def main(argv: list[str]) -> int:
         serve(spec)
         return 0
     if spec.get("probe"):
-        got = {"backend": jax.default_backend()}
+        got = {"backend": jax.default_backend(), "kind": jax.devices()[0].device_kind}
     elif "plan_dir" in spec:
         got = plan_step({**spec, "dir": spec["plan_dir"]})
     elif "variants" in spec:

@@ -1,6 +1,7 @@
 """Run tasks a few at a time, in the order given, as their inputs are ready: ``rematopt bench device``
 measures and plans on both cores of the 2-core machine at once and times each model with nothing
-beside it (a task marked ``alone``). Each task runs on a thread of its own (its work is a worker
+beside it (a task marked ``alone``); on a GPU it plans on the host's cores beside one row process at
+a time on the device (a resource the row tasks hold). Each task runs on a thread of its own (its work is a worker
 process), on a numbered slot, so that it can pin its process to the slot's core."""
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ class Task:
     run: Callable[[int], None]  # called with its slot, 0 .. slots - 1
     after: tuple[str, ...] = ()  # the tasks that must end before it starts
     alone: bool = False  # starts when no other task runs, and none starts beside it (on slot 0)
+    holds: str = ""  # a resource (the GPU a row measures on) that one running task at most holds
 
 
 @dataclass(frozen=True)
@@ -30,8 +32,8 @@ class Ran:
 
 def run_tasks(tasks: list[Task], slots: int, stop: Callable[[], None] = lambda: None) -> list[Ran]:
     """Run ``tasks``, at most ``slots`` at once; when each ran, in the order they ended. A free slot takes
-    the first task in ``tasks`` whose ``after`` have ended; a ready ``alone`` task waits for the others
-    to end, and no later task passes it. The first exception of a task (``OutOfTime``, a bug), or Ctrl-C
+    the first task in ``tasks`` whose ``after`` have ended and whose resource (``holds``) no running task
+    holds; a ready ``alone`` task waits for the others to end, and no later task passes it. The first exception of a task (``OutOfTime``, a bug), or Ctrl-C
     here, calls ``stop`` (which must make the running tasks end soon), waits for them and is raised:
     no task starts after it."""
     names = [t.name for t in tasks]
@@ -65,7 +67,8 @@ def run_tasks(tasks: list[Task], slots: int, stop: Callable[[], None] = lambda: 
                 free = sorted(set(range(slots)) - {s for _, s, _ in running.values()})
                 if not free or any(t.alone for t, _, _ in running.values()):
                     break
-                if not set(task.after) <= done:
+                if not set(task.after) <= done or task.holds and any(t.holds == task.holds
+                                                                      for t, _, _ in running.values()):
                     continue
                 if task.alone and running:
                     break

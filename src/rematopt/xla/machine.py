@@ -32,8 +32,8 @@ from .cost import PAGE, Calibration
 
 # GEMMs as the bench models run them: 1,024 rows (tokens) by widths 32 to 128; each rate is the median
 # over the grid. Eigen's lone dots ranged 15.4 .. 44.0 GFLOP/s over it (median 28), and 17 .. 42 at
-# 4,096 rows, so the rows add nothing. The in-cache chain, the streamed array (8 MB, under glibc's mmap
-# ceiling so its output does not fault) and the fault region are sized to run in milliseconds.
+# 4,096 rows, so the rows add nothing. The in-cache chain, the streamed array and the fault region are
+# sized to run in milliseconds.
 GEMM_ROWS, GEMM_WIDTHS = 1024, (32, 64, 128)
 CHAIN_ELEMENTS, CHAIN_OPS = 1 << 14, 64
 # The chain runs as independent streams, as XLA's fused kernels compute several values per element: one
@@ -42,6 +42,11 @@ CHAIN_ELEMENTS, CHAIN_OPS = 1 << 14, 64
 # multiply-add fusion 79 (profiled in the step); priced at one chain's rate, its per-layer policies'
 # recomputed elementwise kernels looked 2 to 4 times their profiled time.
 CHAIN_STREAMS = 8
+# The stream reads 8 MB and writes them into a donated buffer of its own (16 MB in all, as a step's
+# kernels read and write its temp buffer in the 32 MiB L3): 59 to 65 GB/s over three processes. Writing
+# a fresh output instead faulted its 2,048 pages on every call while glibc served it from mmap (4 to
+# 29 GB/s on a fresh process) and on none once glibc's threshold had risen (44.5 and 67 GB/s in two
+# bench runs): the rate moved with the process's malloc history.
 STREAM_BYTES = 8 << 20
 TINY_KERNELS = 64
 # Rotary embeddings as keras-hub's Llama fuses them into the transposition of q and k: [batch, tokens,
@@ -130,14 +135,20 @@ def off_main_thread(run: Callable[[], object]) -> object:
     return out[0]
 
 
-def fastest(run: Callable[[], object], repeats: int = 7, clock: Callable[[], float] = time.process_time) -> float:
-    """The fastest of ``repeats`` runs of ``run`` (after one warm-up), on ``clock``."""
-    run()
-    best = float("inf")
-    for _ in range(repeats):
-        start = clock()
+def fastest(*runs: Callable[[], object], repeats: int = 7,
+            clock: Callable[[], float] = time.process_time) -> list[float]:
+    """The fastest of ``repeats`` runs of each of ``runs`` (after one warm-up each), on ``clock``. The
+    runs take turns, so a pair whose difference is a price sees the same load: timed one after the
+    other, a load that came and went between them priced strided reads and transcendentals at 0 in 3
+    of 12 measurements (one core busy beside the process)."""
+    for run in runs:
         run()
-        best = min(best, clock() - start)
+    best = [float("inf")] * len(runs)
+    for _ in range(repeats):
+        for i, run in enumerate(runs):
+            start = clock()
+            run()
+            best[i] = min(best[i], clock() - start)
     return best
 
 
@@ -170,9 +181,13 @@ def measure(repeats: int = 7) -> Machine:
     from .hlo import parse_hlo
     from .kernels import kernels
 
+    def step(fn, *args, **jit) -> tuple[Callable[[], object], object]:
+        compiled = jax.jit(fn, **jit).lower(*args).compile()
+        return (lambda: jax.block_until_ready(compiled(*args))), compiled
+
     def timed(fn, *args) -> tuple[float, object]:
-        compiled = jax.jit(fn).lower(*args).compile()
-        return fastest(lambda: jax.block_until_ready(compiled(*args)), repeats), compiled
+        run, compiled = step(fn, *args)
+        return fastest(run, repeats=repeats)[0], compiled
 
     def gemm_rate(transposed: bool) -> float:
         rates = []
@@ -196,7 +211,13 @@ def measure(repeats: int = 7) -> Machine:
     v = jnp.ones((CHAIN_ELEMENTS,), jnp.float32)
     vector, chained = timed(chain, v)
     s = jnp.ones((STREAM_BYTES // 4,), jnp.float32)
-    stream, _ = timed(lambda x: x * 2.0 + 1.0, s)
+    streamed = jax.jit(lambda x, out: x * 2.0 + 1.0, donate_argnums=1, keep_unused=True).lower(s, s).compile()
+    written = [jnp.zeros_like(s)]
+
+    def stream_once() -> None:  # into the buffer it wrote last time: no allocation, no page to fault
+        written[0] = jax.block_until_ready(streamed(s, written[0]))
+
+    stream = fastest(stream_once, repeats=repeats)[0]
 
     def tiny(x):  # cumulative sums do not fuse with one another: one kernel each
         for _ in range(TINY_KERNELS):
@@ -215,8 +236,8 @@ def measure(repeats: int = 7) -> Machine:
         return embed
 
     x, table = jnp.ones(ROTARY, jnp.float32), jnp.full((ROTARY[1], ROTARY[3]), 0.3, jnp.float32)
-    trig, compiled = timed(rotary(True), x, table)
-    arithmetic, _ = timed(rotary(False), x, table)
+    (with_trig, compiled), (without, _) = step(rotary(True), x, table), step(rotary(False), x, table)
+    trig, arithmetic = fastest(with_trig, without, repeats=repeats)
     evaluated = sum(k.scalar_transcendentals for k in kernels(parse_hlo(compiled.as_text())))
 
     def strided(arrays: int) -> tuple[float, list[int]]:
@@ -229,8 +250,8 @@ def measure(repeats: int = 7) -> Machine:
         def total(x, w):
             return sum((x[i] * w for i in range(1, arrays)), x[0] * w)
 
-        across, compiled = timed(lambda x, w: total(x, w).T, x, w)
-        in_order, _ = timed(total, x, w)
+        (transposed, compiled), (straight, _) = step(lambda x, w: total(x, w).T, x, w), step(total, x, w)
+        across, in_order = fastest(transposed, straight, repeats=repeats)
         read = kernels(parse_hlo(compiled.as_text()))
         return max(across - in_order, 0.0), [sum(k.strided[i] for k in read) for i in (0, 1)]
 
