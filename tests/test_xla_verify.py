@@ -1,8 +1,9 @@
 """The closed loop (solve MODULE:FACTORY --verify xla): the budget is a share
 of the compiled plain step's peak; the answer fits as compiled whenever any
-candidate (a stock policy or a plan) does, is the cheapest that does (XLA's
-priced time: kernels and page faults), and says so where none does. Run through the real CLI, which sets the
-CPU memory-minimizing scheduler itself before JAX starts."""
+candidate (a stock policy or a plan) does, is the cheapest that does (the
+compiled step's priced time: kernels and page faults), and says so where none
+does. Run through the real CLI, which sets the CPU memory-minimizing scheduler
+itself before JAX starts."""
 
 from __future__ import annotations
 
@@ -318,8 +319,8 @@ def run(machine):
                       deterministic_time=0.2)
     return {"rounds": [r.record() for r in v.planning], "chosen": v.chosen.label, "by": v.chosen_by,
             "planning_budget": v.chosen.planning_budget,
-            "faults": v.chosen.compiled.faults, "temp": v.chosen.compiled.temp_bytes, "peak": v.chosen.compiled.peak_bytes,
-            "fits": v.chosen.fits, "candidates": [(c.label, c.compiled.temp_bytes, c.compiled.faults, c.fits) for c in v.candidates]}
+            "faults": v.chosen.compiled.faults, "temp": v.chosen.compiled.temp_bytes, "fits": v.chosen.fits,
+            "candidates": [(c.label, c.compiled.temp_bytes, c.compiled.faults, c.fits) for c in v.candidates]}
 out = {"real": run(None)}
 cost.MMAP_CEILING = int(sys.argv[1]) if len(sys.argv) > 1 else out["real"]["temp"] * 3 // 4
 out["ceiling"] = cost.MMAP_CEILING

@@ -450,8 +450,8 @@ def plan_step(spec: dict) -> dict:
                                         "deterministic_spent": sol.plan.stats.get("deterministic_spent")}
             continue
         c = v.chosen
-        loop = {"stopped_by": v.stopped_by or "bracket", "rounds": v.rounds, "deterministic_spent": v.deterministic_spent,
-                "chosen_by": v.chosen_by, "fault_rounds": sum(r.aim != "budget" for r in v.planning)}
+        loop = {"stopped_by": v.stopped_by or "bracket", "rounds": v.rounds,
+                "deterministic_spent": v.deterministic_spent, "chosen_by": v.chosen_by, "fault_rounds": sum(r.aim != "budget" for r in v.planning)}
         if c.plan is None:
             out["plans"][str(ratio)] = {"status": f"--verify xla: no plan compiled smaller than the plain step after "
                                                   f"{v.rounds} rounds", **loop}

@@ -18,7 +18,8 @@ compiled FLOPs break ties, and decide where a candidate cannot be priced
 temp buffer above glibc's mmap ceiling, and ran 1.30x the per-layer policy).
 Where the answer still faults on such a temp buffer, up to
 :data:`FAULT_ROUNDS` more rounds, each with a budget round's share of the
-time, aim a plan at the compiled peak that puts the temp buffer under the
+loop's time on top of it (so a deterministic loop may spend more than its
+``deterministic_time``, and repeats), aim a plan at the compiled peak that puts the temp buffer under the
 ceiling (:func:`fault_free_peak`), bracketed like the others; what they
 compile competes on priced time.
 On CPU a plan of the compiled graph compiles twice: in its own order (each
@@ -112,7 +113,8 @@ class Candidate:
         return {"label": self.label, "kind": self.kind, "fits": self.fits, "xla_peak_bytes": self.compiled.peak_bytes,
                 "xla_flops": self.compiled.flops, "xla_bytes_accessed": self.compiled.bytes_accessed,
                 "xla_temp_bytes": self.compiled.temp_bytes, "predicted_faults": self.compiled.faults,
-                "priced_s": self.compiled.seconds, "planning_budget_bytes": self.planning_budget, "predicted_peak_bytes": self.predicted_peak,
+                "priced_s": self.compiled.seconds, "planning_budget_bytes": self.planning_budget,
+                "predicted_peak_bytes": self.predicted_peak,
                 "plan_peak_bytes": self.plan_peak,
                 "overhead": self.overhead, "status": self.status, "order": self.order,
                 "ordered": self.ordered if self.kind == "plan" else None}
@@ -188,7 +190,8 @@ class Verdict:
         if self.fits:
             timed = "" if c.compiled.seconds is None else f", priced {c.compiled.seconds * 1e3:.3g} ms"
             return (f"fits: {where} within the {human_bytes(self.budget)} budget, {c.label}, "
-                    f"{extra:+.1f}% FLOPs{timed}, chosen by {self.chosen_by}, {self.rounds} planning round{'s' * (self.rounds != 1)}, "
+                    f"{extra:+.1f}% FLOPs{timed}, chosen by {self.chosen_by}, "
+                    f"{self.rounds} planning round{'s' * (self.rounds != 1)}, "
                     f"{self.wall_s:.1f} s")
         return (f"does not fit: no candidate compiles within the {human_bytes(self.budget)} budget; "
                 f"the least is {c.label}, {where}, after {self.rounds} planning "
@@ -388,9 +391,10 @@ def fault_free_peak(chosen: Candidate, price: Calibration) -> int | None:
     the peak is temp + arguments + outputs - aliases, and a smaller plan changes only the temp); None
     where no fault round is due: it does not fit, its temp buffer is under the ceiling, or page faults
     are not priced (a profile without a fault price, a backend that does not fault)."""
-    if not chosen.fits or chosen.compiled.faults == 0 or price.fault_s <= 0 or chosen.compiled.temp_bytes <= cost.MMAP_CEILING:
+    c = chosen.compiled
+    if not chosen.fits or c.faults == 0 or price.fault_s <= 0 or c.temp_bytes <= cost.MMAP_CEILING:
         return None
-    return chosen.compiled.peak_bytes - chosen.compiled.temp_bytes + cost.MMAP_CEILING
+    return c.peak_bytes - c.temp_bytes + cost.MMAP_CEILING
 
 
 def _compiles_out_of_time(m: Meter, t0: float, limit: float) -> bool:
