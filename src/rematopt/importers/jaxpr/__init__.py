@@ -36,9 +36,8 @@ def trace_grad(loss_fn: Callable, *example_args: Any, argnums: int | Sequence[in
     each equation under a scope naming it, every equation whose result a kernel
     writes heads a node, the others join each node whose kernel computes them
     (free, and never kept alone), and nodes come in XLA's schedule order. The
-    graph's ``meta.groups`` records the equations of each node and ``meta.xla``
-    what XLA said about the compile (``apply_plan`` does not run plans of these
-    graphs yet).
+    graph's ``meta.groups`` records the equations of each node (``apply_plan``
+    retraces the step on them) and ``meta.xla`` what XLA said about the compile.
 
     Raises ImportFailure if the function cannot be traced or its loss is not a
     float scalar.
