@@ -289,6 +289,10 @@ def test_fewer_flops_that_fault_lose_to_more_flops_that_do_not():
         return Candidate("outer", "policy", outer, True), Candidate("gemm", "policy", gemm, True)
 
     outer, gemm = pair(backend_price("cpu"))  # REFERENCE: the CPU default
+    assert backend_price("cpu").fault_s == REFERENCE.fault_s > 0
+    # elsewhere the data sheet of the device XLA names, without a fault price
+    assert backend_price("gpu", kind="NVIDIA H100 80GB HBM3").device == device("h100-tf32")
+    assert backend_price("gpu", kind="NVIDIA H200").device == device("h200") and backend_price("gpu").fault_s == 0
     assert outer.compiled.flops < gemm.compiled.flops
     assert outer.compiled.faults == 3072 * 3072 * 4 // 4096 + 1 > 0 == gemm.compiled.faults
     assert 3072 * 3072 * 4 > MMAP_CEILING

@@ -48,6 +48,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
+from ..importers.costmodel import profile_for
 from ..xla.cost import KERNEL_CLASSES, Calibration, StepCost, calibrate, profiled_by_class
 from ..xla.machine import Machine
 from .schedule import Task, run_tasks
@@ -144,17 +145,6 @@ DEFAULT_MODELS = tuple(MODELS)
 MODELS["mlp"] = Model("mlp", "models.mlp:factory", {"layers": 8, "width": 512, "batch": 256},
                       {"layers": 3, "width": 32, "in_dim": 16, "batch": 16},
                       {"layers": 8, "width": 4096, "batch": 4096})
-
-# The cost profile of a device XLA names (``device_kind``): the steps are float32, which JAX runs as
-# TF32 on these GPUs; any other device takes its backend's.
-PROFILES = (("h200", "h200"), ("h100", "h100-tf32"))
-BACKEND_PROFILES = {"cpu": "cpu", "gpu": "h200", "tpu": "tpu-v4"}
-
-
-def profile_for(backend: str, kind: str = "") -> str:
-    """The cost profile for a device of ``kind`` on ``backend``: the named device's where one is
-    known, else the backend's (calibration on the plain step fixes the absolute speed either way)."""
-    return next((p for name, p in PROFILES if name in kind.lower()), BACKEND_PROFILES.get(backend, "cpu"))
 
 
 @dataclass
@@ -414,10 +404,11 @@ def plan_step(spec: dict) -> dict:
     with _phase("build"):
         fn, args = load_factory(spec["model"], **spec["config"])
     folder = Path(spec["dir"])
-    # what the loop prices its candidates on: the core's measured rates, else the bench's profile (the
-    # CPU's data sheet has no fault price: there the loop's own default, xla.machine.REFERENCE)
-    price = (Machine(**spec["machine"]) if spec.get("machine")
-             else None if spec["device"].startswith("cpu") else device(spec["device"]))
+    # what the loop prices its candidates on: on CPU its own default, xla.machine.REFERENCE (fixed
+    # rates, so that near-ties choose alike on any load, as `rematopt solve --verify xla` chooses: priced
+    # on each run's measured rates, flax_linen 0.8's choice swapped between plans of 63.06 and 63.08 ms);
+    # elsewhere the bench's profile
+    price = None if spec["device"].startswith("cpu") else device(spec["device"])
     out: dict = {"plans": {}}
     graph = None
     for ratio in spec["ratios"]:
@@ -632,8 +623,8 @@ def run_bench(models: tuple[str, ...] = DEFAULT_MODELS, quick: bool = False, run
                       "them) under --verify xla's closed loop (rematopt.xla.verify, stock policies left out: "
                       "they are rows of their own): the planning budget is bisected until the applied plan's "
                       "compiled peak fits r x the compiled plain peak; of the plans that fit, the one of least "
-                      "priced time (its compiled kernels on the core's measured rates, its predicted page faults "
-                      "at their price; on a GPU its data sheet), and where it still faults on a temp buffer "
+                      "priced time (its compiled kernels on xla.machine.REFERENCE's rates, fixed so that the choice "
+                      "repeats, its predicted page faults at their price; on a GPU the device's data sheet), and where it still faults on a temp buffer "
                       "above glibc's mmap ceiling, up to two more rounds aimed under it")
     cores = sorted(os.sched_getaffinity(0))
     slots = min(AT_ONCE if backend == "cpu" else GPU_AT_ONCE, len(cores))
@@ -796,7 +787,6 @@ def _model_tasks(bench: Bench, model: Model, config: dict, rounds: int, ratios: 
             got = _worker({**base, "plan_dir": str(work), "ratios": list(budgets),
                            "deterministic_time": bench.deterministic_time,
                            "max_rounds": QUICK_PLAN_ROUNDS if quick else PLAN_ROUNDS,
-                           "machine": asdict(bench.machine) if bench.machine else None,
                            "until": min(until, time.time() + len(budgets) * PLAN_WALL_S)},
                           planning_env, timeout(len(budgets) * PLAN_WALL_S + WORKER_WALL_S), workers, "planning")
             with lock:

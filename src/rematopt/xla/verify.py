@@ -56,7 +56,7 @@ import jax
 
 from ..errors import BudgetError, PlannerError
 from ..graph import Graph
-from ..importers.costmodel import Device, device
+from ..importers.costmodel import Device, device, profile_for
 from ..plan import Plan
 from ..planners.meter import Meter, metered
 from ..reference import no_remat_peak, peak_lower_bound
@@ -245,15 +245,16 @@ def compile_figures(loss_fn: Callable, args: Sequence, argnums: tuple[int, ...],
                     seconds), reference
 
 
-def backend_price(backend: str, machine: Machine | Device | None = None) -> Calibration:
+def backend_price(backend: str, machine: Machine | Device | None = None, kind: str = "") -> Calibration:
     """What the loop prices a compiled step on: ``machine``'s measured rates (a
     :class:`~rematopt.xla.machine.Machine`, page faults included) or a profile's data sheet (a
     ``Device``, no fault price); by default on CPU :data:`~rematopt.xla.machine.REFERENCE`, elsewhere
-    the backend's data sheet (h200 on a GPU, tpu-v4 on a TPU), where no page faults are predicted."""
+    the data sheet of the device XLA names (``kind``; :func:`~rematopt.importers.costmodel.profile_for`),
+    where no page faults are predicted."""
     if machine is None:
         if backend == "cpu":
             return REFERENCE.price()
-        machine = device({"gpu": "h200", "tpu": "tpu-v4"}.get(backend, "cpu"))
+        machine = device(profile_for(backend, kind))
     if isinstance(machine, Machine):
         return machine.price()
     return Calibration(machine, 1.0, 0.0, 0.0, "data sheet")
@@ -310,7 +311,7 @@ def verify(loss_fn: Callable, args: Sequence, graph: Graph, planner: str, budget
     t0 = start if deterministic_time is None else 0.0  # the loop's clock at its start
     settings = settings or flags.for_backend(jax.default_backend())
     flags.apply(settings)
-    price = backend_price(jax.default_backend(), machine)
+    price = backend_price(jax.default_backend(), machine, jax.devices()[0].device_kind)
     say = progress or (lambda line: None)
     argnums = tuple(graph.meta.get("argnums", (0,)))
     known = {} if known is None else known
