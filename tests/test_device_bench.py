@@ -17,9 +17,9 @@ from conftest import last_json
 
 pytest.importorskip("jax")
 
-from rematopt.importers.costmodel import device  # noqa: E402
+from rematopt.importers.costmodel import device, profile_for  # noqa: E402
 from rematopt.plan import Plan  # noqa: E402
-from rematopt.studies.device import AGAIN, MAX_ROUNDS, MODELS, Bench, profile_for, Row, _by_class, _calibrate, _slop, _worker, markdown, noise, pareto, run_bench, time_steps, verdict, worker_env, write_report  # noqa: E402,E501
+from rematopt.studies.device import AGAIN, MAX_ROUNDS, MODELS, Bench, Row, _by_class, _calibrate, _slop, _worker, markdown, noise, pareto, run_bench, time_steps, verdict, worker_env, write_report  # noqa: E402,E501
 from rematopt.xla.cost import Calibration, StepCost, kernel_cost  # noqa: E402
 from rematopt.xla.kernels import Kernel  # noqa: E402
 from rematopt.xla.machine import Machine  # noqa: E402

@@ -1,12 +1,14 @@
 """The closed loop (solve MODULE:FACTORY --verify xla): the budget is a share
 of the compiled plain step's peak; the answer fits as compiled whenever any
-candidate (a stock policy or a plan) does, is the cheapest that does (XLA's
-FLOPs), and says so where none does. Run through the real CLI, which sets the
-CPU memory-minimizing scheduler itself before JAX starts."""
+candidate (a stock policy or a plan) does, is the cheapest that does (the
+compiled step's priced time: kernels and page faults), and says so where none
+does. Run through the real CLI, which sets the CPU memory-minimizing scheduler
+itself before JAX starts."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -32,7 +34,9 @@ def check_verdict(d: dict) -> None:
     assert chosen["xla_peak_bytes"] == d["xla_peak_bytes"]
     if fitting:
         assert d["xla_peak_bytes"] <= budget
-        assert chosen["xla_flops"] == min(c["xla_flops"] for c in fitting)
+        assert d["chosen_by"] == "priced time" and all(c["priced_s"] for c in fitting)  # CPU: REFERENCE's rates
+        assert chosen["priced_s"] == min(c["priced_s"] for c in fitting)
+        assert chosen["xla_flops"] == min(c["xla_flops"] for c in fitting if c["priced_s"] == chosen["priced_s"])
     else:
         assert d["xla_peak_bytes"] == min(c["xla_peak_bytes"] for c in d["candidates"])
     rec = d["xla_settings"]
@@ -105,6 +109,7 @@ def test_a_loop_with_no_candidate_of_its_own_answers_the_plain_step():
     compiled, said not to fit, not a crash."""
     code = """
 import json
+from dataclasses import replace
 from rematopt import jax as rj
 from rematopt.xla import verify
 loss, args = rj.load_factory("models.mlp:factory", layers=2, width=32, in_dim=16, batch=8)
@@ -167,9 +172,10 @@ def test_a_wall_clock_cut_says_the_loop_was_not_the_deterministic_one():
     step), says the wall clock ended it and that it is not the deterministic run."""
     code = """
 import json
+from dataclasses import replace
 from rematopt import jax as rj
 from rematopt.xla import verify
-loss, args = rj.load_factory("models.mlp:factory", layers=1, width=32, in_dim=16, batch=8)
+loss, args = rj.load_factory("models.mlp:factory", layers=3, width=64, in_dim=16, batch=128)
 graph = rj.trace_grad(loss, *args)
 for work in (None, 5.0):
     s = verify.verify(loss, args, graph, "cpsat", 0.9, time_limit=0.0, deterministic_time=work).summary()
@@ -236,6 +242,7 @@ def test_no_round_plans_below_the_graphs_lower_bound():
     (reference.peak_lower_bound), where a round still plans, instead of spending rounds below it."""
     code = """
 import json
+from dataclasses import replace
 from rematopt import jax as rj
 from rematopt.reference import peak_lower_bound
 from rematopt.xla import verify
@@ -252,3 +259,101 @@ print(json.dumps([[r.order, r.planning_budget, bounds[r.order], r.status] for r 
     rounds = last_json(code, env, cwd=Path(__file__).resolve().parents[1])
     assert rounds and all(b >= bound and status != "below the bound" for _, b, bound, status in rounds)
     assert any(b == bound for _, b, bound, _ in rounds)  # the steps went down to the bound and planned there
+
+
+def test_fewer_flops_that_fault_lose_to_more_flops_that_do_not():
+    """The loop chooses among fitting candidates by the compiled step's priced time (kernels on the
+    profile, page faults at its price), FLOPs only where a candidate is not priced. A step writing a
+    36 MiB outer product (9.4 MFLOP) allocates its output above glibc's mmap ceiling and faults every
+    page of it each run (9,217 faults, 17 ms at 1.84 us); a 768 x 768 matrix product summed (906 MFLOP,
+    12 ms at the reference core's 77.9 GFLOP/s) faults none. Priced on the reference CPU the second is
+    faster; by FLOPs, or on the data sheet without a fault price, the first."""
+    import jax
+    import jax.numpy as jnp
+
+    from rematopt.importers.costmodel import device
+    from rematopt.xla.cost import MMAP_CEILING, priced_step
+    from rematopt.xla.machine import REFERENCE
+    from rematopt.xla.verify import Candidate, Compiled, backend_price, choose
+
+    def compiled(fn, x, price):
+        c = jax.jit(fn).lower(x).compile()  # one op each: the scheduler has nothing to order
+        temp = int(c.memory_analysis().temp_size_in_bytes)
+        flops = float(c.cost_analysis().get("flops", 0.0))
+        seconds, faults = priced_step(c.as_text(), temp, price, True)
+        return Compiled(0, flops, 0.0, temp, faults, seconds)
+
+    def pair(price):
+        outer = compiled(lambda v: v[:, None] * v[None, :], jnp.ones((3072,), jnp.float32), price)
+        gemm = compiled(lambda m: jnp.sum(m @ m), jnp.ones((768, 768), jnp.float32), price)
+        return Candidate("outer", "policy", outer, True), Candidate("gemm", "policy", gemm, True)
+
+    outer, gemm = pair(backend_price("cpu"))  # REFERENCE: the CPU default
+    assert backend_price("cpu").fault_s == REFERENCE.fault_s > 0
+    # elsewhere the data sheet of the device XLA names, without a fault price
+    assert backend_price("gpu", kind="NVIDIA H100 80GB HBM3").device == device("h100-tf32")
+    assert backend_price("gpu", kind="NVIDIA H200").device == device("h200") and backend_price("gpu").fault_s == 0
+    assert outer.compiled.flops < gemm.compiled.flops
+    assert outer.compiled.faults == 3072 * 3072 * 4 // 4096 + 1 > 0 == gemm.compiled.faults
+    assert 3072 * 3072 * 4 > MMAP_CEILING
+    assert outer.compiled.seconds > gemm.compiled.seconds
+    assert choose([outer, gemm]) == (gemm, "priced time")
+    # the faults decide it: priced on a data sheet (no fault price) the product's kernels cost more
+    outer, gemm = pair(backend_price("cpu", device("cpu")))
+    assert outer.compiled.seconds < gemm.compiled.seconds and choose([outer, gemm]) == (outer, "priced time")
+    # a candidate not priced: FLOPs decide; none fitting: the least peak
+    unpriced = Candidate("outer", "policy", replace(outer.compiled, seconds=None), True)
+    assert choose([unpriced, gemm]) == (unpriced, "compiled FLOPs")
+    assert REFERENCE.price().fault_s == REFERENCE.fault_s > 0
+
+
+# A small MLP at 0.8 with glibc's mmap ceiling lowered to 3/4 of its chosen plan's temp buffer (the bench
+# models' are tens of MB, too slow for a test): measured, the chosen plan (planning budget 237,634 B)
+# compiles to 210,396 B with 121,152 B of temp; aimed under a 90,864 B ceiling, the fault rounds plan at
+# 203,424 B (no plan in their share of D) and 220,529 B (the same compiled peak), so the answer stays.
+FAULTING = """
+import json, sys
+from rematopt import jax as rj
+from rematopt.importers.costmodel import device
+from rematopt.xla import cost, verify
+loss, args = rj.load_factory("models.mlp:factory", layers=3, width=64, in_dim=16, batch=128)
+graph = rj.trace_grad(loss, *args, fuse="xla")
+def run(machine):
+    v = verify.verify(loss, args, graph, "cpsat", 0.8, time_limit=300, stock={}, max_rounds=2, machine=machine,
+                      deterministic_time=0.2)
+    return {"rounds": [r.record() for r in v.planning], "chosen": v.chosen.label, "by": v.chosen_by,
+            "planning_budget": v.chosen.planning_budget,
+            "faults": v.chosen.compiled.faults, "temp": v.chosen.compiled.temp_bytes, "fits": v.chosen.fits,
+            "candidates": [(c.label, c.compiled.temp_bytes, c.compiled.faults, c.fits) for c in v.candidates]}
+out = {"real": run(None)}
+cost.MMAP_CEILING = int(sys.argv[1]) if len(sys.argv) > 1 else out["real"]["temp"] * 3 // 4
+out["ceiling"] = cost.MMAP_CEILING
+out["sheet"] = run(device("cpu"))
+out["reference"] = [run(None), run(None)]
+print(json.dumps(out))
+"""
+
+
+def test_a_fault_round_aims_under_the_mmap_ceiling_only_where_faults_are_priced():
+    """Where the chosen plan's temp buffer is above glibc's mmap ceiling (so each step faults its
+    pages) and page faults have a price, the loop plans again aiming its compiled peak at the
+    ceiling (rounds whose ``aim`` is the mmap ceiling, at most FAULT_ROUNDS); under the real ceiling
+    the tiny MLP's plans never fault and no such round runs, nor on a data sheet without a fault
+    price. The fault rounds repeat: same planning budgets, same answer."""
+    import os
+    from pathlib import Path
+
+    from rematopt.xla.verify import FAULT_ROUNDS
+
+    env = dict(os.environ, XLA_FLAGS="--xla_cpu_enable_concurrency_optimized_scheduler=false")
+    d = last_json(FAULTING, env, cwd=Path(__file__).resolve().parents[1])
+    real, sheet, (ref, again) = d["real"], d["sheet"], d["reference"]
+    assert real["fits"] and real["faults"] == 0 and all(r["aim"] == "budget" for r in real["rounds"])
+    assert sheet["faults"] > 0 and all(r["aim"] == "budget" for r in sheet["rounds"])  # predicted, not priced
+    aimed = [r for r in ref["rounds"] if r["aim"] == "mmap ceiling"]
+    assert 0 < len(aimed) <= FAULT_ROUNDS
+    assert ref["rounds"][:-len(aimed)] == sheet["rounds"]  # the same rounds before them
+    assert all(r["planning_budget_bytes"] < sheet["planning_budget"] for r in aimed)  # below the plan it undercuts
+    assert len(ref["candidates"]) > len(sheet["candidates"])  # what they compiled competed for the answer
+    assert ref["fits"] and ref["by"] == "priced time"
+    assert ref == again

@@ -57,6 +57,17 @@ DEVICES: dict[str, Device] = {
                   "nominal server CPU (order of magnitude only): 1 TFLOP/s fp32 FMA, 100 GB/s DRAM"),
 }
 DEFAULT_DEVICE = "a100"
+# The profile of a device XLA names (``device_kind``): float32 steps, which JAX runs as TF32 on these
+# GPUs; any other device takes its backend's.
+KINDS = (("h200", "h200"), ("h100", "h100-tf32"))
+BACKENDS = {"cpu": "cpu", "gpu": "h200", "tpu": "tpu-v4"}
+
+
+def profile_for(backend: str, kind: str = "") -> str:
+    """The cost profile for a device of ``kind`` (``jax.devices()[0].device_kind``) on ``backend``: the
+    named device's where one is known, else the backend's (calibration on a plain step fixes the
+    absolute speed either way)."""
+    return next((p for name, p in KINDS if name in kind.lower()), BACKENDS.get(backend, "cpu"))
 
 # A transcendental costs several FLOPs per element on every vector unit; 10 is
 # the weight XLA's cost analysis uses for them on GPUs (order of magnitude).

@@ -48,6 +48,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
+from ..importers.costmodel import profile_for
 from ..xla.cost import KERNEL_CLASSES, Calibration, StepCost, calibrate, profiled_by_class
 from ..xla.machine import Machine
 from .schedule import Task, run_tasks
@@ -144,17 +145,6 @@ DEFAULT_MODELS = tuple(MODELS)
 MODELS["mlp"] = Model("mlp", "models.mlp:factory", {"layers": 8, "width": 512, "batch": 256},
                       {"layers": 3, "width": 32, "in_dim": 16, "batch": 16},
                       {"layers": 8, "width": 4096, "batch": 4096})
-
-# The cost profile of a device XLA names (``device_kind``): the steps are float32, which JAX runs as
-# TF32 on these GPUs; any other device takes its backend's.
-PROFILES = (("h200", "h200"), ("h100", "h100-tf32"))
-BACKEND_PROFILES = {"cpu": "cpu", "gpu": "h200", "tpu": "tpu-v4"}
-
-
-def profile_for(backend: str, kind: str = "") -> str:
-    """The cost profile for a device of ``kind`` on ``backend``: the named device's where one is
-    known, else the backend's (calibration on the plain step fixes the absolute speed either way)."""
-    return next((p for name, p in PROFILES if name in kind.lower()), BACKEND_PROFILES.get(backend, "cpu"))
 
 
 @dataclass
@@ -406,6 +396,7 @@ def plan_step(spec: dict) -> dict:
     (:func:`rematopt.xla.verify.verify`, no stock candidates: the bench measures those itself) at
     each ratio; the graph and each ratio's chosen plan saved under ``spec["dir"]``. Where the loop
     fails, plain cpsat on the per-equation graph at r x its no-remat peak, and the note says why."""
+    from ..importers.costmodel import device
     from ..jax import load_factory, trace_grad
     from ..solve import solve
     from ..xla.verify import verify
@@ -413,6 +404,11 @@ def plan_step(spec: dict) -> dict:
     with _phase("build"):
         fn, args = load_factory(spec["model"], **spec["config"])
     folder = Path(spec["dir"])
+    # what the loop prices its candidates on: on CPU its own default, xla.machine.REFERENCE (fixed
+    # rates, so that near-ties choose alike on any load, as `rematopt solve --verify xla` chooses: priced
+    # on each run's measured rates, flax_linen 0.8's choice swapped between plans of 63.06 and 63.08 ms);
+    # elsewhere the bench's profile
+    price = None if spec["device"].startswith("cpu") else device(spec["device"])
     out: dict = {"plans": {}}
     graph = None
     for ratio in spec["ratios"]:
@@ -424,7 +420,8 @@ def plan_step(spec: dict) -> dict:
                     graph = trace_grad(fn, *args, name=spec["label"], fuse="xla", device=spec["device"])
             with _phase("closed loop"):
                 v = verify(fn, args, graph, "cpsat", ratio, time_limit=wall, stock={},
-                           deterministic_time=spec["deterministic_time"], max_rounds=spec["max_rounds"])
+                           deterministic_time=spec["deterministic_time"], max_rounds=spec["max_rounds"],
+                           machine=price)
         except Exception as e:  # the loop's failure is a finding of the bench, reported on the row
             why = f"--verify xla failed ({_why(e, 120)})"
             fallback = trace_grad(fn, *args, name=spec["label"], device=spec["device"])
@@ -444,15 +441,18 @@ def plan_step(spec: dict) -> dict:
                                         "deterministic_spent": sol.plan.stats.get("deterministic_spent")}
             continue
         c = v.chosen
-        loop = {"stopped_by": v.stopped_by or "bracket", "rounds": v.rounds, "deterministic_spent": v.deterministic_spent}
+        loop = {"stopped_by": v.stopped_by or "bracket", "rounds": v.rounds,
+                "deterministic_spent": v.deterministic_spent, "chosen_by": v.chosen_by, "fault_rounds": sum(r.aim != "budget" for r in v.planning)}
         if c.plan is None:
             out["plans"][str(ratio)] = {"status": f"--verify xla: no plan compiled smaller than the plain step after "
                                                   f"{v.rounds} rounds", **loop}
             continue
         graph.save(folder / "graph.json")
         c.plan.save(path)
+        faults = f" ({loop['fault_rounds']} aimed under the mmap ceiling)" if loop["fault_rounds"] else ""
         out["plans"][str(ratio)] = {"status": f"--verify xla: cpsat {c.status}, {'fits' if c.fits else 'misses'} "
-                                              f"after {v.rounds} round{'s' * (v.rounds != 1)}",
+                                              f"after {v.rounds} round{'s' * (v.rounds != 1)}{faults}, chosen by "
+                                              f"{v.chosen_by}",
                                     "path": str(path), "graph": str(folder / "graph.json"), "nodes": graph.n,
                                     "peak": c.predicted_peak, "overhead": c.overhead, "ordered": c.ordered,
                                     **loop}
@@ -622,7 +622,10 @@ def run_bench(models: tuple[str, ...] = DEFAULT_MODELS, quick: bool = False, run
     bench.planning = ("cpsat on the graph traced with fuse='xla' (nodes as XLA's compiled plain step makes "
                       "them) under --verify xla's closed loop (rematopt.xla.verify, stock policies left out: "
                       "they are rows of their own): the planning budget is bisected until the applied plan's "
-                      "compiled peak fits r x the compiled plain peak")
+                      "compiled peak fits r x the compiled plain peak; of the plans that fit, the one of least "
+                      "priced time (its compiled kernels on xla.machine.REFERENCE's rates, fixed so that the choice "
+                      "repeats, its predicted page faults at their price; on a GPU the device's data sheet), and where it still faults on a temp buffer "
+                      "above glibc's mmap ceiling, up to two more rounds aimed under it")
     cores = sorted(os.sched_getaffinity(0))
     slots = min(AT_ONCE if backend == "cpu" else GPU_AT_ONCE, len(cores))
     if backend == "cpu":
@@ -1023,7 +1026,8 @@ def _why_slower(bench: Bench, p: Row, b: Row) -> str:
             out = [f"rematopt's own price of the compiled plan, {pp} against the plain step, against the baseline's "
                    f"{bp}, ranked it slower already: the planner's space or search (it minimized the graph's "
                    f"recompute cost" + ("" if p.predicted_overhead is None
-                                        else f", +{100 * p.predicted_overhead:.1f}% on the graph") + ")"]
+                                        else f", +{100 * p.predicted_overhead:.1f}% on the graph")
+                   + "; the loop chose the least priced of the plans it compiled)"]
         else:
             miss = 100 * ((p.predicted_ms / base[1]) - (p.step_ms / base[0]))
             out = [f"predicted faster than the baseline ({pp} against {bp} over the plain step) but measured "

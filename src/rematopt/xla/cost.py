@@ -162,6 +162,15 @@ def fresh_buffers(module: HloModule, temp_bytes: int) -> list[int]:
     return [temp_bytes] + [leaf.bytes for index, leaf in zip(shape.index, shape.leaves) if index not in aliased]
 
 
+def priced_step(module: HloModule | str, temp_bytes: int, price: Calibration, faults: bool) -> tuple[float, int]:
+    """(seconds, page faults per step) of a compiled step on ``price`` (its kernels, and where ``faults``,
+    on CPU, :func:`step_faults` at ``price.fault_s``): the time ``--verify xla``'s loop chooses by."""
+    if isinstance(module, str):
+        module = parse_hlo(module)
+    n = step_faults(module, temp_bytes) if faults else 0
+    return price.seconds(step_cost(module, price.device), n), n
+
+
 # Inside a fusion, YNNPACK allocates with malloc, per call, each value it cannot stream: a packed copy of
 # each dot's right operand, a dot operand the fusion computes, and a value two instructions read (quick
 # gpt's per-layer nothing_saveable step: 16 allocations of 8.4 MB a step, 3 of them at once in each of

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..importers.costmodel import Device, device
-from .cost import PAGE
+from .cost import PAGE, Calibration
 
 # GEMMs as the bench models run them: 1,024 rows (tokens) by widths 32 to 128; each rate is the median
 # over the grid. Eigen's lone dots ranged 15.4 .. 44.0 GFLOP/s over it (median 28), and 17 .. 42 at
@@ -85,12 +85,27 @@ class Machine:
                       dot_flops_per_s=self.dot_flops_per_s, strided_read_s=self.strided_read_s,
                       strided_miss_s=self.strided_miss_s)
 
+    def price(self) -> Calibration:
+        """Its rates as a price of a compiled step (:meth:`rematopt.xla.cost.Calibration.seconds`),
+        unscaled: kernels on :meth:`device`, plus what a kernel launch, a transcendental element and a
+        page fault cost. ``--verify xla``'s loop chooses among fitting candidates by it."""
+        return Calibration(self.device(), 1.0, self.launch_s, self.fault_s, "unscaled",
+                           transcendental_s=self.transcendental_s)
+
     def describe(self) -> str:
         return (f"GEMM {self.flops_per_s / 1e9:.3g} GFLOP/s, lone dot {self.dot_flops_per_s / 1e9:.3g} GFLOP/s, "
                 f"vector {self.vector_flops_per_s / 1e9:.3g} GFLOP/s, {self.bytes_per_s / 1e9:.3g} GB/s, "
                 f"{self.launch_s * 1e6:.3g} us a kernel, {self.transcendental_s * 1e9:.3g} ns a transcendental "
                 f"element by element, {self.strided_read_s * 1e9:.3g} / {self.strided_miss_s * 1e9:.3g} ns more an "
                 f"element read across a line (kept / not kept), {self.fault_s * 1e6:.3g} us a page fault")
+
+
+# The core's figures as the full CPU bench measured them (reports/device/cpu/device.md, 9538fcc): the price
+# ``--verify xla`` uses on CPU where it is given no machine. A fixed profile, so the loop's choice is the
+# same on any load; the bench passes the figures it measured itself.
+REFERENCE = Machine(flops_per_s=77.9e9, dot_flops_per_s=25.8e9, vector_flops_per_s=65.8e9, bytes_per_s=51.3e9,
+                    launch_s=0.58e-6, fault_s=1.84e-6, transcendental_s=0.992e-9, strided_read_s=0.491e-9,
+                    strided_miss_s=1.4e-9)
 
 
 def off_main_thread(run: Callable[[], object]) -> object:

@@ -8,7 +8,20 @@ schedule), so a plan at the budget may compile over it, or far under it: the
 planning budget is bracketed between one whose plan fits and one whose plan
 misses, and bisected, for a bounded number of rounds. JAX's stock policies
 compile beside the plans, so the answer is never worse than the best of them
-that fits; the answer is the fitting candidate with the fewest compiled FLOPs.
+that fits. The answer is the fitting candidate of least priced time: its
+compiled kernels on the backend's profile (a measured
+:class:`~rematopt.xla.machine.Machine` where given; on CPU by default
+:data:`~rematopt.xla.machine.REFERENCE`) plus, on CPU, its predicted page
+faults (:func:`~rematopt.xla.cost.step_faults`) at the machine's price;
+compiled FLOPs break ties, and decide where a candidate cannot be priced
+(flax_linen at 0.8: the plan of fewest FLOPs faulted 8,401 pages a step, its
+temp buffer above glibc's mmap ceiling, and ran 1.30x the per-layer policy).
+Where the answer still faults on such a temp buffer, up to
+:data:`FAULT_ROUNDS` more rounds, each with a budget round's share of the
+loop's time on top of it (so a deterministic loop may spend more than its
+``deterministic_time``, and repeats), aim a plan at the compiled peak that puts the temp buffer under the
+ceiling (:func:`fault_free_peak`), bracketed like the others; what they
+compile competes on priced time.
 On CPU a plan of the compiled graph compiles twice: in its own order (each
 backward kernel tied to the one before, the step its predicted peak is of)
 and in the order XLA's scheduler picks, which is sometimes lower. A compiled
@@ -36,18 +49,22 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 import jax
 
 from ..errors import BudgetError, PlannerError
 from ..graph import Graph
+from ..importers.costmodel import Device, device, profile_for
 from ..plan import Plan
 from ..planners.meter import Meter, metered
 from ..reference import no_remat_peak, peak_lower_bound
 from ..sizes import human_bytes
 from . import flags
+from . import cost
+from .cost import Calibration
+from .machine import REFERENCE, Machine
 from .memory import xla_reference
 
 POLICIES = ("nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable")
@@ -60,15 +77,19 @@ RESOLUTION = 0.01  # stop bisecting when the bracket is narrower than this share
 # gpt at 0.5 (181 MiB) compiled 186, 188, 182 MiB from 184, 179, 172 and stopped 1.1% over; doubling
 # after the 188, 165 MiB's plan compiles to 176 MiB (docs/device.md).
 STEP = 0.02
+FAULT_ROUNDS = 2  # rounds aimed under glibc's mmap ceiling (fault_free_peak)
 
 
 @dataclass(frozen=True)
 class Compiled:
-    """XLA's figures for one compiled step."""
+    """XLA's figures for one compiled step, and its price (:func:`priced`)."""
 
     peak_bytes: int
     flops: float
     bytes_accessed: float
+    temp_bytes: int = 0
+    faults: int = 0                 # page faults per step predicted from the program (CPU; 0 elsewhere)
+    seconds: float | None = None    # its kernels and faults priced (None: not priced)
 
 
 @dataclass(frozen=True)
@@ -91,7 +112,9 @@ class Candidate:
     def record(self) -> dict[str, Any]:
         return {"label": self.label, "kind": self.kind, "fits": self.fits, "xla_peak_bytes": self.compiled.peak_bytes,
                 "xla_flops": self.compiled.flops, "xla_bytes_accessed": self.compiled.bytes_accessed,
-                "planning_budget_bytes": self.planning_budget, "predicted_peak_bytes": self.predicted_peak,
+                "xla_temp_bytes": self.compiled.temp_bytes, "predicted_faults": self.compiled.faults,
+                "priced_s": self.compiled.seconds, "planning_budget_bytes": self.planning_budget,
+                "predicted_peak_bytes": self.predicted_peak,
                 "plan_peak_bytes": self.plan_peak,
                 "overhead": self.overhead, "status": self.status, "order": self.order,
                 "ordered": self.ordered if self.kind == "plan" else None}
@@ -104,7 +127,9 @@ class Round:
     deterministic ones under ``deterministic_time``; None: a planner without
     a time limit) and what it spent of it (deterministic seconds; None on
     the wall clock, whose figures no two runs repeat), the planner's status,
-    and the least compiled peak of its plan (None: no plan to compile)."""
+    the least compiled peak of its plan (None: no plan to compile), and what
+    it aimed at: the budget, or the compiled peak that puts the step's temp
+    buffer under glibc's mmap ceiling (a fault round, :data:`FAULT_ROUNDS`)."""
 
     order: str
     planning_budget: int
@@ -112,16 +137,19 @@ class Round:
     spent: float | None
     status: str
     xla_peak: int | None
+    aim: str = "budget"
 
     def record(self) -> dict[str, Any]:
         return {"order": self.order, "planning_budget_bytes": self.planning_budget, "limit_s": self.limit,
-                "deterministic_spent": self.spent, "status": self.status, "xla_peak_bytes": self.xla_peak}
+                "deterministic_spent": self.spent, "status": self.status, "xla_peak_bytes": self.xla_peak,
+                "aim": self.aim}
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """What the loop found: the chosen candidate (the cheapest that fits, else
-    the one of least compiled peak), every candidate tried, and what XLA was told."""
+    """What the loop found: the chosen candidate (the cheapest that fits, by
+    ``chosen_by``; else the one of least compiled peak), every candidate tried,
+    and what XLA was told."""
 
     budget: int
     budget_ratio: float
@@ -141,6 +169,8 @@ class Verdict:
     # which limit ended the loop: "time_limit" (the wall clock), "deterministic_time", "max_rounds"
     # (MAX_ROUNDS in some order), or None (every order's bracket closed first)
     stopped_by: str | None = None
+    chosen_by: str = "compiled FLOPs"   # or "priced time" (:func:`choose`)
+    price: str | None = None           # the profile the candidates were priced on
 
     @property
     def deterministic(self) -> bool:
@@ -158,8 +188,10 @@ class Verdict:
                  f"({c.compiled.peak_bytes / self.plain.peak_bytes:.1%} of the plain step's "
                  f"{human_bytes(self.plain.peak_bytes)})")
         if self.fits:
+            timed = "" if c.compiled.seconds is None else f", priced {c.compiled.seconds * 1e3:.3g} ms"
             return (f"fits: {where} within the {human_bytes(self.budget)} budget, {c.label}, "
-                    f"{extra:+.1f}% FLOPs, {self.rounds} planning round{'s' * (self.rounds != 1)}, "
+                    f"{extra:+.1f}% FLOPs{timed}, chosen by {self.chosen_by}, "
+                    f"{self.rounds} planning round{'s' * (self.rounds != 1)}, "
                     f"{self.wall_s:.1f} s")
         return (f"does not fit: no candidate compiles within the {human_bytes(self.budget)} budget; "
                 f"the least is {c.label}, {where}, after {self.rounds} planning "
@@ -174,7 +206,10 @@ class Verdict:
                 "xla_peak_bytes": c.compiled.peak_bytes,
                 "planning_budget_bytes": c.planning_budget, "status": c.status, "overhead": c.overhead,
                 "order": c.order,
-                "xla_flops": c.compiled.flops, "xla_plain_flops": self.plain.flops, "rounds": self.rounds,
+                "xla_flops": c.compiled.flops, "xla_plain_flops": self.plain.flops,
+                "xla_temp_bytes": c.compiled.temp_bytes, "predicted_faults": c.compiled.faults,
+                "priced_s": c.compiled.seconds, "plain_priced_s": self.plain.seconds,
+                "chosen_by": self.chosen_by, "price": self.price, "rounds": self.rounds,
                 "wall_s": self.wall_s, "time_limit": self.time_limit,
                 "deterministic_time": self.deterministic_time, "deterministic_spent": self.deterministic_spent,
                 "stopped_by": self.stopped_by, "deterministic": self.deterministic,
@@ -192,13 +227,51 @@ def xla_peak(compiled: Any) -> tuple[int, str]:
 
 
 def compile_figures(loss_fn: Callable, args: Sequence, argnums: tuple[int, ...],
-                    settings: flags.XlaSettings) -> tuple[Compiled, str]:
-    """Compile ``value_and_grad(loss_fn)`` at ``args`` under ``settings``; XLA's figures."""
+                    settings: flags.XlaSettings, price: Calibration | None = None) -> tuple[Compiled, str]:
+    """Compile ``value_and_grad(loss_fn)`` at ``args`` under ``settings``; XLA's figures, and with
+    ``price`` its priced time (:func:`~rematopt.xla.cost.priced_step`; page faults on CPU only)."""
     compiled = flags.compile_jitted(jax.jit(jax.value_and_grad(loss_fn, argnums)), args, settings)
     peak, reference = xla_peak(compiled)
     costs = compiled.cost_analysis()
     costs = costs[0] if isinstance(costs, (list, tuple)) else costs
-    return Compiled(peak, float(costs.get("flops", 0.0)), float(costs.get("bytes accessed", 0.0))), reference
+    temp = int(compiled.memory_analysis().temp_size_in_bytes)
+    seconds, faults = None, 0
+    if price is not None:
+        try:
+            seconds, faults = cost.priced_step(compiled.as_text(), temp, price, jax.default_backend() == "cpu")
+        except Exception:  # noqa: BLE001 - HLO the kernel reader does not know: not priced, FLOPs decide (choose)
+            pass
+    return Compiled(peak, float(costs.get("flops", 0.0)), float(costs.get("bytes accessed", 0.0)), temp, faults,
+                    seconds), reference
+
+
+def backend_price(backend: str, machine: Machine | Device | None = None, kind: str = "") -> Calibration:
+    """What the loop prices a compiled step on: ``machine``'s measured rates (a
+    :class:`~rematopt.xla.machine.Machine`, page faults included) or a profile's data sheet (a
+    ``Device``, no fault price); by default on CPU :data:`~rematopt.xla.machine.REFERENCE`, elsewhere
+    the data sheet of the device XLA names (``kind``; :func:`~rematopt.importers.costmodel.profile_for`),
+    where no page faults are predicted."""
+    if machine is None:
+        if backend == "cpu":
+            return REFERENCE.price()
+        machine = device(profile_for(backend, kind))
+    if isinstance(machine, Machine):
+        return machine.price()
+    return Calibration(machine, 1.0, 0.0, 0.0, "data sheet")
+
+
+def choose(candidates: Sequence[Candidate]) -> tuple[Candidate, str]:
+    """The answer and what it was chosen by: of the fitting candidates the one of least priced time
+    where every one is priced (the compiled step as the device runs it: kernels and page faults),
+    compiled FLOPs breaking ties, else the one of fewest compiled FLOPs; where none fits, the one of
+    least compiled peak."""
+    fitting = [k for k in candidates if k.fits]
+    if not fitting:
+        return min(candidates, key=lambda k: (k.compiled.peak_bytes, k.compiled.flops)), "compiled peak"
+    if all(k.compiled.seconds is not None for k in fitting):
+        return min(fitting, key=lambda k: (k.compiled.seconds, k.compiled.flops, k.compiled.peak_bytes)), "priced time"
+    return min(fitting, key=lambda k: (k.compiled.flops, k.compiled.bytes_accessed, k.compiled.peak_bytes)), \
+        "compiled FLOPs"
 
 
 def stock_policies(loss_fn: Callable, extra: dict[str, Callable] | None = None) -> dict[str, Callable]:
@@ -215,7 +288,8 @@ def verify(loss_fn: Callable, args: Sequence, graph: Graph, planner: str, budget
            stock: dict[str, Callable] | None = None, settings: flags.XlaSettings | None = None,
            progress: Callable[[str], None] | None = None,
            known: dict[str, tuple[Compiled, str]] | None = None, fallback: Graph | None = None,
-           deterministic_time: float | None = None, max_rounds: int = MAX_ROUNDS) -> Verdict:
+           deterministic_time: float | None = None, max_rounds: int = MAX_ROUNDS,
+           machine: Machine | Device | None = None) -> Verdict:
     """The cheapest candidate whose compiled peak is within ``budget_ratio`` x
     the compiled plain step's (module docstring), planning in each of
     :func:`plan_orders`' orders in turn, each in its share of the time left:
@@ -227,20 +301,24 @@ def verify(loss_fn: Callable, args: Sequence, graph: Graph, planner: str, budget
     the stock labels), reused across budgets of one model; ``fallback``: the
     graph to plan on instead when a plan of ``graph`` does not apply (the
     traced graph, for a compiled one); ``max_rounds``: planning rounds per
-    order (each round compiles its plan, twice on CPU)."""
+    order (each round compiles its plan, twice on CPU); ``machine``: what
+    the candidates are priced on (:func:`backend_price`). Where the answer's
+    compiled step faults on a temp buffer above glibc's mmap ceiling, up to
+    :data:`FAULT_ROUNDS` more rounds aim a plan under it (module docstring)."""
     start = time.perf_counter()
     m = Meter() if deterministic_time is None else Meter(deterministic_time, start + time_limit)
     limit = time_limit if deterministic_time is None else deterministic_time
     t0 = start if deterministic_time is None else 0.0  # the loop's clock at its start
     settings = settings or flags.for_backend(jax.default_backend())
     flags.apply(settings)
+    price = backend_price(jax.default_backend(), machine, jax.devices()[0].device_kind)
     say = progress or (lambda line: None)
     argnums = tuple(graph.meta.get("argnums", (0,)))
     known = {} if known is None else known
 
     def figures(label: str, fn: Callable) -> Compiled:
         if label not in known:
-            known[label] = compile_figures(fn, args, argnums, settings)
+            known[label] = compile_figures(fn, args, argnums, settings, price)
         return known[label][0]
 
     plain = figures("plain", loss_fn)
@@ -270,13 +348,31 @@ def verify(loss_fn: Callable, args: Sequence, graph: Graph, planner: str, budget
             deadline = t0 + limit - left * (len(orders) - k - 1) / (len(orders) - k)  # its share of what is left
             found, done, end = _search(loss_fn, args, argnums, ordered, name, planner, budget, plain, options,
                                        settings, say, m, deadline, fallback if k == 0 else None, base_peak,
-                                       max_rounds)
+                                       max_rounds, price)
             candidates += found
             planning += done
             ends.append(end)
-    fitting = [k for k in candidates if k.fits]
-    chosen = (min(fitting, key=lambda k: (k.compiled.flops, k.compiled.bytes_accessed, k.compiled.peak_bytes))
-              if fitting else min(candidates, key=lambda k: (k.compiled.peak_bytes, k.compiled.flops)))
+        chosen, chosen_by = choose(candidates)
+        aim = fault_free_peak(chosen, price)
+        # the aim as a planning budget, by the chosen plan's ratio of the two; no round below the graph's
+        # lower bound, where no plan exists (gpt at the bench's size: 32 MiB of temp is under it)
+        start_b = (None if aim is None or chosen.kind != "plan" or chosen.order not in orders
+                   else int(chosen.planning_budget * aim / chosen.compiled.peak_bytes))
+        if start_b is not None and start_b >= peak_lower_bound(orders[chosen.order]):
+            say(f"{chosen.label}: temp buffer {human_bytes(chosen.compiled.temp_bytes)}, above glibc's mmap "
+                f"ceiling, faults {chosen.compiled.faults:,} pages a step; aiming at a compiled peak of "
+                f"{human_bytes(aim)}")
+            # each fault round gets a budget round's share of the loop's time, beyond it (the budget rounds
+            # may have spent it all), the wall clock's limit still the outer bound
+            extra = FAULT_ROUNDS * limit / (len(orders) * max_rounds) if max_rounds else 0.0
+            deadline = m.now() + extra if m.deterministic else min(m.now() + extra, t0 + limit)
+            found, done, end = _search(loss_fn, args, argnums, orders[chosen.order], chosen.order, planner, aim,
+                                       plain, options, settings, say, m, deadline, None, base_peak,
+                                       FAULT_ROUNDS, price, start=start_b, above=chosen.planning_budget)
+            candidates += [replace(k, fits=k.compiled.peak_bytes <= budget) for k in found]
+            planning += done
+            ends.append("time" if end == "time" else None)
+            chosen, chosen_by = choose(candidates)
     if m.wall_ran_out or ("time" in ends and not m.deterministic):
         stopped_by = "time_limit"
     elif "time" in ends:
@@ -286,7 +382,20 @@ def verify(loss_fn: Callable, args: Sequence, graph: Graph, planner: str, budget
     return Verdict(budget, budget_ratio, plain, reference, base_peak, chosen, tuple(candidates),
                    len(planning), flags.record(settings), time.perf_counter() - start,
                    peaks, tuple(planning), time_limit,
-                   deterministic_time, round(m.spent, 6) if m.deterministic else None, stopped_by)
+                   deterministic_time, round(m.spent, 6) if m.deterministic else None, stopped_by,
+                   chosen_by, f"{price.device.name} ({price.calibrated_on})")
+
+
+def fault_free_peak(chosen: Candidate, price: Calibration) -> int | None:
+    """The compiled peak below which ``chosen``'s step would allocate its temp buffer under glibc's mmap
+    ceiling (its peak less the temp buffer's excess over :data:`~rematopt.xla.cost.MMAP_CEILING`: on CPU
+    the peak is temp + arguments + outputs - aliases, and a smaller plan changes only the temp); None
+    where no fault round is due: it does not fit, its temp buffer is under the ceiling, or page faults
+    are not priced (a profile without a fault price, a backend that does not fault)."""
+    c = chosen.compiled
+    if not chosen.fits or c.faults == 0 or price.fault_s <= 0 or c.temp_bytes <= cost.MMAP_CEILING:
+        return None
+    return c.peak_bytes - c.temp_bytes + cost.MMAP_CEILING
 
 
 def _compiles_out_of_time(m: Meter, t0: float, limit: float) -> bool:
@@ -316,7 +425,8 @@ def plan_orders(graph: Graph) -> dict[str, Graph]:
 def _search(loss_fn: Callable, args: Sequence, argnums: tuple[int, ...], graph: Graph, order: str, planner: str,
             budget: int, plain: Compiled, options: dict[str, Any], settings: flags.XlaSettings,
             say: Callable[[str], None], m: Meter, deadline: float, fallback: Graph | None,
-            base_peak: int, max_rounds: int = MAX_ROUNDS) -> tuple[list[Candidate], list[Round], str | None]:
+            base_peak: int, max_rounds: int = MAX_ROUNDS, price: Calibration | None = None,
+            start: int | None = None, above: int | None = None) -> tuple[list[Candidate], list[Round], str | None]:
     """Plans of ``graph`` (in its ``order``) bracketed and bisected on the
     planning budget until ``deadline`` (on ``m``'s clock) or
     ``max_rounds``: the candidates compiled, the rounds run, and what
@@ -327,7 +437,10 @@ def _search(loss_fn: Callable, args: Sequence, argnums: tuple[int, ...], graph: 
     bias, which a reordering does not change. Each round's share of the time
     left is the planner's: half of it on the wall clock (the other half
     applies and compiles), all of it in deterministic time (which a
-    compile does not spend), the wall clock left as the outer bound."""
+    compile does not spend), the wall clock left as the outer bound.
+    A fault round (:data:`FAULT_ROUNDS`) passes the peak it aims at as
+    ``budget``, its first planning budget as ``start`` and the planning
+    budget of the plan it would undercut (which misses that aim) as ``above``."""
     from ..exporters.jax_applied import applied_peak, scanned_nodes
     from ..exporters.jax_policy import apply_plan
     from ..solve import solve
@@ -339,11 +452,12 @@ def _search(loss_fn: Callable, args: Sequence, argnums: tuple[int, ...], graph: 
     lo: int | None = None   # largest planning budget whose plan fits
     # smallest whose plan misses: in XLA's order the no-remat plan compiles to the plain step; in another
     # order it may fit, so it is tried (b is at most g0) and nothing above it
-    hi = g0 if order in ("xla", "program") else g0 + 1
+    hi = above if above is not None else g0 if order in ("xla", "program") else g0 + 1
+    aim = "budget" if above is None else "mmap ceiling"
     floor = 0               # largest planning budget the planner found no plan for
     least: int | None = None  # the least compiled peak of this order's plans so far
     step = STEP             # the least step down before a plan fits (STEP)
-    b = min(g0, int(base_peak * budget / plain.peak_bytes))
+    b = min(g0, int(base_peak * budget / plain.peak_bytes) if start is None else start)
     # no planning budget below the graph's lower bound, where no plan exists (the round would be spent
     # learning so: keras_llama at 0.5, eager order, stepped from 9.42 MiB to 6.1 below its 8.51)
     bound = peak_lower_bound(graph)
@@ -380,10 +494,10 @@ def _search(loss_fn: Callable, args: Sequence, argnums: tuple[int, ...], graph: 
                 m.wall_ran_out = True  # the wall clock cut its search
         spent = round(m.spent - before, 6) if m.deterministic else None
         status = "below the bound" if sol is None else sol.status
-        rounds = len(done) + 1
+        rounds = f"{len(done) + 1}" + ("" if above is None else " under the mmap ceiling")
         if sol is None or not sol.has_plan:
             say(f"{order} order, round {rounds}: planning budget {human_bytes(b)}: no plan ({status})")
-            done.append(Round(order, b, share, spent, status, None))
+            done.append(Round(order, b, share, spent, status, None, aim))
             floor = b
             if hi - (floor if lo is None else lo) < RESOLUTION * g0:
                 break
@@ -393,15 +507,16 @@ def _search(loss_fn: Callable, args: Sequence, argnums: tuple[int, ...], graph: 
         label = f"{planner} plan, {where} graph, {order} order (planning budget {human_bytes(b)})"
         try:
             applied = apply_plan(loss_fn, graph, sol.plan)
-            c, _ = compile_figures(applied, args, argnums, settings)
+            c, _ = compile_figures(applied, args, argnums, settings, price)
             variants = [(label, c, applied_peak(graph, sol.plan, scanned_nodes(applied.loops)), True)]
             if where == "compiled" and jax.default_backend() == "cpu":  # the plan's order tied, or XLA's own
-                free, _ = compile_figures(apply_plan(loss_fn, graph, sol.plan, ordered=False), args, argnums, settings)
+                free, _ = compile_figures(apply_plan(loss_fn, graph, sol.plan, ordered=False), args, argnums, settings,
+                                          price)
                 variants.append((f"{label}, XLA's order", free, None, False))  # planned in ``order``, run in XLA's
         except Exception as e:  # noqa: BLE001 - a plan the exporter cannot run: say so, plan elsewhere
             say(f"{order} order, round {rounds}: the plan does not apply ({type(e).__name__}: {e})"
                 + ("; planning on the traced graph" if fallback is not None else "; no more planning in it"))
-            done.append(Round(order, b, share, spent, status, None))
+            done.append(Round(order, b, share, spent, status, None, aim))
             if fallback is None:
                 break
             graph, fallback, order = fallback, None, "program"
@@ -414,7 +529,7 @@ def _search(loss_fn: Callable, args: Sequence, argnums: tuple[int, ...], graph: 
             candidates.append(Candidate(name, "plan", k, k.peak_bytes <= budget, b, predicted, sol.replay.peak_bytes,
                                         sol.replay.overhead, sol.status, sol.plan, order, ordered))
         c = min((k for _, k, _, _ in variants), key=lambda k: k.peak_bytes)
-        done.append(Round(order, b, share, spent, status, c.peak_bytes))
+        done.append(Round(order, b, share, spent, status, c.peak_bytes, aim))
         fits = c.peak_bytes <= budget
         say(f"{order} order, round {rounds}: planning budget {human_bytes(b)}: plan peak "
             f"{human_bytes(sol.replay.peak_bytes)}, applied {human_bytes(variants[0][2])}, "
