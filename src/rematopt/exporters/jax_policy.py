@@ -112,25 +112,34 @@ def unwritten_recomputed(graph: Graph, plan: Plan) -> Plan:
     0.5 (the K projections' dots, the rotary stacks and the RMS norms' sums) 17.10 MiB instead of 17.48.
     The recomputation costs the value's FLOPs again, which the compiled program's price counts. The
     plan's peak is the same (it frees and computes 0-byte values); the rewrite is taken only where the
-    plan stays valid and no other value's fate changes."""
+    plan stays valid and no other value's fate changes, the value read first first. A plan cpsat made
+    through ``solve`` has each such value's operands on the device at its readers
+    (:func:`~rematopt.fused_reads.fused_reads`), where the rewrite computes it."""
     if graph.meta.get("fuse") != "xla":
         return plan
     fates = residual_fates(graph, plan)
     preds, phase = graph.preds, [v.phase for v in graph.nodes]
-    for u in sorted(fates.kept):
-        if graph.bytes[u] or not any(p in fates.recomputed for p in preds[u]):
-            continue
+    todo = {u for u in fates.kept if not graph.bytes[u] and any(p in fates.recomputed for p in preds[u])}
+    # the one read first goes first: computed again, it reads its operands there, which a value read
+    # later (the softmax's sum, read by its division) must still be there for as the forward copy;
+    # that value is then computed again before this one's recomputation
+    while todo:
         ops, nodes = plan.ops.tolist(), plan.nodes.tolist()
         start = next(t for t, (o, i) in enumerate(zip(ops, nodes)) if o == COMPUTE and phase[i] == "backward")
-        first = next((t for t in range(start, len(ops)) if ops[t] == COMPUTE and u in preds[nodes[t]]), None)
-        if first is None:
+        first = {u: next((t for t in range(start, len(ops)) if ops[t] == COMPUTE and u in preds[nodes[t]]), None)
+                 for u in todo}
+        u = min(todo, key=lambda u: (first[u] is None, first[u] or 0, u))
+        todo.discard(u)
+        if first[u] is None:
             continue
-        moved = Plan(plan.graph, plan.planner, ops[:first] + [FREE, COMPUTE] + ops[first:],
-                     nodes[:first] + [u, u] + nodes[first:], plan.stats, plan.extra)
+        t = first[u]
+        moved = Plan(plan.graph, plan.planner, ops[:t] + [FREE, COMPUTE] + ops[t:],
+                     nodes[:t] + [u, u] + nodes[t:], plan.stats, plan.extra)
         after = residual_fates(graph, moved)
         if (after.kept == fates.kept - {u} and after.recomputed == fates.recomputed | {u}
                 and after.offloaded == fates.offloaded and simulate(graph, moved).valid):
             plan, fates = moved, after
+            todo |= {v for v in fates.kept if not graph.bytes[v] and any(p in fates.recomputed for p in preds[v])}
     return plan
 
 
