@@ -20,7 +20,7 @@ from rematopt.fused_reads import fused_reads
 from rematopt.graph import Graph, Node
 from rematopt.plan import COMPUTE
 from rematopt.simulate import simulate
-from rematopt.solve import solve
+from rematopt.solve import FUSED_READS, solve
 
 # id: (name, op, bytes, cost, phase, preds): a softmax's exp (8 bytes), its division (0: XLA computes it
 # inside the value dot and the backward kernel reading it), a wide layer after it whose peak makes a plan
@@ -62,7 +62,8 @@ def test_the_optimum_is_the_brute_force_optimum_of_the_graph_with_the_reads(budg
     check_claim(g, sol)
     assert expect is not None and loose is not None  # 18 to 22 bytes: the exp recomputed; 23 up: none
     assert staged_status(sol) == "OPTIMAL" and sol.plan.stats["objective"] == expect[0]
-    assert loose[0] <= expect[0]  # the reads only take plans away
+    assert loose[0] <= expect[0]  # the reads only take plans away: the claim names the graph it holds on
+    assert sol.plan.stats["planned_on"] == FUSED_READS and FUSED_READS in sol.headline()
     replay = simulate(g, sol.plan)
     assert replay.valid and replay.peak_bytes == sol.replay.peak_bytes <= budget
     # every backward reader of the division finds the exp it is computed from on the device

@@ -30,6 +30,7 @@ NO_PLAN = ("INFEASIBLE", "UNKNOWN")  # statuses that come without events
 # size, 0.5: compiled 17.10 -> 13.52 MiB at one planning budget); greedy's plans on it moved the
 # applied step's checks (tests/test_jax_applied.py: keras llama 0.6 from 0.999 of XLA's figure to 1.014).
 PLAN_ON_FUSED_READS = ("cpsat",)
+FUSED_READS = "the graph with its fused values' reads"  # stats' planned_on there
 
 
 class PlanMismatch(RuntimeError):
@@ -105,6 +106,7 @@ class Solution:
         gap = s.get("gap")
         if self.status == "OPTIMAL" or s.get("optimal_in"):  # all plans, or the space the planner searched
             space = "" if self.status == "OPTIMAL" else f" in the {s['optimal_in']}"
+            space += f" of {s['planned_on']}" if s.get("planned_on") else ""
             words.append(f"proven optimal{space} in {self.wall_s:.1f} s")
         elif self.status == "OVER_BUDGET":
             words = ["over budget: " + words[0] + f", above {budget}", *words[1:], f"the best plan found ({who})"]
@@ -138,9 +140,12 @@ def solve(graph: Graph, planner: str = "no-remat", budget: int | None = None,
         check_budget = planner in REFUSE_IMPOSSIBLE_BUDGET
     budget = resolve_budget(graph, budget, budget_ratio, check=check_budget)
     start = time.perf_counter()
-    plan = fn(fused_reads(graph) if planner in PLAN_ON_FUSED_READS else graph, budget, dict(options))
+    planned = fused_reads(graph) if planner in PLAN_ON_FUSED_READS else graph
+    plan = fn(planned, budget, dict(options))
     wall = time.perf_counter() - start
     plan.stats = replace(plan.stats, budget_bytes=budget, wall_s=wall)
+    if planned is not graph:  # OPTIMAL, bounds and gaps speak of the graph planned on, which has fewer plans
+        plan.stats = plan.stats.with_details(planned_on=FUSED_READS)
     replay = None
     if len(plan) or plan.stats.status not in NO_PLAN:
         replay = check_claims(graph, plan, budget)
