@@ -314,9 +314,9 @@ MACHINE_SCRIPT = """
 import json, os
 os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # before JAX starts, as the bench's worker does
 from dataclasses import asdict
-from rematopt.xla.machine import fault_seconds, measure
+from rematopt.xla.machine import fault_seconds, steady
 price, faults = fault_seconds(4 << 20)
-print(json.dumps({"fault": [price, faults], "machine": asdict(measure(repeats=3))}))
+print(json.dumps({"fault": [price, faults], "machine": asdict(steady(3, repeats=2))}))
 """
 
 
@@ -335,6 +335,17 @@ def test_the_machine_micro_benchmarks_measure_positive_rates_and_one_fault_a_fre
                                                m.strided_miss_s))
     assert dev.dot_flops_per_s == m.dot_flops_per_s and "measured" in dev.source
     assert (dev.strided_read_s, dev.strided_miss_s) == (m.strided_read_s, m.strided_miss_s)
+
+
+def test_steady_takes_each_figure_the_median_of_its_measurements(monkeypatch):
+    from rematopt.xla import machine
+
+    taken = iter([machine.Machine(*(10.0 * (k + 1) for k in range(9))),
+                  machine.Machine(*(1.0 * (k + 1) for k in range(9))),
+                  machine.Machine(*([2.0] * 4 + [500.0] * 5))])
+    monkeypatch.setattr(machine, "measure", lambda repeats: next(taken))
+    got = machine.steady(3)
+    assert (got.flops_per_s, got.bytes_per_s, got.launch_s, got.strided_miss_s) == (2.0, 4.0, 50.0, 90.0)
 
 
 def test_fastest_times_its_runs_in_turn_and_keeps_each_ones_least():
