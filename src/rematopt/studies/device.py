@@ -57,7 +57,7 @@ CPU_SCHEDULER = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
 POLICIES = ("nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable")
 RATIOS = (0.8, 0.6, 0.5)
 # --quick: fewer rows and one budget (7.6 min of CPU on the idle 2-core machine, 62% of it planning: 6 min 13 s
-# one process after another, 4 min 20 s two at a time, measured at 9538fcc; docs/device.md)
+# one process after another, 4 min 20 s two at a time, measured at 9538fcc; 4 min 33 s at 3a91fe5; docs/device.md)
 QUICK_POLICIES = {"layer": ("nothing_saveable", "dots_saveable"), "step": ("dots_saveable",)}
 QUICK_RATIOS = (0.8,)
 # Interleaved timing rounds (one step of every variant each). On the shared 2-core machine the CPU
