@@ -394,9 +394,11 @@ def _options(spec: dict) -> dict:
 def plan_step(spec: dict) -> dict:
     """Trace the step on XLA's compiled groups (``fuse="xla"``) and run ``--verify xla``'s closed loop
     (:func:`rematopt.xla.verify.verify`, no stock candidates: the bench measures those itself) at
-    each ratio; the graph and each ratio's chosen plan saved under ``spec["dir"]``. Where the loop
+    each ratio, its candidates priced as ``rematopt solve --verify xla`` prices them (on CPU the fixed
+    :data:`~rematopt.xla.machine.REFERENCE`: priced on each run's measured rates, flax_linen 0.8's
+    choice swapped between plans of 63.06 and 63.08 ms; elsewhere the named device's data sheet, the
+    bench's profile); the graph and each ratio's chosen plan saved under ``spec["dir"]``. Where the loop
     fails, plain cpsat on the per-equation graph at r x its no-remat peak, and the note says why."""
-    from ..importers.costmodel import device
     from ..jax import load_factory, trace_grad
     from ..solve import solve
     from ..xla.verify import verify
@@ -404,11 +406,6 @@ def plan_step(spec: dict) -> dict:
     with _phase("build"):
         fn, args = load_factory(spec["model"], **spec["config"])
     folder = Path(spec["dir"])
-    # what the loop prices its candidates on: on CPU its own default, xla.machine.REFERENCE (fixed
-    # rates, so that near-ties choose alike on any load, as `rematopt solve --verify xla` chooses: priced
-    # on each run's measured rates, flax_linen 0.8's choice swapped between plans of 63.06 and 63.08 ms);
-    # elsewhere the bench's profile
-    price = None if spec["device"].startswith("cpu") else device(spec["device"])
     out: dict = {"plans": {}}
     graph = None
     for ratio in spec["ratios"]:
@@ -420,8 +417,7 @@ def plan_step(spec: dict) -> dict:
                     graph = trace_grad(fn, *args, name=spec["label"], fuse="xla", device=spec["device"])
             with _phase("closed loop"):
                 v = verify(fn, args, graph, "cpsat", ratio, time_limit=wall, stock={},
-                           deterministic_time=spec["deterministic_time"], max_rounds=spec["max_rounds"],
-                           machine=price)
+                           deterministic_time=spec["deterministic_time"], max_rounds=spec["max_rounds"])
         except Exception as e:  # the loop's failure is a finding of the bench, reported on the row
             why = f"--verify xla failed ({_why(e, 120)})"
             fallback = trace_grad(fn, *args, name=spec["label"], device=spec["device"])

@@ -100,9 +100,9 @@ class Machine:
                 f"element read across a line (kept / not kept), {self.fault_s * 1e6:.3g} us a page fault")
 
 
-# The core's figures as the full CPU bench measured them (reports/device/cpu/device.md, 9538fcc): the price
-# ``--verify xla`` uses on CPU where it is given no machine. A fixed profile, so the loop's choice is the
-# same on any load; the bench passes the figures it measured itself.
+# The core's figures as the full CPU bench of 9538fcc measured them (docs/device.md): the price
+# ``--verify xla`` uses on CPU where it is given no machine, the bench's plannings included. A fixed
+# profile, so the loop's choice is the same on any load.
 REFERENCE = Machine(flops_per_s=77.9e9, dot_flops_per_s=25.8e9, vector_flops_per_s=65.8e9, bytes_per_s=51.3e9,
                     launch_s=0.58e-6, fault_s=1.84e-6, transcendental_s=0.992e-9, strided_read_s=0.491e-9,
                     strided_miss_s=1.4e-9)

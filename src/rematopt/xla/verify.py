@@ -82,7 +82,7 @@ FAULT_ROUNDS = 2  # rounds aimed under glibc's mmap ceiling (fault_free_peak)
 
 @dataclass(frozen=True)
 class Compiled:
-    """XLA's figures for one compiled step, and its price (:func:`priced`)."""
+    """XLA's figures for one compiled step, and its price (:func:`~rematopt.xla.cost.priced_step`)."""
 
     peak_bytes: int
     flops: float
