@@ -41,7 +41,7 @@ A plan's own peak (:func:`~rematopt.simulate.simulate`) is of its events;
   forward value inside in the plain step reads the region recomputing it
   when that came after the first such kernel (:func:`_read_recomputed`);
   a kept value of 0 bytes whose operand the plan recomputes (one
-  ``unwritten_recomputed`` could not move) is saved whole (:func:`_unwritten_residuals`;
+  ``unwritten_recomputed`` could not move) is saved whole (:func:`~.jax_policy.unwritten_residuals`;
   keras llama at the bench's size, cpsat at a 10.8 MiB planning budget in the eager order: four
   softmax divisions of 1 MiB, applied 13.62 -> 15.61 MiB against XLA's 17.10).
 
@@ -61,7 +61,7 @@ from dataclasses import dataclass
 from ..graph import Graph
 from ..importers.jaxpr.cost import fusible, fusion_consumer
 from ..plan import COMPUTE, Plan
-from .jax_policy import residual_fates, unwritten_recomputed
+from .jax_policy import residual_fates, unwritten_recomputed, unwritten_residuals
 
 # Elementwise ops XLA's fusion does not compute again in each of several readers (its IsExpensive:
 # transcendentals and divisions); it writes them once (keras gemma, greedy at 0.8: a recomputed softmax exp
@@ -186,7 +186,7 @@ def applied_step(graph: Graph, plan: Plan, scanned: dict[str, set[int]] | None =
              and fusible(graph.nodes[c[0]].op) and all(fuses(c, r) for r in readers.get(c, []))
              and (len(readers.get(c, [])) <= 1 or graph.nodes[c[0]].op not in EXPENSIVE)}
 
-    residuals = _unwritten_residuals(graph, fates)
+    residuals = unwritten_residuals(graph, fates)
 
     def factor_of(copy: tuple[int, str]) -> list[tuple[int, str]]:
         """The operands of ``copy``'s shape that its kernel does not write into it: XLA's kernel
@@ -276,7 +276,7 @@ def _slice_copies(graph: Graph, order: list[tuple[int, str]]) -> dict[int, tuple
     393,216 B, live from the forward pass's dots to the backward pass's). Other
     kernels fuse the slice and read the stack in place."""
     sliced = {u for u in graph.initial_resident if "iteration" in (graph.nodes[u].extra or {})
-              and _rank((graph.nodes[u].extra or {}).get("aval")) <= 2}
+              and len(_dims((graph.nodes[u].extra or {}).get("aval"))) <= 2}
     out: dict[int, tuple[int, int]] = {}
     for k, (i, _) in enumerate(order):
         if graph.nodes[i].op in LIBRARY_CALLS:
@@ -285,24 +285,16 @@ def _slice_copies(graph: Graph, order: list[tuple[int, str]]) -> dict[int, tuple
     return out
 
 
-def _unwritten_residuals(graph: Graph, fates) -> set[int]:
-    """The kept forward values of 0 bytes (XLA computes them inside their readers in the plain step)
-    with an operand the plan recomputes: ``apply_plan`` saves them, so XLA writes them whole."""
-    return {u for u in fates.kept if not graph.bytes[u] and any(p in fates.recomputed for p in graph.preds[u])}
-
-
 def _written_bytes(graph: Graph, u: int) -> int:
     """The bytes of ``u``'s value as a buffer, from its ``extra.aval`` (such as ``f32[4,128,128]``)."""
     aval = (graph.nodes[u].extra or {}).get("aval") or ""
-    kind, _, dims = aval.partition("[")
-    width = max(1, int("".join(ch for ch in kind if ch.isdigit()) or 8) // 8)  # pred, bool: a byte
-    return width * math.prod(int(d) for d in dims.rstrip("]").split(",") if d)
+    width = max(1, int("".join(ch for ch in aval.partition("[")[0] if ch.isdigit()) or 8) // 8)  # bool: a byte
+    return width * math.prod(_dims(aval))
 
 
-def _rank(aval: str | None) -> int:
-    """The number of dimensions of an ``extra.aval`` such as ``f32[32,2,16]`` (0 where unknown)."""
-    dims = (aval or "").partition("[")[2].rstrip("]")
-    return len(dims.split(",")) if dims else 0
+def _dims(aval: str | None) -> list[int]:
+    """The dimensions of an ``extra.aval`` such as ``f32[32,2,16]`` (none where unknown)."""
+    return [int(d) for d in (aval or "").partition("[")[2].rstrip("]").split(",") if d]
 
 
 def _buffers_made_again(graph: Graph, order: list, operands: dict) -> dict:

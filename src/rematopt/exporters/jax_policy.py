@@ -119,7 +119,7 @@ def unwritten_recomputed(graph: Graph, plan: Plan) -> Plan:
         return plan
     fates = residual_fates(graph, plan)
     preds, phase = graph.preds, [v.phase for v in graph.nodes]
-    todo = {u for u in fates.kept if not graph.bytes[u] and any(p in fates.recomputed for p in preds[u])}
+    todo = unwritten_residuals(graph, fates)
     # the one read first goes first: computed again, it reads its operands there, which a value read
     # later (the softmax's sum, read by its division) must still be there for as the forward copy;
     # that value is then computed again before this one's recomputation
@@ -139,8 +139,15 @@ def unwritten_recomputed(graph: Graph, plan: Plan) -> Plan:
         if (after.kept == fates.kept - {u} and after.recomputed == fates.recomputed | {u}
                 and after.offloaded == fates.offloaded and simulate(graph, moved).valid):
             plan, fates = moved, after
-            todo |= {v for v in fates.kept if not graph.bytes[v] and any(p in fates.recomputed for p in preds[v])}
+            todo |= unwritten_residuals(graph, fates)
     return plan
+
+
+def unwritten_residuals(graph: Graph, fates: Fates) -> set[int]:
+    """The kept forward values of 0 bytes (XLA computes them inside their readers in the plain step)
+    with an operand the plan recomputes: ``apply_plan`` saves them, so XLA writes them whole, unless
+    :func:`unwritten_recomputed` computes them again in the backward pass."""
+    return {u for u in fates.kept if not graph.bytes[u] and any(p in fates.recomputed for p in graph.preds[u])}
 
 
 def apply_plan(loss_fn: Callable, graph: Graph, plan: Plan, scan: bool = True, ordered: bool = True,
