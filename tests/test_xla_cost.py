@@ -14,6 +14,7 @@ import pytest
 from conftest import last_json
 
 jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
 
 from rematopt.importers.costmodel import DEVICES, Device, device  # noqa: E402
 from rematopt.xla.cost import MMAP_CEILING, StepCost, calibrate, fit, kernel_class, kernel_cost, step_cost  # noqa: E402,E501
@@ -155,7 +156,6 @@ def test_a_sliced_operand_moves_its_slice_as_xlas_cost_analysis_counts():
     """A dynamic-slice reads its slice and a dynamic-update-slice writes its update in place, not the
     whole buffer (a scan's body does both to its stacked arrays): the kernels' bytes match XLA's own
     ``cost_analysis()``, which counting whole operands overshot by 2.4x here."""
-    import jax.numpy as jnp
     from jax import lax
 
     def f(buf, x, i):
@@ -176,7 +176,6 @@ def test_a_static_slice_reads_its_slice_as_xlas_cost_analysis_counts():
     """A fusion that keeps a corner of a 4 MB array (as quick keras_llama's plan keeps one element of its
     attention weights) reads the corner: the kernels' bytes match XLA's ``cost_analysis()``, which
     reading sliced operands whole overshot 144 times here."""
-    import jax.numpy as jnp
 
     x, y = jnp.ones((1024, 1024)), jnp.ones((512, 256))
     compiled = jax.jit(lambda x, y: (x[:1, :8] * 2.0 + 1.0, jnp.transpose(y[:, :4] * 3.0))).lower(x, y).compile()
@@ -191,7 +190,6 @@ def test_a_call_xla_compiles_into_one_function_is_one_kernel_as_its_runtime_time
     """XLA's CPU compiles a small call (jax's threefry key split, a loop of five rounds on a few words)
     into one function: one kernel doing its callees' work, launched once, and the one the profile
     times; none of its callees' instructions is a kernel of its own."""
-    import jax.numpy as jnp
 
     from rematopt.xla.hlo import parse_hlo
     from rematopt.xla.kernels import SMALL_CALL
@@ -332,20 +330,22 @@ def test_the_machine_micro_benchmarks_measure_positive_rates_and_one_fault_a_fre
     dev = m.device()
     assert all(0 < x < float("inf") for x in (m.flops_per_s, m.dot_flops_per_s, m.vector_flops_per_s, m.bytes_per_s,
                                                m.launch_s, m.fault_s, m.transcendental_s, m.strided_read_s,
-                                               m.strided_miss_s))
+                                               m.strided_miss_s, m.serial_product_s))
     assert dev.dot_flops_per_s == m.dot_flops_per_s and "measured" in dev.source
     assert (dev.strided_read_s, dev.strided_miss_s) == (m.strided_read_s, m.strided_miss_s)
+    assert dev.serial_product_s == m.serial_product_s
 
 
 def test_steady_takes_each_figure_the_median_of_its_measurements(monkeypatch):
     from rematopt.xla import machine
 
-    taken = iter([machine.Machine(*(10.0 * (k + 1) for k in range(9))),
-                  machine.Machine(*(1.0 * (k + 1) for k in range(9))),
-                  machine.Machine(*([2.0] * 4 + [500.0] * 5))])
+    taken = iter([machine.Machine(*(10.0 * (k + 1) for k in range(10))),
+                  machine.Machine(*(1.0 * (k + 1) for k in range(10))),
+                  machine.Machine(*([2.0] * 4 + [500.0] * 6))])
     monkeypatch.setattr(machine, "measure", lambda repeats: next(taken))
     got = machine.steady(3)
     assert (got.flops_per_s, got.bytes_per_s, got.launch_s, got.strided_miss_s) == (2.0, 4.0, 50.0, 90.0)
+    assert got.serial_product_s == 100.0
 
 
 def test_fastest_times_its_runs_in_turn_and_keeps_each_ones_least():
@@ -406,7 +406,6 @@ def test_the_page_faults_of_gpts_per_layer_remat_step_include_its_fusions_scratc
     ((8, 256, 64), (2, 0, 1), 4),  # features outermost, as the weight gradients' operands are
 ])
 def test_a_transposing_kernel_is_told_from_xlas_program_with_its_contiguous_run(shape, perm, run):
-    import jax.numpy as jnp
 
     x = jnp.ones(shape, jnp.float32)
     compiled = jax.jit(lambda x: jnp.transpose(x, perm) * 2.0).lower(x).compile()
@@ -415,7 +414,6 @@ def test_a_transposing_kernel_is_told_from_xlas_program_with_its_contiguous_run(
 
 
 def test_elementwise_work_and_size_one_dimensions_move_nothing_across_dimensions():
-    import jax.numpy as jnp
 
     x = jnp.ones((512, 64), jnp.float32)
     compiled = jax.jit(lambda x: jnp.sin(x) * 2.0 + x[:, None, :].sum(1)).lower(x).compile()
@@ -448,7 +446,6 @@ def strided(fn, *args) -> list[tuple[int, int]]:
     ((4, 64, 64, 24), (3, 1, 2, 0), True),  # quick unet's features outermost: its sweep's strides spread
 ])
 def test_a_transposition_reads_an_element_a_cache_line_where_its_reads_lie_a_line_apart(shape, perm, kept):
-    import jax.numpy as jnp
 
     x = jnp.ones(shape, jnp.float32)
     w = jnp.arange(shape[-1], dtype=jnp.float32)  # a broadcast operand stays in cache: not counted
@@ -461,7 +458,6 @@ def test_a_transposition_reads_an_element_a_cache_line_where_its_reads_lie_a_lin
     ((4, 2048, 64), (1, 0, 2)),  # the minor dimension kept
 ])
 def test_a_transposition_whose_reads_share_lines_reads_none_a_line_each(shape, perm):
-    import jax.numpy as jnp
 
     x = jnp.ones(shape, jnp.float32)
     assert strided(lambda x: jnp.transpose(x, perm) * 2.0, x) == [(0, 0)]
@@ -473,7 +469,6 @@ def test_more_arrays_read_across_than_the_prefetcher_follows_keep_no_lines():
     (xla.machine's micro-benchmark: as a step's arrays lie in its temp buffer); beyond
     PREFETCH_STREAMS of them, none is kept. The elements are the bytes XLA's cost analysis counts for
     the kernel less its output and the broadcast vector."""
-    import jax.numpy as jnp
 
     from rematopt.xla.kernels import PREFETCH_STREAMS
 
@@ -502,7 +497,6 @@ def test_each_element_read_a_cache_line_each_adds_the_devices_price_for_it():
 
 
 def rotary(x, table, swap=True):
-    import jax.numpy as jnp
 
     y = x * jnp.cos(table)[None, :, None] + x * jnp.sin(table)[None, :, None]
     return jnp.transpose(y, (0, 2, 1, 3)) if swap else y
@@ -512,7 +506,6 @@ def test_a_transposing_kernel_evaluates_each_transcendental_once_per_element_of_
     """Rotary embeddings fused into the transposition of q: sin and cos of a [128, 8] table (1,024
     elements each) are computed for each of the 32,768 elements of the transposed output; the same
     work without the transposition streams, vectorized, and is priced on the roofline alone."""
-    import jax.numpy as jnp
 
     x, table = jnp.ones((8, 128, 4, 8), jnp.float32), jnp.full((128, 8), 0.3, jnp.float32)
     for swap, scalar in ((True, [2 * x.size]), (False, [0])):
@@ -540,7 +533,6 @@ def test_each_transcendental_evaluated_element_by_element_adds_its_measured_pric
 def test_every_kernel_of_a_compiled_step_is_timed_in_the_program_itself():
     """XLA's CPU runtime records each kernel under its HLO name: every kernel the pricing sees, the
     transposing one included, gets a time (how long is a benchmark's business, not a test's)."""
-    import jax.numpy as jnp
 
     from rematopt.xla.profile import kernel_seconds
 
@@ -551,3 +543,28 @@ def test_every_kernel_of_a_compiled_step_is_timed_in_the_program_itself():
     assert set(timed) == {k.kernel.name for k in priced.kernels}
     assert all(t > 0 for t in timed.values())
     assert any(k.kernel.transposes for k in priced.kernels) and len(timed) >= 3
+
+
+@pytest.mark.parametrize("shape, make, serial", [
+    ((1, 2048, 128), lambda a, c: jnp.sum(a * c, axis=-1), True),  # a size-1 dimension kept: one at a time
+    ((2048, 1, 128), lambda a, c: jnp.exp(jnp.sum(a * c[0, 0], axis=-1)) / 3, True),  # inside the fusion too
+    ((2048, 128), lambda a, c: jnp.sum(a * c, axis=-1), False),  # no size-1 dimension
+    ((1, 2048, 128), lambda a, c: jnp.sum(a * c, axis=(0, 2)), False),  # the size-1 dimension summed away
+    ((1, 2048, 128), lambda a, c: jnp.max(a * c, axis=-1), False),  # not a sum
+    ((1, 2048, 128), lambda a, c: jnp.sum(a * c + 1.0, axis=-1), False),  # a sum of a sum, not of a product
+    ((1, 2048, 128), lambda a, c: jnp.sum(a, axis=-1), False),  # a sum of one array
+])
+def test_the_products_a_ynnpack_fusion_sums_one_at_a_time_are_told_from_xlas_program(shape, make, serial):
+    """The measured cases of :func:`rematopt.xla.kernels.serial_products` (0.70 ms against 0.08 for the
+    first two shapes on this machine's core), compiled by the installed XLA."""
+    a = jnp.ones(shape, jnp.float32)
+    compiled = jax.jit(make).lower(a, 2 * a).compile()
+    got = [k.kernel.serial_products for k in step_cost(compiled.as_text(), device("cpu")).kernels]
+    assert sum(got) == (a.size if serial else 0)
+
+
+def test_a_product_summed_one_at_a_time_is_priced_beyond_the_roofline():
+    dev = replace(device("cpu"), serial_product_s=2e-9)
+    k = replace(kernel(read=int(1e6), trips=3), serial_products=1000)
+    assert kernel_cost(k, dev).seconds == pytest.approx(kernel_cost(replace(k, serial_products=0), dev).seconds
+                                                        + 3 * 1000 * 2e-9)

@@ -33,6 +33,9 @@ class Device:
     # between sweeps, and where it does not. Measured on the core (rematopt.xla.machine); 0 elsewhere.
     strided_read_s: float = 0.0
     strided_miss_s: float = 0.0
+    # What a YNNPACK fusion pays beyond its roofline for each element of a product it sums one at a time
+    # (rematopt.xla.kernels.serial_products). Measured on the core; 0 elsewhere.
+    serial_product_s: float = 0.0
 
 
 # Peak dense FLOP/s at the training precision (bf16 tensor cores on GPUs; h200:

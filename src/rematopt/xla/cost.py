@@ -7,8 +7,9 @@ graph model got wrong (on the H200 fixture its elementwise work priced at about 
 fused kernels take about 12 ms). Dots, convolutions and library calls run on the matrix units
 (``Device.flops_per_s``); everything else on the vector units (``Device.vector_flops_per_s``). A
 transposing kernel's transcendental functions, evaluated one element at a time
-(:func:`rematopt.xla.kernels.scalar_transcendentals`), and the elements it reads one cache line each
-(:func:`rematopt.xla.kernels.strided_reads`) cost a measured price each on top.
+(:func:`rematopt.xla.kernels.scalar_transcendentals`), the elements it reads one cache line each
+(:func:`rematopt.xla.kernels.strided_reads`), and the elements of a product a YNNPACK fusion sums one
+at a time (:func:`rematopt.xla.kernels.serial_products`) cost a measured price each on top.
 
 A recomputation is priced by compiling the planned step and pricing its kernels: what XLA fused
 into existing kernels grows them, what it could not fuse adds kernels.
@@ -36,7 +37,7 @@ import numpy as np
 
 from ..importers.costmodel import Device
 from .hlo import HloModule, Instruction, parse_hlo
-from .kernels import Kernel, kernels
+from .kernels import Kernel, kernels, ynn_fusion
 
 # Kernels that run on the matrix units: library GEMM / convolution calls, lone dots and
 # convolutions, and the fusions XLA builds around them (GPU: kOutput, kCustom for Triton GEMMs).
@@ -87,13 +88,16 @@ def kernel_cost(kernel: Kernel, device: Device, launch_s: float = 0.0, transcend
     (:func:`rematopt.xla.kernels.scalar_transcendentals`: the roofline's vector rate is 4 times too fast for
     those, :mod:`rematopt.xla.machine`) and the device's price of each element it reads one cache line each
     (:func:`rematopt.xla.kernels.strided_reads`: the roofline's bandwidth is 3 to 12 times too fast for
-    those), per run."""
+    those) and the device's price of each element of a product it sums one at a time
+    (:func:`rematopt.xla.kernels.serial_products`: 9 times as long as the same sum without its size-1
+    dimension), per run."""
     compute, memory = _sides(kernel, device)
     scalar = kernel.scalar_transcendentals * transcendental_s
     hit, miss = kernel.strided
     strided = hit * device.strided_read_s + miss * device.strided_miss_s
-    return KernelCost(kernel, (max(compute, memory) + launch_s + scalar + strided) * kernel.trip_count,
-                      "compute" if compute + scalar > memory + strided else "memory")
+    serial = kernel.serial_products * device.serial_product_s
+    return KernelCost(kernel, (max(compute, memory) + launch_s + scalar + strided + serial) * kernel.trip_count,
+                      "compute" if compute + scalar + serial > memory + strided else "memory")
 
 
 def _sides(kernel: Kernel, device: Device) -> tuple[float, float]:
@@ -205,8 +209,7 @@ def scratch_faults(module: HloModule, fresh: Sequence[int] = ()) -> int:
     ceiling, of its scratch and its ``fresh`` buffers, :func:`fresh_buffers`) faults each of its pages."""
     by_name = module.by_name
     runs = [(fusion_scratch(module, by_name[k.name]), k.trip_count) for k in kernels(module)
-            if k.kind == "fusion:kCustom" and by_name[k.name].backend_config().get("fusion_config", {}).get("kind")
-            == "__ynn_fusion"]
+            if ynn_fusion(by_name[k.name])]
     largest = max((b for b in [*fresh, *(b for scratch, _ in runs for b in scratch)] if b <= MMAP_CEILING), default=0)
     return sum(trips * (sum(scratch) // PAGE) for scratch, trips in runs if sum(scratch) > 2 * largest)
 

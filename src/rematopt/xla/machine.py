@@ -11,7 +11,9 @@ long elementwise chain in cache (independent streams of it) for the vector rate,
 op for the bandwidth, a chain of tiny kernels for what starting a kernel costs, a transposing kernel
 with and without sines and cosines for a transcendental function evaluated one element at a time
 (:func:`rematopt.xla.kernels.scalar_transcendentals`), sums of arrays written transposed and in order
-for an element read one cache line each (:func:`rematopt.xla.kernels.strided_reads`), and fresh
+for an element read one cache line each (:func:`rematopt.xla.kernels.strided_reads`), a sum of products
+with and without a size-1 dimension for an element of a product YNNPACK sums one at a time
+(:func:`rematopt.xla.kernels.serial_products`), and fresh
 anonymous pages for a page fault
 (XLA's CPU runtime takes its temp buffer from malloc each step; above glibc's mmap threshold the
 kernel zero-fills every page of it on first touch, :func:`rematopt.xla.cost.step_faults`).
@@ -61,6 +63,10 @@ ROTARY = (32, 128, 4, 8)
 # written in order. On the core, under a load average of 12: 0.56 and 0.63 ns more an element for one
 # array (the transposed kernel takes 0.59 ns an element, its roofline 0.13), 1.74 and 1.77 for 16.
 STRIDED_SHAPE, STRIDED_MANY = (2048, 64), 16
+# A sum of products as keras-hub's attention gradient makes it (xla.kernels.serial_products): [1, 2048, 128]
+# against [2048, 128], summed over the last dimension; on the core 0.70 and 0.08 ms, 2.3 ns more an element
+# (2.6 at [1, 8, 4, 128, 128], 2.1 at [1, 65536]).
+SERIAL_SHAPE = (1, 2048, 128)
 FAULT_BYTES = 64 << 20
 
 
@@ -77,13 +83,14 @@ class Machine:
     transcendental_s: float = 0.0  # a transcendental function evaluated one element at a time
     strided_read_s: float = 0.0  # beyond the roofline, an element read one cache line each, the line kept
     strided_miss_s: float = 0.0  # the same, its line not kept between sweeps
+    serial_product_s: float = 0.0  # beyond the roofline, an element of a product YNNPACK sums one at a time
 
     def device(self) -> Device:
         """The ``cpu`` profile with this machine's rates."""
         return Device("cpu@measured", self.flops_per_s, self.bytes_per_s,
                       f"measured on this machine: {self.describe()}", vector_flops_per_s=self.vector_flops_per_s,
                       dot_flops_per_s=self.dot_flops_per_s, strided_read_s=self.strided_read_s,
-                      strided_miss_s=self.strided_miss_s)
+                      strided_miss_s=self.strided_miss_s, serial_product_s=self.serial_product_s)
 
     def price(self) -> Calibration:
         """Its rates as a price of a compiled step (:meth:`rematopt.xla.cost.Calibration.seconds`),
@@ -97,15 +104,17 @@ class Machine:
                 f"vector {self.vector_flops_per_s / 1e9:.3g} GFLOP/s, {self.bytes_per_s / 1e9:.3g} GB/s, "
                 f"{self.launch_s * 1e6:.3g} us a kernel, {self.transcendental_s * 1e9:.3g} ns a transcendental "
                 f"element by element, {self.strided_read_s * 1e9:.3g} / {self.strided_miss_s * 1e9:.3g} ns more an "
-                f"element read across a line (kept / not kept), {self.fault_s * 1e6:.3g} us a page fault")
+                f"element read across a line (kept / not kept), {self.serial_product_s * 1e9:.3g} ns more an element "
+                f"of a product summed one at a time, {self.fault_s * 1e6:.3g} us a page fault")
 
 
-# The core's figures as the full CPU bench of 9538fcc measured them (docs/device.md): the price
-# ``--verify xla`` uses on CPU where it is given no machine, the bench's plannings included. A fixed
-# profile, so the loop's choice is the same on any load.
+# The core's figures as the full CPU bench of 9538fcc measured them (docs/device.md), and the serial
+# product's as :func:`measure` read it later on the same core: the price ``--verify xla`` uses on CPU
+# where it is given no machine, the bench's plannings included. A fixed profile, so the loop's choice is
+# the same on any load.
 REFERENCE = Machine(flops_per_s=77.9e9, dot_flops_per_s=25.8e9, vector_flops_per_s=65.8e9, bytes_per_s=51.3e9,
                     launch_s=0.58e-6, fault_s=1.84e-6, transcendental_s=0.992e-9, strided_read_s=0.491e-9,
-                    strided_miss_s=1.4e-9)
+                    strided_miss_s=1.4e-9, serial_product_s=2.38e-9)
 
 
 def off_main_thread(run: Callable[[], object]) -> object:
@@ -267,9 +276,15 @@ def measure(repeats: int = 7) -> Machine:
         return max(across - in_order, 0.0), [sum(k.strided[i] for k in read) for i in (0, 1)]
 
     (kept, (hit, _)), (lost, (_, miss)) = strided(1), strided(STRIDED_MANY)
+    a = jnp.ones(SERIAL_SHAPE, jnp.float32)
+    (serial, compiled), (vectorized, _) = (step(lambda a, c: jnp.sum(a * c, axis=-1), a, 2 * a),
+                                          step(lambda a, c: jnp.sum(a * c, axis=-1), a[0], 2 * a[0]))
+    one_at_a_time, fast = fastest(serial, vectorized, repeats=repeats)
+    products = sum(k.serial_products for k in kernels(parse_hlo(compiled.as_text())))
     faults = sorted(fault_seconds()[0] for _ in range(3))[1]
     return Machine(flops_per_s=gemm_rate(False), dot_flops_per_s=gemm_rate(True),
                    vector_flops_per_s=step_cost(chained.as_text(), device("cpu")).flops / vector,
                    bytes_per_s=2 * STREAM_BYTES / stream, launch_s=launches / max(n, 1), fault_s=faults,
                    transcendental_s=max(trig - arithmetic, 0.0) / max(evaluated, 1),
-                   strided_read_s=kept / max(hit, 1), strided_miss_s=lost / max(miss, 1))
+                   strided_read_s=kept / max(hit, 1), strided_miss_s=lost / max(miss, 1),
+                   serial_product_s=max(one_at_a_time - fast, 0.0) / max(products, 1))
