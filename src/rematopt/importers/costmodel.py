@@ -23,10 +23,11 @@ class Device:
     # Vector units (elementwise work, reductions) where they are slower than the matrix
     # units; None: the same rate. Only the compiled-kernel pricing (rematopt.xla.cost) uses it.
     vector_flops_per_s: float | None = None
-    # Lone dot kernels where they run slower than the fused GEMMs; None: the matrix rate. XLA's CPU
-    # runs a dot it leaves out of its YNNPACK fusions (the weight gradients' transposed operands)
-    # through Eigen, at 15 to 44 GFLOP/s on this machine's core where YNNPACK's GEMMs run 65 to 107
-    # (widths 32 to 128, rematopt.xla.machine). Measured, never a data sheet's figure.
+    # Lone dot and convolution kernels where they run slower than the fused GEMMs; None: the matrix
+    # rate. XLA's CPU runs a dot it leaves out of its YNNPACK fusions (the weight gradients' transposed
+    # operands) through Eigen, at 15 to 44 GFLOP/s on this machine's core where YNNPACK's GEMMs run 65 to
+    # 107 (widths 32 to 128, rematopt.xla.machine), and a lone convolution too (the bench's unet: 26.8
+    # GFLOP/s, its YNNPACK convolution fusions 104). Measured, never a data sheet's figure.
     dot_flops_per_s: float | None = None
     # What a transposing kernel of XLA's CPU loop emitter pays beyond its roofline for each element it
     # reads one cache line each (rematopt.xla.kernels.strided_reads): where its cache keeps the lines

@@ -5,7 +5,9 @@ number of times it runs (a kernel inside a while loop: the loop's trip count). A
 equations is one kernel, so it moves its inputs and outputs once; that is what the per-equation
 graph model got wrong (on the H200 fixture its elementwise work priced at about 52 ms where XLA's
 fused kernels take about 12 ms). Dots, convolutions and library calls run on the matrix units
-(``Device.flops_per_s``); everything else on the vector units (``Device.vector_flops_per_s``). A
+(``Device.flops_per_s``), lone dots and convolutions at their own rate where the profile has one
+(``Device.dot_flops_per_s``: Eigen's, on XLA's CPU); everything else on the vector units
+(``Device.vector_flops_per_s``). A
 transposing kernel's transcendental functions, evaluated one element at a time
 (:func:`rematopt.xla.kernels.scalar_transcendentals`), the elements it reads one cache line each
 (:func:`rematopt.xla.kernels.strided_reads`), and the elements of a product a YNNPACK fusion sums one
@@ -102,7 +104,7 @@ def kernel_cost(kernel: Kernel, device: Device, launch_s: float = 0.0, transcend
 
 def _sides(kernel: Kernel, device: Device) -> tuple[float, float]:
     """(compute seconds, memory seconds) of one run of ``kernel`` on ``device``."""
-    if kernel.kind == "dot" and device.dot_flops_per_s:
+    if kernel.kind in ("dot", "convolution") and device.dot_flops_per_s:
         rate = device.dot_flops_per_s
     elif on_matrix_units(kernel):
         rate = device.flops_per_s
