@@ -169,14 +169,14 @@ def serial_products(module: HloModule, inner: list[Instruction]) -> int:
     dimension took 0.70 ms where [2048, 128] took 0.08 (and the same sum of ``a * c + 1``, not a dot,
     0.07); a size-1 dimension summed away, a ``max`` of the products, or a sum of one array keep the
     fast path. keras-hub's attention makes one such sum a layer in its softmax gradient
-    ([1, heads, groups, tokens, tokens]): 0.71 ms a layer in quick keras_llama's plain step, priced
+    ([1, heads, groups, tokens, tokens]): 0.71 ms a layer in the bench's keras_llama's plain step, priced
     0.04, where rematopt's plans write the same gradient with one more addition and take 0.1 (docs/device.md)."""
     scope = {i.name: i for i in inner}
     out = 0
     for inst in inner:
-        if inst.opcode != "reduce" or not inst.operands or inst.operands[0] not in scope:
+        if inst.opcode != "reduce" or not inst.operands or inst.operands[0] not in scope or not _adds(module, inst):
             continue
-        if not _adds(module, inst) or _through(scope[inst.operands[0]], scope, ("bitcast", "convert")).opcode != "multiply":
+        if _through(scope[inst.operands[0]], scope, ("bitcast", "convert")).opcode != "multiply":
             continue
         source = inst.operand_shapes[0].leaves[0]
         summed = {int(d) for d in inst.attrs.get("dimensions", "").strip("{}").split(",") if d.strip()}
