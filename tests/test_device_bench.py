@@ -163,7 +163,7 @@ def test_the_profile_is_scaled_on_the_plain_step_and_every_other_row_is_predicte
         b.profiles = {("m", "plain"): {"k0": 0.02, "k1": 0.06}, ("m", "rematopt@0.8"): plan_profile}
         _calibrate(b, "m")
         c = b.calibrations["m"]
-        assert c.transcendental_s == m.transcendental_s  # these kernels evaluate none: the scale below holds
+        assert c.device.transcendental_s == m.transcendental_s  # these kernels evaluate none: the scale below holds
         # plain: 40 ms of Eigen dot + 2 ms of bytes + 2 launches on the machine, 20 ms of page faults
         assert c.scale == pytest.approx(80e-3 / (40e-3 + 2e-3 + 2e-6))
         assert b.rows[0].predicted_ms == pytest.approx(100.0) and b.rows[1].predicted_ms == pytest.approx(100.0)

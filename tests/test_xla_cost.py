@@ -336,7 +336,7 @@ def test_the_machine_micro_benchmarks_measure_positive_rates_and_one_fault_a_fre
                                                m.strided_miss_s, m.serial_product_s))
     assert dev.dot_flops_per_s == m.dot_flops_per_s and "measured" in dev.source
     assert (dev.strided_read_s, dev.strided_miss_s) == (m.strided_read_s, m.strided_miss_s)
-    assert dev.serial_product_s == m.serial_product_s
+    assert (dev.serial_product_s, dev.transcendental_s) == (m.serial_product_s, m.transcendental_s)
 
 
 def test_steady_takes_each_figure_the_median_of_its_measurements(monkeypatch):
@@ -521,13 +521,14 @@ def test_a_transposing_kernel_evaluates_each_transcendental_once_per_element_of_
 
 
 def test_each_transcendental_evaluated_element_by_element_adds_its_measured_price():
-    dev = device("cpu")
+    dev = replace(device("cpu"), transcendental_s=2e-9)
     k = replace(kernel(read=int(1e6), trips=3), transposes=(int(1e6), 4), scalar_transcendentals=5000)
-    roofline = kernel_cost(k, dev).seconds
-    assert kernel_cost(k, dev, 1e-6, 2e-9).seconds == pytest.approx(roofline + 3 * (1e-6 + 5000 * 2e-9))
+    roofline = kernel_cost(replace(k, scalar_transcendentals=0), dev).seconds
+    assert kernel_cost(k, dev, 1e-6).seconds == pytest.approx(roofline + 3 * (1e-6 + 5000 * 2e-9))
+    assert kernel_cost(k, device("cpu")).seconds == pytest.approx(roofline)  # a profile without the price
     plain = priced([k, kernel(read=int(1e9))], dev)
     plan = priced([replace(k, scalar_transcendentals=0), kernel(read=int(1e9))], dev)
-    c = calibrate(plain, 1.0, dev, faults=10, fault_s=1e-5, transcendental_s=2e-9)
+    c = calibrate(plain, 1.0, dev, faults=10, fault_s=1e-5)
     assert c.seconds(plain, 10) == pytest.approx(1.0)
     # the plan's kernels without the transcendentals, at the scale the plain step's measured time set
     assert c.seconds(plan, 0) == pytest.approx(c.scale * (roofline + kernel_cost(kernel(read=int(1e9)), dev).seconds))

@@ -901,8 +901,7 @@ def _calibrate(bench: Bench, model: str) -> None:
     m = bench.machine
     args = dict(step=bench.costs[model, "plain"], measured_s=plain.step_ms / 1e3,
                 device=m.device() if m else device(bench.device), faults=plain.predicted_faults or 0,
-                launch_s=m.launch_s if m else 0.0, fault_s=m.fault_s if m else 0.0,
-                transcendental_s=m.transcendental_s if m else 0.0)
+                launch_s=m.launch_s if m else 0.0, fault_s=m.fault_s if m else 0.0)
     for into, profiled, field_ in ((bench.calibrations, None, "predicted_ms"),
                                    (bench.class_calibrations, bench.profiles.get((model, "plain")),
                                     "predicted_class_ms")):

@@ -84,9 +84,9 @@ def on_matrix_units(kernel: Kernel) -> bool:
     return kernel.kind.startswith(MATRIX_KINDS)
 
 
-def kernel_cost(kernel: Kernel, device: Device, launch_s: float = 0.0, transcendental_s: float = 0.0) -> KernelCost:
-    """Its roofline on ``device``, plus ``launch_s`` (what starting a kernel costs), ``transcendental_s``
-    for each transcendental function it evaluates one element at a time
+def kernel_cost(kernel: Kernel, device: Device, launch_s: float = 0.0) -> KernelCost:
+    """Its roofline on ``device``, plus ``launch_s`` (what starting a kernel costs), the device's price of
+    each transcendental function it evaluates one element at a time
     (:func:`rematopt.xla.kernels.scalar_transcendentals`: the roofline's vector rate is 4 times too fast for
     those, :mod:`rematopt.xla.machine`) and the device's price of each element it reads one cache line each
     (:func:`rematopt.xla.kernels.strided_reads`: the roofline's bandwidth is 3 to 12 times too fast for
@@ -94,7 +94,7 @@ def kernel_cost(kernel: Kernel, device: Device, launch_s: float = 0.0, transcend
     (:func:`rematopt.xla.kernels.serial_products`: 9 times as long as the same sum without its size-1
     dimension), per run."""
     compute, memory = _sides(kernel, device)
-    scalar = kernel.scalar_transcendentals * transcendental_s
+    scalar = kernel.scalar_transcendentals * device.transcendental_s
     hit, miss = kernel.strided
     strided = hit * device.strided_read_s + miss * device.strided_miss_s
     serial = kernel.serial_products * device.serial_product_s
@@ -243,8 +243,7 @@ def kernel_class(kernel: Kernel) -> str:
 @dataclass(frozen=True)
 class Calibration:
     """A profile scaled to one measured step: a step takes ``scale x`` its kernels' time on ``device``
-    (``launch_s`` more per kernel run, ``transcendental_s`` more per transcendental function a kernel
-    evaluates one element at a time) plus ``fault_s`` per page fault; with ``class_scales``, each
+    (``launch_s`` more per kernel run) plus ``fault_s`` per page fault; with ``class_scales``, each
     kernel class (:func:`kernel_class`) its own scale, ``scale`` for a class without one. The scales
     absorb what the micro-benchmarks miss (the kernels' sizes, caches, strided reads); the fault price
     is the kernel's (the operating system's) work, measured, not scaled."""
@@ -255,11 +254,10 @@ class Calibration:
     fault_s: float
     calibrated_on: str
     class_scales: tuple[tuple[str, float], ...] = ()
-    transcendental_s: float = 0.0
 
     def class_seconds(self, step: StepCost) -> dict[str, float]:
         """``step``'s kernels on the profile, unscaled, per class."""
-        return _by_class(step, lambda k: kernel_cost(k, self.device, self.launch_s, self.transcendental_s).seconds)
+        return _by_class(step, lambda k: kernel_cost(k, self.device, self.launch_s).seconds)
 
     def kernel_seconds(self, step: StepCost) -> float:
         """``step``'s kernels on the profile, unscaled."""
@@ -291,8 +289,7 @@ def _by_class(step: StepCost, seconds: Callable[[Kernel], float]) -> dict[str, f
 
 
 def calibrate(step: StepCost, measured_s: float, device: Device, faults: int = 0, launch_s: float = 0.0,
-              fault_s: float = 0.0, name: str = "plain", profiled: dict[str, float] | None = None,
-              transcendental_s: float = 0.0) -> Calibration:
+              fault_s: float = 0.0, name: str = "plain", profiled: dict[str, float] | None = None) -> Calibration:
     """Scale ``device`` so that ``step`` (which faults ``faults`` pages a run) is priced at ``measured_s``:
     the one figure taken from a measured step. Calibrate on one step and predict the others.
 
@@ -302,7 +299,7 @@ def calibrate(step: StepCost, measured_s: float, device: Device, faults: int = 0
     under :data:`MIN_CLASS_SHARE` of the profile or of the price takes the global scale (and its share at
     that scale is taken out first), so the step is still priced at ``measured_s``; with one class this is
     the one-scale calibration."""
-    unscaled = Calibration(device, 1.0, launch_s, fault_s, name, transcendental_s=transcendental_s)
+    unscaled = Calibration(device, 1.0, launch_s, fault_s, name)
     priced, rest = unscaled.class_seconds(step), measured_s - faults * fault_s
     kernels = sum(priced.values())
     if kernels <= 0 or rest <= 0:

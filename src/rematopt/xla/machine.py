@@ -90,14 +90,14 @@ class Machine:
         return Device("cpu@measured", self.flops_per_s, self.bytes_per_s,
                       f"measured on this machine: {self.describe()}", vector_flops_per_s=self.vector_flops_per_s,
                       dot_flops_per_s=self.dot_flops_per_s, strided_read_s=self.strided_read_s,
-                      strided_miss_s=self.strided_miss_s, serial_product_s=self.serial_product_s)
+                      strided_miss_s=self.strided_miss_s, serial_product_s=self.serial_product_s,
+                      transcendental_s=self.transcendental_s)
 
     def price(self) -> Calibration:
         """Its rates as a price of a compiled step (:meth:`rematopt.xla.cost.Calibration.seconds`),
         unscaled: kernels on :meth:`device`, plus what a kernel launch, a transcendental element and a
         page fault cost. ``--verify xla``'s loop chooses among fitting candidates by it."""
-        return Calibration(self.device(), 1.0, self.launch_s, self.fault_s, "unscaled",
-                           transcendental_s=self.transcendental_s)
+        return Calibration(self.device(), 1.0, self.launch_s, self.fault_s, "unscaled")
 
     def describe(self) -> str:
         return (f"GEMM {self.flops_per_s / 1e9:.3g} GFLOP/s, lone dot {self.dot_flops_per_s / 1e9:.3g} GFLOP/s, "
