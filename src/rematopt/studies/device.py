@@ -57,7 +57,8 @@ CPU_SCHEDULER = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
 POLICIES = ("nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable")
 RATIOS = (0.8, 0.6, 0.5)
 # --quick: fewer rows and one budget (7.6 min of CPU on the idle 2-core machine, 62% of it planning: 6 min 13 s
-# one process after another, 4 min 20 s two at a time, measured at 9538fcc; 4 min 33 s at 3a91fe5; docs/device.md)
+# one process after another, 4 min 20 s two at a time, measured at 9538fcc; 4 min 33 s at 3a91fe5, 4 min 27 s
+# at a1f7a05; docs/device.md)
 QUICK_POLICIES = {"layer": ("nothing_saveable", "dots_saveable"), "step": ("dots_saveable",)}
 QUICK_RATIOS = (0.8,)
 # Interleaved timing rounds (one step of every variant each). On the shared 2-core machine the CPU
@@ -438,7 +439,8 @@ def plan_step(spec: dict) -> dict:
             continue
         c = v.chosen
         loop = {"stopped_by": v.stopped_by or "bracket", "rounds": v.rounds,
-                "deterministic_spent": v.deterministic_spent, "chosen_by": v.chosen_by, "fault_rounds": sum(r.aim != "budget" for r in v.planning)}
+                "deterministic_spent": v.deterministic_spent, "chosen_by": v.chosen_by,
+                "fault_rounds": sum(r.aim != "budget" for r in v.planning)}
         if c.plan is None:
             out["plans"][str(ratio)] = {"status": f"--verify xla: no plan compiled smaller than the plain step after "
                                                   f"{v.rounds} rounds", **loop}
@@ -620,8 +622,9 @@ def run_bench(models: tuple[str, ...] = DEFAULT_MODELS, quick: bool = False, run
                       "they are rows of their own): the planning budget is bisected until the applied plan's "
                       "compiled peak fits r x the compiled plain peak; of the plans that fit, the one of least "
                       "priced time (its compiled kernels on xla.machine.REFERENCE's rates, fixed so that the choice "
-                      "repeats, its predicted page faults at their price; on a GPU the device's data sheet), and where it still faults on a temp buffer "
-                      "above glibc's mmap ceiling, up to two more rounds aimed under it")
+                      "repeats, its predicted page faults at their price; on a GPU the device's data sheet), and "
+                      "where it still faults on a temp buffer above glibc's mmap ceiling, up to two more rounds "
+                      "aimed under it")
     cores = sorted(os.sched_getaffinity(0))
     slots = min(AT_ONCE if backend == "cpu" else GPU_AT_ONCE, len(cores))
     if backend == "cpu":

@@ -44,6 +44,8 @@ from .kernels import Kernel, kernels, ynn_fusion
 # Kernels that run on the matrix units: library GEMM / convolution calls, lone dots and
 # convolutions, and the fusions XLA builds around them (GPU: kOutput, kCustom for Triton GEMMs).
 MATRIX_KINDS = ("custom-call:", "dot", "convolution", "fusion:kOutput", "fusion:kCustom")
+# Dots and convolutions no fusion holds (XLA's CPU leaves them to Eigen): Device.dot_flops_per_s, class "lone dot".
+LONE_KINDS = ("dot", "convolution")
 
 
 @dataclass(frozen=True)
@@ -104,7 +106,7 @@ def kernel_cost(kernel: Kernel, device: Device, launch_s: float = 0.0) -> Kernel
 
 def _sides(kernel: Kernel, device: Device) -> tuple[float, float]:
     """(compute seconds, memory seconds) of one run of ``kernel`` on ``device``."""
-    if kernel.kind in ("dot", "convolution") and device.dot_flops_per_s:
+    if kernel.kind in LONE_KINDS and device.dot_flops_per_s:
         rate = device.dot_flops_per_s
     elif on_matrix_units(kernel):
         rate = device.flops_per_s
@@ -231,7 +233,7 @@ def kernel_class(kernel: Kernel) -> str:
     """Its class in :data:`KERNEL_CLASSES`: a lone dot or convolution (XLA's CPU leaves them to Eigen),
     a fusion or library call on the matrix units, a kernel that moves data across dimensions
     (``Kernel.transposes``), another fusion, anything else (copies, lone elementwise ops)."""
-    if kernel.kind in ("dot", "convolution"):
+    if kernel.kind in LONE_KINDS:
         return "lone dot"
     if on_matrix_units(kernel):
         return "matrix fusion"

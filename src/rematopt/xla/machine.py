@@ -277,8 +277,11 @@ def measure(repeats: int = 7) -> Machine:
 
     (kept, (hit, _)), (lost, (_, miss)) = strided(1), strided(STRIDED_MANY)
     a = jnp.ones(SERIAL_SHAPE, jnp.float32)
-    (serial, compiled), (vectorized, _) = (step(lambda a, c: jnp.sum(a * c, axis=-1), a, 2 * a),
-                                          step(lambda a, c: jnp.sum(a * c, axis=-1), a[0], 2 * a[0]))
+
+    def summed(a, c):
+        return jnp.sum(a * c, axis=-1)
+
+    (serial, compiled), (vectorized, _) = step(summed, a, 2 * a), step(summed, a[0], 2 * a[0])
     one_at_a_time, fast = fastest(serial, vectorized, repeats=repeats)
     products = sum(k.serial_products for k in kernels(parse_hlo(compiled.as_text())))
     faults = sorted(fault_seconds()[0] for _ in range(3))[1]
