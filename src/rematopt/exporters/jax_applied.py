@@ -11,8 +11,12 @@ A plan's own peak (:func:`~rematopt.simulate.simulate`) is of its events;
   loss is the custom_vjp's primal result, so it cannot move to the backward
   pass): a value the plan frees and recomputes for it stays live until then;
 - a recomputed value is computed once in the backward pass, before its first
-  reader, and lives until its last reader: a plan recomputing it again for a
-  later reader gets one long-lived copy;
+  reader, and lives until its last reader, unless the plan computes a value
+  twice there, or computes again a forward value it read there from the forward
+  pass's copy (:attr:`~.jax_policy.Fates.exact`): then every computation of the
+  backward pass is a copy of its own (:func:`_every_computation`), and a forward
+  value a backward kernel makes inside is made again from its operands' latest
+  copies (:func:`_remade`);
 - an offloaded value returns to the device when the backward pass starts;
 - on CPU, XLA houses temporaries in the outputs' allocations by their live
   ranges in the step it compiles (:func:`_housed`);
@@ -60,7 +64,7 @@ from dataclasses import dataclass
 
 from ..graph import Graph
 from ..importers.jaxpr.cost import fusible, fusion_consumer
-from ..plan import COMPUTE, Plan
+from ..plan import COMPUTE, OFFLOAD, Plan
 from .jax_policy import residual_fates, unwritten_recomputed, unwritten_residuals
 
 # Elementwise ops XLA's fusion does not compute again in each of several readers (its IsExpensive:
@@ -134,20 +138,24 @@ def applied_step(graph: Graph, plan: Plan, scanned: dict[str, set[int]] | None =
     ops, nodes = plan.ops.tolist(), plan.nodes.tolist()
     start = next(t for t, (o, i) in enumerate(zip(ops, nodes)) if o == COMPUTE and phase[i] == "backward")
     # the step's computations in the plan's order, each a (node, copy): "f" the forward pass's, "b" the backward's
-    steps: dict[tuple[int, str], None] = {}
-    for t, (o, i) in enumerate(zip(ops, nodes)):
-        if o == COMPUTE:
-            back = phase[i] == "backward" or (t >= start and i in fates.recomputed and (i, "f") in steps)
-            steps.setdefault((i, "b" if back else "f"))
-    order = list(steps)
+    if fates.exact:
+        order, operands = _every_computation(graph, plan, start)
+    else:
+        steps: dict[tuple[int, str], None] = {}
+        for t, (o, i) in enumerate(zip(ops, nodes)):
+            if o == COMPUTE:
+                back = phase[i] == "backward" or (t >= start and i in fates.recomputed and (i, "f") in steps)
+                steps.setdefault((i, "b" if back else "f"))
+        order = list(steps)
 
     def read(u: int, by: str) -> tuple[int, str]:
         """The copy of ``u`` that a computation of pass ``by`` reads."""
-        if phase[u] == "backward" or (by == "b" and (u in fates.recomputed or u in fates.offloaded)):
+        if phase[u] == "backward" or (by[0] == "b" and (u in fates.recomputed or u in fates.offloaded)):
             return (u, "b")
         return (u, "f")
 
-    operands = {(i, c): [read(u, c) for u in graph.preds[i]] for i, c in order}
+    if not fates.exact:
+        operands = {(i, c): [read(u, c) for u in graph.preds[i]] for i, c in order}
     # apply_plan recomputes what the backward pass reads, not every value the plan computes again
     # (resnet, cpsat at 0.8: a convolution recomputed for a sum the step keeps, which XLA drops)
     needed = {copy for copy in order if copy[1] == "f" or phase[copy[0]] == "backward"}
@@ -156,13 +164,14 @@ def applied_step(graph: Graph, plan: Plan, scanned: dict[str, set[int]] | None =
             needed.update(operands[copy])
     order = [copy for copy in order if copy in needed]
 
-    again = {**_made_again(graph, order, operands, read), **_buffers_made_again(graph, order, operands)}
+    made = _remade(graph, order, operands) if fates.exact else _made_again(graph, order, operands, read)
+    again = {**made, **_buffers_made_again(graph, order, operands)}
     _copied_again(graph, order, operands)
     remade = _read_recomputed(graph, order, operands)
     tie = _ties(graph, order)
 
     born = {(u, "f"): -1 for u in graph.initial_resident}  # counted in the initial bytes
-    first_backward = next(k for k, (_, c) in enumerate(order) if c == "b")
+    first_backward = next(k for k, (_, c) in enumerate(order) if c[0] == "b")
     born.update({(u, "b"): first_backward for u in fates.offloaded})
     for k, copy in enumerate(order):
         born.setdefault(copy, k)
@@ -182,7 +191,7 @@ def applied_step(graph: Graph, plan: Plan, scanned: dict[str, set[int]] | None =
     def size0(u: int) -> int:
         return (graph.nodes[u].extra or {}).get("housed", graph.bytes[u])
 
-    fused = {c for c in [*order, *again] if c[1] == "b" and phase[c[0]] == "forward"
+    fused = {c for c in [*order, *again] if c[1][0] == "b" and phase[c[0]] == "forward"
              and fusible(graph.nodes[c[0]].op) and all(fuses(c, r) for r in readers.get(c, []))
              and (len(readers.get(c, [])) <= 1 or graph.nodes[c[0]].op not in EXPENSIVE)}
 
@@ -233,7 +242,7 @@ def applied_step(graph: Graph, plan: Plan, scanned: dict[str, set[int]] | None =
     for u, (first, end) in _slice_copies(graph, order).items():
         born[(u, "s")], last[(u, "s")] = first, end
     extra = {copy: graph.nodes[copy[0]].extra or {} for copy in born}
-    backward_pass = next(k for k, (i, c) in enumerate(order) if c == "b" and graph.nodes[i].op != "xla_buffer")
+    backward_pass = next(k for k, (i, c) in enumerate(order) if c[0] == "b" and graph.nodes[i].op != "xla_buffer")
     # a buffer XLA makes on its own in the backward pass (a transposed copy for a convolution) is
     # made for its reader, wherever the plan first computed its node; one the forward pass makes
     # stays there (keras gpt2: the dropout masks' random bits, read in the backward pass)
@@ -263,6 +272,37 @@ def applied_step(graph: Graph, plan: Plan, scanned: dict[str, set[int]] | None =
     size.update(((u, "f"), _written_bytes(graph, u)) for u in residuals if (u, "f") in size)
     housed = _housed(graph, born, last, operands, size, len(order), copied_at, stacked)
     return AppliedStep(order, born, last, size, housed)
+
+
+def _every_computation(graph: Graph, plan: Plan, start: int) -> tuple[list, dict]:
+    """The computations of ``apply_plan``'s step for a plan it runs as it is (:attr:`~.jax_policy.Fates.exact`),
+    with their operands: a node's first computation in the backward pass is its copy "b", each later one
+    "b1", "b2", ... (an offloaded value's first is its prefetch), and a backward computation reads the
+    copy made last before it (a forward value's "f" until the backward pass makes it again)."""
+    phase = [v.phase for v in graph.nodes]
+    ops, nodes = plan.ops.tolist(), plan.nodes.tolist()
+    offloaded = {i for o, i in zip(ops, nodes) if o == OFFLOAD}
+    latest: dict[int, str] = {}
+    made = dict.fromkeys(offloaded, 1)  # backward copies made so far, by node
+    order: list[tuple[int, str]] = []
+    operands: dict[tuple[int, str], list[tuple[int, str]]] = {}
+    for t, (o, i) in enumerate(zip(ops, nodes)):
+        if o != COMPUTE:
+            continue
+        if t == start:
+            latest.update(dict.fromkeys(offloaded, "b"))
+        if t < start and i in latest:  # the forward pass computes each value once
+            continue
+        if phase[i] == "forward" and i not in latest:  # the forward pass's (late, after ``start``)
+            copy = "f"
+        else:
+            k = made.get(i, 0)
+            made[i] = k + 1
+            copy = "b" if k == 0 else f"b{k}"
+        operands[(i, copy)] = [(u, latest.get(u, "f") if copy[0] == "b" else "f") for u in graph.preds[i]]
+        latest[i] = copy
+        order.append((i, copy))
+    return order, operands
 
 
 def _slice_copies(graph: Graph, order: list[tuple[int, str]]) -> dict[int, tuple[int, int]]:
@@ -306,7 +346,7 @@ def _buffers_made_again(graph: Graph, order: list, operands: dict) -> dict:
     recomputed dots, 1.054 of XLA's figure; 0.999). Rewrites ``operands`` so."""
     again = {}
     for i, c in order:
-        if c == "b" and graph.nodes[i].phase == "forward" and graph.nodes[i].op in LIBRARY_CALLS:
+        if c[0] == "b" and graph.nodes[i].phase == "forward" and graph.nodes[i].op in LIBRARY_CALLS:
             for j, (u, cu) in enumerate(operands[(i, c)]):
                 if cu == "f" and graph.nodes[u].op == "xla_buffer":
                     operands[(i, c)][j] = (u, "b")
@@ -334,7 +374,7 @@ def _copied_again(graph: Graph, order: list, operands: dict) -> None:
                 and bytes_of(p) == bytes_of(u)]
 
     for i, c in order:
-        if c != "b" or graph.nodes[i].phase != "forward" or graph.nodes[i].op not in LIBRARY_CALLS:
+        if c[0] != "b" or graph.nodes[i].phase != "forward" or graph.nodes[i].op not in LIBRARY_CALLS:
             continue
         copies = {bytes_of(p) for p in graph.preds[i] if graph.nodes[p].op == "xla_buffer"}
         for j, (u, cu) in enumerate(operands[(i, c)]):
@@ -356,7 +396,7 @@ def _made_again(graph: Graph, order: list, operands: dict, read) -> dict:
     node_of = {g[-1]: base + j for j, g in enumerate(groups)}
     made_at: dict[int, int] = {}
     for k, (i, c) in enumerate(order):
-        if c == "b" and base <= i < base + len(groups):
+        if c[0] == "b" and base <= i < base + len(groups):
             for e in groups[i - base][:-1]:
                 u = node_of.get(e)
                 if u is not None and graph.nodes[u].phase == "forward" and (u, "b") not in operands:
@@ -368,6 +408,40 @@ def _made_again(graph: Graph, order: list, operands: dict, read) -> dict:
                 operands[copy][j] = (u, "b")
                 again[(u, "b")] = None
     operands.update({c: [read(o, "b") for o in graph.preds[c[0]]] for c in again})
+    return again
+
+
+def _remade(graph: Graph, order: list, operands: dict) -> dict:
+    """:func:`_made_again` for a plan ``apply_plan`` runs as it is: a backward kernel holding a forward
+    value the plan never computes again makes it again, as a copy ``(u, "bm<n>")``, where it has none yet
+    or one of its operands was made again since (``jax_policy._once`` with ``remade``); a later
+    computation reads the copy made last (resnet at its instance config, greedy at 0.8: a ReLU made again
+    from each recomputation of the convolution it reads). Rewrites ``operands`` so."""
+    groups = graph.meta.get("groups") if graph.meta.get("fuse") == "xla" else None
+    if not groups:
+        return {}
+    base = graph.meta["xla"]["step_nodes"] - len(groups)
+    node_of = {g[-1]: base + j for j, g in enumerate(groups)}
+    planned = {i for i, c in order if c[0] == "b"}
+    latest: dict[int, tuple[int, str]] = {}  # node -> its copy made last
+    made_at: dict[int, int] = {}  # a value made inside kernels -> where it was made last
+    changed: dict[int, int] = {}  # node -> where its latest copy was made
+    again: dict = {}
+    for k, (i, c) in enumerate(order):
+        if c[0] == "b":
+            operands[(i, c)] = [latest[u] if u in made_at else (u, cu) for u, cu in operands[(i, c)]]
+            if base <= i < base + len(groups):
+                for e in groups[i - base][:-1]:
+                    u = node_of.get(e)
+                    if u is None or graph.nodes[u].phase != "forward" or u in planned:
+                        continue
+                    if u not in made_at or any(changed.get(p, -1) > made_at[u] for p in graph.preds[u]):
+                        copy = (u, f"bm{sum(1 for x in again if x[0] == u)}")
+                        operands[copy] = [latest.get(p, (p, "f")) for p in graph.preds[u]]
+                        again[copy] = None
+                        latest[u], made_at[u] = copy, k
+        latest[i] = (i, c)
+        changed[i] = k
     return again
 
 
@@ -389,7 +463,7 @@ def _read_recomputed(graph: Graph, order: list, operands: dict) -> dict:
     first_maker: dict[int, int] = {}
     added: dict = {}
     for k, (i, c) in enumerate(order):
-        if c != "b" or not base <= i < base + len(groups):
+        if c[0] != "b" or not base <= i < base + len(groups):
             continue
         for e in groups[i - base][:-1]:
             u = node_of.get(e)
@@ -413,10 +487,10 @@ def _ties(graph: Graph, order: list) -> dict:
     before = None
     for i, c in order:
         node = graph.nodes[i]
-        if c == "b" and node.phase == "forward":
+        if c[0] == "b" and node.phase == "forward":
             if before is not None:
                 out[(i, c)] = before
-        elif c == "b" and node.op != "xla_buffer":
+        elif c[0] == "b" and node.op != "xla_buffer":
             before = (i, c)
     return out
 
