@@ -137,6 +137,12 @@ def applied_step(graph: Graph, plan: Plan, scanned: dict[str, set[int]] | None =
     fates = residual_fates(graph, plan)
     ops, nodes = plan.ops.tolist(), plan.nodes.tolist()
     start = next(t for t, (o, i) in enumerate(zip(ops, nodes)) if o == COMPUTE and phase[i] == "backward")
+    def read(u: int, by: str) -> tuple[int, str]:
+        """The copy of ``u`` that a computation of pass ``by`` reads."""
+        if phase[u] == "backward" or (by[0] == "b" and (u in fates.recomputed or u in fates.offloaded)):
+            return (u, "b")
+        return (u, "f")
+
     # the step's computations in the plan's order, each a (node, copy): "f" the forward pass's, "b" the backward's
     if fates.exact:
         order, operands = _every_computation(graph, plan, start)
@@ -147,14 +153,6 @@ def applied_step(graph: Graph, plan: Plan, scanned: dict[str, set[int]] | None =
                 back = phase[i] == "backward" or (t >= start and i in fates.recomputed and (i, "f") in steps)
                 steps.setdefault((i, "b" if back else "f"))
         order = list(steps)
-
-    def read(u: int, by: str) -> tuple[int, str]:
-        """The copy of ``u`` that a computation of pass ``by`` reads."""
-        if phase[u] == "backward" or (by[0] == "b" and (u in fates.recomputed or u in fates.offloaded)):
-            return (u, "b")
-        return (u, "f")
-
-    if not fates.exact:
         operands = {(i, c): [read(u, c) for u in graph.preds[i]] for i, c in order}
     # apply_plan recomputes what the backward pass reads, not every value the plan computes again
     # (resnet, cpsat at 0.8: a convolution recomputed for a sum the step keeps, which XLA drops)

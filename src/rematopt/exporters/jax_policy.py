@@ -350,10 +350,12 @@ def _planned_step(step: Step, fates: Fates, scan: bool = True, ordered: bool = T
     if exact:  # every computation of the plan's backward pass, as it makes them
         order = [i for i in fates.events if i in phase_of]
         recompute = {i: inputs_of(i) for i in order if phase_of[i] == "forward"}
-        made: set = set()
+        made: set = set()  # values the backward pass made so far
         read_after = set()
-        again = [i in recompute or i in order[:k] for k, i in enumerate(order)]
+        again, seen = [], set()
         for i in order:
+            again.append(i in recompute or i in seen)
+            seen.add(i)
             read_after.update(r for r in inputs_of(i) if r != step.ct_id and r not in made
                               and phase_of.get(prod[r]) != "backward")
             made.update(root(v) for k in group_of[i] for v in eqns[k].outs)
