@@ -330,6 +330,7 @@ sys.path.insert(0, {root!r})
 import jax
 from models import flax_linen, gpt_scan
 from rematopt.exporters.jax_applied import applied_peak, applied_step, scanned_nodes
+from rematopt.exporters.jax_policy import computes_twice
 from rematopt.jax import apply_plan, trace_grad
 from rematopt.planners.frees import keep_schedule, place_frees
 from rematopt.solve import solve
@@ -370,6 +371,11 @@ for name, factory, ratio in (("scan2", small(2), 0.8), ("scan3 kept", small(3), 
                  "slice copies": sorted(graph.nodes[u].extra["aval"] for u, c in step.born if c == "s"),
                  "sliced": sorted(graph.nodes[u].extra["aval"] for u in graph.initial_resident
                                   if "iteration" in graph.nodes[u].extra)}}
+    if computes_twice(graph, plan):  # and with each value computed once
+        once = apply_plan(fn, graph, plan, as_planned=False)
+        c = jax.jit(jax.value_and_grad(once)).lower(*args).compile()
+        out[name].update(once_applied=applied_peak(graph, plan, scanned_nodes(once.loops), as_planned=False),
+                         once_xla=xla_peak(c)[0])
 print(json.dumps(out))
 """
 
@@ -404,10 +410,14 @@ def test_gradients_a_scan_computes_are_not_held_to_the_end(scanned_steps):
 def test_a_recomputed_dot_copies_its_operand_again(scanned_steps):
     # the 2-layer decoder with the attention recomputed from its score dot to its value dot: the value
     # dot reads the v projection tied, and XLA makes v's transposed copy again from the projection's own
-    # result, which the forward pass holds to there beside the kept copy. Measured: applied 483,212 B,
-    # XLA 483,740 B (0.999; 0.982 reading the kept copy, 0.933 before the stacked transposed gradients)
+    # result, which the forward pass holds to there beside the kept copy. The plan also keeps a softmax's
+    # sum and computes it again for the backward division; with each value computed once (the sum held):
+    # measured applied 483,212 B, XLA 483,740 B (0.999; 0.982 reading the kept copy, 0.933 before the
+    # stacked transposed gradients); as planned, XLA 475,548 B, which the applied step does not see
+    # (483,212: 1.016)
     got = scanned_steps["scan2 softmax"]
-    assert abs(got["applied"] - got["xla"]) <= 0.01 * got["xla"]
+    assert abs(got["once_applied"] - got["once_xla"]) <= 0.01 * got["once_xla"]
+    assert abs(got["applied"] - got["xla"]) <= 0.02 * got["xla"] and got["xla"] <= got["once_xla"]
 
 
 def test_a_slice_of_more_than_two_dimensions_is_copied_per_reader(scanned_steps):

@@ -57,6 +57,8 @@ def run(spec: str, settings: tuple[str, ...], argnums: tuple[int, ...], planner:
                        f"{chosen.overhead:+.1%} recompute{applied}")
             if not chosen.ordered:
                 click.echo("compiled in XLA's own order (untied): apply it with apply_plan(..., ordered=False)")
+            if not chosen.as_planned:
+                click.echo("compiled with each value computed once: apply it with apply_plan(..., as_planned=False)")
         figures_table(f"{planner} on {spec}, verified by XLA", {k: v for k, v in info.items()
                                                                 if not isinstance(v, (list, dict))})
     if output and chosen.plan is None:

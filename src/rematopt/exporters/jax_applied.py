@@ -79,14 +79,16 @@ LIBRARY_CALLS = frozenset({"dot_general", "conv_general_dilated"})
 STACKED_DOTS = LIBRARY_CALLS | {"transpose"}
 
 
-def applied_peak(graph: Graph, plan: Plan, scanned: dict[str, set[int]] | None = None) -> int:
+def applied_peak(graph: Graph, plan: Plan, scanned: dict[str, set[int]] | None = None,
+                 as_planned: bool = True) -> int:
     """Peak bytes of ``apply_plan(loss_fn, graph, plan)``'s gradient step on
     ``graph``'s memory model (module docstring): each value is allocated when
     its pass computes it and freed after its last reader there, as the
     simulator frees a plan's values; outputs and persistent values never.
     ``scanned``: the nodes the step ran inside a ``lax.scan``, by pass
-    (:func:`scanned_nodes` of the applied function's ``loops``; None: none)."""
-    step = applied_step(graph, plan, scanned)
+    (:func:`scanned_nodes` of the applied function's ``loops``; None: none);
+    ``as_planned`` as ``apply_plan`` takes it."""
+    step = applied_step(graph, plan, scanned, as_planned)
     n = len(step.order)
     rises, frees = [0] * n, [0] * (n + 1)  # frees[-1]: before the first computation
     for copy, k in step.born.items():
@@ -129,12 +131,14 @@ def scanned_nodes(loops) -> dict[str, set[int]]:
     return out
 
 
-def applied_step(graph: Graph, plan: Plan, scanned: dict[str, set[int]] | None = None) -> AppliedStep:
+def applied_step(graph: Graph, plan: Plan, scanned: dict[str, set[int]] | None = None,
+                 as_planned: bool = True) -> AppliedStep:
     """The live ranges of the values of ``apply_plan``'s step for ``plan`` (module docstring);
-    ``scanned`` as :func:`applied_peak` takes it."""
+    ``scanned`` and ``as_planned`` as :func:`applied_peak` takes them."""
     phase = [v.phase for v in graph.nodes]
     plan = unwritten_recomputed(graph, plan)  # as apply_plan runs it
     fates = residual_fates(graph, plan)
+    exact = as_planned and fates.exact
     ops, nodes = plan.ops.tolist(), plan.nodes.tolist()
     start = next(t for t, (o, i) in enumerate(zip(ops, nodes)) if o == COMPUTE and phase[i] == "backward")
     def read(u: int, by: str) -> tuple[int, str]:
@@ -144,7 +148,7 @@ def applied_step(graph: Graph, plan: Plan, scanned: dict[str, set[int]] | None =
         return (u, "f")
 
     # the step's computations in the plan's order, each a (node, copy): "f" the forward pass's, "b" the backward's
-    if fates.exact:
+    if exact:
         order, operands = _every_computation(graph, plan, start)
     else:
         steps: dict[tuple[int, str], None] = {}
@@ -162,7 +166,7 @@ def applied_step(graph: Graph, plan: Plan, scanned: dict[str, set[int]] | None =
             needed.update(operands[copy])
     order = [copy for copy in order if copy in needed]
 
-    made = _remade(graph, order, operands) if fates.exact else _made_again(graph, order, operands, read)
+    made = _remade(graph, order, operands) if exact else _made_again(graph, order, operands, read)
     again = {**made, **_buffers_made_again(graph, order, operands)}
     _copied_again(graph, order, operands)
     remade = _read_recomputed(graph, order, operands)

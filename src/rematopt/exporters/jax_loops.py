@@ -222,9 +222,14 @@ def roll(units: list[Unit], aval: Callable, needed: set, marks: Callable[[int], 
 
 
 def unit_inputs(u: Unit) -> list[int]:
-    """Values ``u`` reads from outside itself, in a fixed order."""
-    made = {v for e in u.eqns for v in e.outs}
-    return sorted({r for e in u.eqns for r in e.ins if not isinstance(r, Const) and r not in made})
+    """Values ``u`` reads from outside itself, in a fixed order: read before it makes them (a region
+    of a plan run as planned may read a value and then make it again)."""
+    made: set = set()
+    reads: set = set()
+    for e in u.eqns:
+        reads.update(r for r in e.ins if not isinstance(r, Const) and r not in made)
+        made.update(e.outs)
+    return sorted(reads)
 
 
 def _roll_block(units: list[Unit], block: list[int], readers: dict, aval: Callable, needed: set,

@@ -212,7 +212,8 @@ def _compile(spec: dict):
         from ..jax import apply_plan
         from ..plan import Plan
 
-        fn = apply_plan(fn, load_graph(spec["graph"]), Plan.load(spec["plan"]), ordered=spec.get("ordered", True))
+        fn = apply_plan(fn, load_graph(spec["graph"]), Plan.load(spec["plan"]), ordered=spec.get("ordered", True),
+                        as_planned=spec.get("as_planned", True))
     start = time.perf_counter()
     with _phase("compile"):
         compiled = jax.jit(jax.value_and_grad(fn)).lower(*args).compile(**_options(spec))
@@ -453,6 +454,7 @@ def plan_step(spec: dict) -> dict:
                                               f"{v.chosen_by}",
                                     "path": str(path), "graph": str(folder / "graph.json"), "nodes": graph.n,
                                     "peak": c.predicted_peak, "overhead": c.overhead, "ordered": c.ordered,
+                                    "as_planned": c.as_planned,
                                     **loop}
     return out
 
@@ -816,7 +818,8 @@ def _model_tasks(bench: Bench, model: Model, config: dict, rounds: int, ratios: 
                               predicted_overhead=p["overhead"], stopped_by=p["stopped_by"],
                               deterministic_spent=p["deterministic_spent"], rounds=p.get("rounds"),
                               note=f"{p['status']}, graph of {p['nodes']} nodes"),
-                          {"graph": p["graph"], "plan": p["path"], "ordered": p.get("ordered", True)}))
+                          {"graph": p["graph"], "plan": p["path"], "ordered": p.get("ordered", True),
+                           "as_planned": p.get("as_planned", True)}))
         measured(plans, slot)
 
     def timing(slot: int) -> None:

@@ -108,6 +108,7 @@ class Candidate:
     plan: Plan | None = field(default=None, compare=False, repr=False)
     order: str | None = None             # the graph order the plan was made in (plan_orders), None for a policy
     ordered: bool = True                 # applied with the plan's order tied (apply_plan's ``ordered``)
+    as_planned: bool = True              # every computation the plan makes (apply_plan's ``as_planned``)
 
     def record(self) -> dict[str, Any]:
         return {"label": self.label, "kind": self.kind, "fits": self.fits, "xla_peak_bytes": self.compiled.peak_bytes,
@@ -117,7 +118,8 @@ class Candidate:
                 "predicted_peak_bytes": self.predicted_peak,
                 "plan_peak_bytes": self.plan_peak,
                 "overhead": self.overhead, "status": self.status, "order": self.order,
-                "ordered": self.ordered if self.kind == "plan" else None}
+                "ordered": self.ordered if self.kind == "plan" else None,
+                "as_planned": self.as_planned if self.kind == "plan" else None}
 
 
 @dataclass(frozen=True)
@@ -442,7 +444,7 @@ def _search(loss_fn: Callable, args: Sequence, argnums: tuple[int, ...], graph: 
     ``budget``, its first planning budget as ``start`` and the planning
     budget of the plan it would undercut (which misses that aim) as ``above``."""
     from ..exporters.jax_applied import applied_peak, scanned_nodes
-    from ..exporters.jax_policy import apply_plan
+    from ..exporters.jax_policy import apply_plan, computes_twice
     from ..solve import solve
 
     candidates: list[Candidate] = []
@@ -508,11 +510,16 @@ def _search(loss_fn: Callable, args: Sequence, argnums: tuple[int, ...], graph: 
         try:
             applied = apply_plan(loss_fn, graph, sol.plan)
             c, _ = compile_figures(applied, args, argnums, settings, price)
-            variants = [(label, c, applied_peak(graph, sol.plan, scanned_nodes(applied.loops)), True)]
+            variants = [(label, c, applied_peak(graph, sol.plan, scanned_nodes(applied.loops)), True, True)]
+            if computes_twice(graph, sol.plan):  # as planned, or each value computed once (fewer FLOPs)
+                once = apply_plan(loss_fn, graph, sol.plan, as_planned=False)
+                k, _ = compile_figures(once, args, argnums, settings, price)
+                variants.append((f"{label}, each value computed once", k,
+                                 applied_peak(graph, sol.plan, scanned_nodes(once.loops), as_planned=False), True, False))
             if where == "compiled" and jax.default_backend() == "cpu":  # the plan's order tied, or XLA's own
                 free, _ = compile_figures(apply_plan(loss_fn, graph, sol.plan, ordered=False), args, argnums, settings,
                                           price)
-                variants.append((f"{label}, XLA's order", free, None, False))  # planned in ``order``, run in XLA's
+                variants.append((f"{label}, XLA's order", free, None, False, True))  # planned in ``order``, run in XLA's
         except Exception as e:  # noqa: BLE001 - a plan the exporter cannot run: say so, plan elsewhere
             say(f"{order} order, round {rounds}: the plan does not apply ({type(e).__name__}: {e})"
                 + ("; planning on the traced graph" if fallback is not None else "; no more planning in it"))
@@ -525,10 +532,10 @@ def _search(loss_fn: Callable, args: Sequence, argnums: tuple[int, ...], graph: 
             b = int(g0 * budget / plain.peak_bytes)
             tried.clear()
             continue
-        for name, k, predicted, ordered in variants:
+        for name, k, predicted, ordered, as_planned in variants:
             candidates.append(Candidate(name, "plan", k, k.peak_bytes <= budget, b, predicted, sol.replay.peak_bytes,
-                                        sol.replay.overhead, sol.status, sol.plan, order, ordered))
-        c = min((k for _, k, _, _ in variants), key=lambda k: k.peak_bytes)
+                                        sol.replay.overhead, sol.status, sol.plan, order, ordered, as_planned))
+        c = min((k for _, k, *_ in variants), key=lambda k: k.peak_bytes)
         done.append(Round(order, b, share, spent, status, c.peak_bytes, aim))
         fits = c.peak_bytes <= budget
         say(f"{order} order, round {rounds}: planning budget {human_bytes(b)}: plan peak "
