@@ -213,7 +213,7 @@ def apply_plan(loss_fn: Callable, graph: Graph, plan: Plan, scan: bool = True, o
     every computation it makes (:attr:`Fates.exact`); ``as_planned=False`` runs
     each recomputed value once, before its first reader, held to its last: fewer
     FLOPs, more memory where the plan freed it between (resnet, cpsat at 0.8:
-    727,460 B at +0.2% FLOPs, as planned 729,188 B at +26%; unet at the bench's
+    727,460 B at +0.2% FLOPs, as planned 761,956 B at +26%; unet at the bench's
     size, cpsat at 0.5: 15.88 MB, as planned 13.37). ``--verify xla`` compiles both.
     """
     replay = simulate(graph, plan)
@@ -514,10 +514,12 @@ def _once(items: list, remade: bool = False) -> list:
     (unet, cpsat's least-peak plan: a split fused into two kernels of a
     convolution's gradient, which the plan frees and computes again between
     them; made once, the second kernel read the first copy's split, which XLA
-    held to there), and a later kernel holding an equation a region made reads
-    the region's value (resnet, cpsat at 0.8: a kernel made a recomputed ReLU
-    again from the forward pass's operands, untied, and CSE merged it with the
-    forward pass's, which XLA then held to there)."""
+    held to there). A later kernel holding an equation a region made makes it
+    again inside, as the plan has it, from its operands' values then (reading
+    the region's value instead held it to there: unet at the bench's size,
+    cpsat at 0.5, 13.37 -> 14.42 MB; where those operands are the forward
+    pass's, untied, CSE merges it with the forward pass's, which XLA holds:
+    resnet, cpsat at 0.8, 761,956 B against 729,188 reading the region's)."""
     made: set = set()
     by: list = []  # the equations made, in order
     out: list = []
@@ -526,13 +528,11 @@ def _once(items: list, remade: bool = False) -> list:
             it.body = _once(it.body, remade)
         if isinstance(it, Run) or it.recompute:
             if remade and not isinstance(it, Run):
-                outs = {v for e in it.eqns for v in e.outs}
-                stale = set(outs)
+                stale = {v for e in it.eqns for v in e.outs}
                 for e in by:
                     if any(not isinstance(r, Const) and r in stale for r in e.ins):
                         stale.update(e.outs)
                 made.difference_update(stale)
-                made.update(outs)  # read from the region, not made again from the forward pass's values
             out.append(it)
             continue
         by.extend(it.eqns)
