@@ -58,7 +58,7 @@ POLICIES = ("nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveab
 RATIOS = (0.8, 0.6, 0.5)
 # --quick: fewer rows and one budget (7.6 min of CPU on the idle 2-core machine, 62% of it planning: 6 min 13 s
 # one process after another, 4 min 20 s two at a time, measured at 9538fcc; 4 min 33 s at 3a91fe5, 4 min 27 s
-# at a1f7a05; docs/device.md)
+# at a1f7a05, 4 min 26 s at b286b1b; docs/device.md)
 QUICK_POLICIES = {"layer": ("nothing_saveable", "dots_saveable"), "step": ("dots_saveable",)}
 QUICK_RATIOS = (0.8,)
 # Interleaved timing rounds (one step of every variant each). On the shared 2-core machine the CPU
