@@ -88,7 +88,13 @@ def applied_peak(graph: Graph, plan: Plan, scanned: dict[str, set[int]] | None =
     ``scanned``: the nodes the step ran inside a ``lax.scan``, by pass
     (:func:`scanned_nodes` of the applied function's ``loops``; None: none);
     ``as_planned`` as ``apply_plan`` takes it."""
-    step = applied_step(graph, plan, scanned, as_planned)
+    return max([graph.initial_bytes, *applied_curve(graph, applied_step(graph, plan, scanned, as_planned))])
+
+
+def applied_curve(graph: Graph, step: "AppliedStep") -> list[int]:
+    """The bytes live at each computation of ``step`` (:func:`applied_step`), the
+    first entry before any (what the initial bytes are once the values nothing
+    reads are freed); :func:`applied_peak` is their most."""
     n = len(step.order)
     rises, frees = [0] * n, [0] * (n + 1)  # frees[-1]: before the first computation
     for copy, k in step.born.items():
@@ -98,12 +104,13 @@ def applied_peak(graph: Graph, plan: Plan, scanned: dict[str, set[int]] | None =
         node = graph.nodes[copy[0]]
         if copy not in step.housed and (copy[1] == "s" or not (node.output or node.persistent)):
             frees[k] += step.size[copy]
-    mem = peak = graph.initial_bytes - frees[-1]
+    mem = graph.initial_bytes - frees[-1]
+    curve = [mem]
     for k in range(n):
         mem += rises[k]
-        peak = max(peak, mem)
+        curve.append(mem)
         mem -= frees[k]
-    return max(peak, graph.initial_bytes)
+    return curve
 
 
 @dataclass(frozen=True)
