@@ -63,15 +63,10 @@ import math
 from dataclasses import dataclass
 
 from ..graph import Graph
-from ..importers.jaxpr.cost import fusible, fusion_consumer
+from ..importers.jaxpr.cost import EXPENSIVE, fusible, fusion_consumer
 from ..plan import COMPUTE, OFFLOAD, Plan
 from .jax_policy import residual_fates, unwritten_recomputed, unwritten_residuals
 
-# Elementwise ops XLA's fusion does not compute again in each of several readers (its IsExpensive:
-# transcendentals and divisions); it writes them once (keras gemma, greedy at 0.8: a recomputed softmax exp
-# read by three backward kernels is an 8 KiB buffer at XLA's peak).
-EXPENSIVE = frozenset({"exp", "exp2", "expm1", "log", "log1p", "tanh", "logistic", "sqrt", "rsqrt", "cbrt", "pow",
-                       "div", "rem", "erf", "erfc", "erf_inv", "sin", "cos", "tan", "atan2"})
 # Kernels that read their operands as whole buffers in memory (XLA's CPU library calls), never fusing a slice.
 LIBRARY_CALLS = frozenset({"dot_general", "conv_general_dilated"})
 # The gradients of a stacked argument's slices XLA writes with a dot: a dot's, or its transpose's, which XLA folds

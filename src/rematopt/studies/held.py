@@ -14,11 +14,10 @@ The plan is made as the first round makes it (:mod:`.first_round`: the
 budget a share of the graph's no-remat peak, moved up while the planner
 finds none; cpsat on CP-SAT's deterministic clock); ``once`` applies it with
 ``as_planned=False``. Found with it (flax_linen, cpsat at 0.8, as planned;
-docs/xla.md): XLA's peak kernel runs where the plan has it, but it holds
-66 KB more than the applied step there, because a tie read a backward
-kernel XLA does not write (a fused chain of 24 equations): each tie computes
-one element of it from the chain's operands, which live until the last tie,
-and the chain's own kernel is anchored nowhere (it ran at the step's end).
+docs/xla.md): XLA's peak kernel where the plan has it, holding 66 KB more
+than the applied step there: ties that read a value XLA computes again
+inside them from its operands, which then live until the tie, and a
+reduction the rolled backward pass ran at the step's end.
 """
 
 from __future__ import annotations
@@ -41,6 +40,7 @@ class Held:
     peak_kernel: str              # the kernel XLA's live peak falls at
     peak_position: int | None     # its place in the applied step's order (None: no node of the plan's)
     applied_there: int            # the applied step's bytes live at that place
+    housed: dict[str, int]        # of the temporaries there, the bytes in the outputs' allocations: "xla", "applied"
     out_of_order: list[dict[str, Any]] = field(default_factory=list)  # the fewest backward kernels XLA moved
     nodes: list[dict[str, Any]] = field(default_factory=list)         # per node: bytes held at XLA's peak, both ways
 
@@ -106,24 +106,30 @@ def compare(step, graph, plan, as_planned: bool = True) -> Held:
     peak = peak if isinstance(peak, int) else next(p for p, i in enumerate(module.schedule) if i.name == peak)
     k = next((placed[p] for p in range(peak, -1, -1) if p in placed), None)
     xla_bytes: dict[tuple, int] = {}
+    unnamed: dict[str, list[str]] = {}  # the buffers of no node's, as "instruction (op_name)"
     for b in memory.live:
         if b.kind == "temp" or b.holds is not None:
             inst = module.by_name.get((b.holds or b).instruction)
             key = (node(inst), "b" if backward(inst) else "f") if inst is not None else (None, "f")
             xla_bytes[key] = xla_bytes.get(key, 0) + (b.holds or b).bytes
+            if key[0] is None:
+                x = b.holds or b
+                unnamed.setdefault(key[1], []).append(f"{x.instruction} {x.bytes} B ({x.op_name})")
     applied_bytes: dict[tuple, int] = {}
+    housed = {"xla": sum(b.holds.bytes for b in memory.live if b.holds is not None), "applied": 0}
     if k is not None:
         for c, born in run.born.items():
             if born <= k <= run.last.get(c, born) and born >= 0 and run.size[c]:
                 key = (c[0], "b" if c[1][0] == "b" else "f")
                 applied_bytes[key] = applied_bytes.get(key, 0) + run.size[c]
-    rows = [{"node": u, "name": graph.nodes[u].name if u is not None else None, "copy": c,
-             "xla": xla_bytes.get((u, c), 0), "applied": applied_bytes.get((u, c), 0)}
+                housed["applied"] += run.size[c] if c in run.housed else 0
+    rows = [{"node": u, "name": graph.nodes[u].name if u is not None else ", ".join(sorted(unnamed.get(c, []))),
+             "copy": c, "xla": xla_bytes.get((u, c), 0), "applied": applied_bytes.get((u, c), 0)}
             for u, c in set(xla_bytes) | set(applied_bytes)]
     rows.sort(key=lambda r: (-(r["xla"] - r["applied"]), str(r["name"])))
     return Held(xla_peak=xla_peak(compiled)[0], predicted=max([graph.initial_bytes, *curve]),
                 peak_kernel=memory.peak_instruction, peak_position=k,
-                applied_there=curve[k + 1] if k is not None else 0, out_of_order=out_of_order,
+                applied_there=curve[k + 1] if k is not None else 0, housed=housed, out_of_order=out_of_order,
                 nodes=[r for r in rows if r["xla"] != r["applied"]])
 
 
@@ -176,7 +182,8 @@ def plan_for(graph, planner: str, ratio: float):
 def report(held: Held, top: int = 25) -> str:
     lines = [f"XLA {held.xla_peak:,} B, predicted {held.predicted:,} B ({held.predicted / held.xla_peak:.3f}); "
              f"XLA's peak at {held.peak_kernel}, the applied step's position {held.peak_position} "
-             f"({held.applied_there:,} B there)",
+             f"({held.applied_there:,} B there); temporaries housed in the outputs' allocations there: XLA "
+             f"{held.housed['xla']:,} B, the applied step {held.housed['applied']:,} B",
              f"{len(held.out_of_order)} backward kernels XLA ran out of the plan's order (the fewest it moved):"]
     lines += [f"  #{r['xla_position']} {r['kernel']} (node {r['node']}, the plan's computation {r['plan_position']})"
               for r in held.out_of_order[:top]]

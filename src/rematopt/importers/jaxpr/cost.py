@@ -21,6 +21,13 @@ from .flatten import Const, Eqn, Flat, aval_bytes
 from .primitives import ELEMENTWISE, KNOWN, LAYOUT, REDUCTIONS, TAGS, guess_kind
 
 
+# Elementwise ops XLA's fusion does not compute again in each of several readers (its IsExpensive:
+# transcendentals and divisions); it writes them once (keras gemma, greedy at 0.8: a recomputed softmax exp
+# read by three backward kernels is an 8 KiB buffer at XLA's peak).
+EXPENSIVE = frozenset({"exp", "exp2", "expm1", "log", "log1p", "tanh", "logistic", "sqrt", "rsqrt", "cbrt", "pow",
+                       "div", "rem", "erf", "erfc", "erf_inv", "sin", "cos", "tan", "atan2"})
+
+
 def fusible(op: str) -> bool:
     """A cheap equation XLA would fuse into its consumer."""
     return op in ELEMENTWISE or op in LAYOUT
