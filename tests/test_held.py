@@ -42,6 +42,6 @@ def test_a_plan_on_mlp_set_beside_xla():
 
 
 def test_bad_input_is_one_line_and_status_2():
-    for args in (["nosuch", "greedy", "0.6"], ["mlp"]):
+    for args in (["nosuch", "greedy", "0.6"], ["mlp"], ["mlp", "greedy", "half"]):
         run = held(*args)
         assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr

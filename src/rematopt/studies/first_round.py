@@ -48,6 +48,26 @@ def cpsat_limits(deterministic_time: float | None = CPSAT_DETERMINISTIC_S,
     return {"deterministic_time": deterministic_time, "time_limit": time_limit or CPSAT_WALL_S, "workers": 1}
 
 
+def first_plan(graph, planner: str, ratio: float, opts: dict[str, Any]):
+    """The plan the loop's first round makes: at ``ratio`` of the graph's no-remat peak, the budget
+    moved halfway up to it (:data:`TRIES` times) while the planner finds none. Returns the solution
+    (None: none found) and the planning budget it was found at."""
+    from ..reference import no_remat_peak
+    from ..solve import solve
+
+    g0 = no_remat_peak(graph)
+    b = int(g0 * ratio)
+    for _ in range(TRIES):
+        try:
+            sol = solve(graph, planner, budget=b, **opts)
+        except BudgetError:
+            sol = None
+        if sol is not None and sol.has_plan:
+            return sol, b
+        b = (b + g0) // 2
+    return None, b
+
+
 def rows(name: str, planners: tuple[str, ...], ratios: tuple[float, ...],
          limits: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """One record per (planner, ratio) for model ``name``; ``limits``: the options of a planner that
@@ -58,7 +78,6 @@ def rows(name: str, planners: tuple[str, ...], ratios: tuple[float, ...],
     from ..exporters.jax_applied import applied_peak, scanned_nodes
     from ..jax import apply_plan
     from ..reference import no_remat_peak
-    from ..solve import solve
     from ..xla.factory import load_step, plan_graphs
     from ..xla.hlo import parse_hlo
     from ..xla.kernels import step_flops
@@ -84,16 +103,8 @@ def rows(name: str, planners: tuple[str, ...], ratios: tuple[float, ...],
             for graph in graphs:
                 where = "compiled" if graph.meta.get("fuse") == "xla" else "traced"
                 g0 = no_remat_peak(graph)
-                b, sol = int(g0 * ratio), None
-                for _ in range(TRIES):
-                    try:
-                        sol = solve(graph, planner, budget=b, **opts)
-                    except BudgetError:
-                        sol = None
-                    if sol is not None and sol.has_plan:
-                        break
-                    b = (b + g0) // 2
-                if sol is None or not sol.has_plan:
+                sol, b = first_plan(graph, planner, ratio, opts)
+                if sol is None:
                     rec.update(graph=where, error="no plan")
                     break
                 try:

@@ -22,6 +22,7 @@ reduction the rolled backward pass ran at the step's end.
 
 from __future__ import annotations
 
+import bisect
 import json
 import sys
 import warnings
@@ -106,7 +107,7 @@ def compare(step, graph, plan, as_planned: bool = True) -> Held:
     peak = peak if isinstance(peak, int) else next(p for p, i in enumerate(module.schedule) if i.name == peak)
     k = next((placed[p] for p in range(peak, -1, -1) if p in placed), None)
     xla_bytes: dict[tuple, int] = {}
-    unnamed: dict[str, list[str]] = {}  # the buffers of no node's, as "instruction (op_name)"
+    unnamed: dict[str, list[str]] = {}  # the buffers of no node's, as "instruction bytes B (op_name)"
     for b in memory.live:
         if b.kind == "temp" or b.holds is not None:
             inst = module.by_name.get((b.holds or b).instruction)
@@ -136,8 +137,6 @@ def compare(step, graph, plan, as_planned: bool = True) -> Held:
 def _in_order(xs: list[int]) -> set[int]:
     """The indices of a longest non-decreasing run through ``xs`` (patience sorting): the kernels
     left in the plan's order, so the rest are the fewest XLA moved."""
-    import bisect
-
     tails: list[int] = []
     ends: list[int] = []
     back = [-1] * len(xs)
@@ -157,26 +156,12 @@ def _in_order(xs: list[int]) -> set[int]:
 
 
 def plan_for(graph, planner: str, ratio: float):
-    """The first round's plan (:func:`.first_round.rows`): the budget moved up toward the no-remat
-    peak while the planner finds none."""
+    """The first round's plan (:func:`.first_round.first_plan`), or None."""
     from .. import planners as registry
-    from ..errors import BudgetError
-    from ..reference import no_remat_peak
-    from ..solve import solve
-    from .first_round import TRIES, cpsat_limits
+    from .first_round import cpsat_limits, first_plan
 
-    opts = cpsat_limits() if "time_limit" in registry.options(planner) else {}
-    g0 = no_remat_peak(graph)
-    b = int(g0 * ratio)
-    for _ in range(TRIES):
-        try:
-            sol = solve(graph, planner, budget=b, **opts)
-        except BudgetError:
-            sol = None
-        if sol is not None and sol.has_plan:
-            return sol.plan
-        b = (b + g0) // 2
-    return None
+    sol, _ = first_plan(graph, planner, ratio, cpsat_limits() if "time_limit" in registry.options(planner) else {})
+    return None if sol is None else sol.plan
 
 
 def report(held: Held, top: int = 25) -> str:
@@ -200,7 +185,12 @@ def main(argv: list[str]) -> int:
     from ..xla.factory import load_step, plan_graphs
     from .closed_loop import MODELS
 
-    name, planner, ratio = args[0], args[1], float(args[2])
+    name, planner = args[0], args[1]
+    try:
+        ratio = float(args[2])
+    except ValueError:
+        print(f"held: RATIO must be a number, not {args[2]!r}", file=sys.stderr)
+        return 2
     if name not in MODELS:
         print(f"held: unknown model {name!r} (one of {', '.join(MODELS)})", file=sys.stderr)
         return 2
