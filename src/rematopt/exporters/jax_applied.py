@@ -514,7 +514,8 @@ def _housed(graph: Graph, born: dict, last: dict, operands: dict, size: dict, en
     gradients' allocations, all written before the copies). The dots' results in ``stacked``
     (``{node: the caller's leaf}``: gradients of a stacked argument's slices) share one allocation per
     leaf, which XLA writes when it stacks them at the step's end (equinox_lm, greedy at 0.8: an
-    allocation per slice housed the forward pass's dots, applied peak 0.912 of XLA's figure; 0.998)."""
+    allocation per slice housed the forward pass's dots, applied peak 0.912 of XLA's figure; 0.998).
+    A value of several buffers (``extra.pieces``) is housed nowhere: the rule takes one buffer at a time."""
     from ..xla.memory import cpu_allocations
 
     def allocation_of(c: tuple[int, str]):
@@ -529,7 +530,8 @@ def _housed(graph: Graph, born: dict, last: dict, operands: dict, size: dict, en
         written[a] = min(written.get(a, end), copied[c] if a != c else born[c])
     if not outputs:
         return set()
-    temps = {c: (k, copied.get(c, last[c])) for c, k in born.items() if k >= 0 and c not in outputs}
+    temps = {c: (k, copied.get(c, last[c])) for c, k in born.items()
+             if k >= 0 and c not in outputs and "pieces" not in (graph.nodes[c[0]].extra or {})}
     shares = {c: [o for o in operands.get(c, []) if o in temps and last[o] == born[c] and size[o] == size[c]]
               for c in temps}
     return cpu_allocations(temps, shares, outputs, written, {**size, **outputs}, end, operands, {**born, **written})

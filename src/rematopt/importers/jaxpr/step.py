@@ -54,6 +54,7 @@ class Step:
     scratch: list = field(default_factory=list)
     stored: frozenset[int] = frozenset()  # the values XLA's kernels write
     written: dict[int, int] = field(default_factory=dict)  # bytes of the buffer XLA writes per equation
+    pieces: dict[int, int] = field(default_factory=dict)   # of those, the ones written as several (.compiled._pieces): how many
     # fuse="xla" on CPU: equations whose buffer, and scratch instructions, XLA houses in an output's allocation
     housed: frozenset[int] = frozenset()
     housed_scratch: frozenset[str] = frozenset()
