@@ -72,11 +72,7 @@ def compare(step, graph, plan, as_planned: bool = True) -> Held:
 
     traced = trace_step(step.fn, step.args, step.argnums, "xla", bool(graph.meta.get("unroll", False)), None,
                         graph.meta.get("groups"))
-    node_of: dict[int, int] = {}
-    for g, members in enumerate(traced.groups):
-        for k in members:
-            node_of.setdefault(k, traced.node_of_group(g))
-        node_of[members[-1]] = traced.node_of_group(g)
+    node_of = traced.nodes_of_equations()
 
     def node(inst) -> int | None:
         k = equation_of(inst.metadata.op_name)

@@ -467,16 +467,12 @@ def xla_memory(step: Step, nodes: list, edges: list[tuple[int, int]]) -> list[in
             nodes[step.node_of_group(i)].bytes = step.written[g[-1]]
             if g[-1] in step.pieces:
                 nodes[step.node_of_group(i)].extra["pieces"] = step.pieces[g[-1]]
-    node_of = {g[-1]: step.node_of_group(i) for i, g in enumerate(step.groups)}
-    member_of: dict[int, int] = {}
-    for i, g in enumerate(step.groups):
-        for k in g:
-            member_of.setdefault(k, step.node_of_group(i))
+    node_of = step.nodes_of_equations()
     where = {step.node_of_group(i): step.positions.get(g[-1]) for i, g in enumerate(step.groups)}
     at = {nid: t for t, nid in enumerate(base)}
     before: dict[int, list[int]] = {}
     for instruction, nbytes, first, reader in step.scratch:
-        succ = node_of.get(reader, member_of.get(reader)) if reader is not None else None
+        succ = node_of.get(reader) if reader is not None else None
         if succ is None:
             continue
         slot = next((t for t in range(step.n_inputs, at[succ]) if (where.get(base[t]) or 0) >= first), at[succ])

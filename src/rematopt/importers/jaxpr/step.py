@@ -83,6 +83,16 @@ class Step:
     def node_of_group(self, g: int) -> int:
         return self.n_inputs + g
 
+    def nodes_of_equations(self) -> dict[int, int]:
+        """equation index -> the node standing for it: the node of the group it heads, else of the
+        first group holding it (an equation fused into several kernels is in each one's group)."""
+        out: dict[int, int] = {}
+        for g, members in enumerate(self.groups):
+            for k in members:
+                out.setdefault(k, self.node_of_group(g))
+        out.update((members[-1], self.node_of_group(g)) for g, members in enumerate(self.groups))
+        return out
+
     def producers(self) -> dict[int, int]:
         """value id -> node id of the node producing it (a view: its root's node)."""
         prod = {v: i for i, v in enumerate(self.arg_ids)}
