@@ -591,8 +591,10 @@ def _evaluate_tied(eqns: Sequence, env: dict, last: Any, cheap: set = frozenset(
     float product converted (bits computed again from their key alone were the
     forward pass's to XLA's CSE, which held those to the backward pass; tying
     every integer, kept bits too, made XLA write their xor where its readers had
-    computed it: keras_gpt2, cpsat at 0.8, 288,172 B against 304,140 predicted). The smallest operand, because a library call (a convolution, a dot)
-    cannot fuse the add and reads a copy: the weight's, not the activation's.
+    computed it: keras_gpt2, cpsat at 0.8, 288,172 B against 304,140
+    predicted). The smallest operand, because a library call (a convolution,
+    a dot) cannot fuse the add and reads a copy: the weight's, not the
+    activation's.
     Only on CPU: GPU XLA keeps barriers until scheduling. ``cheap``: values
     XLA may compute again inside each kernel reading them (elementwise, not
     :data:`~rematopt.importers.jaxpr.cost.EXPENSIVE`), tied only where no other
@@ -616,10 +618,10 @@ def _evaluate_tied(eqns: Sequence, env: dict, last: Any, cheap: set = frozenset(
         if any(env[r] is last for r in reads):  # it reads the value itself
             tied.update(reads)
         if s is not None and not tied.intersection(reads):
-            floats = [r for r in reads if _kind(env[r]) == "f"] or [
+            operands = [r for r in reads if _kind(env[r]) == "f"] or [
                 r for r in reads if _kind(env[r]) in "iu" and e.prim.name in KEYED]
-            if floats:
-                r = min(floats, key=lambda r: (np.size(env[r]), r in cheap))
+            if operands:
+                r = min(operands, key=lambda r: (np.size(env[r]), r in cheap))
                 with jax.named_scope(TIE):  # names what XLA writes for the tie alone (``apply_plan(scopes=True)``)
                     zero = s.astype(env[r].dtype) * 0 if _kind(env[r]) == "f" else (s * 0).astype(env[r].dtype)
                     env[r] = env[r] + zero

@@ -248,9 +248,10 @@ def _operand_kernels(comp, inst) -> set[str]:
 def _pieces(step: Step, module, by_eqn: dict[int, list], housed: set) -> dict[int, list]:
     """Per equation of one result, the buffers that are parts of its value beside the one its node
     stands for: written by a kernel that reads none of the equation's buffers (not a copy), dying
-    where that one dies, neither housed in an output's allocation. Threefry's halves of random bits
-    are: XLA's readers of the bits each compute them from both halves, so a kept mask holds
-    both (keras_gpt2, cpsat at 0.8: seven masks held at twice their bytes at XLA's peak)."""
+    where that one dies, neither housed in an output's allocation (the plain step's figure needs a
+    housed one apart). Threefry's halves of random bits are: XLA's readers of the bits each compute
+    them from both halves, so a kept mask holds both (keras_gpt2, cpsat at 0.8: seven masks held at
+    twice their bytes at XLA's peak)."""
     entry = module.entry
     out: dict[int, list] = {}
     for k, bufs in by_eqn.items():
