@@ -5,7 +5,10 @@ does, while the planner finds none), its own peak, the peak of the step
 ``apply_plan`` runs (:func:`~rematopt.exporters.jax_applied.applied_peak`,
 the loop's prediction), and XLA's figures for the compiled step in the
 plan's order and in XLA's (``ordered=False``): how far the prediction is
-off before the loop corrects it. FLOPs count each loop body times its trip
+off before the loop corrects it. A plan that computes a value twice is
+also applied, predicted and compiled with each value computed once
+(``apply_plan(..., as_planned=False)``; ``*_once``), as the loop's round
+compiles it: the round goes on from the smaller of the two. FLOPs count each loop body times its trip
 count (:func:`~rematopt.xla.kernels.step_flops`; XLA's ``cost_analysis()``
 counts a scanned step's body once). Run from a checkout
 (models/ is imported), on CPU under the memory-minimizing scheduler:
@@ -76,6 +79,7 @@ def rows(name: str, planners: tuple[str, ...], ratios: tuple[float, ...],
 
     from .. import planners as registry
     from ..exporters.jax_applied import applied_peak, scanned_nodes
+    from ..exporters.jax_policy import computes_twice
     from ..jax import apply_plan
     from ..reference import no_remat_peak
     from ..xla.factory import load_step, plan_graphs
@@ -113,6 +117,11 @@ def rows(name: str, planners: tuple[str, ...], ratios: tuple[float, ...],
                         applied = apply_plan(fn, graph, sol.plan)
                         c, flops = compile_figures(applied)
                         free, free_flops = compile_figures(apply_plan(fn, graph, sol.plan, ordered=False))
+                        if computes_twice(graph, sol.plan):  # the loop's round compiles it computed once too
+                            once = apply_plan(fn, graph, sol.plan, as_planned=False)
+                            rec.update(zip(("xla_once", "flops_once"), compile_figures(once)),
+                                       applied_peak_once=applied_peak(graph, sol.plan, scanned_nodes(once.loops),
+                                                                      as_planned=False))
                 except Exception as e:  # noqa: BLE001 - as the loop does: a plan that does not apply, the traced graph
                     rec["apply_error"] = f"{type(e).__name__}: {e}"[:200]
                     continue
@@ -128,17 +137,20 @@ def rows(name: str, planners: tuple[str, ...], ratios: tuple[float, ...],
 
 def markdown(records: list[dict[str, Any]]) -> str:
     head = ("| model | planner | ratio | graph | plan peak / XLA, XLA's order | applied peak / XLA, plan's order "
+            "| the same, each value computed once (XLA / plain) "
             "| XLA / plain: XLA's order, plan's | FLOPs vs plain, loop bodies x trips: XLA's order, plan's |\n"
-            "|---|---|---:|---|---:|---:|---:|---:|\n")
+            "|---|---|---:|---|---:|---:|---:|---:|---:|\n")
     lines = []
     for r in records:
         if "xla" not in r:
             lines.append(f"| {r['model']} | {r['planner']} | {r['ratio']} | {r.get('graph', '')} | "
-                         f"{r.get('error', r.get('apply_error', ''))} | | | |")
+                         f"{r.get('error', r.get('apply_error', ''))} | | | | |")
             continue
         near = lambda x: f"**{x:.3f}**" if abs(x - 1) <= 0.05 else f"{x:.3f}"  # noqa: E731
         lines.append(f"| {r['model']} | {r['planner']} | {r['ratio']} | {r['graph']} | "
                      f"{near(r['plan_peak'] / r['xla_unordered'])} | {near(r['applied_peak'] / r['xla'])} | "
+                     + (f"{near(r['applied_peak_once'] / r['xla_once'])} ({r['xla_once'] / r['xla_plain']:.3f}) | "
+                        if "xla_once" in r else "- | ") +
                      f"{r['xla_unordered'] / r['xla_plain']:.3f}, {r['xla'] / r['xla_plain']:.3f} | "
                      f"{100 * (r['flops_unordered'] / r['plain_flops'] - 1):+.1f}%, "
                      f"{100 * (r['flops'] / r['plain_flops'] - 1):+.1f}% |")
@@ -165,9 +177,12 @@ if __name__ == "__main__":
     flags.apply(flags.CPU_VERIFY)  # before the backend starts
     chosen, names = arguments(sys.argv[2:])
     limits = cpsat_limits(chosen["deterministic_time"], chosen["time_limit"])
+    records = []
     with Path(sys.argv[1]).open("a") as f:
         for name in names:
             for rec in rows(name, chosen["planners"], chosen["ratios"], limits):
                 print(json.dumps(rec), file=sys.stderr, flush=True)
                 f.write(json.dumps(rec) + "\n")
                 f.flush()
+                records.append(rec)
+    print(markdown(records))
