@@ -20,11 +20,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from xla_steps import SCHEDULER_FLAG  # noqa: E402
 
 STEP = """
-import json, re
+import json
+from collections import Counter
 import jax, jax.numpy as jnp, numpy as np
 from rematopt.exporters.jax_applied import applied_peak
-from rematopt.importers.jaxpr.flatten import aval_bytes
 from rematopt.jax import apply_plan, trace_grad
+from rematopt.plan import COMPUTE
 from rematopt.reference import no_remat_peak
 from rematopt.solve import solve
 from rematopt.xla.verify import xla_peak
@@ -52,6 +53,7 @@ def loops(compiled):  # XLA's threefry loops over the bits' two (32, 64) halves,
 plain = jax.jit(jax.value_and_grad(loss)).lower(*args).compile()
 bits = [v for v in g.nodes if v.op == "random_bits"]
 sol = solve(g, "greedy", budget_ratio=0.9)
+computed = Counter(i for o, i in zip(sol.plan.ops.tolist(), sol.plan.nodes.tolist()) if o == COMPUTE)
 applied = jax.jit(jax.value_and_grad(apply_plan(loss, g, sol.plan))).lower(*args).compile()
 want = jax.value_and_grad(loss)(*args)[1]
 got = jax.jit(jax.value_and_grad(apply_plan(loss, g, sol.plan)))(*args)[1]
@@ -59,8 +61,7 @@ print(json.dumps({
     "bits": [[v.bytes, v.extra.get("pieces"), v.extra["aval"]] for v in bits],
     "halves": [v.bytes for v in g.nodes if v.op == "xla_buffer" and v.bytes == 8192],
     "plain loops": loops(plain), "graph": no_remat_peak(g), "plain xla": xla_peak(plain)[0],
-    "recomputed": sorted(v.name for v in g.nodes if v.id in set(sol.plan.nodes.tolist())
-                         and sum(1 for i in sol.plan.nodes.tolist() if i == v.id) > 2 and v.op == "random_bits"),
+    "recomputed": sorted(v.name for v in bits if computed[v.id] > 1),
     "plan": sol.replay.peak_bytes, "applied": applied_peak(g, sol.plan), "xla": xla_peak(applied)[0],
     "loops": loops(applied),
     "same gradients": all(float(np.abs(a - b).max()) <= 1e-5 * float(np.abs(a).max())  # jit reassociates sums

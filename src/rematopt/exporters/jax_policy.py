@@ -618,12 +618,13 @@ def _evaluate_tied(eqns: Sequence, env: dict, last: Any, cheap: set = frozenset(
         if any(env[r] is last for r in reads):  # it reads the value itself
             tied.update(reads)
         if s is not None and not tied.intersection(reads):
-            operands = [r for r in reads if _kind(env[r]) == "f"] or [
-                r for r in reads if _kind(env[r]) in "iu" and e.prim.name in KEYED]
+            kind = {r: _kind(env[r]) for r in reads}
+            operands = [r for r in reads if kind[r] == "f"] or [
+                r for r in reads if kind[r] in "iu" and e.prim.name in KEYED]
             if operands:
                 r = min(operands, key=lambda r: (np.size(env[r]), r in cheap))
                 with jax.named_scope(TIE):  # names what XLA writes for the tie alone (``apply_plan(scopes=True)``)
-                    zero = s.astype(env[r].dtype) * 0 if _kind(env[r]) == "f" else (s * 0).astype(env[r].dtype)
+                    zero = s.astype(env[r].dtype) * 0 if kind[r] == "f" else (s * 0).astype(env[r].dtype)
                     env[r] = env[r] + zero
                 tied.add(r)
         evaluate([e], env)
