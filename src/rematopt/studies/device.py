@@ -1333,6 +1333,9 @@ def main(argv: list[str]) -> int:
 
         from .. import jax as _  # noqa: F401 - rematopt's JAX front end, which every row uses
     if spec.get("serve"):  # one variant of the timing rounds, answering time_steps line by line
+        from ..xla.machine import isolate_steps
+
+        isolate_steps()
         serve(spec)
         return 0
     if spec.get("probe"):

@@ -21,6 +21,7 @@ kernel zero-fills every page of it on first touch, :func:`rematopt.xla.cost.step
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import resource
 import statistics
@@ -117,16 +118,42 @@ REFERENCE = Machine(flops_per_s=77.9e9, dot_flops_per_s=25.8e9, vector_flops_per
                     strided_miss_s=1.4e-9, serial_product_s=2.38e-9)
 
 
-def off_main_thread(run: Callable[[], object]) -> object:
-    """``run()`` on one fresh thread, with JAX's CPU dispatch synchronous, so every step it runs
-    executes on that thread: the page faults of :func:`rematopt.xla.cost.step_faults` are those of a
-    thread with an allocation arena of its own. Left to JAX, a step runs on its dispatch thread or,
-    now and then, on the calling (main) thread, whose arena gives memory back differently: quick gpt's
-    per-layer nothing_saveable step faulted 44,897 pages a step on the first, 36,705 on the second
-    (one run of the suite under load saw the second)."""
+# glibc gives a thread an arena of its own until there are more than eight, then (with the bench's one
+# core) at most eight, and a thread past them shares one, the main thread's first: quick gpt's per-layer
+# step then gave back less scratch (36,725 faults a step against 44,897, beside six other threads that
+# had allocated). mallopt's M_ARENA_MAX raises the limit while the process has few threads yet.
+M_ARENA_MAX, ARENAS = -8, 256
+
+
+def isolate_steps() -> None:
+    """Have JAX's CPU client run each step on the thread that calls it rather than on its dispatch
+    thread, and each thread allocate from an arena of its own (:data:`ARENAS`): a step's page faults
+    are then those :func:`rematopt.xla.cost.step_faults` predicts for the thread :func:`off_main_thread`
+    gives it. The client reads the dispatch setting once, when JAX starts a backend, so this runs
+    before: set later it changed nothing, and quick gpt's per-layer nothing_saveable step ran on the
+    dispatch thread (44,897 faults a step) or, in one CI run under load, on a shared arena (36,738)."""
     import jax
 
+    from .flags import backend_started
+
+    if jax.config.values["jax_cpu_enable_async_dispatch"] and backend_started():
+        raise RuntimeError("isolate_steps: JAX has started a backend with asynchronous CPU dispatch; "
+                           "call it before anything runs on JAX")
     jax.config.update("jax_cpu_enable_async_dispatch", False)
+    try:
+        ctypes.CDLL(None).mallopt(M_ARENA_MAX, ARENAS)
+    except AttributeError:  # not glibc
+        pass
+
+
+def off_main_thread(run: Callable[[], object]) -> object:
+    """``run()`` on one fresh thread, where each step it runs executes (:func:`isolate_steps`, which
+    must have run): the page faults of :func:`rematopt.xla.cost.step_faults` are those of a thread with
+    an allocation arena of its own, as the bench runs steps."""
+    import jax
+
+    if jax.config.values["jax_cpu_enable_async_dispatch"]:
+        raise RuntimeError("off_main_thread: JAX's CPU dispatch is asynchronous; call isolate_steps() first")
     out: list[object] = []
     failed: list[BaseException] = []
 
