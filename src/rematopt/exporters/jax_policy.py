@@ -228,6 +228,7 @@ def apply_plan(loss_fn: Callable, graph: Graph, plan: Plan, scan: bool = True, o
     fuse = fuse if fuse == "xla" else bool(fuse)
     groups = graph.meta.get("groups") if fuse == "xla" else None  # as traced: no second compile
     unroll = bool(graph.meta.get("unroll", False))  # graphs from before unrolling existed were not unrolled
+    copied = frozenset(graph.meta.get("xla", {}).get("weight_copies", ()))
     built: dict[Any, Callable] = {}
 
     @functools.wraps(loss_fn)
@@ -240,7 +241,7 @@ def apply_plan(loss_fn: Callable, graph: Graph, plan: Plan, scan: bool = True, o
             if scopes:
                 for k, e in enumerate(step.flat.eqns):
                     e.scope = f"{TAG}{k}"
-            built[key], planned.loops = _planned_step(step, fates, scan, ordered, as_planned and fates.exact)
+            built[key], planned.loops = _planned_step(step, fates, scan, ordered, as_planned and fates.exact, copied)
             for note in planned.loops:
                 if scan and not note.rolled:
                     warnings.warn(UnrolledLoop(f"apply_plan: {graph.name}: {note.describe()}"), stacklevel=2)
@@ -269,10 +270,12 @@ def check_matches(step: Step, graph: Graph) -> None:
 
 
 def _planned_step(step: Step, fates: Fates, scan: bool = True, ordered: bool = True,
-                  exact: bool = False) -> tuple[Callable, list[LoopNote]]:
+                  exact: bool = False, copied: frozenset[int] = frozenset()) -> tuple[Callable, list[LoopNote]]:
     """The custom_vjp function over the caller's flat argument leaves, and
     what became of the program's loops (:mod:`.jax_loops`); ``exact``: every
-    computation of the plan's backward pass (:attr:`Fates.exact`)."""
+    computation of the plan's backward pass (:attr:`Fates.exact`); ``copied``:
+    the equations whose kernels read a copy XLA makes of a weight
+    (:func:`~rematopt.importers.jaxpr.compiled.weight_copies`)."""
     flat = step.flat
     eqns = flat.eqns
     prod = step.producers()
@@ -420,11 +423,14 @@ def _planned_step(step: Step, fates: Fates, scan: bool = True, ordered: bool = T
     cheap = {v for e in eqns for v in e.outs if fusible(e.prim.name) and e.prim.name not in EXPENSIVE} \
         if exact else set()
 
+    diff = {v for v, d in zip(step.arg_ids, step.diff_leaves) if d}
+    weights = {eqns[k].outs[0]: diff.intersection(eqns[k].ins) for k in copied}
+
     def run_backward(u: Unit, env: dict, last: Any) -> Any:
         if u.recompute:
             ins = unit_inputs(u)
             barred, pin = jax.lax.optimization_barrier(([env[v] for v in ins], last))
-            made = _evaluate_tied(u.eqns, dict(zip(ins, barred)), pin, cheap)
+            made = _evaluate_tied(u.eqns, dict(zip(ins, barred)), pin, cheap, weights)
             env.update((v, made[v]) for e in u.eqns for v in e.outs)
             return last
         if kernels:  # the kernel's root reads the value before it: XLA runs the plan's order (_evaluate_tied)
@@ -575,7 +581,7 @@ def _first_reader_order(group_of: dict, phase_of: dict, recompute: dict, inputs_
 TIE = "tie"  # the scope of the tie's add in the compiled step's op_names
 
 
-def _evaluate_tied(eqns: Sequence, env: dict, last: Any, cheap: set = frozenset()) -> dict:
+def _evaluate_tied(eqns: Sequence, env: dict, last: Any, cheap: set = frozenset(), weights: dict | None = None) -> dict:
     """Evaluate a recomputed region's equations, each made to read ``last``.
 
     XLA's CPU pipeline expands every optimization barrier away before CSE and
@@ -601,7 +607,13 @@ def _evaluate_tied(eqns: Sequence, env: dict, last: Any, cheap: set = frozenset(
     operand of the same size is there: XLA computes ``x + 0 * last[0]`` of one
     from its operands, which then live until the tie (flax_linen at its instance
     config, the first round's cpsat plan at 0.8 as planned: 504,828 B, tying
-    other operands 480,252 B, 438,156 predicted).
+    other operands 480,252 B, 438,156 predicted). ``weights``: per dot or
+    convolution whose kernel reads a copy XLA makes of a weight (its first
+    result), the differentiated arguments it reads, tied even where its other
+    operand is: XLA's CSE merged the copy of an untied weight with the forward
+    pass's, which then lived to the backward pass (keras_gemma at its instance
+    config, the first round's cpsat plan at 0.5 as planned: five such copies at
+    XLA's peak, 221,124 B against 203,276 predicted; tied, 198,596 B).
 
     A backward kernel's root is tied the same way (``fuse="xla"`` graphs), so
     XLA's scheduler cannot run the backward pass in an order of its own, in
@@ -626,6 +638,11 @@ def _evaluate_tied(eqns: Sequence, env: dict, last: Any, cheap: set = frozenset(
                 with jax.named_scope(TIE):  # names what XLA writes for the tie alone (``apply_plan(scopes=True)``)
                     zero = s.astype(env[r].dtype) * 0 if kind[r] == "f" else (s * 0).astype(env[r].dtype)
                     env[r] = env[r] + zero
+                tied.add(r)
+        for r in sorted((weights or {}).get(e.outs[0], ())) if s is not None else ():
+            if r not in tied:
+                with jax.named_scope(TIE):
+                    env[r] = env[r] + s.astype(env[r].dtype) * 0
                 tied.add(r)
         evaluate([e], env)
         if tied.intersection(reads):

@@ -315,6 +315,37 @@ def layout_copies(step: Step, module, producer: dict[int, int]) -> dict[int, int
     return out
 
 
+def weight_copies(step: Step, module) -> list[int]:
+    """The dots and convolutions whose kernels read an argument through a copy XLA makes of it: a
+    kernel no equation names that reads parameters alone (keras_gemma's query projection reads its
+    [n, d, h] weight as [d, n·h]). Where ``apply_plan`` computes one again it ties those arguments:
+    untied, XLA's CSE merged the recomputation's copy with the forward pass's, which then lived to
+    the backward pass (:func:`rematopt.exporters.jax_policy._evaluate_tied`)."""
+    from .primitives import MATMUL
+
+    entry = module.entry
+
+    def source(name: str):
+        x = entry.by_name.get(name)
+        while x is not None and x.opcode == "bitcast" and x.operands:
+            x = entry.by_name.get(x.operands[0])
+        return x
+
+    def copied(x) -> bool:
+        return (x is not None and x.opcode not in ("parameter", "constant") and bool(x.operands)
+                and equation_of(x.metadata.op_name) is None
+                and all(getattr(source(o), "opcode", None) == "parameter" for o in x.operands))
+
+    eqns = step.flat.eqns
+    out = set()
+    for inst in entry.instructions:
+        dots = {k for k in (equation_of(w.metadata.op_name) for w in _written(module, inst))
+                if k is not None and eqns[k].prim.name in MATMUL}
+        if dots and any(copied(source(o)) for o in inst.operands):
+            out |= dots
+    return sorted(out)
+
+
 def _is_copy(module, inst) -> bool:
     """A layout change: a ``copy``, or a fusion whose root is a copy of its one parameter."""
     if inst.opcode == "copy":
@@ -404,6 +435,7 @@ def compiled_groups(step: Step) -> tuple[list[list[int]], dict]:
                     for k, bufs in by_eqn.items() if len(eqns[k].outs) == 1}
     step.pieces = {k: 1 + len(found) for k, found in pieces.items()}
     step.layout_copied = layout_copies(step, module, producer)
+    info["weight_copies"] = weight_copies(step, module)
     if backend == "cpu":
         step.housed = frozenset(k for k, bufs in by_eqn.items()
                                 if (bufs[-1][0].instruction, bufs[-1][0].index) in housed)
