@@ -625,6 +625,13 @@ def _evaluate_tied(eqns: Sequence, env: dict, last: Any, cheap: set = frozenset(
     # GPU XLA keeps the barriers (H200, ../shared/gpu/), so the tie is only where they are expanded
     s = jax.numpy.ravel(last)[0] if getattr(last, "size", 0) and jax.default_backend() == "cpu" else None
     tied: set = set()
+
+    def tie(r, kind: str) -> None:
+        with jax.named_scope(TIE):  # names what XLA writes for the tie alone (``apply_plan(scopes=True)``)
+            zero = s.astype(env[r].dtype) * 0 if kind == "f" else (s * 0).astype(env[r].dtype)
+            env[r] = env[r] + zero
+        tied.add(r)
+
     for e in eqns:
         reads = [r for r in e.ins if not isinstance(r, Const)]
         if any(env[r] is last for r in reads):  # it reads the value itself
@@ -635,15 +642,10 @@ def _evaluate_tied(eqns: Sequence, env: dict, last: Any, cheap: set = frozenset(
                 r for r in reads if kind[r] in "iu" and e.prim.name in KEYED]
             if operands:
                 r = min(operands, key=lambda r: (np.size(env[r]), r in cheap))
-                with jax.named_scope(TIE):  # names what XLA writes for the tie alone (``apply_plan(scopes=True)``)
-                    zero = s.astype(env[r].dtype) * 0 if kind[r] == "f" else (s * 0).astype(env[r].dtype)
-                    env[r] = env[r] + zero
-                tied.add(r)
-        for r in sorted((weights or {}).get(e.outs[0], ())) if s is not None else ():
-            if r not in tied:
-                with jax.named_scope(TIE):
-                    env[r] = env[r] + s.astype(env[r].dtype) * 0
-                tied.add(r)
+                tie(r, kind[r])
+        if s is not None and weights:
+            for r in sorted(weights.get(e.outs[0], set()) - tied):  # differentiated: floats
+                tie(r, "f")
         evaluate([e], env)
         if tied.intersection(reads):
             tied.update(e.outs)

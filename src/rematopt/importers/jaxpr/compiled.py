@@ -298,9 +298,7 @@ def layout_copies(step: Step, module, producer: dict[int, int]) -> dict[int, int
     out: dict[int, int] = {}
     todo = list(entry.root.operands) if entry.root.opcode == "tuple" else [entry.root.name]
     for name in todo:
-        x = entry.by_name.get(name)
-        while x is not None and x.opcode == "bitcast":
-            x = entry.by_name.get(x.operands[0])
+        x = _unbitcast(entry, name)
         if x is None or not _is_copy(module, x) or not x.operands:
             continue
         src = entry.by_name.get(x.operands[0])
@@ -325,25 +323,27 @@ def weight_copies(step: Step, module) -> list[int]:
 
     entry = module.entry
 
-    def source(name: str):
-        x = entry.by_name.get(name)
-        while x is not None and x.opcode == "bitcast" and x.operands:
-            x = entry.by_name.get(x.operands[0])
-        return x
-
     def copied(x) -> bool:
         return (x is not None and x.opcode not in ("parameter", "constant") and bool(x.operands)
                 and equation_of(x.metadata.op_name) is None
-                and all(getattr(source(o), "opcode", None) == "parameter" for o in x.operands))
+                and all(getattr(_unbitcast(entry, o), "opcode", None) == "parameter" for o in x.operands))
 
     eqns = step.flat.eqns
     out = set()
     for inst in entry.instructions:
         dots = {k for k in (equation_of(w.metadata.op_name) for w in _written(module, inst))
                 if k is not None and eqns[k].prim.name in MATMUL}
-        if dots and any(copied(source(o)) for o in inst.operands):
+        if dots and any(copied(_unbitcast(entry, o)) for o in inst.operands):
             out |= dots
     return sorted(out)
+
+
+def _unbitcast(comp, name: str):
+    """The instruction ``name`` is a bitcast of, through any number of them (None where not in ``comp``)."""
+    x = comp.by_name.get(name)
+    while x is not None and x.opcode == "bitcast" and x.operands:
+        x = comp.by_name.get(x.operands[0])
+    return x
 
 
 def _is_copy(module, inst) -> bool:
