@@ -17,7 +17,8 @@ jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
 from rematopt.importers.costmodel import DEVICES, Device, device  # noqa: E402
-from rematopt.xla.cost import MMAP_CEILING, StepCost, calibrate, fit, kernel_class, kernel_cost, step_cost  # noqa: E402,E501
+from rematopt.xla.cost import (MMAP_CEILING, StepCost, calibrate, fit, kernel_class, kernel_cost, lone_dot_rate,  # noqa: E402
+                               step_cost)
 from rematopt.xla.hlo import read_hlo  # noqa: E402
 from rematopt.xla.kernels import Kernel  # noqa: E402
 
@@ -220,6 +221,31 @@ def test_a_lone_dot_or_convolution_runs_at_its_own_rate_where_the_profile_has_on
     assert kernel_cost(kernel("dot", flops=int(5e10)), device("cpu")).seconds == pytest.approx(5e10 / 1e12)
 
 
+def test_a_lone_dot_is_priced_at_the_rate_measured_for_its_shape_between_the_grids_points():
+    """A grid of two sizes a side: a point of it at its own rate, halfway in the logarithms of the sizes
+    at the mean of its neighbours, beyond the grid at its edge; a convolution at the one lone figure."""
+    rates = tuple((m, n, k, float(m + n + k)) for m in (32, 128) for n in (32, 128) for k in (64, 256))
+    dev = Device("test", flops_per_s=1e12, bytes_per_s=1e12, source="round figures", dot_flops_per_s=5.0,
+                 dot_rates=rates)
+    assert lone_dot_rate(rates, (32, 128, 256)) == pytest.approx(416)
+    assert lone_dot_rate(rates, (64, 128, 256)) == pytest.approx(464)  # between 32 and 128 rows
+    assert lone_dot_rate(rates, (64, 64, 128)) == pytest.approx(80 + 80 + 160)
+    assert lone_dot_rate(rates, (4096, 8, 1 << 20)) == pytest.approx(128 + 32 + 256)
+    dot = replace(kernel("dot", flops=416), gemm=(32, 128, 256))
+    assert kernel_cost(dot, dev).seconds == pytest.approx(1.0)
+    assert kernel_cost(kernel("convolution", flops=10), dev).seconds == pytest.approx(2.0)
+
+
+def test_a_lone_dots_rows_columns_and_contraction_are_read_from_xlas_program():
+    """A weight gradient (both operands contracted over their rows) and a batched attention product, as
+    XLA's CPU leaves them to Eigen: the shape its measured rate is looked up by."""
+    x, g = jnp.ones((512, 64), jnp.float32), jnp.ones((512, 256), jnp.float32)
+    p, v = jnp.ones((4, 8, 96, 128), jnp.float32), jnp.ones((4, 8, 96, 32), jnp.float32)
+    compiled = jax.jit(lambda x, g, p, v: (x.T @ g, jnp.einsum("bhkq,bhkd->bhqd", p, v))).lower(x, g, p, v).compile()
+    dots = {k.kernel.gemm for k in step_cost(compiled.as_text(), device("cpu")).kernels if k.kernel.kind == "dot"}
+    assert dots == {(64, 256, 512), (128, 32, 96)}
+
+
 FAULTS_SCRIPT = """
 import json, os, resource, sys
 os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # one core, one XLA thread: as the bench runs steps
@@ -336,6 +362,7 @@ def test_the_machine_micro_benchmarks_measure_positive_rates_and_one_fault_a_fre
                                                m.launch_s, m.fault_s, m.transcendental_s, m.strided_read_s,
                                                m.strided_miss_s, m.serial_product_s))
     assert dev.dot_flops_per_s == m.dot_flops_per_s and "measured" in dev.source
+    assert dev.dot_rates == m.dot_rates and len(m.dot_rates) == 108 and all(r > 0 for *_, r in m.dot_rates)
     assert (dev.strided_read_s, dev.strided_miss_s) == (m.strided_read_s, m.strided_miss_s)
     assert (dev.serial_product_s, dev.transcendental_s) == (m.serial_product_s, m.transcendental_s)
 

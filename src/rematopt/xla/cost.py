@@ -106,13 +106,32 @@ def kernel_cost(kernel: Kernel, device: Device, launch_s: float = 0.0) -> Kernel
 
 def _sides(kernel: Kernel, device: Device) -> tuple[float, float]:
     """(compute seconds, memory seconds) of one run of ``kernel`` on ``device``."""
-    if kernel.kind in LONE_KINDS and device.dot_flops_per_s:
+    if kernel.gemm and device.dot_rates:
+        rate = lone_dot_rate(device.dot_rates, kernel.gemm)
+    elif kernel.kind in LONE_KINDS and device.dot_flops_per_s:
         rate = device.dot_flops_per_s
     elif on_matrix_units(kernel):
         rate = device.flops_per_s
     else:
         rate = device.vector_flops_per_s or device.flops_per_s
     return kernel.flops / rate, (kernel.bytes_read + kernel.bytes_written) / device.bytes_per_s
+
+
+def lone_dot_rate(rates: tuple[tuple[int, int, int, float], ...], gemm: tuple[int, int, int]) -> float:
+    """The FLOP rate of a lone dot of (rows, columns, contracted) ``gemm``, from ``rates`` measured on a
+    grid of the three (:attr:`Device.dot_rates`): interpolated linearly in the logarithms of the sizes
+    between the grid's points around it, the nearest edge beyond the grid."""
+    table = {(m, n, k): r for m, n, k, r in rates}
+    axes = [sorted({key[i] for key in table}) for i in range(3)]
+    corners: list[list[tuple[int, float]]] = []  # per axis: (grid size, weight) of the points around
+    for axis, size in zip(axes, gemm):
+        x = min(max(math.log2(max(size, 1)), math.log2(axis[0])), math.log2(axis[-1]))
+        hi = next((i for i, g in enumerate(axis) if math.log2(g) >= x), len(axis) - 1)
+        lo = max(hi - 1, 0)
+        span = math.log2(axis[hi]) - math.log2(axis[lo])
+        w = (x - math.log2(axis[lo])) / span if span else 1.0
+        corners.append([(axis[lo], 1.0 - w), (axis[hi], w)])
+    return sum(wm * wn * wk * table[m, n, k] for m, wm in corners[0] for n, wn in corners[1] for k, wk in corners[2])
 
 
 def step_cost(module: HloModule | str, device: Device, launch_s: float = 0.0) -> StepCost:

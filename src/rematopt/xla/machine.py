@@ -6,17 +6,18 @@ rates to a model's three to five baseline steps is under-determined (the fit pri
 at 1,760 times the data sheet and keras_llama's kernels at 0 us each). Here each figure is measured
 by a micro-benchmark on the core the steps run on, with the step's own clock (process CPU time):
 jitted GEMMs for the matrix rate (XLA's CPU runs them as YNNPACK fusions), the same GEMMs with both
-operands transposed for the lone dots it leaves to Eigen (weight gradients; 2 to 4 times slower), a
+operands transposed for the lone dots it leaves to Eigen (weight gradients), as one figure (for its
+lone convolutions) and on a grid of shapes (for its dots: the rate moves 16-fold with the shape), a
 long elementwise chain in cache (independent streams of it) for the vector rate, a large elementwise
 op for the bandwidth, a chain of tiny kernels for what starting a kernel costs, a transposing kernel
 with and without sines and cosines for a transcendental function evaluated one element at a time
 (:func:`rematopt.xla.kernels.scalar_transcendentals`), sums of arrays written transposed and in order
 for an element read one cache line each (:func:`rematopt.xla.kernels.strided_reads`), a sum of products
 with and without a size-1 dimension for an element of a product YNNPACK sums one at a time
-(:func:`rematopt.xla.kernels.serial_products`), and fresh
-anonymous pages for a page fault
-(XLA's CPU runtime takes its temp buffer from malloc each step; above glibc's mmap threshold the
-kernel zero-fills every page of it on first touch, :func:`rematopt.xla.cost.step_faults`).
+(:func:`rematopt.xla.kernels.serial_products`), and fresh anonymous pages, written and given back,
+for a page fault (XLA's CPU runtime takes its temp buffer from malloc each step; above glibc's mmap
+threshold the kernel zero-fills every page of it on first touch and unmaps it when it is freed,
+:func:`rematopt.xla.cost.step_faults`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,13 @@ from .cost import PAGE, Calibration
 # 4,096 rows, so the rows add nothing. The in-cache chain, the streamed array and the fault region are
 # sized to run in milliseconds.
 GEMM_ROWS, GEMM_WIDTHS = 1024, (32, 64, 128)
+# Lone dots as weight gradients make them (both operands contracted over their rows), on a grid of rows,
+# columns and contracted size: Eigen's rate is no one figure. On the core it ran 6 to 84 GFLOP/s over
+# this grid, and quick gpt's and the bench's weight gradients (256 x 1,024 and 256 x 256 from 1,024
+# tokens) 58 to 64 in the step, where the median over GEMM_WIDTHS (26) priced them: the lone dots came
+# to 2.2 times their profiled time, and the one scale calibrated over them took it from every other
+# kernel (docs/device.md). 108 dots, about a second.
+DOT_SIZES, DOT_CONTRACTED = (32, 64, 128, 256, 512, 1024), (64, 256, 1024)
 CHAIN_ELEMENTS, CHAIN_OPS = 1 << 14, 64
 # The chain runs as independent streams, as XLA's fused kernels compute several values per element: one
 # dependent chain measured the latency of an operation, 30.1 GFLOP/s, where 4 / 8 / 16 / 32 streams ran
@@ -68,7 +76,8 @@ STRIDED_SHAPE, STRIDED_MANY = (2048, 64), 16
 # against [2048, 128], summed over the last dimension; on the core 0.70 and 0.08 ms, 2.3 ns more an element
 # (2.6 at [1, 8, 4, 128, 128], 2.1 at [1, 65536]).
 SERIAL_SHAPE = (1, 2048, 128)
-FAULT_BYTES = 64 << 20
+# 64 MiB faulted and given back: about 35 ms. Nine of them, as three read 1.90 to 2.26 us on the idle core.
+FAULT_BYTES, FAULT_SAMPLES = 64 << 20, 9
 
 
 @dataclass(frozen=True)
@@ -80,11 +89,15 @@ class Machine:
     vector_flops_per_s: float  # elementwise arithmetic on data in cache
     bytes_per_s: float  # an elementwise op streaming its input and output
     launch_s: float  # one more kernel in a step
-    fault_s: float  # one minor page fault (a fresh page, zero-filled)
+    fault_s: float  # one minor page fault (a fresh page, zero-filled), and the page given back
     transcendental_s: float = 0.0  # a transcendental function evaluated one element at a time
     strided_read_s: float = 0.0  # beyond the roofline, an element read one cache line each, the line kept
     strided_miss_s: float = 0.0  # the same, its line not kept between sweeps
     serial_product_s: float = 0.0  # beyond the roofline, an element of a product YNNPACK sums one at a time
+    dot_rates: tuple[tuple[int, int, int, float], ...] = ()  # lone dots by (rows, columns, contracted)
+
+    def __post_init__(self):  # read back from JSON, the table's rows are lists
+        object.__setattr__(self, "dot_rates", tuple(tuple(r) for r in self.dot_rates))
 
     def device(self) -> Device:
         """The ``cpu`` profile with this machine's rates."""
@@ -92,7 +105,7 @@ class Machine:
                       f"measured on this machine: {self.describe()}", vector_flops_per_s=self.vector_flops_per_s,
                       dot_flops_per_s=self.dot_flops_per_s, strided_read_s=self.strided_read_s,
                       strided_miss_s=self.strided_miss_s, serial_product_s=self.serial_product_s,
-                      transcendental_s=self.transcendental_s)
+                      transcendental_s=self.transcendental_s, dot_rates=self.dot_rates)
 
     def price(self) -> Calibration:
         """Its rates as a price of a compiled step (:meth:`rematopt.xla.cost.Calibration.seconds`),
@@ -101,21 +114,40 @@ class Machine:
         return Calibration(self.device(), 1.0, self.launch_s, self.fault_s, "unscaled")
 
     def describe(self) -> str:
-        return (f"GEMM {self.flops_per_s / 1e9:.3g} GFLOP/s, lone dot {self.dot_flops_per_s / 1e9:.3g} GFLOP/s, "
+        rates = [r for *_, r in self.dot_rates]
+        by_shape = (f" (convolutions; dots by shape {min(rates) / 1e9:.3g} to {max(rates) / 1e9:.3g} over "
+                    f"{len(rates)} sizes)") if rates else ""
+        return (f"GEMM {self.flops_per_s / 1e9:.3g} GFLOP/s, lone dot {self.dot_flops_per_s / 1e9:.3g} GFLOP/s{by_shape}, "
                 f"vector {self.vector_flops_per_s / 1e9:.3g} GFLOP/s, {self.bytes_per_s / 1e9:.3g} GB/s, "
                 f"{self.launch_s * 1e6:.3g} us a kernel, {self.transcendental_s * 1e9:.3g} ns a transcendental "
                 f"element by element, {self.strided_read_s * 1e9:.3g} / {self.strided_miss_s * 1e9:.3g} ns more an "
                 f"element read across a line (kept / not kept), {self.serial_product_s * 1e9:.3g} ns more an element "
-                f"of a product summed one at a time, {self.fault_s * 1e6:.3g} us a page fault")
+                f"of a product summed one at a time, {self.fault_s * 1e6:.3g} us a page faulted and given back")
 
 
-# The core's figures as the full CPU bench of 9538fcc measured them (docs/device.md), and the serial
-# product's as :func:`measure` read it later on the same core: the price ``--verify xla`` uses on CPU
-# where it is given no machine, the bench's plannings included. A fixed profile, so the loop's choice is
-# the same on any load.
+# Lone dots' GFLOP/s on the core (:func:`steady`, 2026-12-06): per contracted size, a row per
+# DOT_SIZES of rows, a column per DOT_SIZES of columns.
+_REFERENCE_DOTS = {
+    64: ((5.4, 9.9, 17.4, 24.3, 32.5, 39.3), (9.9, 17.6, 29.5, 39.1, 48.9, 57.0),
+         (17.3, 30.1, 44.5, 55.0, 67.1, 74.0), (22.8, 33.0, 51.4, 65.1, 80.1, 86.4),
+         (18.8, 30.9, 49.7, 65.2, 80.9, 89.5), (16.6, 28.0, 44.7, 63.6, 79.6, 87.9)),
+    256: ((16.2, 19.8, 27.6, 29.9, 35.8, 38.5), (21.0, 31.3, 40.0, 46.2, 54.9, 52.5),
+          (31.6, 42.8, 54.1, 63.6, 72.6, 66.4), (31.7, 46.2, 61.7, 73.3, 83.8, 82.3),
+          (21.3, 34.2, 53.0, 68.2, 83.1, 81.0), (18.3, 30.4, 48.3, 65.5, 81.9, 85.0)),
+    1024: ((17.0, 15.3, 17.0, 17.7, 18.3, 16.7), (26.1, 24.6, 27.9, 30.1, 30.7, 26.3),
+           (29.5, 36.8, 43.5, 46.2, 47.9, 44.8), (35.1, 41.9, 54.6, 60.6, 64.3, 60.8),
+           (21.7, 33.1, 48.9, 61.1, 72.0, 70.6), (18.0, 29.8, 46.2, 62.0, 74.7, 78.5)),
+}
+# The core's figures as the full CPU bench of 9538fcc measured them (docs/device.md), the serial
+# product's as :func:`measure` read it later on the same core, the lone dots' above and a page's fault
+# with its unmapping (:func:`fault_seconds`) as :func:`steady` read them on 2026-12-06: the price
+# ``--verify xla`` uses on CPU where it is given no machine, the bench's plannings included. A fixed
+# profile, so the loop's choice is the same on any load.
 REFERENCE = Machine(flops_per_s=77.9e9, dot_flops_per_s=25.8e9, vector_flops_per_s=65.8e9, bytes_per_s=51.3e9,
-                    launch_s=0.58e-6, fault_s=1.84e-6, transcendental_s=0.992e-9, strided_read_s=0.491e-9,
-                    strided_miss_s=1.4e-9, serial_product_s=2.38e-9)
+                    launch_s=0.58e-6, fault_s=1.89e-6, transcendental_s=0.992e-9, strided_read_s=0.491e-9,
+                    strided_miss_s=1.4e-9, serial_product_s=2.38e-9,
+                    dot_rates=tuple((m, n, k, gflops * 1e9) for k, rows in _REFERENCE_DOTS.items()
+                                    for m, row in zip(DOT_SIZES, rows) for n, gflops in zip(DOT_SIZES, row)))
 
 
 # glibc gives a thread an arena of its own until there are more than eight, then (with the bench's one
@@ -190,22 +222,26 @@ def fastest(*runs: Callable[[], object], repeats: int = 7,
 
 def fault_seconds(size: int = FAULT_BYTES, clock: Callable[[], float] = time.process_time) -> tuple[float, int]:
     """(seconds a minor page fault costs, faults counted): one write to each page of fresh anonymous
-    memory, less the same writes once the pages are mapped, over the faults ``getrusage`` counted."""
+    memory, less the same writes once the pages are mapped, and the pages given back to the kernel,
+    over the faults ``getrusage`` counted. Every page a step faults it also gives back
+    (:func:`rematopt.xla.cost.step_faults`: a buffer glibc unmaps when freed, scratch it trims):
+    unmapping took 0.29 to 0.32 us a page beside 1.7 to 1.9 for the fault, and flax_linen's plain step,
+    a third of its time faulting, priced its plans 4 to 6 points slow without it (docs/device.md)."""
     import numpy as np
 
     region = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    try:
-        pages = np.frombuffer(region, dtype=np.uint8)
-        before, start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, clock()
-        pages[::PAGE] = 1
-        first, faults = clock() - start, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-        start = clock()
-        pages[::PAGE] = 2
-        again = clock() - start
-        del pages
-    finally:
-        region.close()
-    return max(first - again, 0.0) / max(faults, 1), faults
+    pages = np.frombuffer(region, dtype=np.uint8)
+    before, start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, clock()
+    pages[::PAGE] = 1
+    first, faults = clock() - start, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    start = clock()
+    pages[::PAGE] = 2
+    again = clock() - start
+    del pages
+    start = clock()
+    region.close()
+    given_back = clock() - start
+    return max(first - again + given_back, 0.0) / max(faults, 1), faults
 
 
 def steady(samples: int = 3, repeats: int = 7) -> Machine:
@@ -215,8 +251,10 @@ def steady(samples: int = 3, repeats: int = 7) -> Machine:
     import dataclasses
 
     taken = [measure(repeats) for _ in range(samples)]
-    return Machine(**{f.name: statistics.median(getattr(m, f.name) for m in taken)
-                      for f in dataclasses.fields(Machine)})
+    figures = {f.name: statistics.median(getattr(m, f.name) for m in taken)
+               for f in dataclasses.fields(Machine) if f.name != "dot_rates"}
+    rates = [(*key, statistics.median(m.dot_rates[i][3] for m in taken)) for i, (*key, _) in enumerate(taken[0].dot_rates)]
+    return Machine(**figures, dot_rates=tuple(rates))
 
 
 def measure(repeats: int = 7) -> Machine:
@@ -248,6 +286,16 @@ def measure(repeats: int = 7) -> Machine:
                     seconds, _ = timed(lambda a, b: a @ b, a, b)
                 rates.append(2 * GEMM_ROWS * k * n / seconds)
         return statistics.median(rates)
+
+    def dot_rates() -> tuple[tuple[int, int, int, float], ...]:
+        out = []
+        for k in DOT_CONTRACTED:
+            for m in DOT_SIZES:
+                for n in DOT_SIZES:  # contracting the rows of both, as a weight gradient does
+                    a, b = jnp.ones((k, m), jnp.float32), jnp.ones((n, k), jnp.float32)
+                    seconds, _ = timed(lambda a, b: jax.lax.dot_general(a, b, (((0,), (1,)), ((), ()))), a, b)
+                    out.append((m, n, k, 2 * m * n * k / seconds))
+        return tuple(out)
 
     def chain(x):
         streams = [x + i for i in range(CHAIN_STREAMS)]
@@ -311,10 +359,10 @@ def measure(repeats: int = 7) -> Machine:
     (serial, compiled), (vectorized, _) = step(summed, a, 2 * a), step(summed, a[0], 2 * a[0])
     one_at_a_time, fast = fastest(serial, vectorized, repeats=repeats)
     products = sum(k.serial_products for k in kernels(parse_hlo(compiled.as_text())))
-    faults = sorted(fault_seconds()[0] for _ in range(3))[1]
+    faults = statistics.median(fault_seconds()[0] for _ in range(FAULT_SAMPLES))
     return Machine(flops_per_s=gemm_rate(False), dot_flops_per_s=gemm_rate(True),
                    vector_flops_per_s=step_cost(chained.as_text(), device("cpu")).flops / vector,
                    bytes_per_s=2 * STREAM_BYTES / stream, launch_s=launches / max(n, 1), fault_s=faults,
                    transcendental_s=max(trig - arithmetic, 0.0) / max(evaluated, 1),
                    strided_read_s=kept / max(hit, 1), strided_miss_s=lost / max(miss, 1),
-                   serial_product_s=max(one_at_a_time - fast, 0.0) / max(products, 1))
+                   serial_product_s=max(one_at_a_time - fast, 0.0) / max(products, 1), dot_rates=dot_rates())
