@@ -17,7 +17,7 @@ jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
 from rematopt.importers.costmodel import DEVICES, Device, device  # noqa: E402
-from rematopt.xla.cost import (MMAP_CEILING, StepCost, calibrate, fit, kernel_class, kernel_cost, lone_dot_rate,  # noqa: E402
+from rematopt.xla.cost import (MMAP_CEILING, StepCost, calibrate, fit, kernel_class, kernel_cost, grid_value,  # noqa: E402
                                step_cost)
 from rematopt.xla.hlo import read_hlo  # noqa: E402
 from rematopt.xla.kernels import Kernel  # noqa: E402
@@ -227,10 +227,10 @@ def test_a_lone_dot_is_priced_at_the_rate_measured_for_its_shape_between_the_gri
     rates = tuple((m, n, k, float(m + n + k)) for m in (32, 128) for n in (32, 128) for k in (64, 256))
     dev = Device("test", flops_per_s=1e12, bytes_per_s=1e12, source="round figures", dot_flops_per_s=5.0,
                  dot_rates=rates)
-    assert lone_dot_rate(rates, (32, 128, 256)) == pytest.approx(416)
-    assert lone_dot_rate(rates, (64, 128, 256)) == pytest.approx(464)  # between 32 and 128 rows
-    assert lone_dot_rate(rates, (64, 64, 128)) == pytest.approx(80 + 80 + 160)
-    assert lone_dot_rate(rates, (4096, 8, 1 << 20)) == pytest.approx(128 + 32 + 256)
+    assert grid_value(rates, (32, 128, 256)) == pytest.approx(416)
+    assert grid_value(rates, (64, 128, 256)) == pytest.approx(464)  # between 32 and 128 rows
+    assert grid_value(rates, (64, 64, 128)) == pytest.approx(80 + 80 + 160)
+    assert grid_value(rates, (4096, 8, 1 << 20)) == pytest.approx(128 + 32 + 256)
     dot = replace(kernel("dot", flops=416), gemm=(32, 128, 256))
     assert kernel_cost(dot, dev).seconds == pytest.approx(1.0)
     assert kernel_cost(kernel("convolution", flops=10), dev).seconds == pytest.approx(2.0)
@@ -359,24 +359,25 @@ def test_the_machine_micro_benchmarks_measure_positive_rates_and_one_fault_a_fre
     m = Machine(**got["machine"])
     dev = m.device()
     assert all(0 < x < float("inf") for x in (m.flops_per_s, m.dot_flops_per_s, m.vector_flops_per_s, m.bytes_per_s,
-                                               m.launch_s, m.fault_s, m.transcendental_s, m.strided_read_s,
-                                               m.strided_miss_s, m.serial_product_s))
+                                               m.launch_s, m.fault_s, m.transcendental_s, m.serial_product_s))
     assert dev.dot_flops_per_s == m.dot_flops_per_s and "measured" in dev.source
     assert dev.dot_rates == m.dot_rates and len(m.dot_rates) == 108 and all(r > 0 for *_, r in m.dot_rates)
-    assert (dev.strided_read_s, dev.strided_miss_s) == (m.strided_read_s, m.strided_miss_s)
+    assert dev.strided_rates == m.strided_rates and len(m.strided_rates) == 12
+    assert {(stride, lines) for stride, lines, _ in m.strided_rates} == {(s, 1024 * k) for s in (256, 512, 1024)
+                                                                        for k in (1, 8, 16, 48)}
     assert (dev.serial_product_s, dev.transcendental_s) == (m.serial_product_s, m.transcendental_s)
 
 
 def test_steady_takes_each_figure_the_median_of_its_measurements(monkeypatch):
     from rematopt.xla import machine
 
-    taken = iter([machine.Machine(*(10.0 * (k + 1) for k in range(10))),
-                  machine.Machine(*(1.0 * (k + 1) for k in range(10))),
-                  machine.Machine(*([2.0] * 4 + [500.0] * 6))])
+    taken = iter([machine.Machine(*(10.0 * (k + 1) for k in range(8)), strided_rates=((256, 1, 7.0), (256, 8, 1.0))),
+                  machine.Machine(*(1.0 * (k + 1) for k in range(8)), strided_rates=((256, 1, 5.0), (256, 8, 3.0))),
+                  machine.Machine(*([2.0] * 4 + [500.0] * 4), strided_rates=((256, 1, 6.0), (256, 8, 2.0)))])
     monkeypatch.setattr(machine, "measure", lambda repeats: next(taken))
     got = machine.steady(3)
-    assert (got.flops_per_s, got.bytes_per_s, got.launch_s, got.strided_miss_s) == (2.0, 4.0, 50.0, 90.0)
-    assert got.serial_product_s == 100.0
+    assert (got.flops_per_s, got.bytes_per_s, got.launch_s, got.serial_product_s) == (2.0, 4.0, 50.0, 80.0)
+    assert got.strided_rates == ((256, 1, 6.0), (256, 8, 2.0))  # each point of the grid on its own
 
 
 def test_fastest_times_its_runs_in_turn_and_keeps_each_ones_least():
@@ -479,24 +480,24 @@ ENTRY %main (p: f32[8,256,1], q: f32[64,256]) -> (f32[8,256,1], f32[64,256]) {
     assert moved == {"unit": None, "relayout": (64 * 256 * 4, 4)}
 
 
-def strided(fn, *args) -> list[tuple[int, int]]:
-    """Each kernel's (kept, not kept) elements read one cache line each, of ``fn`` compiled on ``args``."""
+def strided(fn, *args) -> list[tuple[tuple[int, int, int], ...]]:
+    """Each kernel's (elements, stride, lines a sweep) read one cache line an element, of ``fn`` compiled on ``args``."""
     compiled = jax.jit(fn).lower(*args).compile()
     return [k.kernel.strided for k in step_cost(compiled.as_text(), device("cpu")).kernels]
 
 
-@pytest.mark.parametrize("shape,perm,kept", [
-    ((2048, 64), (1, 0), True),  # tokens by width to width by tokens: 256 B between reads, 2,048 a sweep
-    ((2048, 256), (1, 0), False),  # 1 KiB between reads: a sixteenth of the cache's sets
-    ((2048, 240), (1, 0), True),  # 960 B: every set
-    ((8, 256, 4, 16), (0, 2, 3, 1), True),  # quick gpt's q into heads: 64 elements a sweep
-    ((4, 64, 64, 24), (3, 1, 2, 0), True),  # quick unet's features outermost: its sweep's strides spread
+@pytest.mark.parametrize("shape,perm,stride,sweep", [
+    ((2048, 64), (1, 0), 256, 2048),  # tokens by width to width by tokens: 256 B between reads, 2,048 a sweep
+    ((2048, 256), (1, 0), 1024, 2048),  # 1 KiB between reads: a sixteenth of the cache's sets
+    ((2048, 240), (1, 0), 960, 2048),  # 960 B: every set
+    ((8, 256, 4, 16), (0, 2, 3, 1), 256, 256),  # quick gpt's q into heads: a sweep of its tokens, 256 B apart
+    ((4, 64, 64, 24), (3, 1, 2, 0), 96, 4 * 64 * 64),  # quick unet's features outermost: strides 393,216, 96, 6,144
 ])
-def test_a_transposition_reads_an_element_a_cache_line_where_its_reads_lie_a_line_apart(shape, perm, kept):
+def test_a_transposition_reads_an_element_a_cache_line_where_its_reads_lie_a_line_apart(shape, perm, stride, sweep):
 
     x = jnp.ones(shape, jnp.float32)
     w = jnp.arange(shape[-1], dtype=jnp.float32)  # a broadcast operand stays in cache: not counted
-    assert strided(lambda x, w: jnp.transpose(x * w, perm), x, w) == [(x.size, 0) if kept else (0, x.size)]
+    assert strided(lambda x, w: jnp.transpose(x * w, perm), x, w) == [((x.size, stride, sweep),)]
 
 
 @pytest.mark.parametrize("shape,perm", [
@@ -507,39 +508,38 @@ def test_a_transposition_reads_an_element_a_cache_line_where_its_reads_lie_a_lin
 def test_a_transposition_whose_reads_share_lines_reads_none_a_line_each(shape, perm):
 
     x = jnp.ones(shape, jnp.float32)
-    assert strided(lambda x: jnp.transpose(x, perm) * 2.0, x) == [(0, 0)]
-    assert strided(lambda x: jnp.sin(x) * 2.0, x) == [(0, 0)]  # no transposition
+    assert strided(lambda x: jnp.transpose(x, perm) * 2.0, x) == [()]
+    assert strided(lambda x: jnp.sin(x) * 2.0, x) == [()]  # no transposition
 
 
-def test_more_arrays_read_across_than_the_prefetcher_follows_keep_no_lines():
-    """Every array the transposing fusion reads across counts, slices of one buffer each on their own
-    (xla.machine's micro-benchmark: as a step's arrays lie in its temp buffer); beyond
-    PREFETCH_STREAMS of them, none is kept. The elements are the bytes XLA's cost analysis counts for
-    the kernel less its output and the broadcast vector."""
-
-    from rematopt.xla.kernels import PREFETCH_STREAMS
+def test_every_array_a_transposing_fusion_reads_across_counts():
+    """Slices of one buffer each on their own (xla.machine's micro-benchmark: as a step's arrays lie
+    in its temp buffer): the price of an element grows with them (the prefetcher follows about eight).
+    The elements are the bytes XLA's cost analysis counts for the kernel less its output and the
+    broadcast vector."""
 
     w = jnp.arange(64, dtype=jnp.float32)
-    for arrays in (PREFETCH_STREAMS, PREFETCH_STREAMS + 1):
+    for arrays in (1, 9, 20):
         x = jnp.ones((arrays, 2048, 64), jnp.float32)
         step = jax.jit(lambda x, w: sum((x[i] * w for i in range(1, x.shape[0])), x[0] * w).T)
         compiled = step.lower(x, w).compile()
         [k] = step_cost(compiled.as_text(), device("cpu")).kernels
         elements = x.size
-        assert k.kernel.strided == ((elements, 0) if arrays <= PREFETCH_STREAMS else (0, elements))
+        assert k.kernel.strided == ((elements, 256, 2048 * arrays),)  # a sweep of 2,048 lines each
         xla = compiled.cost_analysis()
         xla = xla[0] if isinstance(xla, (list, tuple)) else xla
         assert 4 * elements == xla["bytes accessed"] - x[0].nbytes - w.nbytes
 
 
 def test_each_element_read_a_cache_line_each_adds_the_devices_price_for_it():
-    dev = replace(device("cpu"), strided_read_s=1e-9, strided_miss_s=3e-9)
-    k = replace(kernel(read=int(1e6), trips=3), transposes=(int(1e6), 4), strided=(1000, 200))
-    roofline = kernel_cost(replace(k, strided=(0, 0)), dev)
-    assert kernel_cost(k, dev).seconds == pytest.approx(roofline.seconds + 3 * (1000e-9 + 200 * 3e-9))
+    """At the price measured for its stride and the lines a sweep reads so, between the grid's points."""
+    dev = replace(device("cpu"), strided_rates=((256, 1, 1e-9), (256, 16, 2e-9), (1024, 1, 3e-9), (1024, 16, 5e-9)))
+    k = replace(kernel(read=int(1e6), trips=3), transposes=(int(1e6), 4), strided=((1000, 256, 4), (200, 1024, 4)))
+    roofline = kernel_cost(replace(k, strided=()), dev)
+    assert kernel_cost(k, dev).seconds == pytest.approx(roofline.seconds + 3 * (1000 * 1.5e-9 + 200 * 4e-9))
     assert kernel_cost(k, device("cpu")).seconds == pytest.approx(roofline.seconds)  # a profile without the rates
-    heavy = replace(kernel(flops=int(1e9)), strided=(int(1e6), 0))  # compute-bound until its strided reads count
-    assert kernel_cost(replace(heavy, strided=(0, 0)), dev).bound == "compute"
+    heavy = replace(kernel(flops=int(1e9)), strided=((int(1e6), 256, 1),))  # compute-bound until its strided reads count
+    assert kernel_cost(replace(heavy, strided=()), dev).bound == "compute"
     assert kernel_cost(heavy, dev).bound == "memory"
 
 

@@ -30,15 +30,15 @@ class Device:
     # GFLOP/s, its YNNPACK convolution fusions 104). Measured, never a data sheet's figure.
     dot_flops_per_s: float | None = None
     # Lone dots' rates by shape, where measured: (rows, columns, contracted, FLOP/s) over a grid, a dot
-    # priced between its points (rematopt.xla.cost.lone_dot_rate). Eigen's rate on this machine's core
+    # priced between its points (rematopt.xla.cost.grid_value). Eigen's rate on this machine's core
     # spans 6 to 84 GFLOP/s over that grid (rematopt.xla.machine), and the models' weight gradients
     # (256 x 1,024 contracting 1,024 tokens) run at 60 where the one figure above priced them at 26.
     dot_rates: tuple[tuple[int, int, int, float], ...] = ()
     # What a transposing kernel of XLA's CPU loop emitter pays beyond its roofline for each element it
-    # reads one cache line each (rematopt.xla.kernels.strided_reads): where its cache keeps the lines
-    # between sweeps, and where it does not. Measured on the core (rematopt.xla.machine); 0 elsewhere.
-    strided_read_s: float = 0.0
-    strided_miss_s: float = 0.0
+    # reads one cache line each (rematopt.xla.kernels.strided_reads), by the stride of its reads and the
+    # lines a sweep reads so: (stride bytes, lines, seconds) over a grid, a kernel priced between its
+    # points (rematopt.xla.cost.grid_value). Measured on the core (rematopt.xla.machine); empty elsewhere.
+    strided_rates: tuple[tuple[int, int, float], ...] = ()
     # What a transposing kernel of XLA's CPU loop emitter pays beyond its roofline for each transcendental
     # function it evaluates one element at a time (rematopt.xla.kernels.scalar_transcendentals): the
     # vectorized functions a streaming kernel uses run 4 times faster. Measured on the core; 0 elsewhere.

@@ -30,6 +30,7 @@ steps by least squares; with the three to five baselines of a bench model it is 
 
 from __future__ import annotations
 
+import itertools
 import math
 import mmap
 from dataclasses import dataclass, replace
@@ -97,8 +98,8 @@ def kernel_cost(kernel: Kernel, device: Device, launch_s: float = 0.0) -> Kernel
     dimension), per run."""
     compute, memory = _sides(kernel, device)
     scalar = kernel.scalar_transcendentals * device.transcendental_s
-    hit, miss = kernel.strided
-    strided = hit * device.strided_read_s + miss * device.strided_miss_s
+    strided = sum(elements * grid_value(device.strided_rates, (stride, operands))
+                  for elements, stride, operands in kernel.strided) if device.strided_rates else 0.0
     serial = kernel.serial_products * device.serial_product_s
     return KernelCost(kernel, (max(compute, memory) + launch_s + scalar + strided + serial) * kernel.trip_count,
                       "compute" if compute + scalar + serial > memory + strided else "memory")
@@ -107,7 +108,7 @@ def kernel_cost(kernel: Kernel, device: Device, launch_s: float = 0.0) -> Kernel
 def _sides(kernel: Kernel, device: Device) -> tuple[float, float]:
     """(compute seconds, memory seconds) of one run of ``kernel`` on ``device``."""
     if kernel.gemm and device.dot_rates:
-        rate = lone_dot_rate(device.dot_rates, kernel.gemm)
+        rate = grid_value(device.dot_rates, kernel.gemm)
     elif kernel.kind in LONE_KINDS and device.dot_flops_per_s:
         rate = device.dot_flops_per_s
     elif on_matrix_units(kernel):
@@ -117,21 +118,21 @@ def _sides(kernel: Kernel, device: Device) -> tuple[float, float]:
     return kernel.flops / rate, (kernel.bytes_read + kernel.bytes_written) / device.bytes_per_s
 
 
-def lone_dot_rate(rates: tuple[tuple[int, int, int, float], ...], gemm: tuple[int, int, int]) -> float:
-    """The FLOP rate of a lone dot of (rows, columns, contracted) ``gemm``, from ``rates`` measured on a
-    grid of the three (:attr:`Device.dot_rates`): interpolated linearly in the logarithms of the sizes
-    between the grid's points around it, the nearest edge beyond the grid."""
-    table = {(m, n, k): r for m, n, k, r in rates}
-    axes = [sorted({key[i] for key in table}) for i in range(3)]
-    corners: list[list[tuple[int, float]]] = []  # per axis: (grid size, weight) of the points around
-    for axis, size in zip(axes, gemm):
+def grid_value(rows: tuple[tuple[float, ...], ...], point: tuple[int, ...]) -> float:
+    """The value at ``point`` of a figure measured on a grid (``rows``: the grid's point, then the value
+    there; :attr:`Device.dot_rates`, :attr:`Device.strided_rates`): interpolated linearly in the
+    logarithms of the coordinates between the grid's points around it, the nearest edge beyond the grid."""
+    table = {tuple(row[:-1]): row[-1] for row in rows}
+    corners = []  # per axis: (grid coordinate, weight) of the points around
+    for i, size in enumerate(point):
+        axis = sorted({key[i] for key in table})
         x = min(max(math.log2(max(size, 1)), math.log2(axis[0])), math.log2(axis[-1]))
-        hi = next((i for i, g in enumerate(axis) if math.log2(g) >= x), len(axis) - 1)
+        hi = next(k for k, g in enumerate(axis) if math.log2(g) >= x)
         lo = max(hi - 1, 0)
         span = math.log2(axis[hi]) - math.log2(axis[lo])
         w = (x - math.log2(axis[lo])) / span if span else 1.0
-        corners.append([(axis[lo], 1.0 - w), (axis[hi], w)])
-    return sum(wm * wn * wk * table[m, n, k] for m, wm in corners[0] for n, wn in corners[1] for k, wk in corners[2])
+        corners.append(((axis[lo], 1.0 - w), (axis[hi], w)))
+    return sum(math.prod(w for _, w in pick) * table[tuple(g for g, _ in pick)] for pick in itertools.product(*corners))
 
 
 def step_cost(module: HloModule | str, device: Device, launch_s: float = 0.0) -> StepCost:

@@ -51,9 +51,9 @@ class Kernel:
     transposes: tuple[int, int] | None = None
     # transcendental functions it evaluates per run, one element at a time (:func:`scalar_transcendentals`)
     scalar_transcendentals: int = 0
-    # elements it reads per run one cache line each (:func:`strided_reads`): (those the core's caches keep
-    # between sweeps, those they do not)
-    strided: tuple[int, int] = (0, 0)
+    # what it reads per run one cache line an element (:func:`strided_reads`): (elements, their sweep's
+    # stride in bytes, lines a sweep of the kernel reads so) per stride
+    strided: tuple[tuple[int, int, int], ...] = ()
     # elements of a product it multiplies and sums one at a time (:func:`serial_products`)
     serial_products: int = 0
     # a lone dot's (rows, columns, contracted) per matrix of its batch (:func:`dot_dims`)
@@ -130,7 +130,7 @@ def _kernel(module: HloModule, scope: dict[str, Instruction], inst: Instruction,
     moves = [t for t in map(transposition, inner or [inst]) if t]
     loop = moves and kind != "fusion:kCustom"  # XLA's loop emitter, not a library's
     scalar = scalar_transcendentals(inst, inner or [inst]) if loop else 0
-    strided = strided_reads(inst, inner) if loop else (0, 0)
+    strided = strided_reads(inst, inner) if loop else ()
     serial = serial_products(module, inner) if ynn_fusion(inst) else 0
     return Kernel(inst.name, kind, read, written, flops, tuple(dict.fromkeys(names)), trips, inst.computation,
                   max(moves, default=None), scalar, strided, serial, dot_dims(inst) if inst.opcode == "dot" else None)
@@ -238,33 +238,34 @@ def _traffic(module: HloModule, scope: dict[str, Instruction], inst: Instruction
     return sum(sizes.values()), written
 
 
-# A cache line, and how many arrays a core's prefetcher follows at a stride. A transposing kernel of
-# XLA's CPU loop emitter computes its output in the output's order, so an operand whose minor dimension
-# is not the output's is read one element per cache line (its stride: 64 bytes or more between
-# consecutive reads), and the line serves the next element of that operand only a sweep later. Timed
-# alone on this machine's core (xla.machine), summing k [2048, 64] arrays (slices of one buffer) times a
-# [64] vector into [64, 2048] (stride 256 B): 0.6 to 0.9 ns an element for k = 1 to 8, 1.19 at k = 12,
-# 1.61 at 16, 2.08 at 20; a [2048, 256] array (stride 1 KiB) 1.76 ns alone where [2048, 240] (960 B)
-# takes 0.61. In quick gpt's plain step, its residual-gradient transposes read 14 to 22 arrays across
-# at 2.2 to 3.9 ns an element (docs/device.md).
+# A cache line. A transposing kernel of XLA's CPU loop emitter computes its output in the output's
+# order, so an operand whose minor dimension is not the output's is read one element per cache line
+# (its stride: 64 bytes or more between consecutive reads), and the line serves the next element of that
+# operand only a sweep later, if the cache still holds it. What that costs depends on the stride and on
+# how many lines a sweep reads so, operands times sweep (xla.machine measures a grid of both; quick
+# keras_llama's [4, 128, 256] -> [256, 512] gradients read four operands a 512-element sweep at 1 KiB
+# in 0.66 ns an element, where one [1024, 256] array costs 1.06 more than in order): timed alone on this
+# machine's core, summing k [1024, c] arrays (slices of one buffer) times a [c] vector into [c, 1024],
+# more than in order by 0.54, 0.78, 1.40 and 2.20 ns an element for k = 1, 8, 16 and 48 at 256 B (the
+# prefetcher follows about eight streams), 0.56 to 2.79 at 512 B, and at 1 KiB, whose lines fall in a
+# sixteenth of the cache's sets, 1.06, 2.42, 3.18 and 3.80. The bench's gpt's residual-gradient
+# transposes read 8 to 46 arrays at 1 KiB, at 2.4 to 4.2 ns an element in its step (docs/device.md).
 LINE = 64
-PREFETCH_STREAMS = 8
-# Strides that are all multiples of this put a sweep's lines in a sixteenth of the cache's sets or fewer
-# (a 4 KiB page holds four of them, at the same offsets in every page), so the lines do not stay.
-CONFLICT_STRIDE = 1024
 
 
-def strided_reads(kernel: Instruction, inner: list[Instruction]) -> tuple[int, int]:
-    """(elements a transposing kernel reads one cache line each whose lines its cache keeps between
-    sweeps, elements whose lines it does not): per transposition in it (:func:`transposition`) whose
-    consecutive output elements lie a line or more apart in its operand, for as long a sweep as a line
-    holds elements, each operand it reads there as large as what moves (a lone copy or transpose: its
-    operand; a fusion's operand read through slices, each slice) reads one line per element. The lines
-    are not kept where the kernel reads more such operands than :data:`PREFETCH_STREAMS`, or the strides
-    of an operand's sweep are all multiples of :data:`CONFLICT_STRIDE`; a broadcast operand (smaller than
-    what moves) stays in cache."""
+def strided_reads(kernel: Instruction, inner: list[Instruction]) -> tuple[tuple[int, int, int], ...]:
+    """(elements read one cache line each, their sweep's stride, lines a sweep of the kernel reads so:
+    what its cache must hold until the next sweep reads them again) per stride, of a transposing kernel:
+    per transposition in it (:func:`transposition`) whose consecutive
+    output elements lie a line or more apart in its operand, for as long a sweep as a line holds
+    elements, each operand it reads there as large as what moves (a lone copy or transpose: its
+    operand; a fusion's operand read through slices, each slice) reads one line per element. The
+    stride is the greatest common divisor of the strides of the sweep's dimensions (:func:`_stride_and_sweep`):
+    what decides which of the cache's sets its lines fall in. A broadcast operand (smaller than what
+    moves) stays in cache."""
     scope = {i.name: i for i in inner}
-    reads: list[tuple[int, int]] = []  # (elements, its sweep's common stride) per operand read so
+    reads: dict[int, int] = {}  # elements per stride
+    lines = 0
     for move in inner or [kernel]:
         geometry = _stride_and_sweep(move)
         if geometry is None:
@@ -273,10 +274,9 @@ def strided_reads(kernel: Instruction, inner: list[Instruction]) -> tuple[int, i
         if stride < LINE or sweep < LINE // _element_bytes(move):  # a line serves the next elements
             continue
         n = len(_arrays_read(move, scope, elements)) if inner else 1
-        reads += [(elements, spread)] * n
-    kept = len(reads) <= PREFETCH_STREAMS
-    hit = sum(e for e, spread in reads if kept and spread % CONFLICT_STRIDE)
-    return hit, sum(e for e, _ in reads) - hit
+        reads[spread] = reads.get(spread, 0) + n * elements
+        lines += n * sweep
+    return tuple((elements, spread, lines) for spread, elements in sorted(reads.items()) if elements)
 
 
 def _element_bytes(inst: Instruction) -> int:

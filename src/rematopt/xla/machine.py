@@ -65,13 +65,14 @@ TINY_KERNELS = 64
 # batch of 8 (quick keras_llama's), 32 and 128, a sin or cos cost 0.93 to 0.99 ns an element so, 0.24
 # to 0.26 in the same fusion without the transposition; 32 runs in about 0.3 ms.
 ROTARY = (32, 128, 4, 8)
-# Strided reads (xla.kernels.strided_reads) as quick gpt's transposing kernels make them: [2048, 64]
-# arrays (tokens by width) times a [64] vector, written transposed to [64, 2048] (stride 256 B, sweep 2,048
-# elements); one array for a read whose lines the cache keeps, 16 (twice PREFETCH_STREAMS) for one whose
-# lines it does not, as quick gpt's residual-gradient transposes read 14 to 22; each against the same sum
-# written in order. On the core, under a load average of 12: 0.56 and 0.63 ns more an element for one
-# array (the transposed kernel takes 0.59 ns an element, its roofline 0.13), 1.74 and 1.77 for 16.
-STRIDED_SHAPE, STRIDED_MANY = (2048, 64), 16
+# Strided reads (xla.kernels.strided_reads) as the bench models' transposing kernels make them: k
+# [1024, c] arrays (tokens by width, slices of one buffer, as a step's lie in its temp buffer) times a
+# [c] vector and summed, written transposed to [c, 1024] (stride 4c bytes, sweep 1,024 elements),
+# against the same sum written in order; over widths 64, 128, 256 and k from one array to as many as the
+# bench's gpt's largest residual-gradient transpose reads (46). One price for the lines a cache keeps
+# and one for those it does not (as many arrays as the prefetcher follows, 16) missed both ends: gpt's
+# 1 KiB strides over 8 to 46 arrays took 2.4 to 4.2 ns an element in its step, priced at 1.4.
+STRIDED_ROWS, STRIDED_WIDTHS, STRIDED_ARRAYS = 1024, (64, 128, 256), (1, 8, 16, 48)
 # A sum of products as keras-hub's attention gradient makes it (xla.kernels.serial_products): [1, 2048, 128]
 # against [2048, 128], summed over the last dimension; on the core 0.70 and 0.08 ms, 2.3 ns more an element
 # (2.6 at [1, 8, 4, 128, 128], 2.1 at [1, 65536]).
@@ -91,21 +92,22 @@ class Machine:
     launch_s: float  # one more kernel in a step
     fault_s: float  # one minor page fault (a fresh page, zero-filled), and the page given back
     transcendental_s: float = 0.0  # a transcendental function evaluated one element at a time
-    strided_read_s: float = 0.0  # beyond the roofline, an element read one cache line each, the line kept
-    strided_miss_s: float = 0.0  # the same, its line not kept between sweeps
     serial_product_s: float = 0.0  # beyond the roofline, an element of a product YNNPACK sums one at a time
     dot_rates: tuple[tuple[int, int, int, float], ...] = ()  # lone dots by (rows, columns, contracted)
+    # beyond the roofline, an element read one cache line each, by (stride bytes, lines a sweep reads)
+    strided_rates: tuple[tuple[int, int, float], ...] = ()
 
-    def __post_init__(self):  # read back from JSON, the table's rows are lists
-        object.__setattr__(self, "dot_rates", tuple(tuple(r) for r in self.dot_rates))
+    def __post_init__(self):  # read back from JSON, the tables' rows are lists
+        for table in ("dot_rates", "strided_rates"):
+            object.__setattr__(self, table, tuple(tuple(r) for r in getattr(self, table)))
 
     def device(self) -> Device:
         """The ``cpu`` profile with this machine's rates."""
         return Device("cpu@measured", self.flops_per_s, self.bytes_per_s,
                       f"measured on this machine: {self.describe()}", vector_flops_per_s=self.vector_flops_per_s,
-                      dot_flops_per_s=self.dot_flops_per_s, strided_read_s=self.strided_read_s,
-                      strided_miss_s=self.strided_miss_s, serial_product_s=self.serial_product_s,
-                      transcendental_s=self.transcendental_s, dot_rates=self.dot_rates)
+                      dot_flops_per_s=self.dot_flops_per_s, strided_rates=self.strided_rates,
+                      serial_product_s=self.serial_product_s, transcendental_s=self.transcendental_s,
+                      dot_rates=self.dot_rates)
 
     def price(self) -> Calibration:
         """Its rates as a price of a compiled step (:meth:`rematopt.xla.cost.Calibration.seconds`),
@@ -114,15 +116,18 @@ class Machine:
         return Calibration(self.device(), 1.0, self.launch_s, self.fault_s, "unscaled")
 
     def describe(self) -> str:
-        rates = [r for *_, r in self.dot_rates]
-        by_shape = (f" (convolutions; dots by shape {min(rates) / 1e9:.3g} to {max(rates) / 1e9:.3g} over "
-                    f"{len(rates)} sizes)") if rates else ""
+        by_shape = f" (convolutions; dots by shape {_span(self.dot_rates, 1e-9)})" if self.dot_rates else ""
         return (f"GEMM {self.flops_per_s / 1e9:.3g} GFLOP/s, lone dot {self.dot_flops_per_s / 1e9:.3g} GFLOP/s{by_shape}, "
                 f"vector {self.vector_flops_per_s / 1e9:.3g} GFLOP/s, {self.bytes_per_s / 1e9:.3g} GB/s, "
                 f"{self.launch_s * 1e6:.3g} us a kernel, {self.transcendental_s * 1e9:.3g} ns a transcendental "
-                f"element by element, {self.strided_read_s * 1e9:.3g} / {self.strided_miss_s * 1e9:.3g} ns more an "
-                f"element read across a line (kept / not kept), {self.serial_product_s * 1e9:.3g} ns more an element "
+                f"element by element, {_span(self.strided_rates, 1e9)} ns more an element read across a line "
+                f"(strides 256 B to 1 KiB, sweeps of 1 to 48 arrays), {self.serial_product_s * 1e9:.3g} ns more an element "
                 f"of a product summed one at a time, {self.fault_s * 1e6:.3g} us a page faulted and given back")
+
+
+def _span(table: tuple[tuple[float, ...], ...], unit: float) -> str:
+    values = [row[-1] * unit for row in table] or [0.0]
+    return f"{min(values):.3g} to {max(values):.3g}"
 
 
 # Lone dots' GFLOP/s on the core (:func:`steady`, 2026-12-06): per contracted size, a row per
@@ -138,16 +143,21 @@ _REFERENCE_DOTS = {
            (29.5, 36.8, 43.5, 46.2, 47.9, 44.8), (35.1, 41.9, 54.6, 60.6, 64.3, 60.8),
            (21.7, 33.1, 48.9, 61.1, 72.0, 70.6), (18.0, 29.8, 46.2, 62.0, 74.7, 78.5)),
 }
+# Strided reads' ns an element beyond the roofline, as :func:`steady` read them on 2026-12-06: per
+# stride (STRIDED_WIDTHS' rows), one per STRIDED_ARRAYS.
+_REFERENCE_STRIDED = {256: (0.54, 0.78, 1.40, 2.20), 512: (0.56, 1.02, 1.76, 2.79), 1024: (1.06, 2.42, 3.18, 3.80)}
 # The core's figures as the full CPU bench of 9538fcc measured them (docs/device.md), the serial
-# product's as :func:`measure` read it later on the same core, the lone dots' above and a page's fault
-# with its unmapping (:func:`fault_seconds`) as :func:`steady` read them on 2026-12-06: the price
+# product's as :func:`measure` read it later on the same core, the lone dots' and strided reads' above
+# and a page's fault with its unmapping (:func:`fault_seconds`) as :func:`steady` read them on
+# 2026-12-06: the price
 # ``--verify xla`` uses on CPU where it is given no machine, the bench's plannings included. A fixed
 # profile, so the loop's choice is the same on any load.
 REFERENCE = Machine(flops_per_s=77.9e9, dot_flops_per_s=25.8e9, vector_flops_per_s=65.8e9, bytes_per_s=51.3e9,
-                    launch_s=0.58e-6, fault_s=1.89e-6, transcendental_s=0.992e-9, strided_read_s=0.491e-9,
-                    strided_miss_s=1.4e-9, serial_product_s=2.38e-9,
+                    launch_s=0.58e-6, fault_s=1.89e-6, transcendental_s=0.992e-9, serial_product_s=2.38e-9,
                     dot_rates=tuple((m, n, k, gflops * 1e9) for k, rows in _REFERENCE_DOTS.items()
-                                    for m, row in zip(DOT_SIZES, rows) for n, gflops in zip(DOT_SIZES, row)))
+                                    for m, row in zip(DOT_SIZES, rows) for n, gflops in zip(DOT_SIZES, row)),
+                    strided_rates=tuple((stride, k * STRIDED_ROWS, ns * 1e-9) for stride, row in _REFERENCE_STRIDED.items()
+                                        for k, ns in zip(STRIDED_ARRAYS, row)))
 
 
 # glibc gives a thread an arena of its own until there are more than eight, then (with the bench's one
@@ -251,10 +261,13 @@ def steady(samples: int = 3, repeats: int = 7) -> Machine:
     import dataclasses
 
     taken = [measure(repeats) for _ in range(samples)]
+    tables = ("dot_rates", "strided_rates")
     figures = {f.name: statistics.median(getattr(m, f.name) for m in taken)
-               for f in dataclasses.fields(Machine) if f.name != "dot_rates"}
-    rates = [(*key, statistics.median(m.dot_rates[i][3] for m in taken)) for i, (*key, _) in enumerate(taken[0].dot_rates)]
-    return Machine(**figures, dot_rates=tuple(rates))
+               for f in dataclasses.fields(Machine) if f.name not in tables}
+    for table in tables:  # each point of a grid the median of its measurements
+        figures[table] = tuple((*row[:-1], statistics.median(getattr(m, table)[i][-1] for m in taken))
+                               for i, row in enumerate(getattr(taken[0], table)))
+    return Machine(**figures)
 
 
 def measure(repeats: int = 7) -> Machine:
@@ -335,22 +348,20 @@ def measure(repeats: int = 7) -> Machine:
     trig, arithmetic = fastest(with_trig, without, repeats=repeats)
     evaluated = sum(k.scalar_transcendentals for k in kernels(parse_hlo(compiled.as_text())))
 
-    def strided(arrays: int) -> tuple[float, list[int]]:
-        """(seconds ``arrays`` arrays take read across more than read in order, the elements [kept, not
-        kept] read one cache line each): the arrays slices of one buffer, as a step's lie in its temp
-        buffer one after another."""
-        x = jnp.ones((arrays, *STRIDED_SHAPE), jnp.float32)
-        w = jnp.arange(STRIDED_SHAPE[1], dtype=jnp.float32)
+    def strided(arrays: int, width: int) -> tuple[int, int, float]:
+        """(stride, lines a sweep reads, seconds an element read one cache line each takes more than read
+        in order)."""
+        x = jnp.ones((arrays, STRIDED_ROWS, width), jnp.float32)
+        w = jnp.arange(width, dtype=jnp.float32)
 
         def total(x, w):
             return sum((x[i] * w for i in range(1, arrays)), x[0] * w)
 
         (transposed, compiled), (straight, _) = step(lambda x, w: total(x, w).T, x, w), step(total, x, w)
         across, in_order = fastest(transposed, straight, repeats=repeats)
-        read = kernels(parse_hlo(compiled.as_text()))
-        return max(across - in_order, 0.0), [sum(k.strided[i] for k in read) for i in (0, 1)]
+        [(elements, stride, lines)] = [r for k in kernels(parse_hlo(compiled.as_text())) for r in k.strided]
+        return stride, lines, max(across - in_order, 0.0) / elements
 
-    (kept, (hit, _)), (lost, (_, miss)) = strided(1), strided(STRIDED_MANY)
     a = jnp.ones(SERIAL_SHAPE, jnp.float32)
 
     def summed(a, c):
@@ -364,5 +375,5 @@ def measure(repeats: int = 7) -> Machine:
                    vector_flops_per_s=step_cost(chained.as_text(), device("cpu")).flops / vector,
                    bytes_per_s=2 * STREAM_BYTES / stream, launch_s=launches / max(n, 1), fault_s=faults,
                    transcendental_s=max(trig - arithmetic, 0.0) / max(evaluated, 1),
-                   strided_read_s=kept / max(hit, 1), strided_miss_s=lost / max(miss, 1),
-                   serial_product_s=max(one_at_a_time - fast, 0.0) / max(products, 1), dot_rates=dot_rates())
+                   serial_product_s=max(one_at_a_time - fast, 0.0) / max(products, 1), dot_rates=dot_rates(),
+                   strided_rates=tuple(strided(k, c) for c in STRIDED_WIDTHS for k in STRIDED_ARRAYS))
