@@ -98,8 +98,8 @@ def kernel_cost(kernel: Kernel, device: Device, launch_s: float = 0.0) -> Kernel
     dimension), per run."""
     compute, memory = _sides(kernel, device)
     scalar = kernel.scalar_transcendentals * device.transcendental_s
-    strided = sum(elements * grid_value(device.strided_rates, (stride, operands))
-                  for elements, stride, operands in kernel.strided) if device.strided_rates else 0.0
+    strided = sum(elements * grid_value(device.strided_rates, (stride, lines))
+                  for elements, stride, lines in kernel.strided) if device.strided_rates else 0.0
     serial = kernel.serial_products * device.serial_product_s
     return KernelCost(kernel, (max(compute, memory) + launch_s + scalar + strided + serial) * kernel.trip_count,
                       "compute" if compute + scalar + serial > memory + strided else "memory")
