@@ -270,6 +270,14 @@ def steady(samples: int = 3, repeats: int = 7) -> Machine:
     return Machine(**figures)
 
 
+# The grids' micro-benchmarks compiled, by name and operand shapes: :func:`steady` measures three times in
+# one process, and compiling the 132 programs of the two grids each time took most of its 25 s.
+_COMPILED: dict[tuple, object] = {}
+# Each point of a grid the fastest of this many runs (after a warm-up), then the median over steady's
+# samples: 144 points, so the quick bench stays under its 5 minutes.
+GRID_REPEATS = 3
+
+
 def measure(repeats: int = 7) -> Machine:
     """Run the micro-benchmarks on this process's core(s) with JAX's default backend (CPU)."""
     import jax
@@ -279,13 +287,19 @@ def measure(repeats: int = 7) -> Machine:
     from .hlo import parse_hlo
     from .kernels import kernels
 
-    def step(fn, *args, **jit) -> tuple[Callable[[], object], object]:
-        compiled = jax.jit(fn, **jit).lower(*args).compile()
+    def step(fn, *args, key: str = "", **jit) -> tuple[Callable[[], object], object]:
+        """``fn`` compiled for ``args``; with a ``key``, once a process (:data:`_COMPILED`)."""
+        at = (key, *(a.shape for a in args))
+        compiled = _COMPILED.get(at) if key else None
+        if compiled is None:
+            compiled = jax.jit(fn, **jit).lower(*args).compile()
+            if key:
+                _COMPILED[at] = compiled
         return (lambda: jax.block_until_ready(compiled(*args))), compiled
 
-    def timed(fn, *args) -> tuple[float, object]:
-        run, compiled = step(fn, *args)
-        return fastest(run, repeats=repeats)[0], compiled
+    def timed(fn, *args, key: str = "", runs: int = repeats) -> tuple[float, object]:
+        run, compiled = step(fn, *args, key=key)
+        return fastest(run, repeats=runs)[0], compiled
 
     def gemm_rate(transposed: bool) -> float:
         rates = []
@@ -306,7 +320,8 @@ def measure(repeats: int = 7) -> Machine:
             for m in DOT_SIZES:
                 for n in DOT_SIZES:  # contracting the rows of both, as a weight gradient does
                     a, b = jnp.ones((k, m), jnp.float32), jnp.ones((n, k), jnp.float32)
-                    seconds, _ = timed(lambda a, b: jax.lax.dot_general(a, b, (((0,), (1,)), ((), ()))), a, b)
+                    seconds, _ = timed(lambda a, b: jax.lax.dot_general(a, b, (((0,), (1,)), ((), ()))), a, b,
+                                       key="weight gradient", runs=GRID_REPEATS)
                     out.append((m, n, k, 2 * m * n * k / seconds))
         return tuple(out)
 
@@ -357,8 +372,9 @@ def measure(repeats: int = 7) -> Machine:
         def total(x, w):
             return sum((x[i] * w for i in range(1, arrays)), x[0] * w)
 
-        (transposed, compiled), (straight, _) = step(lambda x, w: total(x, w).T, x, w), step(total, x, w)
-        across, in_order = fastest(transposed, straight, repeats=repeats)
+        (transposed, compiled), (straight, _) = (step(lambda x, w: total(x, w).T, x, w, key="strided across"),
+                                                 step(total, x, w, key="strided in order"))
+        across, in_order = fastest(transposed, straight, repeats=GRID_REPEATS)
         [(elements, stride, lines)] = [r for k in kernels(parse_hlo(compiled.as_text())) for r in k.strided]
         return stride, lines, max(across - in_order, 0.0) / elements
 
