@@ -31,7 +31,7 @@ class Device:
     dot_flops_per_s: float | None = None
     # Lone dots' rates by shape, where measured: (rows, columns, contracted, FLOP/s) over a grid, a dot
     # priced between its points (rematopt.xla.cost.grid_value). Eigen's rate on this machine's core
-    # spans 6 to 84 GFLOP/s over that grid (rematopt.xla.machine), and the models' weight gradients
+    # spans 5 to 90 GFLOP/s over that grid (rematopt.xla.machine), and the models' weight gradients
     # (256 x 1,024 contracting 1,024 tokens) run at 60 where the one figure above priced them at 26.
     dot_rates: tuple[tuple[int, int, int, float], ...] = ()
     # What a transposing kernel of XLA's CPU loop emitter pays beyond its roofline for each element it

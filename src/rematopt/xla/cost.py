@@ -30,6 +30,7 @@ steps by least squares; with the three to five baselines of a bench model it is 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import mmap
@@ -122,10 +123,9 @@ def grid_value(rows: tuple[tuple[float, ...], ...], point: tuple[int, ...]) -> f
     """The value at ``point`` of a figure measured on a grid (``rows``: the grid's point, then the value
     there; :attr:`Device.dot_rates`, :attr:`Device.strided_rates`): interpolated linearly in the
     logarithms of the coordinates between the grid's points around it, the nearest edge beyond the grid."""
-    table = {tuple(row[:-1]): row[-1] for row in rows}
+    table, axes = _grid(rows)
     corners = []  # per axis: (grid coordinate, weight) of the points around
-    for i, size in enumerate(point):
-        axis = sorted({key[i] for key in table})
+    for axis, size in zip(axes, point):
         x = min(max(math.log2(max(size, 1)), math.log2(axis[0])), math.log2(axis[-1]))
         hi = next(k for k, g in enumerate(axis) if math.log2(g) >= x)
         lo = max(hi - 1, 0)
@@ -133,6 +133,14 @@ def grid_value(rows: tuple[tuple[float, ...], ...], point: tuple[int, ...]) -> f
         w = (x - math.log2(axis[lo])) / span if span else 1.0
         corners.append(((axis[lo], 1.0 - w), (axis[hi], w)))
     return sum(math.prod(w for _, w in pick) * table[tuple(g for g, _ in pick)] for pick in itertools.product(*corners))
+
+
+@functools.lru_cache(maxsize=8)
+def _grid(rows: tuple[tuple[float, ...], ...]) -> tuple[dict[tuple, float], list[list[float]]]:
+    """A grid's values by point and its sorted coordinates per axis: built once a table, where
+    :func:`grid_value` runs for each lone dot and strided kernel of every step priced."""
+    table = {tuple(row[:-1]): row[-1] for row in rows}
+    return table, [sorted({key[i] for key in table}) for i in range(len(rows[0]) - 1)]
 
 
 def step_cost(module: HloModule | str, device: Device, launch_s: float = 0.0) -> StepCost:

@@ -242,8 +242,8 @@ def _traffic(module: HloModule, scope: dict[str, Instruction], inst: Instruction
 # order, so an operand whose minor dimension is not the output's is read one element per cache line
 # (its stride: 64 bytes or more between consecutive reads), and the line serves the next element of that
 # operand only a sweep later, if the cache still holds it. What that costs depends on the stride and on
-# how many lines a sweep reads so, operands times sweep (xla.machine measures a grid of both; quick
-# keras_llama's [4, 128, 256] -> [256, 512] gradients read four operands a 512-element sweep at 1 KiB
+# how many lines a sweep reads so, operands times sweep (xla.machine measures a grid of both; the
+# bench's keras_llama's [4, 128, 256] -> [256, 512] gradients read four operands a 512-element sweep at 1 KiB
 # in 0.66 ns an element, where one [1024, 256] array costs 1.06 more than in order): timed alone on this
 # machine's core, summing k [1024, c] arrays (slices of one buffer) times a [c] vector into [c, 1024],
 # more than in order by 0.54, 0.78, 1.40 and 2.20 ns an element for k = 1, 8, 16 and 48 at 256 B (the
@@ -420,7 +420,7 @@ def _contracted(inst: Instruction) -> int:
 def dot_dims(inst: Instruction) -> tuple[int, int, int] | None:
     """A dot's (rows, columns, contracted) per matrix of its batch: the lhs's and the rhs's dimensions
     neither batch nor contracting, and the contracting ones. Eigen's rate depends on all three (on this
-    machine's core, 6 to 84 GFLOP/s over 32 to 1,024 of each, xla.machine)."""
+    machine's core, 5 to 90 GFLOP/s over 32 to 1,024 of each, xla.machine)."""
     lhs, rhs = _operand_dims(inst, 0), _operand_dims(inst, 1)
     if lhs is None or rhs is None:
         return None
@@ -434,10 +434,7 @@ def _dot_attr(inst: Instruction, name: str) -> list[int]:
 
 
 def _product(dims: tuple[int, ...] | None, which: list[int]) -> int:
-    n = 1
-    for d in which if dims is not None else ():
-        n *= dims[d]
-    return n
+    return math.prod(dims[d] for d in which) if dims is not None else 1
 
 
 def _gemm_flops(inst: Instruction) -> int:
@@ -446,10 +443,7 @@ def _gemm_flops(inst: Instruction) -> int:
     if not config or lhs is None:
         return 0
     dims = config.get("dot_dimension_numbers", {}).get("lhs_contracting_dimensions", [])
-    n = 1
-    for d in dims:
-        n *= lhs[int(d)]
-    return 2 * inst.shape.leaves[0].elements * n
+    return 2 * inst.shape.leaves[0].elements * _product(lhs, [int(d) for d in dims])
 
 
 def _conv_window(inst: Instruction) -> int:

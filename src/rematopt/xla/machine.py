@@ -40,7 +40,7 @@ from .cost import PAGE, Calibration
 # sized to run in milliseconds.
 GEMM_ROWS, GEMM_WIDTHS = 1024, (32, 64, 128)
 # Lone dots as weight gradients make them (both operands contracted over their rows), on a grid of rows,
-# columns and contracted size: Eigen's rate is no one figure. On the core it ran 6 to 84 GFLOP/s over
+# columns and contracted size: Eigen's rate is no one figure. On the core it ran 5 to 90 GFLOP/s over
 # this grid, and quick gpt's and the bench's weight gradients (256 x 1,024 and 256 x 256 from 1,024
 # tokens) 58 to 64 in the step, where the median over GEMM_WIDTHS (26) priced them: the lone dots came
 # to 2.2 times their profiled time, and the one scale calibrated over them took it from every other
@@ -120,14 +120,22 @@ class Machine:
         return (f"GEMM {self.flops_per_s / 1e9:.3g} GFLOP/s, lone dot {self.dot_flops_per_s / 1e9:.3g} GFLOP/s{by_shape}, "
                 f"vector {self.vector_flops_per_s / 1e9:.3g} GFLOP/s, {self.bytes_per_s / 1e9:.3g} GB/s, "
                 f"{self.launch_s * 1e6:.3g} us a kernel, {self.transcendental_s * 1e9:.3g} ns a transcendental "
-                f"element by element, {_span(self.strided_rates, 1e9)} ns more an element read across a line "
-                f"(strides 256 B to 1 KiB, sweeps of 1 to 48 arrays), {self.serial_product_s * 1e9:.3g} ns more an element "
+                f"element by element, {_span(self.strided_rates, 1e9)} ns more an element read across a line"
+                f"{_axes(self.strided_rates)}, {self.serial_product_s * 1e9:.3g} ns more an element "
                 f"of a product summed one at a time, {self.fault_s * 1e6:.3g} us a page faulted and given back")
 
 
 def _span(table: tuple[tuple[float, ...], ...], unit: float) -> str:
     values = [row[-1] * unit for row in table] or [0.0]
     return f"{min(values):.3g} to {max(values):.3g}"
+
+
+def _axes(strided: tuple[tuple[int, int, float], ...]) -> str:
+    """The strided grid's extent, as measured."""
+    if not strided:
+        return ""
+    strides, lines = [row[0] for row in strided], [row[1] for row in strided]
+    return f" (strides {min(strides)} to {max(strides)} B, sweeps of {min(lines):,} to {max(lines):,} lines)"
 
 
 # Lone dots' GFLOP/s on the core (:func:`steady`, 2026-12-06): per contracted size, a row per
@@ -274,7 +282,7 @@ def steady(samples: int = 3, repeats: int = 7) -> Machine:
 # one process, and compiling the 132 programs of the two grids each time took most of its 25 s.
 _COMPILED: dict[tuple, object] = {}
 # Each point of a grid the fastest of this many runs (after a warm-up), then the median over steady's
-# samples: 144 points, so the quick bench stays under its 5 minutes.
+# samples: 120 points, which with seven runs each and a compile each sample took 25 s of steady's time.
 GRID_REPEATS = 3
 
 
