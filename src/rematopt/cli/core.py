@@ -294,7 +294,7 @@ def import_nodelink(file: str, output: str) -> None:
 @click.option("--folder", type=click.Path(file_okay=False), default="bench-graphs", show_default=True,
               help="scale: where the instances are made (on first use) and kept.")
 @click.option("--models", default=None, help="device: models by name (default: gpt, unet, flax_linen, keras_llama).")
-@click.option("--quick", is_flag=True, help="device: small sizes, fewer rows, one budget (4 min 26 s on 2 idle cores: rows and planning two at a time).")
+@click.option("--quick", is_flag=True, help="device: small sizes, fewer rows, one budget, 3 planning rounds an order (4 min 36 s on 2 idle cores: rows and planning two at a time).")
 @click.option("--runs", type=int, default=None, help="device: interleaved timing rounds, one step of every variant each (default 9; 5 quick).")
 @click.option("--out", type=click.Path(file_okay=False), default="reports/device", show_default=True,
               help="device: the report goes to OUT/<backend>/.")
