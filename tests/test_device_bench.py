@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -230,8 +231,14 @@ def test_the_report_says_which_clock_ended_planning(tmp_path):
     assert got["rematopt@0.5"]["stopped_by"] == "time_limit" and got["rematopt@0.8"]["deterministic_spent"] == "4.99"
 
 
-def test_the_time_limit_is_the_whole_runs_and_keeps_what_finished(tmp_path):
+def test_the_time_limit_is_the_whole_runs_and_keeps_what_finished(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
     bench = run_bench(("mlp",), quick=True, time_limit=0.0, out=tmp_path, progress=lambda line: None, cwd=ROOT)
+    assert list((tmp_path / "tmp").iterdir()) == []  # the workers' scratch folder is gone
+    run_bench(("mlp",), quick=True, time_limit=0.0, out=tmp_path, progress=lambda line: None, cwd=ROOT,
+              work=tmp_path / "work")
+    assert [p.name[:16] for p in (tmp_path / "work").iterdir()] == ["rematopt-device-"]  # --work keeps it
     assert bench.rows == [] and any("time limit (0 s) ran out" in n for n in bench.notes)
     md = (tmp_path / bench.backend / "device.md").read_text()
     assert "time limit (0 s) ran out" in md
@@ -275,7 +282,9 @@ def test_pareto_front_and_slop():
 def test_bench_on_a_tiny_model_writes_the_report(tmp_path):
     lines = []
     bench = run_bench(("mlp",), quick=True, runs=1, ratios=(0.8,), deterministic_time=0.5, out=tmp_path,
-                      progress=lines.append, cwd=ROOT)
+                      progress=lines.append, cwd=ROOT, work=tmp_path / "work")
+    kept = {p.name for p in (tmp_path / "work").glob("rematopt-device-*/mlp-*/*")}
+    assert {"graph.json", "plan_0.8.json", "grads.npz"} <= kept  # the plan can be applied again
     kinds = [r.kind for r in bench.rows]
     assert kinds.count("plain") == 2 and kinds.count("layer") == 2 and kinds.count("step") == 1
     assert kinds[-1] == "rematopt" and bench.rows[1].variant == AGAIN

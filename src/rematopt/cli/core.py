@@ -298,8 +298,12 @@ def import_nodelink(file: str, output: str) -> None:
 @click.option("--runs", type=int, default=None, help="device: interleaved timing rounds, one step of every variant each (default 9; 5 quick).")
 @click.option("--out", type=click.Path(file_okay=False), default="reports/device", show_default=True,
               help="device: the report goes to OUT/<backend>/.")
+@click.option("--work", type=click.Path(file_okay=False), default=None,
+              help="device: keep each model's worker files (traced graph, plans, compiled modules, JAX's compile "
+              "cache) in a new folder under WORK (default: a temporary folder, removed at the end).")
 def bench(what: str, sizes: str, graphs: str | None, ratios: str | None, time_limit: float,
-          deterministic_time: float | None, bound_limit: float, workers: int, lns: str, folder: str, models: str | None, quick: bool, runs: int | None, out: str) -> None:
+          deterministic_time: float | None, bound_limit: float, workers: int, lns: str, folder: str, models: str | None,
+          quick: bool, runs: int | None, out: str, work: str | None) -> None:
     """Print timing tables (simulator: replay, save and load at several plan sizes;
     greedy: the d=2000 chain-with-sinks stress case and the clone projection check;
     cpsat: the exact planner on ../shared/benchmarks/nodelink at ratios 0.9 and 0.8;
@@ -325,7 +329,8 @@ def bench(what: str, sizes: str, graphs: str | None, ratios: str | None, time_li
                            ratios=tuple(float(r) for r in ratios.split(",")) if ratios else None,
                            time_limit=None if click.get_current_context().get_parameter_source("time_limit")
                            == ParameterSource.DEFAULT else time_limit, out=Path(out),
-                           progress=lambda line: click.echo(line, err=True), deterministic_time=deterministic_time)
+                           progress=lambda line: click.echo(line, err=True), deterministic_time=deterministic_time,
+                           work=Path(work) if work else None)
         click.echo(f"wrote {Path(out) / bench_.backend}/device.md, device.csv, device.png ({len(bench_.rows)} rows)")
         return
     if what == "bounds":

@@ -36,6 +36,7 @@ import json
 import math
 import os
 import resource
+import shutil
 import signal
 import statistics
 import subprocess
@@ -602,13 +603,17 @@ class Bench:
 def run_bench(models: tuple[str, ...] = DEFAULT_MODELS, quick: bool = False, runs: int | None = None,
               ratios: tuple[float, ...] | None = None, time_limit: float | None = None, out: Path | None = None,
               progress: Callable[[str], None] = print, cwd: Path | None = None,
-              configs: dict[str, dict] | None = None, deterministic_time: float | None = None) -> Bench:
+              configs: dict[str, dict] | None = None, deterministic_time: float | None = None,
+              work: Path | None = None) -> Bench:
     """Measure every variant of every model; writes the report after each row (Ctrl-C, or the end of
     ``time_limit``, the whole run's wall seconds, keeps them). Each budget's plan is cpsat's under
     ``deterministic_time`` deterministic seconds (default :data:`DETERMINISTIC_S`, quick
     :data:`QUICK_DETERMINISTIC_S`), so the plans are the same at any load. On CPU the models' row and
     planning processes run :data:`AT_ONCE` at a time, and each model's timing process with none beside
-    it (:func:`_model_tasks`)."""
+    it (:func:`_model_tasks`). The workers' files (per model: its traced graph, plans, compiled modules,
+    gradients and JAX's compile cache, tens of MB) go to a folder of each model's under ``work``, kept
+    for a plan to be applied or profiled again; without ``work``, under a temporary folder removed at
+    the end."""
     cwd = cwd or Path.cwd()
     until = time.time() + (time_limit if time_limit is not None else math.inf)
     runs = runs or (QUICK_ROUNDS if quick else ROUNDS)
@@ -616,6 +621,9 @@ def run_bench(models: tuple[str, ...] = DEFAULT_MODELS, quick: bool = False, run
     if deterministic_time is None:
         deterministic_time = QUICK_DETERMINISTIC_S if quick else DETERMINISTIC_S
     env = worker_env()
+    if work:
+        work.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix="rematopt-device-", dir=work))
     started, cpu, load = time.time(), _children_cpu(), os.getloadavg()[0]
     workers = Workers()
     probed = _worker({"probe": True, "cwd": str(cwd)}, env, 120, workers, "probe")
@@ -648,7 +656,7 @@ def run_bench(models: tuple[str, ...] = DEFAULT_MODELS, quick: bool = False, run
         lock = threading.RLock()
         tasks = [_model_tasks(bench, MODELS[name], (configs or {}).get(name) or
                               MODELS[name].config_for(backend, quick), runs, ratios, until, quick,
-                              env, cwd, out, progress, workers, lock, cores, models) for name in models]
+                              env, cwd, out, progress, workers, lock, cores, models, scratch) for name in models]
         run_tasks(_order(tasks, slots, rows_first=backend != "cpu"), slots, stop=workers.stop)
     except KeyboardInterrupt:
         bench.notes.append("interrupted (Ctrl-C): the rows above are the ones that finished.")
@@ -656,6 +664,9 @@ def run_bench(models: tuple[str, ...] = DEFAULT_MODELS, quick: bool = False, run
     except OutOfTime:
         bench.notes.append(f"the time limit ({time_limit:g} s) ran out: the rows above are the ones that finished.")
         progress("out of time: keeping the finished rows")
+    finally:
+        if not work:
+            shutil.rmtree(scratch, ignore_errors=True)
     bench.run = {"wall": time.time() - started, "cpu": _children_cpu() - cpu, "load_start": load,
                  "load_end": os.getloadavg()[0], "two_at_once": _overlap(workers.ran)}
     if out:
@@ -691,7 +702,8 @@ def _overlap(ran: list[tuple[str, str, float, float, float]]) -> float:
 
 def _model_tasks(bench: Bench, model: Model, config: dict, rounds: int, ratios: tuple[float, ...], until: float,
                  quick: bool, env: dict, cwd: Path, out: Path | None, progress: Callable[[str], None],
-                 workers: Workers, lock: threading.RLock, cores: list[int], models: tuple[str, ...]) -> list[Task]:
+                 workers: Workers, lock: threading.RLock, cores: list[int], models: tuple[str, ...],
+                 scratch: Path) -> list[Task]:
     """One model's tasks (:func:`rematopt.studies.schedule.run_tasks`), each one worker process: its
     rows (the plain step and the policies), its planning (on CPU one process for every budget; on an
     accelerator one a budget, side by side on the host's cores), its plans' rows, its timing. Planning
@@ -702,12 +714,13 @@ def _model_tasks(bench: Bench, model: Model, config: dict, rounds: int, ratios: 
     clock. On a GPU the rows hold the device (``Task.holds``): one process at a time measures there, so
     one row's memory is not beside another's. The rows' compiled peaks are the compiled programs', and
     the plans come from CP-SAT's deterministic clock, so neither depends on what runs beside them.
-    ``lock`` guards ``bench`` and the report, which the tasks' threads share."""
+    ``lock`` guards ``bench`` and the report, which the tasks' threads share; the workers' files go to a
+    new folder under ``scratch``."""
     from ..importers.costmodel import device
     from ..xla.cost import step_cost
     from ..xla.hlo import read_hlo
 
-    work = Path(tempfile.mkdtemp(prefix=f"rematopt-device-{model.label}-"))
+    work = Path(tempfile.mkdtemp(prefix=f"{model.label}-", dir=scratch))
     # the timing process's compiles hit the cache the row processes fill
     env = {**env, "JAX_COMPILATION_CACHE_DIR": str(work / "jax-cache"),
            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
