@@ -621,9 +621,6 @@ def run_bench(models: tuple[str, ...] = DEFAULT_MODELS, quick: bool = False, run
     if deterministic_time is None:
         deterministic_time = QUICK_DETERMINISTIC_S if quick else DETERMINISTIC_S
     env = worker_env()
-    if work:
-        work.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix="rematopt-device-", dir=work))
     started, cpu, load = time.time(), _children_cpu(), os.getloadavg()[0]
     workers = Workers()
     probed = _worker({"probe": True, "cwd": str(cwd)}, env, 120, workers, "probe")
@@ -644,6 +641,9 @@ def run_bench(models: tuple[str, ...] = DEFAULT_MODELS, quick: bool = False, run
         bench.notes.append(f"CPU rows run under XLA_FLAGS={CPU_SCHEDULER} (the memory-minimizing scheduler), "
                            f"each measuring worker pinned to one core (timing: core {cores[0]}, nothing else of "
                            "the bench beside it).")
+    if work:
+        work.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix="rematopt-device-", dir=work))
     try:
         if backend == "cpu":
             got = _worker({"machine": True, "pin": cores[0], "cwd": str(cwd)}, env,
