@@ -6,7 +6,6 @@ wait on, ``alone`` tasks (the timing processes) with nothing beside them, two ta
 from __future__ import annotations
 
 import math
-import tempfile
 import threading
 from dataclasses import replace
 
@@ -90,7 +89,7 @@ def test_bad_task_lists_are_refused():
         run_tasks([log.task("a", after=("b",)), log.task("b", after=("a",))], 2)
 
 
-def test_the_device_bench_plans_beside_the_rows_and_times_each_model_alone(tmp_path, monkeypatch):
+def test_the_device_bench_plans_beside_the_rows_and_times_each_model_alone(tmp_path):
     """The bench's own tasks (rematopt.studies.device._model_tasks, in _order's order), their work stubbed:
     on two slots each model's planning runs beside rows, its plan rows after its rows and its planning,
     and every timing after all measuring and planning, with nothing beside it; on one slot (a GPU)
@@ -98,13 +97,12 @@ def test_the_device_bench_plans_beside_the_rows_and_times_each_model_alone(tmp_p
     pytest.importorskip("jax")
     from rematopt.studies.device import MODELS, Bench, Workers, _model_tasks, _order
 
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # each model's work folder
     models = ("gpt", "unet", "flax_linen")
     bench = Bench("cpu", "cpu")
 
     def graph() -> list[list[Task]]:
         return [_model_tasks(bench, MODELS[m], {}, 1, (0.8,), math.inf, True, {}, tmp_path, None, print, Workers(),
-                             threading.RLock(), [0, 1], models) for m in models]
+                             threading.RLock(), [0, 1], models, tmp_path) for m in models]
 
     log = Log()
     meet = threading.Barrier(2, timeout=30)  # the first model's planning and rows start at once
@@ -131,18 +129,17 @@ def test_a_resource_is_held_by_one_running_task_at_most():
     assert log.order[:3] == ["r1", "p1", "p2"]  # r2 and r3 wait for the device; the plannings pass them
 
 
-def test_on_a_gpu_the_bench_plans_each_budget_beside_one_row_process_on_the_device(tmp_path, monkeypatch):
+def test_on_a_gpu_the_bench_plans_each_budget_beside_one_row_process_on_the_device(tmp_path):
     """The bench's own tasks on a GPU backend (stubbed): one planning task a budget, the rows first in the
     order, every row and plan-row task holding the device (none beside another), the plan rows after
     their model's rows and every one of its budgets' plannings, each timing alone."""
     pytest.importorskip("jax")
     from rematopt.studies.device import MODELS, Bench, Workers, _model_tasks, _order
 
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     models, ratios = ("gpt", "unet"), (0.8, 0.6, 0.5)
     bench = Bench("gpu", "h200")
     tasks = [_model_tasks(bench, MODELS[m], {}, 1, ratios, math.inf, False, {}, tmp_path, None, print, Workers(),
-                          threading.RLock(), list(range(8)), models) for m in models]
+                          threading.RLock(), list(range(8)), models, tmp_path) for m in models]
     assert [t.name for t in tasks[0]] == ["gpt rows", "gpt planning@0.8", "gpt planning@0.6", "gpt planning@0.5",
                                           "gpt plan rows", "gpt timing"]
     ordered = _order(tasks, 4, rows_first=True)
