@@ -611,7 +611,7 @@ def run_bench(models: tuple[str, ...] = DEFAULT_MODELS, quick: bool = False, run
     :data:`QUICK_DETERMINISTIC_S`), so the plans are the same at any load. On CPU the models' row and
     planning processes run :data:`AT_ONCE` at a time, and each model's timing process with none beside
     it (:func:`_model_tasks`). The workers' files (per model: its traced graph, plans, compiled modules,
-    gradients and JAX's compile cache, tens of MB) go to a folder of each model's under ``work``, kept
+    gradients and JAX's compile cache, 5 to 50 MB) go to a folder of each model's under ``work``, kept
     for a plan to be applied or profiled again; without ``work``, under a temporary folder removed at
     the end."""
     cwd = cwd or Path.cwd()
