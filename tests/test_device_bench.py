@@ -354,3 +354,42 @@ def test_each_variant_is_timed_in_a_process_of_its_own_and_faults_as_predicted(m
     assert not got["errors"] and set(got["faults"]) == set(predicted)
     for label, faults in got["faults"].items():
         assert sorted(faults)[len(faults) // 2] == pytest.approx(predicted[label], rel=0.01), (label, faults)
+
+
+def _script_copy(tmp_path: Path, python: str) -> tuple[Path, dict]:
+    """tools/gpu_bench.sh in a checkout of its own (src/ and models/ linked, no .whl/), and an
+    environment whose python3 is ``python``."""
+    (tmp_path / "tools").mkdir()
+    script = tmp_path / "tools" / "gpu_bench.sh"
+    script.write_text((ROOT / "tools" / "gpu_bench.sh").read_text())
+    for name in ("src", "models"):
+        (tmp_path / name).symlink_to(ROOT / name)
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "python3").symlink_to(python)
+    env = dict(os.environ, PATH=f"{tmp_path / 'bin'}:{os.environ['PATH']}", OUT=str(tmp_path / "out"))
+    return script, env
+
+
+def test_the_gpu_script_runs_the_bench_from_its_checkout_and_refuses_what_it_cannot_do(tmp_path):
+    import subprocess
+    import sys
+
+    script, env = _script_copy(tmp_path, sys.executable)
+    # run: rematopt from the checkout's src/, its output also in $OUT/bench.log
+    got = subprocess.run(["bash", str(script), "run", "--help"], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert got.returncode == 0, got.stderr
+    assert "--time-limit" in got.stdout and "--work" in got.stdout
+    assert "--time-limit" in (tmp_path / "out" / "bench.log").read_text()
+    # no step named: one line, exit 2
+    got = subprocess.run(["bash", str(script), "bogus"], env=env, capture_output=True, text=True, timeout=60)
+    assert got.returncode == 2 and got.stderr.strip().startswith("usage: tools/gpu_bench.sh")
+    # fetch takes the versions installed here: where a package is not, it says which, exit 2, nothing fetched
+    (tmp_path / "bin" / "python3").unlink()
+    (tmp_path / "bin" / "python3").write_text("#!/bin/sh\nexit 1\n")
+    (tmp_path / "bin" / "python3").chmod(0o755)
+    got = subprocess.run(["bash", str(script), "fetch"], env=env, capture_output=True, text=True, timeout=60)
+    assert got.returncode == 2
+    assert got.stderr.strip() == ("tools/gpu_bench.sh: ortools is not installed here "
+                                  "(install what the README's test command needs first)")
+    assert not (tmp_path / ".whl").exists()
