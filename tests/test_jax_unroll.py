@@ -15,7 +15,7 @@ import numpy as np  # noqa: E402
 from jax import lax  # noqa: E402
 
 from rematopt import Graph, load, no_remat_plan, simulate, solve  # noqa: E402
-from rematopt.importers.jaxpr.unroll import MAX_TRIP  # noqa: E402
+from rematopt.importers.jaxpr.unroll import MAX_TRIP, scan_counts  # noqa: E402
 from rematopt.exporters.jax_policy import UnrolledLoop  # noqa: E402
 from rematopt.jax import apply_plan, residual_fates, trace, trace_grad  # noqa: E402
 
@@ -262,3 +262,31 @@ def test_a_split_argument_that_is_also_read_whole_is_stacked_for_that_read():
     (stack,) = [v for v in g.nodes if v.op == "stack"]
     assert [g.nodes[p].extra["iteration"] for p in g.preds[stack.id]] == [[0], [1], [2]]
     assert_same_gradients(loss, apply_plan(loss, g, no_remat_plan(g)), args)
+
+
+def test_a_scans_constants_and_carry_are_counted_on_the_installed_jax():
+    # JAX 0.10 names them in the scan's parameters (num_consts, num_carry), 0.11 in a tree of its
+    # operands (ft_in); the importer read 0.10's alone, and every scanned model (flax_linen, flax_nnx,
+    # gpt_scan, equinox_lm) failed to trace on 0.11.2 with KeyError: 'num_consts'
+    def f(c, k, xs):
+        return lax.scan(lambda c, x: ((c[0] + x * k, c[1] * 2.0), (c[0] * x, x)), (c, c), xs)
+
+    v = jnp.ones(3)
+    [eqn] = [e for e in jax.make_jaxpr(f)(v, v, jnp.ones((4, 3))).jaxpr.eqns if e.primitive.name == "scan"]
+    assert scan_counts(eqn.params) == (1, 2)
+    # and it unrolls to the Python loop's graph: four iterations of the body's equations
+
+    def looped(c, k, xs):
+        c0, c1, ys = c, c, []
+        for x in xs:
+            ys.append(c0 * x)
+            c0, c1 = c0 + x * k, c1 * 2.0
+        return (c0, c1), (jnp.stack(ys), xs)
+
+    def loss(f):
+        return lambda c, k, xs: sum(leaf.sum() for leaf in jax.tree_util.tree_leaves(f(c, k, xs)))
+
+    scanned, unrolled = (trace(loss(fn), v, v, jnp.ones((4, 3))) for fn in (f, looped))
+    assert sum(v.op == "mul" for v in scanned.nodes) == 12
+    assert sorted(v.op for v in scanned.nodes if v.op in ("mul", "add")) == \
+        sorted(v.op for v in unrolled.nodes if v.op in ("mul", "add"))

@@ -156,9 +156,19 @@ def run(closed: Any, args: Sequence, ns: Any) -> list:
     return [read(v) for v in jaxpr.outvars]
 
 
+def scan_counts(params: dict) -> tuple[int, int]:
+    """How many of a scan equation's operands are constants and how many the carry: JAX 0.10's
+    ``num_consts`` and ``num_carry``, or from JAX 0.11 on the ``ft_in`` tree (constants, carry, scanned
+    inputs)."""
+    if "num_consts" in params:
+        return params["num_consts"], params["num_carry"]
+    consts, carry, _ = params["ft_in"].unpack()
+    return len(list(consts.vals)), len(list(carry.vals))
+
+
 def _scan(eqn: Any, ins: list, ns: Any) -> list:
     p = eqn.params
-    nc, nk, length = p["num_consts"], p["num_carry"], p["length"]
+    (nc, nk), length = scan_counts(p), p["length"]
     consts, carry, xs = ins[:nc], ins[nc:nc + nk], ins[nc + nk:]
     ys: list[list] = []
     for k in range(length):
@@ -272,7 +282,7 @@ def _scanned_leaves(jaxpr: Any) -> dict[int, int]:
                 walk(inner, {iv: origin[v] for iv, v in zip(inner.invars, e.invars) if _var_in(v, origin)})
             if e.primitive.name != "scan" or e.params["length"] == 0:
                 continue
-            nc, nk = e.params["num_consts"], e.params["num_carry"]
+            nc, nk = scan_counts(e.params)
             inner, sub = _jaxpr_of(e.params["jaxpr"]), {}
             for k, (iv, v) in enumerate(zip(inner.invars, e.invars)):
                 if _var_in(v, origin) and not nc <= k < nc + nk:
