@@ -365,7 +365,8 @@ def _script_copy(tmp_path: Path, python: str) -> tuple[Path, dict]:
     for name in ("src", "models"):
         (tmp_path / name).symlink_to(ROOT / name)
     (tmp_path / "bin").mkdir()
-    (tmp_path / "bin" / "python3").symlink_to(python)
+    (tmp_path / "bin" / "python3").write_text(f'#!/bin/sh\nexec "{python}" "$@"\n')  # a link loses a venv
+    (tmp_path / "bin" / "python3").chmod(0o755)
     env = dict(os.environ, PATH=f"{tmp_path / 'bin'}:{os.environ['PATH']}", OUT=str(tmp_path / "out"))
     return script, env
 
@@ -385,9 +386,7 @@ def test_the_gpu_script_runs_the_bench_from_its_checkout_and_refuses_what_it_can
     got = subprocess.run(["bash", str(script), "bogus"], env=env, capture_output=True, text=True, timeout=60)
     assert got.returncode == 2 and got.stderr.strip().startswith("usage: tools/gpu_bench.sh")
     # fetch takes the versions installed here: where a package is not, it says which, exit 2, nothing fetched
-    (tmp_path / "bin" / "python3").unlink()
     (tmp_path / "bin" / "python3").write_text("#!/bin/sh\nexit 1\n")
-    (tmp_path / "bin" / "python3").chmod(0o755)
     got = subprocess.run(["bash", str(script), "fetch"], env=env, capture_output=True, text=True, timeout=60)
     assert got.returncode == 2
     assert got.stderr.strip() == ("tools/gpu_bench.sh: ortools is not installed here "
