@@ -37,13 +37,13 @@ run)
     shift
     out="${OUT:-reports/device}"
     mkdir -p "$out"
+    site=""
     if [ -d .whl ]; then
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
             .whl/*.whl || exit 2
-        export PYTHONPATH="/tmp/site:$PWD/src:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-    else
-        export PYTHONPATH="$PWD/src:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+        site="/tmp/site:"
     fi
+    export PYTHONPATH="$site$PWD/src:$PWD${PYTHONPATH:+:$PYTHONPATH}"
     export PYTHONUNBUFFERED=1 KERAS_BACKEND=jax
     [ $# -gt 0 ] || set -- --models gpt --time-limit 450
     {
