@@ -46,17 +46,25 @@ def mlp_pair():
     return fn, args, trace_grad(fn, *args), trace_grad(tagged, *args)
 
 
+def derivative_in_forward(g) -> bool:
+    """JAX 0.11 computes tanh's derivative in the forward pass (``one_minus_square``) and the backward
+    pass reads it; 0.10 computes it in the backward pass from tanh's output."""
+    return any(v.op == "one_minus_square" for v in g.nodes)
+
+
 def test_a_tagged_step_has_the_untagged_steps_graph_and_peak(mlp_pair):
     """Before views were merged: 3,431,508 B tagged against 2,907,220 B untagged
-    (+524,288 B: two 256 x 256 f32 buffers counted twice)."""
+    (+524,288 B: two 256 x 256 f32 buffers counted twice; JAX 0.10)."""
     _, _, plain, named = mlp_pair
-    assert no_remat_peak(named) == no_remat_peak(plain) == 2_907_220
+    # JAX 0.11's step holds each tanh's derivative where 0.10's holds an add of the backward pass
+    assert no_remat_peak(named) == no_remat_peak(plain) == (2_645_076 if derivative_in_forward(plain) else 2_907_220)
     assert [v.op for v in named.nodes] == [v.op for v in plain.nodes] and named.edges == plain.edges
     assert sorted(v.extra["checkpoint_name"] for v in named.nodes if "checkpoint_name" in v.extra) == \
         ["act"] * 3 + ["proj"] * 3
     r_plain, r_named = plain.meta["residuals"], named.meta["residuals"]
     assert (r_named["buffers"], r_named["buffer_bytes"]) == (r_plain["buffers"], r_plain["buffer_bytes"])
-    assert r_named["count"] > r_plain["count"]  # jax.vjp saves each tanh and its named view apart
+    # JAX 0.10's vjp saves each tanh and its named view apart; 0.11's backward pass reads only the named one
+    assert r_named["count"] == r_plain["count"] if derivative_in_forward(plain) else r_named["count"] > r_plain["count"]
 
 
 def test_jaxs_report_still_matches_value_by_value(mlp_pair):
@@ -74,29 +82,36 @@ def test_xla_gives_the_tagged_and_untagged_steps_the_same_memory(mlp_pair):
 
 def test_plans_apply_to_the_tagged_step(mlp_pair):
     _, args, _, named = mlp_pair
-    sol = solve(named, "cpsat", budget_ratio=0.8, time_limit=3, workers=1)
-    assert sol.has_plan and sol.replay.peak_bytes <= sol.budget
+    # 0.85: JAX 0.11's graph has no plan at 0.8 (its least is 2,122,836 B, 0.803 of its peak)
+    sol = solve(named, "cpsat", budget_ratio=0.85, time_limit=3, workers=1)
+    assert sol.has_plan and sol.replay.peak_bytes <= sol.budget < no_remat_peak(named)
     assert_same_gradients(tagged, apply_plan(tagged, named, sol.plan), args)
 
 
 def test_a_name_the_backward_reads_before_it_is_left_to_recomputation(mlp_pair):
-    """tanh's derivative reads tanh's own output, not the named one: JAX saving
+    """On JAX 0.10, tanh's derivative reads tanh's own output, not the named one: JAX saving
     'act' would still recompute the tanh, so the policy space leaves 'act' to
-    remat, and a plan that keeps it is no name policy."""
+    remat, and a plan that keeps it is no name policy. JAX 0.11 computes the
+    derivative in the forward pass from the same output; the backward pass reads
+    the derivative and the named output, and 'act' is a name like any other."""
     _, args, _, named = mlp_pair
     acts = [v for v in named.nodes if v.extra.get("checkpoint_name") == "act"]
-    assert acts and all(v.extra.get("read_before_name") for v in acts)
+    early = derivative_in_forward(named)
+    assert acts and all(bool(v.extra.get("read_before_name")) != early for v in acts)
     assert not any(v.extra.get("read_before_name") for v in named.nodes if v.extra.get("checkpoint_name") == "proj")
-    with pytest.raises(PlanError, match="also reads before checkpoint_name tags it"):
-        policy_table(named, no_remat_plan(named))
+    if early:
+        assert policy_table(named, no_remat_plan(named)) == {"act": "device", "proj": "remat"}
+    else:
+        with pytest.raises(PlanError, match="also reads before checkpoint_name tags it"):
+            policy_table(named, no_remat_plan(named))
     sol = solve(named, "jax-names", budget_ratio=0.85, price=False)
-    assert sol.plan.stats["optimal_in"] in ("policy space", "all plans") and set(sol.plan.stats["policy"]) == {"proj"}
+    chosen = {n for n, fate in sol.plan.stats["policy"].items() if fate == "device"}
+    assert sol.plan.stats["optimal_in"] in ("policy space", "all plans") and chosen == ({"act"} if early else {"proj"})
     pol = policy(named, sol.plan)
     saved = [r for r in saved_residuals(jax.checkpoint(tagged, policy=pol), *args)
              if not r.source.startswith("from the argument")]
-    kept = sorted(named.nodes[i].bytes for i in range(named.n) if named.nodes[i].extra.get("checkpoint_name") == "proj"
-                  and policy_table(named, sol.plan)["proj"] == "device")
-    assert sorted(r.bytes for r in saved) == kept and all(r.name == "proj" for r in saved)
+    kept = sorted(v.bytes for v in named.nodes if v.extra.get("checkpoint_name") in chosen)
+    assert sorted(r.bytes for r in saved) == kept and all(r.name in chosen for r in saved)
     assert_same_gradients(tagged, jax.checkpoint(tagged, policy=pol), args)
 
 
@@ -140,7 +155,8 @@ def test_views_of_arguments_and_of_the_cotangent_apply():
     g = trace_grad(loss, *args)
     assert "reshape" in g.nodes[0].extra["views"] and not any(v.op == "reshape" for v in g.nodes)
     assert residual_values(g) == jax_residuals(loss, args)
-    for plan in (no_remat_plan(g), solve(g, "cpsat", budget_ratio=0.8, time_limit=5, workers=1).plan):
+    # 0.9: at 0.8 JAX 0.11's graph (900 B, without 0.10's add of two cotangents) is below its working set
+    for plan in (no_remat_plan(g), solve(g, "cpsat", budget_ratio=0.9, time_limit=5, workers=1).plan):
         assert_same_gradients(loss, apply_plan(loss, g, plan), args)
 
     @jax.custom_vjp
