@@ -257,7 +257,8 @@ out = []
 for rows in (4096, 24576):  # temp buffers of about 8 and 50 MB: under and over glibc's mmap ceiling
     x = jnp.ones((rows, 256), jnp.float32)
     w = jnp.ones((256, 256), jnp.float32)
-    c = jax.jit(lambda x, w: (jnp.cos(jnp.sin(x) @ w) @ w * x).sum()).lower(x, w).compile()
+    # the sort is its own kernel: XLA writes the product it sorts (0.11 fuses the whole product chain into one)
+    c = jax.jit(lambda x, w: (jnp.cos(jnp.sort(jnp.sin(x) @ w, axis=0)) * x).sum()).lower(x, w).compile()
 
     def faults():
         for _ in range(3):
