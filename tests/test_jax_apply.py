@@ -18,7 +18,7 @@ from rematopt.jax import apply_plan, residual_fates, trace_grad  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from jax_residuals import assert_same_gradients, recompute_plan, saved  # noqa: E402
+from jax_residuals import assert_same_gradients, recompute_plan, saved, tanh_derivative_in_forward  # noqa: E402
 from models import gpt, mlp  # noqa: E402
 
 MLP = {"layers": 3, "width": 32, "in_dim": 16, "batch": 8}
@@ -151,9 +151,10 @@ def test_a_scan_not_unrolled_is_one_node_whose_stacked_residuals_cross_together(
     planned = apply_plan(loss, g, plan)
     assert_same_gradients(loss, planned, args)
     # saved: the stacked residuals (read by the backward scan) and the final
-    # carry (read by the recomputation of h ** 2's derivative): all four outputs
+    # carry (read by the recomputation of h ** 2's derivative): all its outputs, four
+    # (three on JAX 0.11, whose backward scan reads tanh's derivative, not its output)
     assert saved(planned, args) == (sorted(scan.extra["out_bytes"]), [])
-    assert len(scan.extra["out_bytes"]) == 4
+    assert len(scan.extra["out_bytes"]) == (3 if tanh_derivative_in_forward() else 4)
 
 
 def scaled_loss(params, batch, *, scale, shift=0.0):

@@ -25,7 +25,8 @@ from rematopt.reference import no_remat_peak  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
-from jax_residuals import assert_same_gradients, jax_residuals, residual_values, saved_residuals  # noqa: E402
+from jax_residuals import (assert_same_gradients, jax_residuals, residual_values, saved_residuals,  # noqa: E402
+                          tanh_derivative_in_forward)
 from models import mlp  # noqa: E402
 from models.common import cross_entropy  # noqa: E402
 
@@ -46,25 +47,19 @@ def mlp_pair():
     return fn, args, trace_grad(fn, *args), trace_grad(tagged, *args)
 
 
-def derivative_in_forward(g) -> bool:
-    """JAX 0.11 computes tanh's derivative in the forward pass (``one_minus_square``) and the backward
-    pass reads it; 0.10 computes it in the backward pass from tanh's output."""
-    return any(v.op == "one_minus_square" for v in g.nodes)
-
-
 def test_a_tagged_step_has_the_untagged_steps_graph_and_peak(mlp_pair):
     """Before views were merged: 3,431,508 B tagged against 2,907,220 B untagged
     (+524,288 B: two 256 x 256 f32 buffers counted twice; JAX 0.10)."""
     _, _, plain, named = mlp_pair
     # JAX 0.11's step holds each tanh's derivative where 0.10's holds an add of the backward pass
-    assert no_remat_peak(named) == no_remat_peak(plain) == (2_645_076 if derivative_in_forward(plain) else 2_907_220)
+    assert no_remat_peak(named) == no_remat_peak(plain) == (2_645_076 if tanh_derivative_in_forward() else 2_907_220)
     assert [v.op for v in named.nodes] == [v.op for v in plain.nodes] and named.edges == plain.edges
     assert sorted(v.extra["checkpoint_name"] for v in named.nodes if "checkpoint_name" in v.extra) == \
         ["act"] * 3 + ["proj"] * 3
     r_plain, r_named = plain.meta["residuals"], named.meta["residuals"]
     assert (r_named["buffers"], r_named["buffer_bytes"]) == (r_plain["buffers"], r_plain["buffer_bytes"])
     # JAX 0.10's vjp saves each tanh and its named view apart; 0.11's backward pass reads only the named one
-    assert r_named["count"] == r_plain["count"] if derivative_in_forward(plain) else r_named["count"] > r_plain["count"]
+    assert r_named["count"] == r_plain["count"] if tanh_derivative_in_forward() else r_named["count"] > r_plain["count"]
 
 
 def test_jaxs_report_still_matches_value_by_value(mlp_pair):
@@ -96,7 +91,7 @@ def test_a_name_the_backward_reads_before_it_is_left_to_recomputation(mlp_pair):
     the derivative and the named output, and 'act' is a name like any other."""
     _, args, _, named = mlp_pair
     acts = [v for v in named.nodes if v.extra.get("checkpoint_name") == "act"]
-    early = derivative_in_forward(named)
+    early = tanh_derivative_in_forward()
     assert acts and all(bool(v.extra.get("read_before_name")) != early for v in acts)
     assert not any(v.extra.get("read_before_name") for v in named.nodes if v.extra.get("checkpoint_name") == "proj")
     if early:
