@@ -19,7 +19,7 @@ from rematopt.jax import UnrolledLoop, apply_plan, residual_fates, trace_grad  #
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from jax_residuals import assert_same_gradients, saved  # noqa: E402
+from jax_residuals import assert_same_gradients, saved, tanh_derivative_in_forward  # noqa: E402
 from models import gpt_scan  # noqa: E402
 from test_jax_apply import recompute_plan  # noqa: E402
 
@@ -116,7 +116,8 @@ def test_a_checkpoint_name_policy_scans_all_but_the_last_layer(decoder):
     the last layer's output feeds the head, not a next layer, so the plan
     treats that iteration differently and it alone runs unrolled."""
     fn, args, g = decoder
-    sol = solve(g, "jax-names", budget_ratio=0.8, price=False)
+    # JAX 0.11's step saves GELU's tanh derivative, unnamed: no name policy fits 0.8 there (its least is 0.847)
+    sol = solve(g, "jax-names", budget_ratio=0.85 if tanh_derivative_in_forward() else 0.8, price=False)
     assert sol.has_plan and not sol.plan.stats.get("per_layer")
     planned, said = applied(fn, args, g, sol.plan)
     (note,) = planned.loops
@@ -155,7 +156,9 @@ def test_jax_measure_compares_the_scanned_application_with_the_unrolled_one():
     rows = {r.variant: r for r in m.rows}
     scanned, unrolled = rows["rematopt no-remat (control)"], rows["rematopt no-remat (control) (unrolled)"]
     assert scanned.grad_error == unrolled.grad_error == 0.0
-    assert "forward: scanned 0-3" in scanned.note and not unrolled.note
+    # JAX 0.11: the last iteration, whose carry only the loss reads, saves other values and runs unrolled
+    forward = "forward: scanned 0-2, unrolled 3" if tanh_derivative_in_forward() else "forward: scanned 0-3"
+    assert forward in scanned.note and not unrolled.note
     assert all(r.compile_s > 0 for r in rows.values())
     assert "| compile s |" in m.markdown()
 
@@ -219,7 +222,10 @@ def test_slices_of_a_computed_stack_move_out_of_the_way_of_the_scan():
     g = trace_grad(loss, *args, argnums=(0, 1))
     planned, _ = applied(loss, args, g, no_remat_plan(g))
     (note,) = planned.loops
-    assert note.scanned["forward"] == [(0, 3)] and not note.unrolled.get("forward")
+    if tanh_derivative_in_forward():  # JAX 0.11: the last iteration saves other values (test above)
+        assert note.scanned["forward"] == [(0, 2)] and note.unrolled["forward"] == [3]
+    else:
+        assert note.scanned["forward"] == [(0, 3)] and not note.unrolled.get("forward")
     assert note.scanned["backward"] == [(2, 1)]  # the first and last iterations' cotangents differ
     got = jax.jit(jax.grad(planned, argnums=(0, 1)))(*args)
     for a, b in zip(got, jax.grad(loss, argnums=(0, 1))(*args)):
