@@ -59,7 +59,10 @@ def test_rows_say_whether_the_compiled_step_fits_and_resume_skips_done_jobs(tmp_
         candidates = json.loads(r["candidates"])
         assert all(c["fits"] == (c["xla_peak_bytes"] <= r["budget"]) for c in candidates)
         assert r["fits"] == any(c["fits"] for c in candidates)  # fits whenever any candidate does
-        # the plain step and the stock policies: the factory's shared compiles, not the job's own
+        # the plain step and the stock policies: the factory's shared compiles, not the job's own, priced as the
+        # loop prices its plans, so a fitting answer is chosen by priced time, as solve --verify xla chooses it
+        assert all(c["priced_s"] > 0 for c in candidates)
+        assert r["chosen_by"] == ("priced time" if r["fits"] else "compiled peak")
         assert r["xla_plain_peak_bytes"] == shared["known"]["plain"]["peak_bytes"]
         stock = {c["label"]: c["xla_peak_bytes"] for c in candidates if c["kind"] == "policy"}
         assert {k: v["peak_bytes"] for k, v in shared["known"].items() if k != "plain"}.items() <= stock.items()
@@ -75,7 +78,7 @@ def test_rows_say_whether_the_compiled_step_fits_and_resume_skips_done_jobs(tmp_
     assert solved.returncode == 0, solved.stderr[-2000:]
     alone = json.loads(solved.stdout)
     (row,) = [r for r in rows if r["budget_ratio"] == 0.9]
-    for k in ("fits", "chosen", "xla_peak_bytes", "predicted_peak_bytes", "budget_bytes", "xla_plain_peak_bytes",
+    for k in ("fits", "chosen", "chosen_by", "xla_peak_bytes", "predicted_peak_bytes", "budget_bytes", "xla_plain_peak_bytes",
               "planning_budget_bytes", "order", "rounds"):
         assert row[k] == alone[k], k
 

@@ -11,7 +11,9 @@ Why it is built this way:
 * What every job of a factory shares is made once, by one worker, before
   its jobs (:func:`prepare`): the graph to plan on (XLA's compiled plain
   step, and the traced graph to fall back on) saved as graph files, and
-  XLA's figures for the plain step and for each stock policy. They depend
+  XLA's figures for the plain step and for each stock policy, priced as
+  the loop prices its candidates (so a job chooses by priced time, as
+  ``solve --verify xla`` does). They depend
   only on the factory, its settings and XLA, so the jobs take them as the
   loop's ``known`` figures instead of compiling them again, and each job's
   ``--time-limit`` goes to its planning rounds. They stay in
@@ -37,6 +39,7 @@ Why it is built this way:
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -239,7 +242,7 @@ def _prepare_main(job: dict[str, Any]) -> None:
     import jax
 
     from ..xla.factory import load_step, plan_graphs
-    from ..xla.verify import compile_figures
+    from ..xla.verify import backend_price, compile_figures
 
     signal.signal(signal.SIGINT, signal.default_int_handler)
     limit_memory(job.get("memory_limit"))
@@ -255,11 +258,13 @@ def _prepare_main(job: dict[str, Any]) -> None:
     if fallback is not None:
         fallback.save(where / "traced.json")
     settings = flags.for_backend(jax.default_backend())
+    # priced as each job's loop prices its own candidates, so a job chooses among them by priced time as
+    # solve --verify xla does (unpriced, the stock policies made every job choose by compiled FLOPs)
+    price = backend_price(jax.default_backend(), kind=jax.devices()[0].device_kind)
     known = {}
     for label, fn in {"plain": step.fn, **step.stock}.items():
-        c, reference = compile_figures(fn, step.args, step.argnums, settings)
-        known[label] = {"peak_bytes": c.peak_bytes, "flops": c.flops, "bytes_accessed": c.bytes_accessed,
-                        "reference": reference}
+        c, reference = compile_figures(fn, step.args, step.argnums, settings, price)
+        known[label] = {**dataclasses.asdict(c), "reference": reference}
     record = {"spec": step.spec, "config": step.config, "graph": "graph.json",
               "fallback": "traced.json" if fallback is not None else None,
               "graph_kind": "compiled" if graph.meta.get("fuse") == "xla" else "traced",
@@ -289,7 +294,8 @@ def verified_row(spec: dict[str, Any]) -> dict[str, Any]:
     step = load_step(job["spec"], job["config"], tuple(job["argnums"]))
     graph = load_graph(where / prepared["graph"])
     fallback = load_graph(where / prepared["fallback"]) if prepared["fallback"] else None
-    known = {label: (Compiled(k["peak_bytes"], k["flops"], k["bytes_accessed"]), k["reference"])
+    known = {label: (Compiled(**{f.name: k[f.name] for f in dataclasses.fields(Compiled) if f.name in k}),
+                     k["reference"])
              for label, k in prepared["known"].items()}
     v = verify(step.fn, step.args, graph, spec["planner"], spec["budget_ratio"],
                time_limit=float(spec.get("time_limit") or 3600.0), options=spec["run_options"], stock=step.stock,
@@ -304,7 +310,8 @@ def verified_row(spec: dict[str, Any]) -> dict[str, Any]:
         config=json.dumps(job["config"], sort_keys=True), graph_kind=prepared["graph_kind"],
         model_status=s["status"] or None, model_overhead=s["overhead"],
         **{k: s[k] for k in ("fits", "budget_bytes", "xla_plain_peak_bytes", "xla_reference",
-                             "graph_no_remat_peak_bytes", "chosen", "kind", "predicted_peak_bytes", "plan_peak_bytes",
+                             "graph_no_remat_peak_bytes", "chosen", "chosen_by", "kind", "predicted_peak_bytes",
+                             "plan_peak_bytes",
                              "xla_peak_bytes",
                              "planning_budget_bytes", "order", "xla_flops", "xla_plain_flops", "rounds",
                              "stopped_by", "deterministic", "deterministic_spent")},
