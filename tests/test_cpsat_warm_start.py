@@ -194,6 +194,30 @@ def test_budget_sweep_finds_low_peaks_within_the_overhead_cap(cap):
     assert (best < no_remat_peak(g)) == (cap > 0)
 
 
+def test_where_no_fast_plan_meets_the_budget_dtr_asked_for_a_little_more_may():
+    """The committed 2-layer decoder at 0.6 of its no-remat peak: greedy and dtr end over the budget,
+    dtr asked for 1.1 of it ends under; the plan kept replays under the run's budget. Where a fast plan
+    meets the budget nothing more runs."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from rematopt.fused_reads import fused_reads
+    from rematopt.importers import load
+    from rematopt.planners.cpsat.run import admit, looser_budgets
+    from rematopt.planners.cpsat.settings import Settings
+    from rematopt.reference import no_remat_peak
+
+    decoder = load(Path(__file__).resolve().parents[1] / "instances" / "gpt_l2_w64.json")
+    g = fused_reads(decoder)  # the graph cpsat plans on
+    budget = int(0.6 * no_remat_peak(decoder))
+    ctx = SimpleNamespace(graph=g, cfg=Settings.parse(budget, {}))
+    at_budget = fast_plans(g, budget, planners=("greedy", "dtr"))
+    assert not any(admit(ctx, p, r, p.planner) for p, r in at_budget)
+    found = looser_budgets(ctx, at_budget, deadline=math.inf)
+    assert found and all(r.valid and r.peak_bytes <= budget and admit(ctx, p, r, p.planner) for p, r in found)
+    assert looser_budgets(ctx, found, deadline=math.inf) == []
+
+
 def test_xla_remat_runs_right_after_the_quick_planners():
     """Its moves beat every staged plan at loose budgets, and it takes under a
     second: it runs before rotor and the rest, so a short warm-start share
