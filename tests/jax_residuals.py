@@ -6,6 +6,7 @@ tests share."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import math
 import re
@@ -35,6 +36,7 @@ class Residual:
         return self.source.split("'")[1] if self.source.startswith("named '") else None
 
 
+@functools.cache
 def tanh_derivative_in_forward() -> bool:
     """Whether the installed JAX computes tanh's derivative in the forward pass
     (``one_minus_square``, JAX 0.11), which the backward pass then reads, where

@@ -78,8 +78,8 @@ def test_rows_say_whether_the_compiled_step_fits_and_resume_skips_done_jobs(tmp_
     assert solved.returncode == 0, solved.stderr[-2000:]
     alone = json.loads(solved.stdout)
     (row,) = [r for r in rows if r["budget_ratio"] == 0.9]
-    for k in ("fits", "chosen", "chosen_by", "xla_peak_bytes", "predicted_peak_bytes", "budget_bytes", "xla_plain_peak_bytes",
-              "planning_budget_bytes", "order", "rounds"):
+    for k in ("fits", "chosen", "chosen_by", "xla_peak_bytes", "predicted_peak_bytes", "budget_bytes",
+              "xla_plain_peak_bytes", "planning_budget_bytes", "order", "rounds"):
         assert row[k] == alone[k], k
 
     again = verified_batch(out, "--resume")

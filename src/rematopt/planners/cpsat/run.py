@@ -197,12 +197,21 @@ def outside_plan(ctx: Context, deadline: float) -> tuple[Outside | None, Lowest 
     return outside, lowest
 
 
+def without_first_plan(ctx: Context, plans: list[tuple[Plan, Replay]]) -> bool:
+    """Overhead objective under a budget, where none of ``plans`` is admitted: the
+    run has no plan to return or to search from (:func:`looser_budgets`,
+    :func:`deeper_eviction`)."""
+    cfg = ctx.cfg
+    return cfg.objective == "overhead" and cfg.budget is not None and \
+        not any(admit(ctx, p, r, p.planner) for p, r in plans)
+
+
 def deeper_eviction(ctx: Context, plans: list[tuple[Plan, Replay]], deadline: float) -> list[tuple[Plan, Replay]]:
     """Staged eviction in a deeper space than the first round's, when no
     fast planner's plan is admitted under the budget (overhead objective):
     a first plan there is one the widened round can search from."""
     cfg, g = ctx.cfg, ctx.graph
-    if cfg.objective != "overhead" or cfg.budget is None or any(admit(ctx, p, r, p.planner) for p, r in plans):
+    if not without_first_plan(ctx, plans):
         return []
     plan = evicted_plan(g, cfg.budget, deadline)
     if plan is None:
@@ -249,7 +258,7 @@ def looser_budgets(ctx: Context, plans: list[tuple[Plan, Replay]], deadline: flo
     under it at 1.08 and 1.1, where cpsat on one worker had found no plan in
     3 s."""
     cfg, g = ctx.cfg, ctx.graph
-    if cfg.objective != "overhead" or cfg.budget is None or any(admit(ctx, p, r, p.planner) for p, r in plans):
+    if not without_first_plan(ctx, plans):
         return []
     for share in LOOSER:
         found = [(p, r) for p, r in fast_plans(g, int(cfg.budget * share), planners=FIRST, deadline=deadline)
