@@ -20,7 +20,12 @@ pytest.importorskip("jax")
 
 from rematopt.importers.costmodel import device, profile_for  # noqa: E402
 from rematopt.plan import Plan  # noqa: E402
-from rematopt.studies.device import AGAIN, MAX_ROUNDS, MODELS, Bench, Row, _by_class, _calibrate, _slop, _worker, markdown, noise, pareto, run_bench, time_steps, verdict, worker_env, write_report  # noqa: E402,E501
+from rematopt.studies.device.bench import _calibrate, _slop, run_bench  # noqa: E402
+from rematopt.studies.device.launch import run_worker, worker_env  # noqa: E402
+from rematopt.studies.device.report import _by_class, markdown, noise, pareto, verdict, write_report  # noqa: E402
+from rematopt.studies.device.results import Bench, Row  # noqa: E402
+from rematopt.studies.device.settings import AGAIN, MAX_ROUNDS, MODELS  # noqa: E402
+from rematopt.studies.device.worker import time_steps  # noqa: E402
 from rematopt.xla.cost import Calibration, StepCost, kernel_cost  # noqa: E402
 from rematopt.xla.kernels import Kernel  # noqa: E402
 from rematopt.xla.machine import Machine  # noqa: E402
@@ -186,10 +191,10 @@ def test_the_profile_is_scaled_on_the_plain_step_and_every_other_row_is_predicte
 def _plan(tmp_path: Path, name: str, deterministic_time: float, until: float, max_rounds: int = 8) -> dict:
     folder = tmp_path / name
     folder.mkdir()
-    got = _worker({"model": MODELS["mlp"].spec, "config": MODELS["mlp"].quick, "label": "mlp", "device": "cpu",
-                   "plan_dir": str(folder), "ratios": [0.8], "deterministic_time": deterministic_time,
-                   "max_rounds": max_rounds,
-                   "until": until, "cwd": str(ROOT)}, worker_env(), 600)  # a fresh process, as the bench plans
+    got = run_worker({"model": MODELS["mlp"].spec, "config": MODELS["mlp"].quick, "label": "mlp", "device": "cpu",
+                      "plan_dir": str(folder), "ratios": [0.8], "deterministic_time": deterministic_time,
+                      "max_rounds": max_rounds,
+                      "until": until, "cwd": str(ROOT)}, worker_env(), 600)  # a fresh process, as the bench plans
     return got["plans"]["0.8"]
 
 
@@ -325,7 +330,7 @@ PREDICTED_FAULTS = """
 import json, sys
 import jax
 from rematopt.jax import load_factory
-from rematopt.studies.device import MODELS
+from rematopt.studies.device.settings import MODELS
 from rematopt.xla.cost import step_faults
 out = {}
 for scope in ("step", "layer"):

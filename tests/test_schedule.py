@@ -90,12 +90,15 @@ def test_bad_task_lists_are_refused():
 
 
 def test_the_device_bench_plans_beside_the_rows_and_times_each_model_alone(tmp_path):
-    """The bench's own tasks (rematopt.studies.device._model_tasks, in _order's order), their work stubbed:
+    """The bench's own tasks (rematopt.studies.device.bench._model_tasks, in _order's order), their work stubbed:
     on two slots each model's planning runs beside rows, its plan rows after its rows and its planning,
     and every timing after all measuring and planning, with nothing beside it; on one slot (a GPU)
     model by model, as before."""
     pytest.importorskip("jax")
-    from rematopt.studies.device import MODELS, Bench, Workers, _model_tasks, _order
+    from rematopt.studies.device.bench import _model_tasks, _order
+    from rematopt.studies.device.launch import Workers
+    from rematopt.studies.device.results import Bench
+    from rematopt.studies.device.settings import MODELS
 
     models = ("gpt", "unet", "flax_linen")
     bench = Bench("cpu", "cpu")
@@ -134,7 +137,10 @@ def test_on_a_gpu_the_bench_plans_each_budget_beside_one_row_process_on_the_devi
     order, every row and plan-row task holding the device (none beside another), the plan rows after
     their model's rows and every one of its budgets' plannings, each timing alone."""
     pytest.importorskip("jax")
-    from rematopt.studies.device import MODELS, Bench, Workers, _model_tasks, _order
+    from rematopt.studies.device.bench import _model_tasks, _order
+    from rematopt.studies.device.launch import Workers
+    from rematopt.studies.device.results import Bench
+    from rematopt.studies.device.settings import MODELS
 
     models, ratios = ("gpt", "unet"), (0.8, 0.6, 0.5)
     bench = Bench("gpu", "h200")
@@ -160,7 +166,9 @@ def test_the_time_table_says_what_ran_at_once_and_the_idle_critical_path():
     chain (its rows or planning, then its plan rows) where that is longer; about the run's own schedule
     at full speed (or that chain); the timing processes after it."""
     pytest.importorskip("jax")
-    from rematopt.studies.device import Bench, _critical_path, _overlap
+    from rematopt.studies.device.bench import _overlap
+    from rematopt.studies.device.report import _critical_path
+    from rematopt.studies.device.results import Bench
 
     ran = [("probe", "", 0, 1, 1.0), ("micro-benchmarks", "", 1, 3, 2.0),
            ("planning", "a", 3, 63, 60.0), ("rows", "a", 3, 13, 10.0), ("rows", "b", 13, 23, 10.0),

@@ -319,7 +319,8 @@ def bench(what: str, sizes: str, graphs: str | None, ratios: str | None, time_li
     --ratios of the plain compiled peak (default 0.8,0.6,0.5), each in a fresh process, written to
     OUT/<backend>/ with the verdict on top; run it from a checkout, whose models/ it imports)."""
     if what == "device":
-        from ..studies.device import DEFAULT_MODELS, MODELS, run_bench
+        from ..studies.device.bench import run_bench
+        from ..studies.device.settings import DEFAULT_MODELS, MODELS
 
         names = tuple(models.split(",")) if models else DEFAULT_MODELS
         unknown = [n for n in names if n not in MODELS]
