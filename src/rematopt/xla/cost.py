@@ -177,16 +177,35 @@ MMAP_CEILING = 32 << 20
 PAGE = mmap.PAGESIZE  # one minor fault each, on the machine the step runs on
 
 
-def step_faults(module: HloModule | str, temp_bytes: int) -> int:
+def step_faults(module: HloModule | str, temp_bytes: int, scratch: bool | None = None) -> int:
     """Minor page faults per run of a compiled CPU step (run by one thread, as the bench pins it),
     predicted from the program: the pages of the buffers it allocates anew above glibc's mmap ceiling
-    (:func:`fresh_buffers`), and the scratch its YNNPACK fusions hand back to the kernel
-    (:func:`scratch_faults`). Checked against ``getrusage`` on a jitted step and quick gpt's steps
-    (tests/test_xla_cost.py)."""
+    (:func:`fresh_buffers`), and where ``scratch`` the scratch its YNNPACK fusions hand back to the
+    kernel (:func:`scratch_faults`; None: where the installed XLA does, :func:`scratch_given_back`).
+    Checked against ``getrusage`` on a jitted step and quick gpt's steps (tests/test_xla_cost.py)."""
     if isinstance(module, str):
         module = parse_hlo(module)
     fresh = fresh_buffers(module, temp_bytes)
-    return sum(b // PAGE + 1 for b in fresh if b > MMAP_CEILING) + scratch_faults(module, fresh)
+    scratch = scratch_given_back() if scratch is None else scratch
+    return sum(b // PAGE + 1 for b in fresh if b > MMAP_CEILING) + (scratch_faults(module, fresh) if scratch else 0)
+
+
+@functools.cache
+def scratch_given_back() -> bool:
+    """Whether the installed XLA's CPU runtime runs a step's YNNPACK fusions on the calling thread, whose
+    scratch glibc gives back to the kernel each call (:func:`scratch_faults`): jaxlib before 0.11. jaxlib
+    0.11 runs a step's kernels on its own thread pool and the scratch faults no more (quick gpt under
+    per-layer nothing_saveable, one core: with 0.10.2 44,897 faults a step, all on the calling thread,
+    against 45,025 predicted, its temp buffer's 20,449 pages and the scratch's 24,576; with 0.11.2
+    20,895, 20,124 of them on a ``tf_XLAEigen`` thread: its temp buffer's 20,895 pages, no scratch).
+    Without jaxlib, as before 0.11."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        release = tuple(int(x) for x in version("jaxlib").split(".")[:2])
+    except (PackageNotFoundError, ValueError):
+        return True
+    return release < (0, 11)
 
 
 def fresh_buffers(module: HloModule, temp_bytes: int) -> list[int]:
