@@ -39,9 +39,63 @@ def test_a_plan_on_mlp_set_beside_xla():
     assert all(r["xla"] != r["applied"] for r in out["nodes"]) and out["nodes"]
     positions = [r["plan_position"] for r in out["out_of_order"]]
     assert all(isinstance(k, int) and k >= 0 for k in positions)
+    assert all(set(r) == {"kernel", "computes", "op_name"} for r in out["ties_inside"])
 
 
 def test_bad_input_is_one_line_and_status_2():
     for args in (["nosuch", "greedy", "0.6"], ["mlp"], ["mlp", "greedy", "half"]):
         run = held(*args)
         assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
+
+
+TIES = """HloModule m, is_scheduled=true
+
+%writes_it (p0: f32[4,8]) -> f32[8,4] {
+  %p0 = f32[4,8]{1,0} parameter(0)
+  %t = f32[8,4]{0,1} transpose(%p0), dimensions={1,0}, metadata={op_name="jit(f)/transpose(jvp(rmq1))/transpose"}
+  ROOT %c = f32[8,4]{1,0} copy(%t), metadata={op_name="jit(f)/transpose(jvp(rmq1))/transpose"}
+}
+
+%ties_inside (p0: f32[4,8], p1: f32[8,4]) -> f32[8,4] {
+  %p0 = f32[4,8]{1,0} parameter(0)
+  %t = f32[8,4]{0,1} transpose(%p0), dimensions={1,0}, metadata={op_name="jit(f)/transpose(jvp(rmq1))/transpose"}
+  %c = f32[8,4]{1,0} copy(%t), metadata={op_name="jit(f)/transpose(jvp(rmq1))/transpose"}
+  %s = f32[1,1]{1,0} slice(%c), slice={[0:1], [0:1]}
+  %z = f32[1,1]{1,0} constant({ {0} })
+  %m = f32[1,1]{1,0} multiply(%s, %z), metadata={op_name="jit(f)/transpose(jvp(tie))/mul"}
+  %b = f32[] bitcast(%m)
+  %bb = f32[8,4]{1,0} broadcast(%b), dimensions={}
+  %p1 = f32[8,4]{1,0} parameter(1)
+  ROOT %a = f32[8,4]{1,0} add(%p1, %bb), metadata={op_name="jit(f)/transpose(jvp(tie))/add"}
+}
+
+%ties_its_buffer (p0: f32[8,4], p1: f32[8,4]) -> f32[8,4] {
+  %p0 = f32[8,4]{1,0} parameter(0)
+  %s = f32[1,1]{1,0} slice(%p0), slice={[0:1], [0:1]}
+  %z = f32[1,1]{1,0} constant({ {0} })
+  %m = f32[1,1]{1,0} multiply(%s, %z), metadata={op_name="jit(f)/transpose(jvp(tie))/mul"}
+  %b = f32[] bitcast(%m)
+  %bb = f32[8,4]{1,0} broadcast(%b), dimensions={}
+  %p1 = f32[8,4]{1,0} parameter(1)
+  ROOT %a = f32[8,4]{1,0} add(%p1, %bb), metadata={op_name="jit(f)/transpose(jvp(tie))/add"}
+}
+
+ENTRY %main (x: f32[4,8], y: f32[8,4]) -> (f32[8,4], f32[8,4], f32[8,4]) {
+  %x = f32[4,8]{1,0} parameter(0)
+  %y = f32[8,4]{1,0} parameter(1)
+  %k1 = f32[8,4]{1,0} fusion(%x), kind=kLoop, calls=%writes_it, metadata={op_name="jit(f)/transpose(jvp(rmq1))/transpose"}
+  %k2 = f32[8,4]{1,0} fusion(%x, %y), kind=kLoop, calls=%ties_inside, metadata={op_name="jit(f)/transpose(jvp(tie))/add"}
+  %k3 = f32[8,4]{1,0} fusion(%k1, %y), kind=kLoop, calls=%ties_its_buffer, metadata={op_name="jit(f)/transpose(jvp(tie))/add"}
+  ROOT %r = (f32[8,4]{1,0}, f32[8,4]{1,0}, f32[8,4]{1,0}) tuple(%k1, %k2, %k3)
+}
+"""
+
+
+def test_a_tie_that_computes_the_kernel_before_inside_is_told_from_one_reading_its_buffer():
+    """k2's tie reads one element of rmq1's transpose, which k1 writes, computed from x inside k2: k1 is
+    held to no place by it; k3's tie reads k1's buffer."""
+    from rematopt.studies.held import ties_computed_inside
+    from rematopt.xla.hlo import parse_hlo
+
+    got = ties_computed_inside(parse_hlo(TIES))
+    assert got == [{"kernel": "k2", "computes": "copy", "op_name": "jit(f)/transpose(jvp(rmq1))/transpose"}]

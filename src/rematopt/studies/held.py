@@ -43,6 +43,8 @@ class Held:
     applied_there: int            # the applied step's bytes live at that place
     housed: dict[str, int]        # of the temporaries there, the bytes in the outputs' allocations: "xla", "applied"
     out_of_order: list[dict[str, Any]] = field(default_factory=list)  # the fewest backward kernels XLA moved
+    # the kernels whose tie computes the one element it reads of the kernel before inside (ties_computed_inside)
+    ties_inside: list[dict[str, str]] = field(default_factory=list)
     nodes: list[dict[str, Any]] = field(default_factory=list)         # per node: bytes held at XLA's peak, both ways
 
 
@@ -127,7 +129,35 @@ def compare(step, graph, plan, as_planned: bool = True) -> Held:
     return Held(xla_peak=xla_peak(compiled)[0], predicted=max([graph.initial_bytes, *curve]),
                 peak_kernel=memory.peak_instruction, peak_position=k,
                 applied_there=curve[k + 1] if k is not None else 0, housed=housed, out_of_order=out_of_order,
-                nodes=[r for r in rows if r["xla"] != r["applied"]])
+                ties_inside=ties_computed_inside(module), nodes=[r for r in rows if r["xla"] != r["applied"]])
+
+
+def ties_computed_inside(module) -> list[dict[str, str]]:
+    """The kernels of ``module`` (an applied step compiled on CPU) whose tie does not read the buffer of
+    the kernel before it: the element the tie reads (``x + 0 * last[0]``, ``jax_policy._evaluate_tied``)
+    XLA computes inside from that kernel's operands, though it writes that kernel too (one element of a
+    transposing copy is one of its operand), so nothing holds the kernel before to its place in the plan's
+    order. Each: the kernel, and the opcode and op_name of what it computes inside. The op_names must name
+    one equation each (``apply_plan(scopes=True)``, as :func:`compare` compiles it)."""
+    from ..exporters.jax_policy import TIE
+
+    entry = module.entry.instructions
+    caller = {c: i.name for i in entry if i.opcode == "fusion" for c in i.called}
+    written = {i.metadata.op_name for i in entry if i.opcode == "fusion"}  # what some kernel writes
+    out = []
+    for name, comp in module.computations.items():
+        for inst in comp.instructions:
+            if name not in caller or inst.opcode != "multiply" or f"({TIE})" not in inst.metadata.op_name:
+                continue
+            read = next((comp.by_name[o] for o in inst.operands if o in comp.by_name
+                         and comp.by_name[o].opcode in ("slice", "dynamic-slice")), None)
+            source = comp.by_name.get(read.operands[0]) if read is not None else None
+            while source is not None and source.opcode in ("bitcast", "reshape") and source.operands:
+                source = comp.by_name.get(source.operands[0])
+            if (source is not None and source.opcode != "parameter" and source.metadata.op_name in written
+                    and f"({TIE})" not in source.metadata.op_name):  # a tie's op_name names no one equation
+                out.append({"kernel": caller[name], "computes": source.opcode, "op_name": source.metadata.op_name})
+    return out
 
 
 def _in_order(xs: list[int]) -> set[int]:
@@ -168,6 +198,9 @@ def report(held: Held, top: int = 25) -> str:
              f"{len(held.out_of_order)} backward kernels XLA ran out of the plan's order (the fewest it moved):"]
     lines += [f"  #{r['xla_position']} {r['kernel']} (node {r['node']}, the plan's computation {r['plan_position']})"
               for r in held.out_of_order[:top]]
+    lines.append(f"{len(held.ties_inside)} kernels whose tie XLA computes from the kernel before's operands "
+                 "(that kernel is held to no place):")
+    lines += [f"  {r['kernel']}: {r['computes']} ({r['op_name']})" for r in held.ties_inside[:top]]
     lines.append("held at XLA's peak, XLA against the applied step (bytes; most held by XLA beyond it first):")
     lines += [f"  {r['xla']:>10,} {r['applied']:>10,}  {r['name']} ({r['copy']})" for r in held.nodes[:top]]
     return "\n".join(lines)
