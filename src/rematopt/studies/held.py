@@ -3,7 +3,8 @@ applied step, compiled with every equation under a scope naming it
 (``apply_plan(..., scopes=True)``; the program is the same), set beside
 :func:`~rematopt.exporters.jax_applied.applied_step`, the prediction. It
 says what :mod:`rematopt.studies.first_round` cannot: which backward kernels XLA ran
-out of the plan's order, and at XLA's peak, node by node, the bytes XLA held
+out of the plan's order, which ties XLA satisfied without the kernel they tie to
+(:func:`ties_computed_inside`), and at XLA's peak, node by node, the bytes XLA held
 in temporaries (its own or housed in an output's allocation) against those
 the applied step holds at that kernel. Run from a checkout (models/ is
 imported), on CPU under the memory-minimizing scheduler:
