@@ -177,17 +177,17 @@ MMAP_CEILING = 32 << 20
 PAGE = mmap.PAGESIZE  # one minor fault each, on the machine the step runs on
 
 
-def step_faults(module: HloModule | str, temp_bytes: int, scratch: bool | None = None) -> int:
+def step_faults(module: HloModule | str, temp_bytes: int) -> int:
     """Minor page faults per run of a compiled CPU step (run by one thread, as the bench pins it),
     predicted from the program: the pages of the buffers it allocates anew above glibc's mmap ceiling
-    (:func:`fresh_buffers`), and where ``scratch`` the scratch its YNNPACK fusions hand back to the
-    kernel (:func:`scratch_faults`; None: where the installed XLA does, :func:`scratch_given_back`).
-    Checked against ``getrusage`` on a jitted step and quick gpt's steps (tests/test_xla_cost.py)."""
+    (:func:`fresh_buffers`), and, where the installed XLA hands it back to the kernel
+    (:func:`scratch_given_back`), the scratch of its YNNPACK fusions (:func:`scratch_faults`). Checked
+    against ``getrusage`` on a jitted step and quick gpt's steps (tests/test_xla_cost.py)."""
     if isinstance(module, str):
         module = parse_hlo(module)
     fresh = fresh_buffers(module, temp_bytes)
-    scratch = scratch_given_back() if scratch is None else scratch
-    return sum(b // PAGE + 1 for b in fresh if b > MMAP_CEILING) + (scratch_faults(module, fresh) if scratch else 0)
+    scratch = scratch_faults(module, fresh) if scratch_given_back() else 0
+    return sum(b // PAGE + 1 for b in fresh if b > MMAP_CEILING) + scratch
 
 
 @functools.cache
