@@ -141,14 +141,15 @@ def ties_computed_inside(module) -> list[dict[str, str]]:
     order. Each: the kernel, and the opcode and op_name of what it computes inside. The op_names must name
     one equation each (``apply_plan(scopes=True)``, as :func:`compare` compiles it)."""
     from ..exporters.jax_policy import TIE
+    from ..xla.kernels import kernels
 
-    entry = module.entry.instructions
-    caller = {c: i.name for i in entry if i.opcode == "fusion" for c in i.called}
-    written = {i.metadata.op_name for i in entry if i.opcode == "fusion"}  # what some kernel writes
+    fusions = [module.by_name[k.name] for k in kernels(module) if module.by_name[k.name].opcode == "fusion"]
+    written = {f.metadata.op_name for f in fusions}  # what some kernel writes
     out = []
-    for name, comp in module.computations.items():
+    for fusion in fusions:
+        comp = module.computations[fusion.called[0]]
         for inst in comp.instructions:
-            if name not in caller or inst.opcode != "multiply" or f"({TIE})" not in inst.metadata.op_name:
+            if inst.opcode != "multiply" or f"({TIE})" not in inst.metadata.op_name:
                 continue
             read = next((comp.by_name[o] for o in inst.operands if o in comp.by_name
                          and comp.by_name[o].opcode in ("slice", "dynamic-slice")), None)
@@ -157,7 +158,7 @@ def ties_computed_inside(module) -> list[dict[str, str]]:
                 source = comp.by_name.get(source.operands[0])
             if (source is not None and source.opcode != "parameter" and source.metadata.op_name in written
                     and f"({TIE})" not in source.metadata.op_name):  # a tie's op_name names no one equation
-                out.append({"kernel": caller[name], "computes": source.opcode, "op_name": source.metadata.op_name})
+                out.append({"kernel": fusion.name, "computes": source.opcode, "op_name": source.metadata.op_name})
     return out
 
 
