@@ -36,7 +36,8 @@ def test_a_row_records_the_deterministic_time_its_plan_spent(tmp_path):
                     "deterministic_time=0.5", "mlp"], check=True, cwd=ROOT, capture_output=True)
     rec, = [json.loads(line) for line in out.read_text().splitlines()]
     assert rec["xla"] > 0 and rec["plan_peak"] > 0, rec
-    assert rec["stopped_by"] in (None, "deterministic_time") and 0 <= rec["deterministic_spent"] <= 0.5 + 1e-9
+    # CP-SAT checks its deterministic limit between steps of its search: 0.502 spent on JAX 0.12's graph
+    assert rec["stopped_by"] in (None, "deterministic_time") and 0 <= rec["deterministic_spent"] <= 0.5 + 0.01
 
 
 def test_the_table_shows_a_plan_computed_once_beside_as_planned():

@@ -150,6 +150,8 @@ def test_sharding_constraints_are_pass_throughs(tmp_path, shardy):
 
     with jax_config.use_shardy_partitioner(shardy):
         path = lower(tmp_path, jax.value_and_grad(loss), jnp.ones((8, 8)), jnp.ones((4, 8)))
+    if not shardy and "sdy.sharding_constraint" in path.read_text():  # JAX 0.12 ignores the switch
+        pytest.skip(f"JAX {jax.__version__} lowers sharding constraints with Shardy alone: no GSPMD custom_call")
     g = import_mlir(path)
     op = "sdy.sharding_constraint" if shardy else "stablehlo.custom_call"
     annotations = [v for v in g.nodes if v.op == op]
