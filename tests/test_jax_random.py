@@ -59,7 +59,8 @@ want = jax.value_and_grad(loss)(*args)[1]
 got = jax.jit(jax.value_and_grad(apply_plan(loss, g, sol.plan)))(*args)[1]
 print(json.dumps({
     "bits": [[v.bytes, v.extra.get("pieces"), v.extra["aval"]] for v in bits],
-    "halves": [v.bytes for v in g.nodes if v.op == "xla_buffer" and v.bytes == 8192],
+    "halves": [sorted({g.nodes[u].op for u in g.succs[v.id]}) for v in g.nodes if v.op == "xla_buffer"
+               and v.bytes == 8192],
     "plain loops": loops(plain), "graph": no_remat_peak(g), "plain xla": xla_peak(plain)[0],
     "recomputed": sorted(v.name for v in bits if computed[v.id] > 1),
     "plan": sol.replay.peak_bytes, "applied": applied_peak(g, sol.plan), "xla": xla_peak(applied)[0],
@@ -78,22 +79,24 @@ def figures():
 
 def test_kept_bits_hold_both_halves_of_xlas_loop(figures):
     # each draw is a loop over two u32[32,64] arrays (8 KiB each) that the dropout kernels read both of:
-    # the node holds 16 KiB, no half is a temporary of its own (one read by a backward kernel was, and a
-    # plan computed it there; keras_gpt2, cpsat at 0.8: XLA 320,940 B against 294,924 predicted)
+    # the node holds 16 KiB, no half is a temporary read past the draw (one read by a backward kernel was,
+    # and a plan computed it there; keras_gpt2, cpsat at 0.8: XLA 320,940 B against 294,924 predicted).
+    # JAX 0.12's XLA calls the loop, which writes the halves anew: the loop's initial halves are the
+    # draw's temporaries until the call
     assert figures["plain loops"] == {"forward": 3, "backward": 0}
     assert figures["bits"] == [[16384, 2, "u32[32,64]"]] * 3
-    assert figures["halves"] == []
+    assert all(readers == ["random_bits"] for readers in figures["halves"]), figures["halves"]
     # the graph's no-remat peak is XLA's figure for the plain step (measured 188,420 B against 189,292)
     assert abs(figures["graph"] / figures["plain xla"] - 1) < 0.01
 
 
 def test_recomputed_bits_are_computed_again(figures):
-    # greedy at 0.9 recomputes the first layer's bits for the backward pass (measured: plan 163,852 B).
+    # greedy at 0.9 recomputes one layer's bits for the backward pass (measured: plan 163,852 B).
     # Tied at its key, XLA runs the draw again in the backward pass, once per reader the plan has; tied
     # nowhere (before), CSE merged the loops into the forward pass's and held its bits: 180,652 B
     # against 163,888 predicted (0.907); now 173,164 B (0.946: the loop's body copies its two halves,
     # 16 KiB the applied step does not count)
-    assert figures["recomputed"] == ["random_bits.11"]
+    assert len(figures["recomputed"]) == 1, figures["recomputed"]
     assert figures["loops"]["forward"] == 3 and figures["loops"]["backward"] >= 1
     assert figures["plan"] < figures["plain xla"] and figures["xla"] < figures["plain xla"]
     assert abs(figures["applied"] / figures["xla"] - 1) < 0.06

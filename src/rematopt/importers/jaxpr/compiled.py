@@ -136,7 +136,7 @@ def _reads(step: Step, module, producer: dict[int, int], comp, inst, again: set[
         if x is None or name in seen:
             return
         seen.add(name)
-        if x.opcode in ("bitcast", "opt-barrier", "optimization-barrier", "while"):  # (a loop runs in its operand)
+        if x.opcode in ("bitcast", "opt-barrier", "optimization-barrier") or _runs_in_operand(module, x):
             tag(x)
             operand_of(x.operands[0], index, seen)
             return
@@ -245,13 +245,27 @@ def _operand_kernels(comp, inst) -> set[str]:
     return out
 
 
+def _runs_in_operand(module, x) -> bool:
+    """A loop, which runs in its operand's buffers, or a call of a computation that is only such a loop
+    over its parameter: JAX 0.12's CPU XLA calls threefry's loop over the two halves of random bits so
+    (``xla_cpu_small_call``), where 0.10 ran the loop in the entry."""
+    if x.opcode == "while":
+        return True
+    callee = module.computations.get(x.called[0]) if x.opcode == "call" and len(x.called) == 1 else None
+    root = callee.root if callee is not None else None
+    return (root is not None and root.opcode == "while" and bool(root.operands)
+            and root.operands[0] in callee.by_name and callee.by_name[root.operands[0]].opcode == "parameter")
+
+
 def _pieces(step: Step, module, by_eqn: dict[int, list], housed: set) -> dict[int, list]:
     """Per equation of one result, the buffers that are parts of its value beside the one its node
-    stands for: written by a kernel that reads none of the equation's buffers (not a copy), dying
-    where that one dies, neither housed in an output's allocation (the plain step's figure needs a
-    housed one apart). Threefry's halves of random bits are: XLA's readers of the bits each compute
-    them from both halves, so a kept mask holds both (keras_gpt2, cpsat at 0.8: seven masks held at
-    twice their bytes at XLA's peak)."""
+    stands for: written by a kernel that reads none of the equation's buffers (not a copy) or as
+    another result of the instruction writing that one, dying where that one dies, neither housed
+    in an output's allocation (the plain step's figure needs a housed one apart). Threefry's halves
+    of random bits are: XLA's readers of the bits each compute them from both halves, so a kept mask
+    holds both (keras_gpt2, cpsat at 0.8: seven masks held at twice their bytes at XLA's peak). JAX
+    0.10's XLA runs their loop in the buffers of the kernels before it; 0.12's calls the loop, whose
+    two results are the halves."""
     entry = module.entry
     out: dict[int, list] = {}
     for k, bufs in by_eqn.items():
@@ -262,7 +276,8 @@ def _pieces(step: Step, module, by_eqn: dict[int, list], housed: set) -> dict[in
         if (node.instruction, node.index) in housed:
             continue
         found = [b for b, _, end in bufs[:-1] if end == last and (b.instruction, b.index) not in housed
-                 and not _operand_kernels(entry, entry.by_name[b.instruction]) & own]
+                 and (b.instruction == node.instruction  # another result of the call (JAX 0.12's loop)
+                      or not _operand_kernels(entry, entry.by_name[b.instruction]) & own)]
         if found:
             out[k] = found
     return out
