@@ -108,7 +108,8 @@ def materialized(step: Step, module, producer: dict[int, int],
 def _reads(step: Step, module, producer: dict[int, int], comp, inst, again: set[str]) -> set[int]:
     """The equations the kernel ``inst`` computes or views inside and does not read from memory.
     What it reads is found by data flow: the buffers its operands are, looked through aliases (a
-    while loop runs in its operand's), through kernels no scope names and through ``again`` (an
+    while loop, or a call of one, runs in its operand's: :func:`_runs_in_operand`), through kernels no
+    scope names and through ``again`` (an
     equation's buffer computed again from other values: XLA's transposed copy of a ReLU output
     for a weight-gradient convolution, which reads the convolution before the ReLU). What it has
     inside: the tags of its fused instructions (a bitcast tagged with a transpose is that
