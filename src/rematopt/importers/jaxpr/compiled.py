@@ -109,9 +109,9 @@ def _reads(step: Step, module, producer: dict[int, int], comp, inst, again: set[
     """The equations the kernel ``inst`` computes or views inside and does not read from memory.
     What it reads is found by data flow: the buffers its operands are, looked through aliases (a
     while loop, or a call of one, runs in its operand's: :func:`_runs_in_operand`), through kernels no
-    scope names and through ``again`` (an
-    equation's buffer computed again from other values: XLA's transposed copy of a ReLU output
-    for a weight-gradient convolution, which reads the convolution before the ReLU). What it has
+    scope names and through ``again`` (an equation's buffer computed again from other values: XLA's
+    transposed copy of a ReLU output for a weight-gradient convolution, which reads the convolution
+    before the ReLU). What it has
     inside: the tags of its fused instructions (a bitcast tagged with a transpose is that
     transpose, done as a layout; a bitcast of a parameter tagged with its producer is a read) and
     of the aliases and kernels it reads through."""
