@@ -141,7 +141,7 @@ def ties_computed_inside(module) -> list[dict[str, str]]:
     order. Each: the kernel, and the opcode and op_name of what it computes inside. The op_names must name
     one equation each (``apply_plan(scopes=True)``, as :func:`compare` compiles it)."""
     from ..exporters.jax_policy import TIE
-    from ..xla.kernels import kernels
+    from ..xla.kernels import SLICES, kernels, through
 
     fusions = [module.by_name[k.name] for k in kernels(module) if module.by_name[k.name].opcode == "fusion"]
     written = {f.metadata.op_name for f in fusions}  # what some kernel writes
@@ -152,10 +152,9 @@ def ties_computed_inside(module) -> list[dict[str, str]]:
             if inst.opcode != "multiply" or f"({TIE})" not in inst.metadata.op_name:
                 continue
             read = next((comp.by_name[o] for o in inst.operands if o in comp.by_name
-                         and comp.by_name[o].opcode in ("slice", "dynamic-slice")), None)
+                         and comp.by_name[o].opcode in SLICES), None)
             source = comp.by_name.get(read.operands[0]) if read is not None else None
-            while source is not None and source.opcode in ("bitcast", "reshape") and source.operands:
-                source = comp.by_name.get(source.operands[0])
+            source = through(source, comp.by_name, ("bitcast", "reshape")) if source is not None else None
             if (source is not None and source.opcode != "parameter" and source.metadata.op_name in written
                     and f"({TIE})" not in source.metadata.op_name):  # a tie's op_name names no one equation
                 out.append({"kernel": fusion.name, "computes": source.opcode, "op_name": source.metadata.op_name})

@@ -178,7 +178,7 @@ def serial_products(module: HloModule, inner: list[Instruction]) -> int:
     for inst in inner:
         if inst.opcode != "reduce" or not inst.operands or inst.operands[0] not in scope or not _adds(module, inst):
             continue
-        if _through(scope[inst.operands[0]], scope, ("bitcast", "convert")).opcode != "multiply":
+        if through(scope[inst.operands[0]], scope, ("bitcast", "convert")).opcode != "multiply":
             continue
         source = inst.operand_shapes[0].leaves[0]
         summed = {int(d) for d in inst.attrs.get("dimensions", "").strip("{}").split(",") if d.strip()}
@@ -364,10 +364,10 @@ def _orders(inst: Instruction) -> tuple[list[int], list[int]] | None:
 
 def _through_bitcasts(inst: Instruction, scope: dict[str, Instruction]) -> Instruction:
     """The instruction whose values ``inst`` forwards through bitcasts (itself if none)."""
-    return _through(inst, scope, ("bitcast",))
+    return through(inst, scope, ("bitcast",))
 
 
-def _through(inst: Instruction, scope: dict[str, Instruction], opcodes: tuple[str, ...]) -> Instruction:
+def through(inst: Instruction, scope: dict[str, Instruction], opcodes: tuple[str, ...]) -> Instruction:
     """The instruction whose values ``inst`` forwards through ``opcodes`` (itself if none)."""
     while inst.opcode in opcodes and inst.operands and inst.operands[0] in scope:
         inst = scope[inst.operands[0]]
