@@ -19,7 +19,7 @@ import pytest
 
 from conftest import last_json
 
-pytest.importorskip("jax")
+jax = pytest.importorskip("jax")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from xla_steps import SCHEDULER_FLAG  # noqa: E402
 
@@ -207,8 +207,6 @@ def test_no_weights_layout_copy_is_read_by_both_passes():
     got = last_json(WEIGHT_COPIES, env)
     assert got["recorded"] >= 3  # at least the forward pass's three dots read their weights through copies
     assert len(got["tied"]) >= 6 and all(len(p) == 1 for p in got["tied"]), got["tied"]
-    import jax
-
     if jax.__version_info__ < (0, 11):  # untied, a copy is shared (0.11's XLA no longer merges them untied)
         assert any(len(p) == 2 for p in got["untied"]), got["untied"]
     assert got["same gradients"]
