@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import csv
 import os
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -397,3 +399,15 @@ def test_the_gpu_script_runs_the_bench_from_its_checkout_and_refuses_what_it_can
     assert got.stderr.strip() == ("tools/gpu_bench.sh: ortools is not installed here "
                                   "(install what the README's test command needs first)")
     assert not (tmp_path / ".whl").exists()
+
+
+def test_run_outside_a_checkout_it_says_so_in_one_line_before_it_starts(tmp_path):
+    # the workers import models/ from the current directory: elsewhere every row used to fail and the
+    # command exit 0 with an empty report
+    got = subprocess.run([sys.executable, "-m", "rematopt", "bench", "device", "--quick", "--models", "mlp",
+                          "--out", tmp_path / "out"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert got.returncode == 2
+    assert got.stderr.strip().splitlines() == [
+        f"rematopt: bench device: cannot import models.mlp from {tmp_path}: run it from a checkout of rematopt, "
+        "whose models/ it imports"]
+    assert not (tmp_path / "out").exists()

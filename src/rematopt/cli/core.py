@@ -320,12 +320,16 @@ def bench(what: str, sizes: str, graphs: str | None, ratios: str | None, time_li
     OUT/<backend>/ with the verdict on top; run it from a checkout, whose models/ it imports)."""
     if what == "device":
         from ..studies.device.bench import run_bench
-        from ..studies.device.settings import DEFAULT_MODELS, MODELS
+        from ..studies.device.settings import DEFAULT_MODELS, MODELS, unimportable
 
         names = tuple(models.split(",")) if models else DEFAULT_MODELS
         unknown = [n for n in names if n not in MODELS]
         if unknown:
             raise RematoptError(f"bench device: unknown model(s) {', '.join(unknown)}; known: {', '.join(MODELS)}")
+        missing = unimportable(names)
+        if missing:
+            raise RematoptError(f"bench device: cannot import {', '.join(missing)} from {Path.cwd()}: run it from a "
+                                "checkout of rematopt, whose models/ it imports")
         bench_ = run_bench(names, quick=quick, runs=runs,
                            ratios=tuple(float(r) for r in ratios.split(",")) if ratios else None,
                            time_limit=None if click.get_current_context().get_parameter_source("time_limit")

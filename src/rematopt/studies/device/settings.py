@@ -3,7 +3,10 @@ the limits on its processes and planning (each figure with the measurement that 
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 
 CPU_SCHEDULER = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
@@ -102,3 +105,22 @@ DEFAULT_MODELS = tuple(MODELS)
 MODELS["mlp"] = Model("mlp", "models.mlp:factory", {"layers": 8, "width": 512, "batch": 256},
                       {"layers": 3, "width": 32, "in_dim": 16, "batch": 16},
                       {"layers": 8, "width": 4096, "batch": 4096})
+
+
+def unimportable(names: tuple[str, ...]) -> list[str]:
+    """The models' modules that the current directory does not hold: the workers import them
+    from there (a checkout's ``models/``), so the bench says so before it starts rather than
+    failing every row. Looked up, not imported: the parent process stays free of JAX."""
+    cwd = str(Path.cwd())
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    missing = []
+    for name in names:
+        module = MODELS[name].spec.partition(":")[0]
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:
+            found = False
+        if not found and module not in missing:
+            missing.append(module)
+    return missing
