@@ -1,7 +1,7 @@
 """Exported plans through XLA: the exported module compiles with the
-installed jaxlib, keeps its recomputations through XLA's pipeline and
-raises cost_analysis FLOPs by the clones' FLOPs (CSE off on CPU, where XLA
-drops optimization barriers before CSE; the full pipeline on an accelerator)."""
+installed jaxlib, keeps its recomputations through XLA's pipeline and spends
+the clones' FLOPs on them (CSE off on CPU, where XLA drops optimization
+barriers before CSE; the full pipeline on an accelerator)."""
 
 from __future__ import annotations
 
@@ -47,8 +47,11 @@ def test_gpt_decoder_keeps_its_recomputations_and_flops(gpt_step, tmp_path, rati
     check = check_export(gpt_step, out)
     assert check.cse == (not CPU)
     assert check.clones >= 5 and check.clones_kept == check.clones
-    assert check.expected_rise > 0 and abs(check.rise - check.expected_rise) <= FLOPS_TOLERANCE * check.expected_rise
+    assert check.clones_flops > 0 and abs(check.clone_flops - check.clones_flops) <= FLOPS_TOLERANCE * check.clones_flops
     assert check.ok
+    # the whole module's rise is the clones' and how XLA fuses around them: jax 0.10.2 +3.4% / +2.8% of the
+    # clones' FLOPs (docs/mlir.md), 0.12.1 -16% / -18% (a GELU chain fused into one reader where it was in two)
+    assert 0.5 * check.clones_flops < check.rise < 1.5 * check.clones_flops
 
 
 def test_mlp_keeps_its_recomputations(tmp_path):
@@ -66,7 +69,7 @@ def test_mlp_keeps_its_recomputations(tmp_path):
     _, out = exported(tmp_path, src, 0.7)
     check = check_export(src, out)
     assert check.clones >= 1 and check.clones_kept == check.clones
-    assert check.rise >= check.expected_rise
+    assert check.rise >= check.clones_flops
 
 
 @pytest.mark.skipif(not CPU, reason="the CPU pipeline's CSE")
@@ -75,7 +78,7 @@ def test_on_cpu_cse_merges_clones_back(gpt_step, tmp_path):
     first and merges clones with their originals."""
     _, out = exported(tmp_path, gpt_step, 0.7)
     with_cse = check_export(gpt_step, out, cse=True)
-    assert with_cse.clones_kept < with_cse.clones and with_cse.rise < with_cse.expected_rise / 2
+    assert with_cse.clones_kept < with_cse.clones and not with_cse.ok
 
 
 @pytest.mark.skipif(CPU, reason="no accelerator backend here")
@@ -102,10 +105,13 @@ def test_sharded_step_compiles_with_its_recomputations(tmp_path):
     with jax_config.use_shardy_partitioner(True):
         src = lower(tmp_path, jax.value_and_grad(loss), ws, jnp.ones((16, 32)), name="sharded")
     assert "sdy.sharding_constraint" in src.read_text()
-    sol, out = exported(tmp_path, src, 0.6)
+    # chen-sqrt: segments recomputed whole on any JAX (greedy recomputes only broadcasts here on jax 0.10.2, and
+    # nothing on 0.12.1, whose step computes tanh's derivative in the forward pass: its peak is the weights'
+    # gradients at the end)
+    sol, out = exported(tmp_path, src, 0.6, planner="chen-sqrt")
     assert simulate(import_mlir(src), sol.plan).valid
     check = check_export(src, out)
-    assert check.clones >= 1 and check.clones_kept == check.clones
+    assert check.clones >= 1 and check.clones_flops > 0 and check.ok, check.summary()
 
 
 def test_export_cli_checks_xla(gpt_step, tmp_path):

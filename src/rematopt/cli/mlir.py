@@ -37,7 +37,7 @@ def import_mlir_cmd(file: str, function: str | None, output: str, drop_unsafe_ma
                    "annotations (default: when the function is StableHLO).")
 @click.option("--check-xla", is_flag=True,
               help="Compile FILE and the output with jaxlib's XLA (CSE off on CPU): recomputations kept and "
-                   "FLOPs rise vs the clones' FLOPs; exit 1 if either is off.")
+                   "computed at the clones' FLOPs (the module's FLOPs rise reported); exit 1 if either is off.")
 @drop_unsafe_marks_option
 def export_mlir_cmd(file: str, plan: str, function: str | None, output: str, xla: bool | None, check_xla: bool,
                     drop_unsafe_marks: bool) -> None:

@@ -11,9 +11,19 @@ module with the installed jaxlib's XLA and compare.
   over a size-1 dimension, a maximum with -inf) goes with or without a
   recomputation, and so does one that only moves data (:data:`NO_FLOPS`: a
   reshape becomes a bitcast, a broadcast joins its reader).
-* **FLOPs**: ``cost_analysis()["flops"]`` of the exported module must exceed
-  the original's by the counted clones' FLOPs, counted the way XLA's cost
-  analysis counts them (:func:`xla_flops`), within :data:`FLOPS_TOLERANCE`.
+* **Recomputations computed**: the FLOPs the optimized module spends on
+  instructions from the clones' lines (``clone_flops``) must be the counted
+  clones' FLOPs, counted the way XLA's cost analysis counts them
+  (:func:`xla_flops`), within :data:`FLOPS_TOLERANCE`: XLA neither
+  simplified them away nor made them again in several fusions.
+* **FLOPs rise**, reported, not checked: ``cost_analysis()["flops"]`` of the
+  exported module less the original's. It is what the recomputation costs
+  as compiled, and it moves with more than the clones: XLA fuses and
+  duplicates the ops around them differently once they are there (jax
+  0.10.2's CPU XLA: gpt's greedy plan at 0.9 rose 3.4% over its clones'
+  FLOPs, the MLP's 133,632 against 1,280 where a recomputed tanh's fusion
+  redoes the add it reads; 0.12.1's: gpt's 16% under them, a GELU chain
+  XLA had fused into two readers now fused into one).
 
 On CPU, XLA removes optimization barriers before CSE, which then merges a
 clone with its original (measured: an 8-layer tanh MLP with per-layer
@@ -22,7 +32,6 @@ with CSE off). So on CPU the check compiles with the ``cse`` pass disabled
 (the control ``reports/jax_measure`` uses); on an accelerator it runs the
 full pipeline.
 """
-
 from __future__ import annotations
 
 import re
@@ -30,6 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..importers.mlir import contraction_flops, element_counts, load_function
+from ..xla.hlo import parse_hlo
+from ..xla.kernels import TRANSCENDENTAL, instruction_flops
 
 FLOPS_TOLERANCE = 0.10
 _CLONE = re.compile(r"\.remat\d+$")
@@ -57,27 +68,29 @@ class XlaCheck:
     clones_kept: int         # of them, those the optimized HLO still computes
     flops_before: float      # cost_analysis FLOPs of the original module
     flops_after: float       # ... of the exported one
-    expected_rise: float     # those clones' FLOPs, counted as XLA counts them
+    clones_flops: float      # the counted clones' FLOPs, counted as XLA counts them
+    clone_flops: float       # what the optimized exported module spends on instructions from their lines
 
     @property
     def rise(self) -> float:
         return self.flops_after - self.flops_before
 
     @property
-    def rise_error(self) -> float:
-        """|rise - expected| / expected (0 when both are 0)."""
-        if self.expected_rise == 0:
-            return 0.0 if self.rise == 0 else float("inf")
-        return abs(self.rise - self.expected_rise) / self.expected_rise
+    def flops_error(self) -> float:
+        """|clone_flops - clones_flops| / clones_flops (0 when both are 0)."""
+        if self.clones_flops == 0:
+            return 0.0 if self.clone_flops == 0 else float("inf")
+        return abs(self.clone_flops - self.clones_flops) / self.clones_flops
 
     @property
     def ok(self) -> bool:
-        return self.clones_kept == self.clones and self.rise_error <= FLOPS_TOLERANCE
+        return self.clones_kept == self.clones and self.flops_error <= FLOPS_TOLERANCE
 
     def summary(self) -> dict:
         return {"backend": self.backend, "cse": self.cse, "clones": self.clones, "clones_kept": self.clones_kept,
-                "flops_before": self.flops_before, "flops_after": self.flops_after, "flops_rise": self.rise,
-                "expected_rise": self.expected_rise, "rise_error": self.rise_error, "ok": self.ok}
+                "clones_flops": self.clones_flops, "compiled_clone_flops": self.clone_flops,
+                "flops_error": self.flops_error, "flops_before": self.flops_before, "flops_after": self.flops_after,
+                "flops_rise": self.rise, "ok": self.ok}
 
 
 def xla_flops(ir, op) -> float:
@@ -140,12 +153,21 @@ def check_export(original: str | Path, exported: str | Path, function: str | Non
     after = compile_module(Path(exported).read_text(), cse)
     return XlaCheck(platform, cse, len(counted), len(_hlo_lines(after) & counted.keys()),
                     float(before.cost_analysis().get("flops", 0.0)), float(after.cost_analysis().get("flops", 0.0)),
-                    sum(counted.values()))
+                    sum(counted.values()), _flops_at(after, counted.keys()))
 
 
 def _hlo_lines(executable) -> set[int]:
     """Source lines of the instructions left in the optimized HLO."""
     return {int(n) for m in executable.hlo_modules() for n in _SOURCE_LINE.findall(m.to_string())}
+
+
+def _flops_at(executable, lines) -> float:
+    """FLOPs of the optimized HLO's instructions from ``lines`` (fused ones by their own line), each
+    counted once as XLA's cost analysis counts it (transcendentals apart)."""
+    lines = set(lines)
+    return float(sum(instruction_flops(inst) for m in executable.hlo_modules()
+                     for comp in parse_hlo(m.to_string()).computations.values() for inst in comp.instructions
+                     if inst.metadata.source_line in lines and inst.opcode not in TRANSCENDENTAL))
 
 
 def _defined_at(text: str) -> dict[int, str]:
