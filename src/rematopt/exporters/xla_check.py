@@ -12,7 +12,7 @@ module with the installed jaxlib's XLA and compare.
   recomputation, and so does one that only moves data (:data:`NO_FLOPS`: a
   reshape becomes a bitcast, a broadcast joins its reader).
 * **Recomputations computed**: the FLOPs the optimized module spends on
-  instructions from the clones' lines (``clone_flops``) must be the counted
+  instructions from the clones' lines (``compiled_flops``) must be the counted
   clones' FLOPs, counted the way XLA's cost analysis counts them
   (:func:`xla_flops`), within :data:`FLOPS_TOLERANCE`: XLA neither
   simplified them away nor made them again in several fusions.
@@ -20,10 +20,11 @@ module with the installed jaxlib's XLA and compare.
   exported module less the original's. It is what the recomputation costs
   as compiled, and it moves with more than the clones: XLA fuses and
   duplicates the ops around them differently once they are there (jax
-  0.10.2's CPU XLA: gpt's greedy plan at 0.9 rose 3.4% over its clones'
-  FLOPs, the MLP's 133,632 against 1,280 where a recomputed tanh's fusion
-  redoes the add it reads; 0.12.1's: gpt's 16% under them, a GELU chain
-  XLA had fused into two readers now fused into one).
+  0.10.2's CPU XLA: the lowered gpt's greedy plan at 0.9 rose 2.8% over its
+  clones' FLOPs, the MLP's 133,632 against 1,280 where a recomputed tanh's
+  fusion redoes the add it reads; 0.12.1's: the tests' small gpt step's
+  16% under them, a GELU chain XLA had fused into two readers now fused
+  into one; docs/mlir.md).
 
 On CPU, XLA removes optimization barriers before CSE, which then merges a
 clone with its original (measured: an 8-layer tanh MLP with per-layer
@@ -32,6 +33,7 @@ with CSE off). So on CPU the check compiles with the ``cse`` pass disabled
 (the control ``reports/jax_measure`` uses); on an accelerator it runs the
 full pipeline.
 """
+
 from __future__ import annotations
 
 import re
@@ -68,8 +70,8 @@ class XlaCheck:
     clones_kept: int         # of them, those the optimized HLO still computes
     flops_before: float      # cost_analysis FLOPs of the original module
     flops_after: float       # ... of the exported one
-    clones_flops: float      # the counted clones' FLOPs, counted as XLA counts them
-    clone_flops: float       # what the optimized exported module spends on instructions from their lines
+    planned_flops: float     # the counted clones' FLOPs, counted as XLA counts them
+    compiled_flops: float    # what the optimized exported module spends on instructions from their lines
 
     @property
     def rise(self) -> float:
@@ -77,10 +79,10 @@ class XlaCheck:
 
     @property
     def flops_error(self) -> float:
-        """|clone_flops - clones_flops| / clones_flops (0 when both are 0)."""
-        if self.clones_flops == 0:
-            return 0.0 if self.clone_flops == 0 else float("inf")
-        return abs(self.clone_flops - self.clones_flops) / self.clones_flops
+        """|compiled_flops - planned_flops| / planned_flops (0 when both are 0)."""
+        if self.planned_flops == 0:
+            return 0.0 if self.compiled_flops == 0 else float("inf")
+        return abs(self.compiled_flops - self.planned_flops) / self.planned_flops
 
     @property
     def ok(self) -> bool:
@@ -88,7 +90,7 @@ class XlaCheck:
 
     def summary(self) -> dict:
         return {"backend": self.backend, "cse": self.cse, "clones": self.clones, "clones_kept": self.clones_kept,
-                "clones_flops": self.clones_flops, "compiled_clone_flops": self.clone_flops,
+                "planned_clone_flops": self.planned_flops, "compiled_clone_flops": self.compiled_flops,
                 "flops_error": self.flops_error, "flops_before": self.flops_before, "flops_after": self.flops_after,
                 "flops_rise": self.rise, "ok": self.ok}
 
