@@ -51,7 +51,7 @@ def test_gpt_decoder_keeps_its_recomputations_and_flops(gpt_step, tmp_path, rati
     assert abs(check.compiled_flops - check.planned_flops) <= FLOPS_TOLERANCE * check.planned_flops
     assert check.ok
     # the whole module's rise is the clones' and how XLA fuses around them: jax 0.10.2 +7.3% / +6.7% of the
-    # clones' FLOPs, 0.12.1 -16% / -18% (a GELU chain fused into one reader where it was in two; docs/mlir.md)
+    # clones' FLOPs, 0.12.1 -16% / -18% (an elementwise chain computed in one fusion where it was in two; docs/mlir.md)
     assert 0.5 * check.planned_flops < check.rise < 1.5 * check.planned_flops
 
 
