@@ -79,7 +79,11 @@ def test_on_cpu_cse_merges_clones_back(gpt_step, tmp_path):
     first and merges clones with their originals."""
     _, out = exported(tmp_path, gpt_step, 0.7)
     with_cse = check_export(gpt_step, out, cse=True)
-    assert with_cse.clones_kept < with_cse.clones and not with_cse.ok
+    # the merged clones' FLOPs are gone from the compiled module: jax 0.10.2 keeps 12 of 28 clones, 7,168 of
+    # their 545,792 FLOPs (the module rises 22,944); 0.12.1 keeps 19 of 23, 541,696 FLOPs
+    assert with_cse.clones_kept < with_cse.clones and with_cse.compiled_flops < with_cse.planned_flops
+    if jax.__version_info__ < (0, 11):  # 0.10's XLA merges most of them back
+        assert with_cse.rise < with_cse.planned_flops / 2
 
 
 @pytest.mark.skipif(CPU, reason="no accelerator backend here")
