@@ -31,10 +31,10 @@ A plan's own peak (:func:`~rematopt.simulate.simulate`) is of its events;
   library call reads it directly; a recomputation nothing in the backward
   pass reads is not made; a slice of a stacked argument that a library call
   reads is a copy (:func:`_slice_copies`; a matrix's, held from the first
-  reader to the last); a dot's result (or its transpose) that is the gradient of
-  such a slice is held to the step's end, where XLA stacks the slices'
-  gradients into the caller's, one allocation per leaf (:func:`_housed`), unless
-  the step scans such gradients (``scanned``); a recomputed library call makes
+  reader to the last); the gradient of such a slice (whatever writes it) is held
+  to the step's end, where XLA stacks the slices' gradients into the caller's,
+  one allocation per leaf (:func:`_housed`), unless the step scans such
+  gradients (``scanned``: then only the dots' outside the scan); a recomputed library call makes
   a kept operand that is XLA's copy of a buffer again from that buffer
   (:func:`_copied_again`);
   where its kernel writes only a factor of a value (a softmax's division by
@@ -69,8 +69,8 @@ from .jax_policy import residual_fates, unwritten_recomputed, unwritten_residual
 
 # Kernels that read their operands as whole buffers in memory (XLA's CPU library calls), never fusing a slice.
 LIBRARY_CALLS = frozenset({"dot_general", "conv_general_dilated"})
-# The gradients of a stacked argument's slices XLA writes with a dot: a dot's, or its transpose's, which XLA folds
-# into the dot (gpt_scan's weight gradients: ``dot.53``, op_name ``.../transpose``).
+# The gradients of a stacked argument's slices a scan stacks as it runs: a dot's, or its transpose's, which XLA
+# folds into the dot (gpt_scan's weight gradients: ``dot.53``, op_name ``.../transpose``).
 STACKED_DOTS = LIBRARY_CALLS | {"transpose"}
 
 
@@ -253,17 +253,18 @@ def applied_step(graph: Graph, plan: Plan, scanned: dict[str, set[int]] | None =
     born.update((c, first_read[c]) for c in born if graph.nodes[c[0]].op == "xla_buffer" and c in first_read
                 and born[c] >= backward_pass)
     # a result XLA copies into the output's layout holds its kernel's buffer to the step's end; so does
-    # a dot's result that is a stacked argument's slice's gradient, which XLA stacks there into the
-    # caller's gradient (:func:`_housed`); so does a transposed one, unless the step scans some of them
-    # (:data:`STACKED_DOTS`)
+    # a stacked argument's slice's gradient, whatever writes it (a dot, its transpose, a reduction: a
+    # bias's), which XLA stacks there into the caller's gradient (:func:`_housed`); where the step scans
+    # some of them (:data:`STACKED_DOTS`), only the dots outside the scan
     copied = sorted((c for c in born if "layout_copy" in extra[c]), key=lambda c: extra[c]["layout_copy_order"])
-    gradients = [(u, leaf) for u, leaf in graph.meta.get("xla", {}).get("stacked_outputs", [])
-                 if "layout_copy" not in (graph.nodes[u].extra or {})]
+    every = graph.meta.get("xla", {}).get("stacked_outputs", [])
     in_scan = (scanned or {}).get("backward", set())
-    kinds = LIBRARY_CALLS if any(u in in_scan and graph.nodes[u].op in STACKED_DOTS for u, _ in gradients) \
-        else STACKED_DOTS
-    stacked = {u: leaf for u, leaf in gradients if graph.nodes[u].op in kinds}
-    copied += [c for c in born if c[0] in stacked and "allocation" in extra[c]]
+    if any(u in in_scan and graph.nodes[u].op in STACKED_DOTS for u, _ in every):
+        stacked = {u: leaf for u, leaf in every if graph.nodes[u].op in LIBRARY_CALLS
+                   and "layout_copy" not in (graph.nodes[u].extra or {})}
+    else:  # a scan stacks the slices' gradients it computes as it runs
+        stacked = {u: leaf for u, leaf in every if u not in in_scan}
+    copied += [c for c in born if c[0] in stacked and "allocation" in extra[c] and c not in copied]
     last.update((c, len(order) - 1) for c in copied)
     # the copies one after another, in the order of the results (resnet, cpsat at 0.8: as XLA runs them):
     # a buffer copied earlier may be housed in the allocation of a result copied later
@@ -511,10 +512,13 @@ def _housed(graph: Graph, born: dict, last: dict, operands: dict, size: dict, en
     An output in ``copied`` is a temporary to its copy (at the position
     given, at the step's end), and its allocation is written there and houses
     temporaries until then (resnet, cpsat at 0.8: XLA houses 20 temporaries in the 6 weight
-    gradients' allocations, all written before the copies). The dots' results in ``stacked``
+    gradients' allocations, all written before the copies). The results in ``stacked``
     (``{node: the caller's leaf}``: gradients of a stacked argument's slices) share one allocation per
     leaf, which XLA writes when it stacks them at the step's end (equinox_lm, greedy at 0.8: an
-    allocation per slice housed the forward pass's dots, applied peak 0.912 of XLA's figure; 0.998).
+    allocation per slice housed the forward pass's dots, applied peak 0.912 of XLA's figure; 0.998;
+    flax_linen, cpsat at 0.5 computed once: an allocation per slice for its biases' and layer norms'
+    reductions and its attention kernels' transposed dots housed 16 KiB more than XLA's stacks do,
+    0.943; 0.962).
     A value of several buffers (``extra.pieces``) is housed nowhere: the rule takes one buffer at a time."""
     from ..xla.memory import cpu_allocations
 
