@@ -365,15 +365,15 @@ for name, factory, ratio in (("scan2", small(2), 0.8), ("scan3 kept", small(3), 
     f = apply_plan(fn, graph, plan)
     c = jax.jit(jax.value_and_grad(f)).lower(*args).compile()
     scanned = scanned_nodes(f.loops)
+    in_scan = scanned.get("backward", ())
     stacked = graph.meta["xla"]["stacked_outputs"]
     step = applied_step(graph, plan, scanned)
     entry = parse_hlo(c.as_text()).entry
     out[name] = {{"applied": applied_peak(graph, plan, scanned), "unscanned": applied_peak(graph, plan),
                  "xla": xla_peak(c)[0], "transposed": sum(graph.nodes[u].op == "transpose" for u, _ in stacked),
-                 "scanned gradients": sum(u in scanned.get("backward", ()) and graph.nodes[u].op != "reduce_sum"
-                                          for u, _ in stacked),
+                 "scanned gradients": sum(u in in_scan and graph.nodes[u].op != "reduce_sum" for u, _ in stacked),
                  "slice copies": sorted(graph.nodes[u].extra["aval"] for u, c in step.born if c == "s"),
-                 "leaves": len({{leaf for _, leaf in stacked}} - {{leaf for u, leaf in stacked if u in scanned.get("backward", ())}}),
+                 "leaves": len({{leaf for _, leaf in stacked}} - {{leaf for u, leaf in stacked if u in in_scan}}),
                  "stacks": sum(entry.by_name[o].metadata.op_name.endswith("/stack") for o in entry.root.operands),
                  "held to the end": sorted(graph.nodes[u].op for u, _ in stacked
                                            if step.last.get((u, "b")) == len(step.order) - 1),
