@@ -556,6 +556,17 @@ def test_every_array_a_transposing_fusion_reads_across_counts():
         assert 4 * elements == xla["bytes accessed"] - x[0].nbytes - w.nbytes
 
 
+def test_an_array_read_whole_and_through_a_slice_counts_whole_and_a_slice_of_a_transposition_its_elements():
+    """A tie in a plan reads one element of an array the kernel also transposes whole: the array is read
+    whole (counted through its slices it was one element, and gpt's tied gradient sums were priced at half
+    their profiled time, docs/device.md); a kernel that keeps one element of a transposition computes that
+    element alone (XLA's loop emitter runs over its output), where a reduction reads them all."""
+    x, w = jnp.ones((2048, 64), jnp.float32), jnp.arange(64, dtype=jnp.float32)
+    assert strided(lambda x, w: (x * w).T + x[0, 0], x, w) == [((x.size, 256, 2048),)]
+    assert strided(lambda x, w: (x * w).T[:1, :1] + 1.0, x, w) == [((1, 256, 2048),)]
+    assert strided(lambda x, w: jnp.sum((x * w).T, axis=1), x, w) == [()]  # a library's reduction: no loop emitter
+
+
 def test_each_element_read_a_cache_line_each_adds_the_devices_price_for_it():
     """At the price measured for its stride and the lines a sweep reads so, between the grid's points."""
     dev = replace(device("cpu"), strided_rates=((256, 1, 1e-9), (256, 16, 2e-9), (1024, 1, 3e-9), (1024, 16, 5e-9)))

@@ -262,8 +262,12 @@ def strided_reads(kernel: Instruction, inner: list[Instruction]) -> tuple[tuple[
     operand; a fusion's operand read through slices, each slice) reads one line per element. The
     stride is the greatest common divisor of the strides of the sweep's dimensions (:func:`_stride_and_sweep`):
     what decides which of the cache's sets its lines fall in. A broadcast operand (smaller than what
-    moves) stays in cache."""
+    moves) stays in cache. The loop emitter computes only the elements its output holds: without a
+    reduction in the kernel, an array read so is read at most as many elements as the largest output
+    (a tie's one element of a transposed gradient: one element, not the gradient)."""
     scope = {i.name: i for i in inner}
+    reduces = any(i.opcode in ("reduce", "reduce-window") for i in inner)
+    most = max((leaf.elements for leaf in kernel.shape.leaves), default=0)
     reads: dict[int, int] = {}  # elements per stride
     lines = 0
     for move in inner or [kernel]:
@@ -274,6 +278,8 @@ def strided_reads(kernel: Instruction, inner: list[Instruction]) -> tuple[tuple[
         if stride < LINE or sweep < LINE // _element_bytes(move):  # a line serves the next elements
             continue
         n = len(_arrays_read(move, scope, elements)) if inner else 1
+        if not reduces:
+            elements = min(elements, most)
         reads[spread] = reads.get(spread, 0) + n * elements
         lines += n * sweep
     return tuple((elements, spread, lines) for spread, elements in sorted(reads.items()) if elements)
@@ -317,12 +323,17 @@ def _arrays_read(inst: Instruction, scope: dict[str, Instruction], elements: int
             continue
         seen[name] = scope[name]
         stack.extend(scope[name].operands)
-    sliced = {_through_bitcasts(scope[i.operands[0]], scope).name for i in seen.values()
-              if i.opcode in SLICES and i.operands[0] in scope}
+    sliced, whole = set(), set()  # parameters some path reads through a slice / reads otherwise
+    for i in seen.values():
+        if i.opcode != "bitcast":
+            for o in i.operands:
+                if o in scope:
+                    (sliced if i.opcode in SLICES else whole).add(_through_bitcasts(scope[o], scope).name)
+    sliced -= whole
     return [i for i in seen.values() if i.shape.leaves and i.shape.leaves[0].elements >= elements and (
         (i.opcode == "parameter" and i.name not in sliced) or (
             i.opcode in SLICES and i.operands[0] in scope
-            and _through_bitcasts(scope[i.operands[0]], scope).opcode == "parameter"))]
+            and _through_bitcasts(scope[i.operands[0]], scope).name in sliced))]
 
 
 def transposition(inst: Instruction) -> tuple[int, int] | None:
