@@ -182,6 +182,10 @@ def test_the_profile_is_scaled_on_the_plain_step_and_every_other_row_is_predicte
         assert per == pytest.approx({"lone dot": 20e-3 / (40e-3 + 1e-6), "loop fusion": 60e-3 / (2e-3 + 1e-6)})
         assert b.rows[0].predicted_class_ms == pytest.approx(100.0)
         per_class.append(b.rows[2].predicted_class_ms)
+        # per kernel: the second compile is the plain step's kernels at their profiled times; none of the
+        # plan's kernels is alike to one of the plain step's, so it is priced on the one scale
+        assert b.rows[1].predicted_kernel_ms == pytest.approx(100.0)
+        assert b.rows[2].predicted_kernel_ms == pytest.approx(predictions[-1])
         table = _by_class(b)  # where the time went: each class of plain and of the plan, predicted and profiled
         assert "| m | loop fusion |" in table and "| m | matrix fusion | x" in table and "(global)" in table
     assert predictions[0] == predictions[1] == pytest.approx(1e3 * c.scale * (10e-3 + 4e-3 + 2e-5 + 3e-6))
@@ -309,6 +313,7 @@ def test_bench_on_a_tiny_model_writes_the_report(tmp_path):
     # the plain step profiled kernel by kernel in the timing process: one scale per kernel class beside
     assert isinstance(bench.class_calibrations["mlp"], Calibration) and bench.profiles["mlp", "plain"]
     assert bench.rows[0].predicted_class_ms == pytest.approx(bench.rows[0].step_ms)
+    assert bench.rows[0].predicted_kernel_ms == pytest.approx(bench.rows[0].step_ms)
     assert bench.rows[0].predicted_ms == pytest.approx(bench.rows[0].step_ms)  # calibrated on the plain step
     plan = bench.rows[-1]
     assert plan.stopped_by in ("deterministic_time", "max_rounds", "bracket") and plan.deterministic_spent <= 0.5

@@ -20,8 +20,9 @@ into existing kernels grows them, what it could not fuse adds kernels.
 measured time; the scaled profile then predicts every other variant of that step on that machine
 (``rematopt bench device`` calibrates on the plain step, on the rates :mod:`rematopt.xla.machine`
 measured on the CPU, and predicts the policies and rematopt's plans); given the plain step's per-kernel
-profile, one scale per kernel class (:func:`kernel_class`), which the bench reports beside the one scale
-(it predicted the plans worse, docs/device.md). On CPU a step also pays for
+profile, one scale per kernel class (:func:`kernel_class`), or each of its kernels at its profiled time
+(``per_kernel``: the kernels of another step alike to one of them take its time), which the bench
+reports beside the one scale (docs/device.md). On CPU a step also pays for
 the page faults of the buffers it allocates anew (:func:`step_faults`), at a measured price per
 fault. :func:`fit` instead fits the FLOP and byte factors and a launch cost to several measured
 steps by least squares; with the three to five baselines of a bench model it is under-determined
@@ -303,6 +304,9 @@ class Calibration:
     fault_s: float
     calibrated_on: str
     class_scales: tuple[tuple[str, float], ...] = ()
+    # (signature, seconds): each kernel of the calibrated step at its profiled time, scaled to the step's
+    # measured kernel time (:func:`calibrate`'s ``per_kernel``)
+    measured_kernels: tuple[tuple[Kernel, float], ...] = ()
 
     def class_seconds(self, step: StepCost) -> dict[str, float]:
         """``step``'s kernels on the profile, unscaled, per class."""
@@ -313,9 +317,16 @@ class Calibration:
         return sum(self.class_seconds(step).values())
 
     def scaled(self, step: StepCost) -> dict[str, float]:
-        """``step``'s predicted kernel seconds per class, each class at its scale."""
-        scales = dict(self.class_scales)
-        return {c: scales.get(c, self.scale) * s for c, s in self.class_seconds(step).items()}
+        """``step``'s predicted kernel seconds per class: a kernel alike in :func:`signature` to one of the
+        calibrated step's at that one's measured time, any other priced at its class's scale."""
+        scales, measured = dict(self.class_scales), dict(self.measured_kernels)
+
+        def seconds(k: Kernel) -> float:
+            t = measured.get(signature(k))
+            if t is not None:
+                return t
+            return scales.get(kernel_class(k), self.scale) * kernel_cost(k, self.device, self.launch_s).seconds
+        return _by_class(step, seconds)
 
     def seconds(self, step: StepCost, faults: int = 0) -> float:
         """The predicted time of ``step``, whose runs fault ``faults`` pages (:func:`step_faults`)."""
@@ -337,8 +348,19 @@ def _by_class(step: StepCost, seconds: Callable[[Kernel], float]) -> dict[str, f
     return out
 
 
+def signature(kernel: Kernel) -> Kernel:
+    """What prices ``kernel`` (its kind, bytes, transposition, strided and serial work, trip count, and
+    on the matrix units its FLOPs), its names left out: kernels alike in it are one kernel to the price.
+    A vector kernel's FLOPs are left out too: its bytes bound it, and a plan's tie adds an element's
+    arithmetic to a kernel the plain step runs (keras_llama's SiLU gradient, then alike to the plain
+    step's, which the profile timed at a fifth of its price on the strided grid, docs/device.md)."""
+    return replace(kernel, name="", op_names=(), computation="",
+                   flops=kernel.flops if on_matrix_units(kernel) or kernel.kind in LONE_KINDS else 0)
+
+
 def calibrate(step: StepCost, measured_s: float, device: Device, faults: int = 0, launch_s: float = 0.0,
-              fault_s: float = 0.0, name: str = "plain", profiled: dict[str, float] | None = None) -> Calibration:
+              fault_s: float = 0.0, name: str = "plain", profiled: dict[str, float] | None = None,
+              per_kernel: bool = False) -> Calibration:
     """Scale ``device`` so that ``step`` (which faults ``faults`` pages a run) is priced at ``measured_s``:
     the one figure taken from a measured step. Calibrate on one step and predict the others.
 
@@ -347,7 +369,15 @@ def calibrate(step: StepCost, measured_s: float, device: Device, faults: int = 0
     shared among the classes as the profile shares it, and each class is scaled to its share. A class
     under :data:`MIN_CLASS_SHARE` of the profile or of the price takes the global scale (and its share at
     that scale is taken out first), so the step is still priced at ``measured_s``; with one class this is
-    the one-scale calibration."""
+    the one-scale calibration.
+
+    With ``profiled`` and ``per_kernel``, the step's own kernels are the table instead: each kernel of
+    ``step`` the profile timed is priced at its profiled time (the mean over the kernels alike in
+    :func:`signature`), all scaled so that the step is still priced at ``measured_s``; a kernel of another
+    step alike to one of them takes its time, any other the one scale. A plan's prediction is then the
+    plain step's measured time with the kernels the plan removes taken out at what they took and the
+    ones it adds priced (keras_llama 0.5's plan: the plain step's own softmax-backward fusions ran 30%
+    over their price, so the one scale priced everything the plan adds that much high, docs/device.md)."""
     unscaled = Calibration(device, 1.0, launch_s, fault_s, name)
     priced, rest = unscaled.class_seconds(step), measured_s - faults * fault_s
     kernels = sum(priced.values())
@@ -357,6 +387,8 @@ def calibrate(step: StepCost, measured_s: float, device: Device, faults: int = 0
     scale = rest / kernels
     if profiled is None:
         return replace(unscaled, scale=scale)
+    if per_kernel:
+        return _per_kernel(replace(unscaled, scale=scale), step, rest, profiled)
     measured = profiled_by_class(step, profiled)
     total = sum(measured.values())
     if total <= 0:
@@ -367,6 +399,26 @@ def calibrate(step: StepCost, measured_s: float, device: Device, faults: int = 0
     profiled_own = sum(measured[c] for c in own)
     scales = tuple((c, left * measured[c] / profiled_own / priced[c]) for c in own)
     return replace(unscaled, scale=scale, class_scales=scales)
+
+
+def _per_kernel(one: Calibration, step: StepCost, rest: float, profiled: dict[str, float]) -> Calibration:
+    """``one`` (the one-scale calibration on ``step``) with ``step``'s profiled kernels as its table
+    (:func:`calibrate`'s ``per_kernel``): the profiled seconds scaled so that they and the kernels the
+    profile lacks (at the one scale) sum to ``rest``, the step's measured kernel time."""
+    timed = [k.kernel for k in step.kernels if k.kernel.name in profiled]
+    total = sum(profiled[k.name] for k in timed)
+    if total <= 0:
+        raise ValueError(f"cannot calibrate {one.calibrated_on} per kernel: its profile has no kernel time")
+    untimed = sum(kernel_cost(k.kernel, one.device, one.launch_s).seconds for k in step.kernels
+                  if k.kernel.name not in profiled)
+    factor = (rest - one.scale * untimed) / total
+    if factor <= 0:
+        raise ValueError(f"cannot calibrate {one.calibrated_on} per kernel: the kernels it did not profile are "
+                         f"priced at {one.scale * untimed * 1e3:.3g} ms of its {rest * 1e3:.3g} ms")
+    alike: dict[Kernel, list[float]] = {}
+    for k in timed:
+        alike.setdefault(signature(k), []).append(profiled[k.name])
+    return replace(one, measured_kernels=tuple((sig, factor * sum(t) / len(t)) for sig, t in alike.items()))
 
 
 # The balance of the machine's FLOP rate to its bandwidth, against the data sheet's, is searched

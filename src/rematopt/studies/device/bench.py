@@ -3,7 +3,9 @@ cores, then the calibration that prices each row."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import json
 import math
 import os
 import shutil
@@ -166,6 +168,7 @@ def _model_tasks(bench: Bench, model: Model, config: dict, rounds: int, ratios: 
 
     specs: dict[str, dict] = {}  # variant: what compiles it, for the timing process
     made: dict[str, Row] = {}
+    hlo_files: dict[str, str] = {}  # variant: its compiled program, for profiles.json
     planned: dict[str, dict] = {}  # str(ratio): plan_step's record of that budget's plan
     # on an accelerator the planning processes only compile, beside a row process on the device: they
     # take its memory as they need it (CUDA's context, autotuning's buffers: under a GB each), not JAX's
@@ -199,6 +202,7 @@ def _model_tasks(bench: Bench, model: Model, config: dict, rounds: int, ratios: 
                         bench.costs[model.label, r.variant] = step_cost(read_hlo(hlo[r.variant]), device(bench.device))
                         specs[r.variant] = extra
                         made[r.variant] = r
+                        hlo_files[r.variant] = str(hlo[r.variant])
                     add(r)
                     progress(f"{model.label:12} {r.variant:42} "
                              + (f"peak {r.compiled_peak / 1e6:9.2f} MB  {r.kernels:5} kernels" if r.compiled_peak
@@ -273,6 +277,11 @@ def _model_tasks(bench: Bench, model: Model, config: dict, rounds: int, ratios: 
               lock)
         with lock:
             _calibrate(bench, model.label)
+            (work / "profiles.json").write_text(json.dumps(
+                {"hlo": hlo_files, "profiles": {v: p for (m, v), p in bench.profiles.items() if m == model.label},
+                 "step_ms": {r.variant: r.step_ms for r in bench.rows if r.model == model.label},
+                 "faults": {r.variant: r.predicted_faults for r in bench.rows if r.model == model.label},
+                 "machine": dataclasses.asdict(bench.machine) if bench.machine else None}))
             if out:
                 write_report(bench, out)
 
@@ -338,8 +347,9 @@ def _calibrate(bench: Bench, model: str) -> None:
     """Scale the profile (the machine's measured rates; on a GPU the data sheet's) so that the plain
     step's predicted time is its measured time (:func:`rematopt.xla.cost.calibrate`), and predict every
     other row on it: the second compile of the plain step, the policies, XLA's GPU remat, the plans.
-    Where the plain step was profiled, also one scale per kernel class (``predicted_class_ms``). Only the
-    plain step's measurements enter: a row's prediction is a function of its compiled program."""
+    Where the plain step was profiled, also one scale per kernel class (``predicted_class_ms``) and its
+    kernels at their profiled times (``predicted_kernel_ms``). Only the plain step's measurements enter: a
+    row's prediction is a function of its compiled program."""
     from ...importers.costmodel import device
 
     plain = next((r for r in bench.rows if r.model == model and r.variant == "plain"), None)
@@ -350,14 +360,16 @@ def _calibrate(bench: Bench, model: str) -> None:
     args = dict(step=bench.costs[model, "plain"], measured_s=plain.step_ms / 1e3,
                 device=m.device() if m else device(bench.device), faults=plain.predicted_faults or 0,
                 launch_s=m.launch_s if m else 0.0, fault_s=m.fault_s if m else 0.0)
-    for into, profiled, field_ in ((bench.calibrations, None, "predicted_ms"),
-                                   (bench.class_calibrations, bench.profiles.get((model, "plain")),
-                                    "predicted_class_ms")):
-        if field_ == "predicted_class_ms" and profiled is None:
+    profiled = bench.profiles.get((model, "plain"))
+    for into, how, field_ in ((bench.calibrations, {}, "predicted_ms"),
+                              (bench.class_calibrations, {"profiled": profiled}, "predicted_class_ms"),
+                              (bench.kernel_calibrations, {"profiled": profiled, "per_kernel": True},
+                               "predicted_kernel_ms")):
+        if how and profiled is None:
             into[model] = "the plain step was not profiled"
             continue
         try:
-            c = calibrate(**args, profiled=profiled)
+            c = calibrate(**args, **how)
         except ValueError as e:
             into[model] = str(e)
             continue

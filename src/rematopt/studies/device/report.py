@@ -283,13 +283,14 @@ def _prediction_summary(bench: Bench) -> str:
            "the scratch of YNNPACK fusions that glibc gives back to the kernel; each at the measured price.", "",
            "| model | scale on the measured rates | plain's page faults | plain (again): predicted vs measured "
            "| baselines within 15% | worst baseline | plans: predicted vs measured time "
-           "| plans: predicted overhead - measured (points) | the same, one scale per kernel class |",
-           "|---|---:|---:|---:|---:|---|---|---|---|"]
+           "| plans: predicted overhead - measured (points) | the same, one scale per kernel class "
+           "| the same, the plain step's kernels at their profiled times |",
+           "|---|---:|---:|---:|---:|---|---|---|---|---|"]
     for model in dict.fromkeys(r.model for r in bench.rows):
         c = bench.calibrations.get(model)
         base = _plain_ms(bench, model)
         if not isinstance(c, Calibration) or base is None:
-            out.append(f"| {model} | not calibrated: {c or 'not timed'} | — | — | — | — | — | — | — |")
+            out.append(f"| {model} | not calibrated: {c or 'not timed'} | — | — | — | — | — | — | — | — |")
             continue
         rows = [r for r in bench.rows if r.model == model and r.step_ms and r.predicted_ms]
         plain = next(r for r in rows if r.variant == "plain")
@@ -301,13 +302,14 @@ def _prediction_summary(bench: Bench) -> str:
         times = ", ".join(f"{r.variant} {100 * (r.predicted_ms / r.step_ms - 1):+.1f}%" for r in plans)
         overheads = ", ".join(f"{r.variant} {100 * ((r.predicted_ms / base[1]) - (r.step_ms / base[0])):+.1f}"
                               for r in plans)
-        per_class = ", ".join(
-            f"{r.variant} {100 * (r.predicted_class_ms / plain.predicted_class_ms - r.step_ms / base[0]):+.1f}"
-            for r in plans if r.predicted_class_ms and plain.predicted_class_ms)
+        def points(field_: str) -> str:  # each plan's predicted overhead - measured, on another calibration
+            return ", ".join(f"{r.variant} {100 * (getattr(r, field_) / getattr(plain, field_) - r.step_ms / base[0]):+.1f}"
+                             for r in plans if getattr(r, field_) and getattr(plain, field_))
         share = (plain.predicted_faults or 0) * c.fault_s * 1e3 / plain.step_ms
         out.append(f"| {model} | x{c.scale:.3g} | {plain.predicted_faults or 0:,} ({100 * share:.0f}% of its time) "
                    f"| {again} | {within} of {len(errs)} | {f'{worst[1]} {100 * worst[0]:+.1f}%' if worst else '—'} "
-                   f"| {times or '—'} | {overheads or '—'} | {per_class or '—'} |")
+                   f"| {times or '—'} | {overheads or '—'} | {points('predicted_class_ms') or '—'} "
+                   f"| {points('predicted_kernel_ms') or '—'} |")
     return "\n".join(out)
 
 

@@ -23,6 +23,8 @@ class Row:
     predicted_ms: float | None = None  # kernels priced on the profile calibrated on the plain step, and page faults
     predicted_raw_ms: float | None = None  # on the data-sheet profile
     predicted_class_ms: float | None = None  # as predicted_ms, one scale per kernel class (xla.cost.kernel_class)
+    # as predicted_ms, a kernel alike to one of the plain step's (xla.cost.signature) at its profiled time there
+    predicted_kernel_ms: float | None = None
     predicted_peak: int | None = None  # the plan's peak on the graph (rematopt rows)
     predicted_overhead: float | None = None  # the plan's recompute overhead on the graph
     page_faults: int | None = None  # minor page faults per step (median over the rounds)
@@ -59,6 +61,7 @@ class Bench:
     # (model, variant): seconds per kernel name, profiled in the timing process (plain and the plans)
     profiles: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
     class_calibrations: dict[str, Calibration | str] = field(default_factory=dict)  # per kernel class, per model
+    kernel_calibrations: dict[str, Calibration | str] = field(default_factory=dict)  # per kernel, per model
     # per kind of worker process: how many, their wall and CPU seconds, and their phases' wall seconds
     spent: dict[str, dict[str, float]] = field(default_factory=dict)
     run: dict[str, float] = field(default_factory=dict)  # the whole run: wall, cpu, load_start, load_end, two_at_once
