@@ -259,7 +259,7 @@ def strided_reads(kernel: Instruction, inner: list[Instruction]) -> tuple[tuple[
     per transposition in it (:func:`transposition`) whose consecutive
     output elements lie a line or more apart in its operand, for as long a sweep as a line holds
     elements, each operand it reads there as large as what moves (a lone copy or transpose: its
-    operand; a fusion's operand read through slices, each slice) reads one line per element. The
+    operand; a fusion's operand read through slices alone, each slice) reads one line per element. The
     stride is the greatest common divisor of the strides of the sweep's dimensions (:func:`_stride_and_sweep`):
     what decides which of the cache's sets its lines fall in. A broadcast operand (smaller than what
     moves) stays in cache. The loop emitter computes only the elements its output holds: without a
@@ -314,7 +314,8 @@ def _stride_and_sweep(inst: Instruction) -> tuple[int, int, int, int] | None:
 
 def _arrays_read(inst: Instruction, scope: dict[str, Instruction], elements: int) -> list[Instruction]:
     """The fusion's operands whose values reach ``inst`` with at least ``elements`` elements: each
-    parameter, or each slice of a parameter where the fusion reads it through slices."""
+    parameter, or each slice of a parameter where the fusion reads it through slices alone (one read
+    whole as well, a plan's tie beside its transposition, is read whole)."""
     seen: dict[str, Instruction] = {}
     stack = list(inst.operands)
     while stack:
