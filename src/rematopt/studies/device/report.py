@@ -303,8 +303,9 @@ def _prediction_summary(bench: Bench) -> str:
         overheads = ", ".join(f"{r.variant} {100 * ((r.predicted_ms / base[1]) - (r.step_ms / base[0])):+.1f}"
                               for r in plans)
         def points(field_: str) -> str:  # each plan's predicted overhead - measured, on another calibration
-            return ", ".join(f"{r.variant} {100 * (getattr(r, field_) / getattr(plain, field_) - r.step_ms / base[0]):+.1f}"
-                             for r in plans if getattr(r, field_) and getattr(plain, field_))
+            own = getattr(plain, field_)
+            return ", ".join(f"{r.variant} {100 * (getattr(r, field_) / own - r.step_ms / base[0]):+.1f}"
+                             for r in plans if getattr(r, field_) and own)
         share = (plain.predicted_faults or 0) * c.fault_s * 1e3 / plain.step_ms
         out.append(f"| {model} | x{c.scale:.3g} | {plain.predicted_faults or 0:,} ({100 * share:.0f}% of its time) "
                    f"| {again} | {within} of {len(errs)} | {f'{worst[1]} {100 * worst[0]:+.1f}%' if worst else '—'} "
