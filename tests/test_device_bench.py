@@ -23,7 +23,7 @@ pytest.importorskip("jax")
 from rematopt.importers.costmodel import device, profile_for  # noqa: E402
 from rematopt.plan import Plan  # noqa: E402
 from rematopt.studies.device.bench import _calibrate, _slop, run_bench  # noqa: E402
-from rematopt.studies.device.launch import run_worker, worker_env  # noqa: E402
+from rematopt.studies.device.launch import busy_cpu, run_worker, worker_env  # noqa: E402
 from rematopt.studies.device.report import _by_class, markdown, noise, pareto, verdict, write_report  # noqa: E402
 from rematopt.studies.device.results import Bench, Row  # noqa: E402
 from rematopt.studies.device.settings import AGAIN, MAX_ROUNDS, MODELS  # noqa: E402
@@ -115,6 +115,18 @@ def test_the_cause_names_page_faults_where_they_make_up_the_difference():
     b.rows[0].step_ms_spread = 0.01
     v = {v["ratio"]: v for v in verdict(b)}[0.7]
     assert v["verdict"] == "slower, within the noise" and v["why"] == ""
+
+def test_the_report_marks_a_timing_that_shared_the_machine():
+    b = _bench_for_causes()
+    assert "Beside the timing" not in markdown(b)  # not measured (not Linux): nothing said
+    cores = os.cpu_count()
+    b.beside["m"] = (0.01 * cores * 100.0, 100.0)  # other processes ran 1% of the machine for 100 s
+    line = next(ln for ln in markdown(b).splitlines() if ln.startswith("Beside the timing: "))
+    assert f"m {cores:.1f} s in 100 s (1.0% of the {cores} cores)" in line and "shared" not in line
+    b.beside["m"] = (0.3 * cores * 100.0, 100.0)
+    line = next(ln for ln in markdown(b).splitlines() if ln.startswith("Beside the timing: "))
+    assert "(30.0% of the" in line and "shared, its step times are not an idle machine's" in line
+
 
 def test_noise_is_the_widest_gap_between_two_measurements_of_one_step():
     b = Bench("cpu", "cpu", rows=[
@@ -289,6 +301,20 @@ def test_pareto_front_and_slop():
     assert _slop(plain, 0.5) == round(100 * 4_000 / 79_000)
 
 
+SPIN = "import time\nend = time.process_time() + 0.5\nwhile time.process_time() < end: pass"
+
+
+@pytest.mark.skipif(busy_cpu() is None, reason="no /proc/stat: the machine's busy time is not known here")
+def test_the_machines_busy_time_counts_another_processs_cpu_in_seconds():
+    """What :func:`_time` takes the bench's own CPU from to say what ran beside a timing: a process
+    spinning half a CPU second is in it, and no more is counted than the cores could run."""
+    before, wall = busy_cpu(), time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-c", SPIN])
+    _, _, usage = os.wait4(proc.pid, 0)
+    busy, wall = busy_cpu() - before, time.perf_counter() - wall
+    assert usage.ru_utime + usage.ru_stime - 0.05 <= busy <= wall * os.cpu_count() + 0.05
+
+
 @pytest.mark.slow  # about 40 s idle, 134 s measured on the shared 2-core machine (load average 9): six fresh processes
 def test_bench_on_a_tiny_model_writes_the_report(tmp_path):
     lines = []
@@ -324,10 +350,13 @@ def test_bench_on_a_tiny_model_writes_the_report(tmp_path):
     assert len(timing) == 1 and all(p[3] <= timing[0][2] for p in bench.processes if p is not timing[0])
     assert (bench.run["two_at_once"] > 0) == (len(os.sched_getaffinity(0)) > 1)
     assert "## Where the run's time went" in (tmp_path / bench.backend / "device.md").read_text()
+    # what the machine's other processes ran beside the timing, measured and reported
+    assert set(bench.beside) == {"mlp"} and bench.beside["mlp"][0] >= 0 and bench.beside["mlp"][1] > 0
     folder = tmp_path / bench.backend
     md = (folder / "device.md").read_text()
     assert md.index("## Verdict") < md.index("## Where the time went, per kernel class") < md.index("## Every row")
     assert sum(line.startswith("| mlp | 0.8 |") for line in md.splitlines()) == 1
+    assert "Beside the timing: " in md and " mlp " in md.split("Beside the timing: ")[1].split("\n")[0] + " "
     with open(folder / "device.csv") as f:
         assert len(list(csv.DictReader(f))) == len(bench.rows)
     assert (folder / "device.png").stat().st_size > 0

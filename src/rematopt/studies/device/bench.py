@@ -20,7 +20,7 @@ from ...importers.costmodel import profile_for
 from ...xla.cost import calibrate
 from ...xla.machine import Machine
 from ..schedule import Task, run_tasks
-from .launch import OutOfTime, Workers, children_cpu, run_worker, worker_env
+from .launch import OutOfTime, Workers, busy_cpu, children_cpu, own_cpu, run_worker, worker_env
 from .report import write_report
 from .results import Bench, Row
 from .settings import (AGAIN, AT_ONCE, CPU_SCHEDULER, DEFAULT_MODELS, DETERMINISTIC_S, GPU_AT_ONCE, GPU_LIMIT_SHARE,
@@ -281,6 +281,7 @@ def _model_tasks(bench: Bench, model: Model, config: dict, rounds: int, ratios: 
                 {"hlo": hlo_files, "profiles": {v: p for (m, v), p in bench.profiles.items() if m == model.label},
                  "step_ms": {r.variant: r.step_ms for r in bench.rows if r.model == model.label},
                  "faults": {r.variant: r.predicted_faults for r in bench.rows if r.model == model.label},
+                 "beside": bench.beside.get(model.label),
                  "machine": dataclasses.asdict(bench.machine) if bench.machine else None}))
             if out:
                 write_report(bench, out)
@@ -297,12 +298,18 @@ def _model_tasks(bench: Bench, model: Model, config: dict, rounds: int, ratios: 
 def _time(bench: Bench, model: str, specs: dict[str, dict], base: dict, pin: dict, rounds: int, env: dict,
           timeout: float, progress: Callable[[str], None], workers: Workers, lock: threading.RLock) -> None:
     """Every measured variant's step time from :func:`.worker.time_steps` (a process each, interleaved rounds), with
-    a second compile of the plain step, timed alongside, as the row ``plain (again)``."""
+    a second compile of the plain step, timed alongside, as the row ``plain (again)``; and what other
+    processes ran on the machine meanwhile (``bench.beside``): the bench's timing runs alone, but not
+    the machine's other users (docs/device.md, "Beside the timing")."""
     started = time.perf_counter()
     variants = {**specs, AGAIN: specs["plain"]}
     profile = [v for v in specs if v == "plain" or v.startswith("rematopt@")]
+    busy, own, wall = busy_cpu(), own_cpu(), time.time()
     got = run_worker({**base, **pin, "variants": variants, "rounds": rounds, "clock": bench.clock,
                        "profile": profile}, env, timeout, workers, "timing")
+    if busy is not None:  # less the timing process's (its variants' too) and this one's
+        timed = sum(cpu for kind, label, *_, cpu in workers.ran if kind == "timing" and label == model)
+        bench.beside[model] = (max(0.0, busy_cpu() - busy - timed - (own_cpu() - own)), time.time() - wall)
     with lock:
         rows = {r.variant: r for r in bench.rows if r.model == model}
         plain = rows["plain"]

@@ -120,6 +120,27 @@ def children_cpu() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
+def busy_cpu() -> float | None:
+    """The CPU seconds every process on this machine has run since it started (``/proc/stat``: user, nice,
+    system, irq and softirq time), or None where the kernel does not say (not Linux). Less the bench's
+    own, it is what ran beside a timing: on the pinned core, another process's time does not count in a
+    step's CPU time, but what it leaves in the core's caches does (:func:`.bench._time`)."""
+    try:
+        first = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    except OSError:
+        return None
+    if len(first) < 8 or first[0] != "cpu":
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq = map(int, first[1:8])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu() -> float:
+    """This process's CPU seconds, all its threads."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
 def worker_env() -> dict[str, str]:
     """A worker's environment: this rematopt first on the path, XLA's CPU memory-minimizing scheduler on."""
     return {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {CPU_SCHEDULER}".strip(),

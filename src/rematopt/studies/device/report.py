@@ -144,8 +144,9 @@ def _ms(x) -> str:
 def markdown(bench: Bench) -> str:
     import jax
 
-    clock = ("the process's CPU time on one pinned core (other load on the machine does not enter it)"
-             if bench.clock == "cpu" else "wall-clock time")
+    clock = ("the process's CPU time on one pinned core (another process's time on that core does not count, "
+             "what it leaves in the core's caches does: the machine's other load while each model was timed is "
+             "under the verdict)" if bench.clock == "cpu" else "wall-clock time")
     lines = [f"# rematopt bench device: {bench.backend}", "",
              f"jax {jax.__version__}, backend `{bench.backend}`"
              + (f" ({bench.kind})" if bench.kind not in ("", bench.backend) else "") + ", cost profile "
@@ -171,7 +172,7 @@ def markdown(bench: Bench) -> str:
     why = [f"- {v['model']} {v['ratio']} ({v['verdict']}): {v['why']}." for v in verdict(bench) if v["why"]]
     lines += ["", "Noise: per model, the largest relative difference between two measurements of one step time: "
               "the plain step against its second compile, and each variant's fastest step in the even rounds "
-              "against the odd rounds.", ""]
+              "against the odd rounds.", *_beside(bench), ""]
     lines += ["Why, where the plan misses or is slower (from the rows below; `rounds` are the planning rounds of "
               "--verify xla's loop, both orders together):", "", *why, ""] if why else []
     lines += ["## Predicted against measured", "", _prediction_summary(bench), "",
@@ -196,6 +197,25 @@ def markdown(bench: Bench) -> str:
                      f"{'—' if r.grad_error is None else f'{r.grad_error:.1e}'} | "
                      f"{'—' if r.compile_s is None else f'{r.compile_s:.1f}'} | {_stopped(r)} | {r.note} |")
     return "\n".join(lines) + "\n"
+
+
+# Beside a model's timing, other processes' CPU time above this share of the machine's cores marks its
+# step times as a shared machine's.
+SHARED = 0.05
+
+
+def _beside(bench: Bench) -> list[str]:
+    """What ran on the machine beside each model's timing (:attr:`.results.Bench.beside`), marked where it
+    was more than :data:`SHARED` of the machine."""
+    if not bench.beside:
+        return []
+    cores, parts = os.cpu_count() or 1, []
+    for model, (cpu, wall) in bench.beside.items():
+        share = cpu / wall / cores if wall > 0 else 0.0
+        parts.append(f"{model} {cpu:.1f} s in {wall:.0f} s ({100 * share:.1f}% of the {cores} cores"
+                     + (": shared, its step times are not an idle machine's" if share > SHARED else "") + ")")
+    return ["", "Beside the timing: the CPU seconds the machine's other processes ran while each model's variants "
+            "were timed (/proc/stat, less the bench's own): " + ", ".join(parts) + "."]
 
 
 def _time_spent(bench: Bench) -> str:

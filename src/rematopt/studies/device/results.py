@@ -66,3 +66,6 @@ class Bench:
     spent: dict[str, dict[str, float]] = field(default_factory=dict)
     run: dict[str, float] = field(default_factory=dict)  # the whole run: wall, cpu, load_start, load_end, two_at_once
     processes: list[tuple[str, str, float, float, float]] = field(default_factory=list)  # Workers.ran
+    # per model: (CPU seconds the machine's other processes ran while its variants were timed, the timing's
+    # wall seconds; bench._time)
+    beside: dict[str, tuple[float, float]] = field(default_factory=dict)
