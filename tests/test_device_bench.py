@@ -161,8 +161,9 @@ def test_time_steps_interleaves_rounds_of_every_variant_and_keeps_going_past_a_f
 
 def test_the_profile_is_scaled_on_the_plain_step_and_every_other_row_is_predicted():
     """Calibrated on the plain step alone: the plain step is priced at its time, and a plan's
-    prediction does not move when its measured time or its profile does (it is never fitted on); the
-    same with one scale per kernel class, fitted on the plain step's profile."""
+    prediction does not move when its measured time or its profile does (it is never fitted on): with
+    one scale, one scale per kernel class (fitted on the plain step's profile), and the prediction, the
+    plain step's kernels at their profiled times; one scale where the plain step was not profiled."""
     m = Machine(flops_per_s=1e11, dot_flops_per_s=2.5e10, vector_flops_per_s=3e10, bytes_per_s=5e10,
                 launch_s=1e-6, fault_s=2e-6, transcendental_s=1e-9)
 
@@ -182,28 +183,34 @@ def test_the_profile_is_scaled_on_the_plain_step_and_every_other_row_is_predicte
         # the plain step's profile: the Eigen dot 20 ms, the loop fusion 60 ms
         b.profiles = {("m", "plain"): {"k0": 0.02, "k1": 0.06}, ("m", "rematopt@0.8"): plan_profile}
         _calibrate(b, "m")
-        c = b.calibrations["m"]
+        c = b.scale_calibrations["m"]
         assert c.device.transcendental_s == m.transcendental_s  # these kernels evaluate none: the scale below holds
         # plain: 40 ms of Eigen dot + 2 ms of bytes + 2 launches on the machine, 20 ms of page faults
         assert c.scale == pytest.approx(80e-3 / (40e-3 + 2e-3 + 2e-6))
-        assert b.rows[0].predicted_ms == pytest.approx(100.0) and b.rows[1].predicted_ms == pytest.approx(100.0)
-        predictions.append(b.rows[2].predicted_ms)
+        assert b.rows[0].predicted_scale_ms == pytest.approx(100.0)
+        assert b.rows[1].predicted_scale_ms == pytest.approx(100.0)
+        predictions.append(b.rows[2].predicted_scale_ms)
         per = dict(b.class_calibrations["m"].class_scales)
         # 80 ms of kernels shared 1:3 as profiled: the dot 20 ms over its 40 ms + 1 us priced, the loop
         # 60 ms over 2 ms + 1 us
         assert per == pytest.approx({"lone dot": 20e-3 / (40e-3 + 1e-6), "loop fusion": 60e-3 / (2e-3 + 1e-6)})
         assert b.rows[0].predicted_class_ms == pytest.approx(100.0)
         per_class.append(b.rows[2].predicted_class_ms)
-        # per kernel: the second compile is the plain step's kernels at their profiled times; none of the
-        # plan's kernels is alike to one of the plain step's, so it is priced on the classes' scales
-        assert b.rows[1].predicted_kernel_ms == pytest.approx(100.0)
-        assert b.rows[2].predicted_kernel_ms == pytest.approx(per_class[-1])
+        # the prediction: the second compile is the plain step's kernels at their profiled times; none of
+        # the plan's kernels is alike to one of the plain step's, so it is priced on the classes' scales
+        assert b.calibrations["m"].measured_kernels and b.rows[0].predicted_ms == pytest.approx(100.0)
+        assert b.rows[1].predicted_ms == pytest.approx(100.0)
+        assert b.rows[2].predicted_ms == pytest.approx(per_class[-1])
         table = _by_class(b)  # where the time went: each class of plain and of the plan, predicted and profiled
         assert "| m | loop fusion |" in table and "| m | matrix fusion | x" in table and "(global)" in table
     assert predictions[0] == predictions[1] == pytest.approx(1e3 * c.scale * (10e-3 + 4e-3 + 2e-5 + 3e-6))
     # the plan's GEMM fusion: a class the plain step lacks, at the global scale
     assert per_class[0] == per_class[1] == pytest.approx(1e3 * (c.scale * (10e-3 + 1e-6) + per["loop fusion"]
                                                                  * (4e-3 + 2e-5 + 2e-6)))
+    del b.profiles["m", "plain"]  # not profiled: the one scale predicts
+    _calibrate(b, "m")
+    assert b.calibrations["m"] is b.scale_calibrations["m"] and b.class_calibrations["m"] == "the plain step was not profiled"
+    assert b.rows[2].predicted_ms == b.rows[2].predicted_scale_ms == pytest.approx(predictions[0])
 
 
 def _plan(tmp_path: Path, name: str, deterministic_time: float, until: float, max_rounds: int = 8) -> dict:
@@ -339,7 +346,7 @@ def test_bench_on_a_tiny_model_writes_the_report(tmp_path):
     # the plain step profiled kernel by kernel in the timing process: one scale per kernel class beside
     assert isinstance(bench.class_calibrations["mlp"], Calibration) and bench.profiles["mlp", "plain"]
     assert bench.rows[0].predicted_class_ms == pytest.approx(bench.rows[0].step_ms)
-    assert bench.rows[0].predicted_kernel_ms == pytest.approx(bench.rows[0].step_ms)
+    assert bench.rows[0].predicted_scale_ms == pytest.approx(bench.rows[0].step_ms)
     assert bench.rows[0].predicted_ms == pytest.approx(bench.rows[0].step_ms)  # calibrated on the plain step
     plan = bench.rows[-1]
     assert plan.stopped_by in ("deterministic_time", "max_rounds", "bracket") and plan.deterministic_spent <= 0.5

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from ...importers.costmodel import profile_for
-from ...xla.cost import calibrate
+from ...xla.cost import Calibration, calibrate
 from ...xla.machine import Machine
 from ..schedule import Task, run_tasks
 from .launch import OutOfTime, Workers, busy_cpu, children_cpu, own_cpu, run_worker, worker_env
@@ -351,12 +351,14 @@ def _slop(plain: Row, ratio: float) -> int:
 
 
 def _calibrate(bench: Bench, model: str) -> None:
-    """Scale the profile (the machine's measured rates; on a GPU the data sheet's) so that the plain
-    step's predicted time is its measured time (:func:`rematopt.xla.cost.calibrate`), and predict every
-    other row on it: the second compile of the plain step, the policies, XLA's GPU remat, the plans.
-    Where the plain step was profiled, also one scale per kernel class (``predicted_class_ms``) and its
-    kernels at their profiled times (``predicted_kernel_ms``). Only the plain step's measurements enter: a
-    row's prediction is a function of its compiled program."""
+    """Predict every row of ``model`` from its plain step's measurements alone (a row's prediction is a
+    function of its compiled program): the plain step's kernels at their profiled times, scaled so that
+    it is its measured time, a kernel of another row alike to one of them at that time, any other priced
+    on the profile (the machine's measured rates; on a GPU the data sheet's) at its class's scale
+    (:func:`rematopt.xla.cost.calibrate` with ``per_kernel``; ``predicted_ms``); where the plain step
+    was not profiled, one scale. Beside it, for the report: one scale (``predicted_scale_ms``) and one
+    scale per kernel class (``predicted_class_ms``). Per kernel halved the one scale's mean error on the
+    plans' overheads in the two full runs of 2026-12-07 (docs/device.md, "The full run")."""
     from ...importers.costmodel import device
 
     plain = next((r for r in bench.rows if r.model == model and r.variant == "plain"), None)
@@ -368,10 +370,10 @@ def _calibrate(bench: Bench, model: str) -> None:
                 device=m.device() if m else device(bench.device), faults=plain.predicted_faults or 0,
                 launch_s=m.launch_s if m else 0.0, fault_s=m.fault_s if m else 0.0)
     profiled = bench.profiles.get((model, "plain"))
-    for into, how, field_ in ((bench.calibrations, {}, "predicted_ms"),
+    rows = [r for r in bench.rows if r.model == model and (model, r.variant) in bench.costs]
+    for into, how, field_ in ((bench.scale_calibrations, {}, "predicted_scale_ms"),
                               (bench.class_calibrations, {"profiled": profiled}, "predicted_class_ms"),
-                              (bench.kernel_calibrations, {"profiled": profiled, "per_kernel": True},
-                               "predicted_kernel_ms")):
+                              (bench.calibrations, {"profiled": profiled, "per_kernel": True}, "predicted_ms")):
         if how and profiled is None:
             into[model] = "the plain step was not profiled"
             continue
@@ -381,6 +383,10 @@ def _calibrate(bench: Bench, model: str) -> None:
             into[model] = str(e)
             continue
         into[model] = c
-        for r in bench.rows:
-            if r.model == model and (model, r.variant) in bench.costs:
-                setattr(r, field_, 1e3 * c.seconds(bench.costs[model, r.variant], r.predicted_faults or 0))
+        for r in rows:
+            setattr(r, field_, 1e3 * c.seconds(bench.costs[model, r.variant], r.predicted_faults or 0))
+    one = bench.scale_calibrations.get(model)
+    if not isinstance(bench.calibrations.get(model), Calibration) and isinstance(one, Calibration):
+        bench.calibrations[model] = one
+        for r in rows:
+            r.predicted_ms = r.predicted_scale_ms

@@ -152,7 +152,10 @@ def markdown(bench: Bench) -> str:
              + (f" ({bench.kind})" if bench.kind not in ("", bench.backend) else "") + ", cost profile "
              + (f"`{bench.device}` at the rates micro-benchmarks measured on the core ({bench.machine.describe()}; "
                 "rematopt.xla.machine)" if bench.machine else f"`{bench.device}` (its data sheet's rates)")
-             + ", scaled per model so that the plain step's predicted time is its measured time. Step time: "
+             + ", calibrated per model on its plain step: each of the plain step's kernels at its profiled time, "
+             "scaled so that the step is its measured time; another row's kernel alike to one of them at that "
+             "time, any other priced at its kernel class's scale (where the plain step was not profiled, one "
+             "scale for all). Step time: "
              f"the fastest of interleaved rounds, each running one step of every variant (more rounds for short "
              f"steps), {clock}. "
              + " ".join(bench.notes), "",
@@ -297,14 +300,16 @@ def _prediction_summary(bench: Bench) -> str:
     """Per model: the calibration, how far it predicts the second compile of the plain step and the
     baselines, and the plans: their step time, and their overhead over the plain step (both priced by
     the same function, so the overhead is predicted(plan) / predicted(plain) - 1)."""
-    out = ["The profile is scaled on the plain step alone; every other row is predicted: the second compile of "
-           "the plain step, the policies, rematopt's plans. Page faults, predicted from the compiled program "
+    out = ["The prediction is calibrated on the plain step alone (its kernels, one by one); every other row is "
+           "predicted: the second compile of the plain step, the policies, rematopt's plans. Two other "
+           "calibrations beside it, for comparison: every kernel at one scale, and one scale per kernel class "
+           "(both from the plain step). Page faults, predicted from the compiled program "
            "(xla.cost.step_faults): the pages of the buffers a step allocates anew above glibc's mmap ceiling, and "
            "the scratch of YNNPACK fusions that glibc gives back to the kernel; each at the measured price.", "",
-           "| model | scale on the measured rates | plain's page faults | plain (again): predicted vs measured "
+           "| model | one scale on the measured rates | plain's page faults | plain (again): predicted vs measured "
            "| baselines within 15% | worst baseline | plans: predicted vs measured time "
            "| plans: predicted overhead - measured (points) | the same, one scale per kernel class "
-           "| the same, the plain step's kernels at their profiled times |",
+           "| the same, one scale |",
            "|---|---:|---:|---:|---:|---|---|---|---|---|"]
     for model in dict.fromkeys(r.model for r in bench.rows):
         c = bench.calibrations.get(model)
@@ -330,7 +335,7 @@ def _prediction_summary(bench: Bench) -> str:
         out.append(f"| {model} | x{c.scale:.3g} | {plain.predicted_faults or 0:,} ({100 * share:.0f}% of its time) "
                    f"| {again} | {within} of {len(errs)} | {f'{worst[1]} {100 * worst[0]:+.1f}%' if worst else '—'} "
                    f"| {times or '—'} | {overheads or '—'} | {points('predicted_class_ms') or '—'} "
-                   f"| {points('predicted_kernel_ms') or '—'} |")
+                   f"| {points('predicted_scale_ms') or '—'} |")
     return "\n".join(out)
 
 
@@ -347,7 +352,7 @@ def _by_class(bench: Bench) -> str:
            "| plan | plan: predicted ms (one scale / per class) | plan: profiled ms |",
            "|---|---|---:|---:|---:|---|---:|---:|"]
     for model in dict.fromkeys(r.model for r in bench.rows):
-        one, per = bench.calibrations.get(model), bench.class_calibrations.get(model)
+        one, per = bench.scale_calibrations.get(model), bench.class_calibrations.get(model)
         if not isinstance(one, Calibration) or not isinstance(per, Calibration):
             continue
         def split(variant: str) -> tuple[dict, dict, dict]:

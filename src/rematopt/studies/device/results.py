@@ -20,11 +20,13 @@ class Row:
     device_peak: int | None = None
     step_ms: float | None = None
     step_ms_spread: float | None = None  # fastest step of the even rounds against the odd ones, over step_ms
-    predicted_ms: float | None = None  # kernels priced on the profile calibrated on the plain step, and page faults
+    # the prediction, calibrated on the plain step (bench._calibrate): a kernel alike to one of the plain
+    # step's (xla.cost.signature) at its profiled time there, any other priced at its class's scale, and
+    # page faults
+    predicted_ms: float | None = None
     predicted_raw_ms: float | None = None  # on the data-sheet profile
+    predicted_scale_ms: float | None = None  # as predicted_ms, every kernel priced at one scale
     predicted_class_ms: float | None = None  # as predicted_ms, one scale per kernel class (xla.cost.kernel_class)
-    # as predicted_ms, a kernel alike to one of the plain step's (xla.cost.signature) at its profiled time there
-    predicted_kernel_ms: float | None = None
     predicted_peak: int | None = None  # the plan's peak on the graph (rematopt rows)
     predicted_overhead: float | None = None  # the plan's recompute overhead on the graph
     page_faults: int | None = None  # minor page faults per step (median over the rounds)
@@ -57,11 +59,12 @@ class Bench:
     clock: str = "cpu"  # what a step time is: "cpu" (the process's CPU time, one core) or "wall"
     costs: dict[tuple[str, str], StepCost] = field(default_factory=dict)  # (model, variant): its kernels, data sheet
     machine: Machine | None = None  # the CPU's measured rates (None on a GPU: its data sheet)
-    calibrations: dict[str, Calibration | str] = field(default_factory=dict)  # per model, or why there is none
+    # per model, the prediction's calibration (per kernel; one scale where not profiled), or why there is none
+    calibrations: dict[str, Calibration | str] = field(default_factory=dict)
+    scale_calibrations: dict[str, Calibration | str] = field(default_factory=dict)  # one scale, per model
     # (model, variant): seconds per kernel name, profiled in the timing process (plain and the plans)
     profiles: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
     class_calibrations: dict[str, Calibration | str] = field(default_factory=dict)  # per kernel class, per model
-    kernel_calibrations: dict[str, Calibration | str] = field(default_factory=dict)  # per kernel, per model
     # per kind of worker process: how many, their wall and CPU seconds, and their phases' wall seconds
     spent: dict[str, dict[str, float]] = field(default_factory=dict)
     run: dict[str, float] = field(default_factory=dict)  # the whole run: wall, cpu, load_start, load_end, two_at_once
