@@ -335,8 +335,8 @@ def test_each_kernel_class_is_scaled_to_its_share_of_the_plain_steps_profile():
 def test_per_kernel_the_plain_steps_kernels_are_priced_at_their_profiled_times():
     """Per kernel: each kernel of the plain step at its profiled time (kernels alike in every priced figure
     at their mean), all scaled to the step's measured kernel time; a plan's kernel alike to one of them
-    (whatever its name) takes that time, any other its class's scale (the per-class calibration's); one
-    the profile lacks is priced."""
+    (whatever its name) takes that time, any other the one scale (not its class's); one the profile lacks
+    is priced."""
     dev = Device("test", flops_per_s=1e12, bytes_per_s=1e12, source="round figures")
     named = lambda name, kind, **work: Kernel(name, kind, work.get("read", 0), 0, work.get("flops", 0),  # noqa: E731
                                               (work.get("op", name),))
@@ -347,7 +347,7 @@ def test_per_kernel_the_plain_steps_kernels_are_priced_at_their_profiled_times()
     profiled = {"a1": 2.0, "a2": 4.0, "g": 2.0}
     c = calibrate(plain, 11.0, dev, faults=1000, fault_s=1e-3, profiled=profiled, per_kernel=True)
     per = calibrate(plain, 11.0, dev, faults=1000, fault_s=1e-3, profiled=profiled)
-    assert c.scale == per.scale == pytest.approx(10 / 4.5) and c.class_scales == per.class_scales
+    assert c.scale == per.scale == pytest.approx(10 / 4.5) and c.class_scales == () != per.class_scales
     assert c.seconds(plain, 1000) == pytest.approx(11.0)
     # 10 s of kernels: the copy 0.5 s x the one scale (its class unprofiled), the profiled 8 s share the rest
     factor = (10 - c.scale * 0.5) / 8
@@ -355,11 +355,13 @@ def test_per_kernel_the_plain_steps_kernels_are_priced_at_their_profiled_times()
                                                       signature(plain.kernels[2].kernel): 2 * factor})
     # alike to a1 and a2 (a tie's arithmetic aside)
     plan = priced([named("b", "fusion:kLoop", read=int(1e12), flops=9, op="recomputed"),
-                   named("g", "fusion:kCustom", flops=int(4e12)),  # a larger GEMM: at its class's scale
+                   named("g", "fusion:kCustom", flops=int(4e12)),  # a larger GEMM: at the one scale
                    named("cp", "copy", read=int(5e11))], dev)  # the copy: alike, but never profiled
-    matrix = dict(c.class_scales)["matrix fusion"]
-    assert c.seconds(plan, 0) == pytest.approx(3 * factor + matrix * 4 + c.scale * 0.5)
-    assert per.seconds(plan, 0) == pytest.approx(dict(c.class_scales)["loop fusion"] * 1 + matrix * 4 + c.scale * 0.5)
+    matrix = dict(per.class_scales)["matrix fusion"]
+    assert matrix != pytest.approx(c.scale)
+    assert c.seconds(plan, 0) == pytest.approx(3 * factor + c.scale * 4 + c.scale * 0.5)
+    assert per.seconds(plan, 0) == pytest.approx(dict(per.class_scales)["loop fusion"] * 1 + matrix * 4
+                                                 + c.scale * 0.5)
     with pytest.raises(ValueError):  # a profile that timed none of the step's kernels
         calibrate(plain, 11.0, dev, profiled={"elsewhere": 1.0}, per_kernel=True)
 

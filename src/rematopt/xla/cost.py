@@ -318,7 +318,8 @@ class Calibration:
 
     def scaled(self, step: StepCost) -> dict[str, float]:
         """``step``'s predicted kernel seconds per class: a kernel alike in :func:`signature` to one of the
-        calibrated step's at that one's measured time, any other priced at its class's scale."""
+        calibrated step's at that one's measured time, any other priced at its class's scale (the one
+        scale where the calibration has no class scales)."""
         scales, measured = dict(self.class_scales), dict(self.measured_kernels)
 
         def seconds(k: Kernel) -> float:
@@ -371,14 +372,15 @@ def calibrate(step: StepCost, measured_s: float, device: Device, faults: int = 0
     that scale is taken out first), so the step is still priced at ``measured_s``; with one class this is
     the one-scale calibration.
 
-    With ``profiled`` and ``per_kernel``, the step's own kernels are a table besides: each kernel of
+    With ``profiled`` and ``per_kernel``, the step's own kernels are a table instead: each kernel of
     ``step`` the profile timed is priced at its profiled time (the mean over the kernels alike in
     :func:`signature`), all scaled so that the step is still priced at ``measured_s``; a kernel of another
-    step alike to one of them takes its time, any other its class's scale. A plan's prediction is then
-    the plain step's measured time with the kernels the plan removes taken out at what they took and
-    the ones it adds priced (keras_llama's plain step's softmax-backward fusions run 1.6 times their
-    price, its rotary transposes 2.2 times; the one scale spread that over all the plans add,
-    docs/device.md)."""
+    step alike to one of them takes its time, any other the one scale. A plan's prediction is then the
+    plain step's measured time with the kernels the plan removes taken out at what they took and the
+    ones it adds priced (keras_llama's plain step's softmax-backward fusions run 1.6 times their price,
+    its rotary transposes 2.2 times; the one scale spread that over all the plans add). Not the class
+    scales: fitted on one profile, they were the worst of four calibrations over the 48 plans of four
+    full runs (docs/device.md, "The full run")."""
     unscaled = Calibration(device, 1.0, launch_s, fault_s, name)
     priced, rest = unscaled.class_seconds(step), measured_s - faults * fault_s
     kernels = sum(priced.values())
@@ -388,6 +390,8 @@ def calibrate(step: StepCost, measured_s: float, device: Device, faults: int = 0
     scale = rest / kernels
     if profiled is None:
         return replace(unscaled, scale=scale)
+    if per_kernel:
+        return _per_kernel(replace(unscaled, scale=scale), step, rest, profiled)
     measured = profiled_by_class(step, profiled)
     total = sum(measured.values())
     if total <= 0:
@@ -397,26 +401,27 @@ def calibrate(step: StepCost, measured_s: float, device: Device, faults: int = 0
     left = rest - scale * sum(s for c, s in priced.items() if c not in own)
     profiled_own = sum(measured[c] for c in own)
     scales = tuple((c, left * measured[c] / profiled_own / priced[c]) for c in own)
-    per_class = replace(unscaled, scale=scale, class_scales=scales)
-    return _per_kernel(per_class, step, rest, profiled) if per_kernel else per_class
+    return replace(unscaled, scale=scale, class_scales=scales)
 
 
-def _per_kernel(per_class: Calibration, step: StepCost, rest: float, profiled: dict[str, float]) -> Calibration:
-    """``per_class`` (the per-class calibration on ``step``) with ``step``'s profiled kernels as its table
+def _per_kernel(one: Calibration, step: StepCost, rest: float, profiled: dict[str, float]) -> Calibration:
+    """``one`` (the one-scale calibration on ``step``) with ``step``'s profiled kernels as its table
     (:func:`calibrate`'s ``per_kernel``): the profiled seconds scaled so that they and the kernels the
-    profile lacks (at their classes' scales) sum to ``rest``, the step's measured kernel time."""
+    profile lacks (at the one scale) sum to ``rest``, the step's measured kernel time."""
     timed = [k.kernel for k in step.kernels if k.kernel.name in profiled]
     total = sum(profiled[k.name] for k in timed)
-    untimed = sum(per_class.scaled(StepCost(step.device, tuple(k for k in step.kernels
-                                                               if k.kernel.name not in profiled))).values())
+    if total <= 0:
+        raise ValueError(f"cannot calibrate {one.calibrated_on} per kernel: its profile has no kernel time")
+    untimed = sum(one.scaled(StepCost(step.device, tuple(k for k in step.kernels
+                                                         if k.kernel.name not in profiled))).values())
     factor = (rest - untimed) / total
     if factor <= 0:
-        raise ValueError(f"cannot calibrate {per_class.calibrated_on} per kernel: the kernels it did not profile "
+        raise ValueError(f"cannot calibrate {one.calibrated_on} per kernel: the kernels it did not profile "
                          f"are priced at {untimed * 1e3:.3g} ms of its {rest * 1e3:.3g} ms")
     alike: dict[Kernel, list[float]] = {}
     for k in timed:
         alike.setdefault(signature(k), []).append(profiled[k.name])
-    return replace(per_class, measured_kernels=tuple((sig, factor * sum(t) / len(t)) for sig, t in alike.items()))
+    return replace(one, measured_kernels=tuple((sig, factor * sum(t) / len(t)) for sig, t in alike.items()))
 
 
 # The balance of the machine's FLOP rate to its bandwidth, against the data sheet's, is searched

@@ -354,11 +354,12 @@ def _calibrate(bench: Bench, model: str) -> None:
     """Predict every row of ``model`` from its plain step's measurements alone (a row's prediction is a
     function of its compiled program): the plain step's kernels at their profiled times, scaled so that
     it is its measured time, a kernel of another row alike to one of them at that time, any other priced
-    on the profile (the machine's measured rates; on a GPU the data sheet's) at its class's scale
+    on the profile (the machine's measured rates; on a GPU the data sheet's) at the one scale
     (:func:`rematopt.xla.cost.calibrate` with ``per_kernel``; ``predicted_ms``); where the plain step
-    was not profiled, one scale. Beside it, for the report: one scale (``predicted_scale_ms``) and one
-    scale per kernel class (``predicted_class_ms``). Per kernel halved the one scale's mean error on the
-    plans' overheads in the two full runs of 2026-12-07 (docs/device.md, "The full run")."""
+    was not profiled, one scale for all. Beside it, for the report: one scale (``predicted_scale_ms``)
+    and one scale per kernel class (``predicted_class_ms``). Over the 48 plans of four full runs on
+    2026-12-07 per kernel cut the one scale's mean error on the plans' overheads by a third and its
+    worst by two fifths (docs/device.md, "The full run")."""
     from ...importers.costmodel import device
 
     plain = next((r for r in bench.rows if r.model == model and r.variant == "plain"), None)

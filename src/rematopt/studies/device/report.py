@@ -154,8 +154,8 @@ def markdown(bench: Bench) -> str:
                 "rematopt.xla.machine)" if bench.machine else f"`{bench.device}` (its data sheet's rates)")
              + ", calibrated per model on its plain step: each of the plain step's kernels at its profiled time, "
              "scaled so that the step is its measured time; another row's kernel alike to one of them at that "
-             "time, any other priced at its kernel class's scale (where the plain step was not profiled, one "
-             "scale for all). Step time: "
+             "time, any other priced at the one scale that prices the plain step at its measured time (where "
+             "the plain step was not profiled, that scale for all). Step time: "
              f"the fastest of interleaved rounds, each running one step of every variant (more rounds for short "
              f"steps), {clock}. "
              + " ".join(bench.notes), "",

@@ -21,7 +21,7 @@ class Row:
     step_ms: float | None = None
     step_ms_spread: float | None = None  # fastest step of the even rounds against the odd ones, over step_ms
     # the prediction, calibrated on the plain step (bench._calibrate): a kernel alike to one of the plain
-    # step's (xla.cost.signature) at its profiled time there, any other priced at its class's scale, and
+    # step's (xla.cost.signature) at its profiled time there, any other priced at one scale, and
     # page faults
     predicted_ms: float | None = None
     predicted_raw_ms: float | None = None  # on the data-sheet profile
