@@ -116,6 +116,7 @@ def test_the_cause_names_page_faults_where_they_make_up_the_difference():
     v = {v["ratio"]: v for v in verdict(b)}[0.7]
     assert v["verdict"] == "slower, within the noise" and v["why"] == ""
 
+
 def test_the_report_marks_a_timing_that_shared_the_machine():
     b = _bench_for_causes()
     assert "Beside the timing" not in markdown(b)  # not measured (not Linux): nothing said
