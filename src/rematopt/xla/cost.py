@@ -20,9 +20,9 @@ into existing kernels grows them, what it could not fuse adds kernels.
 measured time; the scaled profile then predicts every other variant of that step on that machine
 (``rematopt bench device`` calibrates on the plain step, on the rates :mod:`rematopt.xla.machine`
 measured on the CPU, and predicts the policies and rematopt's plans); given the plain step's per-kernel
-profile, one scale per kernel class (:func:`kernel_class`), and with it each of its kernels at its
-profiled time (``per_kernel``: the kernels of another step alike to one of them take its time), which
-the bench reports beside the one scale (docs/device.md). On CPU a step also pays for
+profile, one scale per kernel class (:func:`kernel_class`), or each of its kernels at its profiled
+time (``per_kernel``: the kernels of another step alike to one of them take its time, any other the
+one scale), the bench's prediction, with the other two beside it (docs/device.md). On CPU a step also pays for
 the page faults of the buffers it allocates anew (:func:`step_faults`), at a measured price per
 fault. :func:`fit` instead fits the FLOP and byte factors and a launch cost to several measured
 steps by least squares; with the three to five baselines of a bench model it is under-determined
@@ -412,8 +412,8 @@ def _per_kernel(one: Calibration, step: StepCost, rest: float, profiled: dict[st
     total = sum(profiled[k.name] for k in timed)
     if total <= 0:
         raise ValueError(f"cannot calibrate {one.calibrated_on} per kernel: its profile has no kernel time")
-    untimed = sum(one.scaled(StepCost(step.device, tuple(k for k in step.kernels
-                                                         if k.kernel.name not in profiled))).values())
+    untimed = one.scale * sum(kernel_cost(k.kernel, one.device, one.launch_s).seconds for k in step.kernels
+                              if k.kernel.name not in profiled)
     factor = (rest - untimed) / total
     if factor <= 0:
         raise ValueError(f"cannot calibrate {one.calibrated_on} per kernel: the kernels it did not profile "
