@@ -8,6 +8,7 @@ import itertools
 import json
 import math
 import os
+import resource
 import shutil
 import statistics
 import tempfile
@@ -20,7 +21,7 @@ from ...importers.costmodel import profile_for
 from ...xla.cost import Calibration, calibrate
 from ...xla.machine import Machine
 from ..schedule import Task, run_tasks
-from .launch import OutOfTime, Workers, busy_cpu, children_cpu, own_cpu, run_worker, worker_env
+from .launch import OutOfTime, Workers, busy_cpu, cpu_seconds, run_worker, worker_env
 from .report import write_report
 from .results import Bench, Row
 from .settings import (AGAIN, AT_ONCE, CPU_SCHEDULER, DEFAULT_MODELS, DETERMINISTIC_S, GPU_AT_ONCE, GPU_LIMIT_SHARE,
@@ -49,7 +50,7 @@ def run_bench(models: tuple[str, ...] = DEFAULT_MODELS, quick: bool = False, run
     if deterministic_time is None:
         deterministic_time = QUICK_DETERMINISTIC_S if quick else DETERMINISTIC_S
     env = worker_env()
-    started, cpu, load = time.time(), children_cpu(), os.getloadavg()[0]
+    started, cpu, load = time.time(), cpu_seconds(resource.RUSAGE_CHILDREN), os.getloadavg()[0]
     workers = Workers()
     probed = run_worker({"probe": True, "cwd": str(cwd)}, env, 120, workers, "probe")
     backend, kind = probed.get("backend", "cpu"), probed.get("kind", "")
@@ -95,7 +96,7 @@ def run_bench(models: tuple[str, ...] = DEFAULT_MODELS, quick: bool = False, run
     finally:
         if not work:
             shutil.rmtree(scratch, ignore_errors=True)
-    bench.run = {"wall": time.time() - started, "cpu": children_cpu() - cpu, "load_start": load,
+    bench.run = {"wall": time.time() - started, "cpu": cpu_seconds(resource.RUSAGE_CHILDREN) - cpu, "load_start": load,
                  "load_end": os.getloadavg()[0], "two_at_once": _overlap(workers.ran)}
     if out:
         write_report(bench, out)
@@ -304,12 +305,12 @@ def _time(bench: Bench, model: str, specs: dict[str, dict], base: dict, pin: dic
     started = time.perf_counter()
     variants = {**specs, AGAIN: specs["plain"]}
     profile = [v for v in specs if v == "plain" or v.startswith("rematopt@")]
-    busy, own, wall = busy_cpu(), own_cpu(), time.time()
+    busy, own, wall = busy_cpu(), cpu_seconds(), time.time()
     got = run_worker({**base, **pin, "variants": variants, "rounds": rounds, "clock": bench.clock,
                        "profile": profile}, env, timeout, workers, "timing")
     if busy is not None:  # less the timing process's (its variants' too) and this one's
         timed = sum(cpu for kind, label, *_, cpu in workers.ran if kind == "timing" and label == model)
-        bench.beside[model] = (max(0.0, busy_cpu() - busy - timed - (own_cpu() - own)), time.time() - wall)
+        bench.beside[model] = (max(0.0, busy_cpu() - busy - timed - (cpu_seconds() - own)), time.time() - wall)
     with lock:
         rows = {r.variant: r for r in bench.rows if r.model == model}
         plain = rows["plain"]

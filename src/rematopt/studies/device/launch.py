@@ -114,9 +114,10 @@ def run_worker(spec: dict, env: dict, timeout: float, workers: Workers | None = 
     return got
 
 
-def children_cpu() -> float:
-    """The CPU seconds (user + system) of this process's finished children."""
-    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+def cpu_seconds(who: int = resource.RUSAGE_SELF) -> float:
+    """The CPU seconds (user + system) of this process, all its threads, or with ``resource.RUSAGE_CHILDREN``
+    of its finished children."""
+    ru = resource.getrusage(who)
     return ru.ru_utime + ru.ru_stime
 
 
@@ -133,12 +134,6 @@ def busy_cpu() -> float | None:
         return None
     user, nice, system, _idle, _iowait, irq, softirq = map(int, first[1:8])
     return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
-
-
-def own_cpu() -> float:
-    """This process's CPU seconds, all its threads."""
-    ru = resource.getrusage(resource.RUSAGE_SELF)
-    return ru.ru_utime + ru.ru_stime
 
 
 def worker_env() -> dict[str, str]:
