@@ -35,6 +35,8 @@ peak the plan predicts, instead of one of its own.
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import functools
 import warnings
 from dataclasses import dataclass
@@ -424,6 +426,9 @@ def _planned_step(step: Step, fates: Fates, scan: bool = True, ordered: bool = T
         if exact else set()
 
     diff = {v for v, d in zip(step.arg_ids, step.diff_leaves) if d}
+    # fuse="xla": the backward sums XLA computed inside several kernels of the plain step (_computed_once)
+    joined = collections.Counter(k for members in step.groups for k in members)
+    summed = {id(eqns[k]) for k, n in joined.items() if n > 1 and eqns[k].prim.name == "add_any"}
     weights = {eqns[k].outs[0]: diff.intersection(eqns[k].ins) for k in copied}
 
     def run_backward(u: Unit, env: dict, last: Any) -> Any:
@@ -439,6 +444,9 @@ def _planned_step(step: Step, fates: Fates, scan: bool = True, ordered: bool = T
             _evaluate_tied(u.eqns[j:], env, last)
         else:
             evaluate(u.eqns, env)
+        for e in u.eqns:
+            if id(e) in summed:
+                _computed_once(e, env)
         return env[u.eqns[-1].outs[0]]
 
     def forward_env(leaves):
@@ -717,3 +725,27 @@ def _zero_like(aval: Any) -> Any:
     if jax.numpy.issubdtype(aval.dtype, jax.numpy.inexact):
         return jax.numpy.zeros(aval.shape, aval.dtype)
     return np.zeros(aval.shape, dtype=jax.dtypes.float0)
+
+
+def _computed_once(eqn: Any, env: dict) -> None:
+    """On CPU, pass a backward sum's result (``add_any``: a cotangent summed over its forward value's
+    readers) through a conditional on a runtime predicate whose branches both return it, under the
+    equation's scope: XLA neither fuses across a conditional nor folds it, so the sum is written once.
+
+    For the sums XLA computed inside several kernels of the plain step (a ``fuse="xla"`` graph's
+    equation in several nodes' groups). XLA's CPU fusion computes such a sum again inside each kernel
+    reading it, and the sum before it inside each of those: down a residual stream the chain grows a
+    layer per block (gpt at the device bench's size: fusions of 161 to 173 operands, its plain step
+    1,363 ms where the same step with each block's cotangent computed once runs 705; docs/device.md,
+    "gpt's cross-layer fusions"). An optimization barrier is expanded away before fusion there. Not on
+    GPU: its fusion bounds a kernel's operands, and a conditional there reads its predicate on the host.
+    The applied step (:mod:`.jax_applied`) does not model the sum's buffer (docs/xla.md)."""
+    if jax.default_backend() != "cpu":
+        return
+    with contextlib.ExitStack() as scope:
+        if eqn.scope is not None:
+            scope.enter_context(jax.named_scope(eqn.scope))
+        for v in eqn.outs:
+            x = env[v]
+            if getattr(x, "size", 0):
+                env[v] = jax.lax.cond(jax.numpy.isfinite(jax.numpy.ravel(x)[0]), lambda a: a, lambda a: a * 1.0, x)
