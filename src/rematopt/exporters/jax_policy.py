@@ -739,7 +739,9 @@ def _computed_once(eqn: Any, env: dict) -> None:
     1,363 ms where the same step with each block's cotangent computed once runs 705; docs/device.md,
     "gpt's cross-layer fusions"). An optimization barrier is expanded away before fusion there. Not on
     GPU: its fusion bounds a kernel's operands, and a conditional there reads its predicate on the host.
-    The applied step (:mod:`.jax_applied`) does not model the sum's buffer (docs/xla.md)."""
+    After the unit computing the sum, for the units after it; one computing it inside too computes it
+    again, which XLA's CSE merges with this one (writing it inside each unit as well was tried: docs/xla.md,
+    "Backward sums written once", which also says what the applied step (:mod:`.jax_applied`) misses)."""
     if jax.default_backend() != "cpu":
         return
     with contextlib.ExitStack() as scope:
