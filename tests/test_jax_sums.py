@@ -69,3 +69,17 @@ def test_a_graph_of_unfused_equations_has_no_sum_computed_once():
     fn, args = gpt.factory(layers=2, width=32, heads=2, seq=16, batch=2, vocab=64)
     graph = trace_grad(fn, *args)  # one equation a node: nothing XLA fused into several kernels
     assert figures(apply_plan(fn, graph, no_remat_plan(graph)), args)["conditionals"] == 0
+
+
+def test_no_sum_is_sent_through_a_conditional_off_cpu(steps, monkeypatch):
+    # GPU XLA bounds a fusion's operands and reads a conditional's predicate on the host: the step is
+    # left as the plan's graph has it there (the backend is read as the step is traced)
+    got = steps[2]
+    fn, args = got["fn"], got["args"]
+    graph = trace_grad(fn, *args, fuse="xla")
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    lowered = jax.jit(jax.value_and_grad(apply_plan(fn, graph, no_remat_plan(graph)))).lower(*args).as_text()
+    assert "stablehlo.case" not in lowered
+    monkeypatch.undo()
+    lowered = jax.jit(jax.value_and_grad(apply_plan(fn, graph, no_remat_plan(graph)))).lower(*args).as_text()
+    assert "stablehlo.case" in lowered
