@@ -43,7 +43,8 @@ def steps():
         graph = trace_grad(fn, *args, fuse="xla")
         planned = apply_plan(fn, graph, no_remat_plan(graph))
         joined = collections.Counter(k for members in graph.meta["groups"] for k in members)
-        out[layers] = {"fn": fn, "args": args, "planned": planned, "repeated": sum(n > 1 for n in joined.values()),
+        out[layers] = {"fn": fn, "args": args, "graph": graph, "planned": planned,
+                       "repeated": sum(n > 1 for n in joined.values()),
                        "plain": figures(fn, args), "applied": figures(planned, args)}
     return out
 
@@ -75,8 +76,7 @@ def test_no_sum_is_sent_through_a_conditional_off_cpu(steps, monkeypatch):
     # GPU XLA bounds a fusion's operands and reads a conditional's predicate on the host: the step is
     # left as the plan's graph has it there (the backend is read as the step is traced)
     got = steps[2]
-    fn, args = got["fn"], got["args"]
-    graph = trace_grad(fn, *args, fuse="xla")
+    fn, args, graph = got["fn"], got["args"], got["graph"]
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     lowered = jax.jit(jax.value_and_grad(apply_plan(fn, graph, no_remat_plan(graph)))).lower(*args).as_text()
     assert "stablehlo.case" not in lowered

@@ -36,7 +36,6 @@ peak the plan predicts, instead of one of its own.
 from __future__ import annotations
 
 import collections
-import contextlib
 import functools
 import warnings
 from dataclasses import dataclass
@@ -49,7 +48,7 @@ from ..errors import ImportFailure, PlanError
 from ..graph import Graph
 from ..importers.jaxpr.compiled import TAG
 from ..importers.jaxpr.cost import EXPENSIVE, fusible
-from ..importers.jaxpr.flatten import Const, evaluate
+from ..importers.jaxpr.flatten import Const, evaluate, in_scope
 from ..importers.jaxpr.step import Step, trace_step
 from ..importers.jaxpr.unroll import iterations
 from ..plan import COMPUTE, FREE, OFFLOAD, Plan
@@ -744,9 +743,7 @@ def _computed_once(eqn: Any, env: dict) -> None:
     "Backward sums written once", which also says what the applied step (:mod:`.jax_applied`) misses)."""
     if jax.default_backend() != "cpu":
         return
-    with contextlib.ExitStack() as scope:
-        if eqn.scope is not None:
-            scope.enter_context(jax.named_scope(eqn.scope))
+    with in_scope(eqn):
         for v in eqn.outs:
             x = env[v]
             if getattr(x, "size", 0):

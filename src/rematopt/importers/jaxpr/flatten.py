@@ -9,6 +9,7 @@ be evaluated again (:func:`evaluate`), which is how plans go back into JAX.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -126,10 +127,13 @@ def aval_bytes(aval: Any) -> int:
 
 def bind(eqn: Eqn, invals: Sequence) -> list:
     """Run one equation on concrete or traced values (as ``eval_jaxpr`` does), under its ``scope``."""
-    if eqn.scope is None:
+    with in_scope(eqn):
         return bind_primitive(eqn.prim, eqn.params, invals)
-    with jax.named_scope(eqn.scope):
-        return bind_primitive(eqn.prim, eqn.params, invals)
+
+
+def in_scope(eqn: Eqn) -> contextlib.AbstractContextManager:
+    """The ``jax.named_scope`` of ``eqn``'s ``scope``, where it has one: what is traced inside is named for it."""
+    return jax.named_scope(eqn.scope) if eqn.scope is not None else contextlib.nullcontext()
 
 
 def bind_primitive(prim: Any, eqn_params: dict, invals: Sequence) -> list:
