@@ -26,7 +26,7 @@ from rematopt.studies.device.bench import _calibrate, _slop, run_bench  # noqa: 
 from rematopt.studies.device.launch import busy_cpu, run_worker, worker_env  # noqa: E402
 from rematopt.studies.device.report import _by_class, markdown, noise, pareto, verdict, write_report  # noqa: E402
 from rematopt.studies.device.results import Bench, Row  # noqa: E402
-from rematopt.studies.device.settings import AGAIN, MAX_ROUNDS, MODELS  # noqa: E402
+from rematopt.studies.device.settings import AGAIN, MAX_ROUNDS, MODELS, NO_REMAT  # noqa: E402
 from rematopt.studies.device.worker import time_steps  # noqa: E402
 from rematopt.xla.cost import Calibration, StepCost, kernel_cost  # noqa: E402
 from rematopt.xla.kernels import Kernel  # noqa: E402
@@ -41,6 +41,8 @@ def test_verdict_takes_the_fastest_baseline_that_fits_and_says_where_the_plan_mi
         Row("m", "layer:a", "layer", compiled_peak=70, step_ms=14.0),
         Row("m", "layer:b", "layer", compiled_peak=50, step_ms=20.0),
         Row("m", "step:c", "step", compiled_peak=60, step_ms=12.0),
+        # rematopt's own program with nothing recomputed: fits and is fastest, but it is no baseline
+        Row("m", NO_REMAT, "applied", compiled_peak=58, step_ms=9.0),
         Row("m", "rematopt@0.8", "rematopt", 0.8, compiled_peak=79, step_ms=11.0),
         Row("m", "rematopt@0.5", "rematopt", 0.5, compiled_peak=55, step_ms=15.0),
     ])
@@ -214,6 +216,49 @@ def test_the_profile_is_scaled_on_the_plain_step_and_every_other_row_is_predicte
     assert b.rows[2].predicted_ms == b.rows[2].predicted_scale_ms == pytest.approx(predictions[0])
 
 
+def test_the_plans_are_predicted_from_apply_plans_program_that_recomputes_nothing():
+    """rematopt's rows are priced on NO_REMAT's program first (its kernels at their profiled times, scaled to
+    its measured step), then on the plain step's, any other kernel at NO_REMAT's one scale; the baselines on
+    the plain step's alone. Without NO_REMAT's profile, the plain step's calibration predicts the plans, and
+    the bench says why."""
+    m = Machine(flops_per_s=1e11, dot_flops_per_s=2.5e10, vector_flops_per_s=3e10, bytes_per_s=5e10,
+                launch_s=1e-6, fault_s=2e-6, transcendental_s=1e-9)
+
+    def step(*kernels):
+        return StepCost(device("cpu"), tuple(kernel_cost(Kernel(f"k{i}", kind, read, 0, flops, ()), device("cpu"))
+                                             for i, (kind, read, flops) in enumerate(kernels)))
+
+    dot, loop, own, new = ("dot", 0, int(1e9)), ("fusion:kLoop", int(1e8), 0), ("fusion:kLoop", int(3e8), 0), \
+        ("fusion:kLoop", int(1e6), 0)
+    b = Bench("cpu", "cpu", machine=m, rows=[
+        Row("m", "plain", "plain", step_ms=100.0),
+        Row("m", "layer:a", "layer", step_ms=90.0),
+        Row("m", NO_REMAT, "applied", step_ms=50.0),
+        Row("m", "rematopt@0.8", "rematopt", 0.8, step_ms=60.0)])
+    b.costs = {("m", "plain"): step(dot, loop), ("m", "layer:a"): step(dot, own), ("m", NO_REMAT): step(dot, own),
+               ("m", "rematopt@0.8"): step(dot, own, loop, new)}
+    b.profiles = {("m", "plain"): {"k0": 0.02, "k1": 0.06}, ("m", NO_REMAT): {"k0": 0.01, "k1": 0.03}}
+    _calibrate(b, "m")
+    plain, first = b.calibrations["m"], b.plan_calibrations["m"]
+    assert isinstance(first, Calibration) and first.calibrated_on == NO_REMAT
+    # each step priced at its measured time by its own table
+    assert b.rows[0].predicted_ms == pytest.approx(100.0) and b.rows[2].predicted_ms == pytest.approx(50.0)
+    # the baseline's kernel `own` is not the plain step's: the plain step's one scale prices it
+    assert b.rows[1].predicted_ms == pytest.approx(1e3 * plain.seconds(b.costs["m", "layer:a"]))
+    # the plan: the dot and `own` at NO_REMAT's times (50 ms, its whole step), the plain step's loop fusion at
+    # its time there (60 of the 80 ms profiled, scaled to the step's 100: 75), the new kernel at NO_REMAT's
+    # one scale
+    table = dict(plain.measured_kernels)
+    loop_s = next(t for sig, t in table.items() if sig.bytes_read == int(1e8))
+    new_s = first.scale * kernel_cost(Kernel("x", "fusion:kLoop", int(1e6), 0, 0, ()), first.device, m.launch_s).seconds
+    assert loop_s == pytest.approx(0.075)
+    assert b.rows[3].predicted_ms == pytest.approx(50.0 + 1e3 * (loop_s + new_s))
+    del b.profiles["m", NO_REMAT]
+    _calibrate(b, "m")
+    assert b.plan_calibrations["m"] == f"{NO_REMAT} or the plain step was not profiled"
+    assert b.rows[3].predicted_ms == pytest.approx(1e3 * b.calibrations["m"].seconds(b.costs["m", "rematopt@0.8"]))
+
+
 def _plan(tmp_path: Path, name: str, deterministic_time: float, until: float, max_rounds: int = 8) -> dict:
     folder = tmp_path / name
     folder.mkdir()
@@ -332,7 +377,8 @@ def test_bench_on_a_tiny_model_writes_the_report(tmp_path):
     assert {"graph.json", "plan_0.8.json", "grads.npz"} <= kept  # the plan can be applied again
     kinds = [r.kind for r in bench.rows]
     assert kinds.count("plain") == 2 and kinds.count("layer") == 2 and kinds.count("step") == 1
-    assert kinds[-1] == "rematopt" and bench.rows[1].variant == AGAIN
+    assert kinds[-2:] == ["applied", "rematopt"] and bench.rows[1].variant == AGAIN
+    assert "plan_none.json" in kept
     # the micro-benchmarks' line, then a line per row process (for a missing plan, its reason), the
     # planning's and the timing's: two more than the rows, plain (again) having no process of its own
     assert lines[0].startswith("machine: ") and len(lines) == len(bench.rows) + 2
@@ -349,6 +395,10 @@ def test_bench_on_a_tiny_model_writes_the_report(tmp_path):
     assert bench.rows[0].predicted_class_ms == pytest.approx(bench.rows[0].step_ms)
     assert bench.rows[0].predicted_scale_ms == pytest.approx(bench.rows[0].step_ms)
     assert bench.rows[0].predicted_ms == pytest.approx(bench.rows[0].step_ms)  # calibrated on the plain step
+    # and the plans on apply_plan's program of the no-remat plan, profiled too
+    own = bench.rows[-2]
+    assert isinstance(bench.plan_calibrations["mlp"], Calibration) and bench.profiles["mlp", NO_REMAT]
+    assert own.predicted_ms == pytest.approx(own.step_ms)
     plan = bench.rows[-1]
     assert plan.stopped_by in ("deterministic_time", "max_rounds", "bracket") and plan.deterministic_spent <= 0.5
     # on CPU a model's rows share a process (the plain step and the policies; after planning, the plans)

@@ -424,6 +424,17 @@ def _per_kernel(one: Calibration, step: StepCost, rest: float, profiled: dict[st
     return replace(one, measured_kernels=tuple((sig, factor * sum(t) / len(t)) for sig, t in alike.items()))
 
 
+def beside(first: Calibration, then: Calibration) -> Calibration:
+    """``first`` (a per-kernel calibration) with ``then``'s profiled kernels where none of its own is alike
+    (:func:`signature`), at ``then``'s times; any other kernel at ``first``'s scale. rematopt's plans are
+    priced on ``apply_plan``'s program of the plan that recomputes nothing first, whose kernels (its ties,
+    its sums written once) they share, and on the plain step's for the rest (docs/device.md, "Calibrated
+    on apply_plan's own program")."""
+    own = {sig for sig, _ in first.measured_kernels}
+    return replace(first, measured_kernels=first.measured_kernels
+                   + tuple((sig, t) for sig, t in then.measured_kernels if sig not in own))
+
+
 # The balance of the machine's FLOP rate to its bandwidth, against the data sheet's, is searched
 # over this grid (10^-4 .. 10^4, 40 points a decade); for each, the rest of the fit is linear.
 BALANCES = np.logspace(-4, 4, 321)

@@ -18,15 +18,15 @@ from pathlib import Path
 from typing import Callable
 
 from ...importers.costmodel import profile_for
-from ...xla.cost import Calibration, calibrate
+from ...xla.cost import Calibration, beside, calibrate
 from ...xla.machine import Machine
 from ..schedule import Task, run_tasks
 from .launch import OutOfTime, Workers, busy_cpu, cpu_seconds, run_worker, worker_env
 from .report import write_report
 from .results import Bench, Row
 from .settings import (AGAIN, AT_ONCE, CPU_SCHEDULER, DEFAULT_MODELS, DETERMINISTIC_S, GPU_AT_ONCE, GPU_LIMIT_SHARE,
-                       Model, MODELS, PLAN_ROUNDS, PLAN_WALL_S, POLICIES, QUICK_DETERMINISTIC_S, QUICK_PLAN_ROUNDS,
-                       QUICK_POLICIES, QUICK_RATIOS, QUICK_ROUNDS, RATIOS, ROUNDS, WORKER_WALL_S)
+                       Model, MODELS, NO_REMAT, PLAN_ROUNDS, PLAN_WALL_S, POLICIES, QUICK_DETERMINISTIC_S,
+                       QUICK_PLAN_ROUNDS, QUICK_POLICIES, QUICK_RATIOS, QUICK_ROUNDS, RATIOS, ROUNDS, WORKER_WALL_S)
 
 
 def run_bench(models: tuple[str, ...] = DEFAULT_MODELS, quick: bool = False, runs: int | None = None,
@@ -241,6 +241,8 @@ def _model_tasks(bench: Bench, model: Model, config: dict, rounds: int, ratios: 
                 for r in budgets:
                     planned[str(r)] = ({"status": f"planning failed: {got['error']}"} if "error" in got
                                        else got["plans"].get(str(r), {}))
+                if "no_remat" in got:  # every planning process of the model traces the same graph
+                    planned[NO_REMAT] = got["no_remat"]
                 if "error" in got:
                     bench.notes.append(f"{model.label}: planning failed: {got['error']}")
                 progress(f"{model.label:12} planning{'' if budgets == ratios else f'@{budgets[0]}'} "
@@ -252,6 +254,11 @@ def _model_tasks(bench: Bench, model: Model, config: dict, rounds: int, ratios: 
         if "plain" not in made:  # no plain step: nothing to compare a plan with
             return
         plans = []
+        if NO_REMAT in planned:
+            nr = planned[NO_REMAT]
+            plans.append((Row(model.label, NO_REMAT, "applied", note="the plan that recomputes nothing, as apply_plan "
+                              "writes it: rematopt's plans are predicted from its program"),
+                          {"graph": nr["graph"], "plan": nr["path"]}))
         for ratio in ratios:
             p = planned.get(str(ratio), {})
             if "path" not in p:
@@ -304,7 +311,7 @@ def _time(bench: Bench, model: str, specs: dict[str, dict], base: dict, pin: dic
     the machine's other users (docs/device.md, "Beside the timing")."""
     started = time.perf_counter()
     variants = {**specs, AGAIN: specs["plain"]}
-    profile = [v for v in specs if v == "plain" or v.startswith("rematopt@")]
+    profile = [v for v in specs if v in ("plain", NO_REMAT) or v.startswith("rematopt@")]
     busy, own, wall = busy_cpu(), cpu_seconds(), time.time()
     got = run_worker({**base, **pin, "variants": variants, "rounds": rounds, "clock": bench.clock,
                        "profile": profile}, env, timeout, workers, "timing")
@@ -360,7 +367,13 @@ def _calibrate(bench: Bench, model: str) -> None:
     was not profiled, one scale for all. Beside it, for the report: one scale (``predicted_scale_ms``)
     and one scale per kernel class (``predicted_class_ms``). Over the 48 plans of four full runs on
     2026-12-07 per kernel cut the one scale's mean error on the plans' overheads by a third and its
-    worst by two fifths (docs/device.md, "The full run")."""
+    worst by two fifths (docs/device.md, "The full run").
+
+    rematopt's rows are predicted the same way on :data:`~.settings.NO_REMAT`'s program first, timed and
+    profiled like the plain step, then on the plain step's kernels (:func:`rematopt.xla.cost.beside`): a
+    plan is that program and the kernels its recomputation adds or changes, and apply_plan's programs
+    run their kernels otherwise than the plain step (gpt at the bench's size: 648 ms against 1,615,
+    docs/device.md, "Calibrated on apply_plan's own program")."""
     from ...importers.costmodel import device
 
     plain = next((r for r in bench.rows if r.model == model and r.variant == "plain"), None)
@@ -392,3 +405,27 @@ def _calibrate(bench: Bench, model: str) -> None:
         bench.calibrations[model] = one
         for r in rows:
             r.predicted_ms = r.predicted_scale_ms
+    bench.plan_calibrations[model] = _on_no_remat(bench, model, args)
+    if isinstance(bench.plan_calibrations[model], Calibration):
+        for r in rows:
+            if r.kind in ("rematopt", "applied"):
+                r.predicted_ms = 1e3 * bench.plan_calibrations[model].seconds(bench.costs[model, r.variant],
+                                                                            r.predicted_faults or 0)
+
+
+def _on_no_remat(bench: Bench, model: str, args: dict) -> Calibration | str:
+    """What rematopt's rows of ``model`` are predicted with (:func:`_calibrate`), or why the plain step's
+    calibration predicts them."""
+    own = next((r for r in bench.rows if r.model == model and r.variant == NO_REMAT), None)
+    plain = bench.calibrations.get(model)
+    if own is None or not own.step_ms or (model, NO_REMAT) not in bench.costs:
+        return f"{NO_REMAT} was not timed"
+    if (model, NO_REMAT) not in bench.profiles or not isinstance(plain, Calibration) or not plain.measured_kernels:
+        return f"{NO_REMAT} or the plain step was not profiled"
+    try:
+        first = calibrate(**{**args, "step": bench.costs[model, NO_REMAT], "measured_s": own.step_ms / 1e3,
+                             "faults": own.predicted_faults or 0}, name=NO_REMAT,
+                          profiled=bench.profiles[model, NO_REMAT], per_kernel=True)
+    except ValueError as e:
+        return str(e)
+    return beside(first, plain)

@@ -10,8 +10,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ...xla.cost import KERNEL_CLASSES, Calibration, profiled_by_class
-from .results import Bench, Row
-from .settings import AGAIN, AT_ONCE, PLAN_ROUNDS, PROFILE_STEPS
+from .results import BASELINES, Bench, Row
+from .settings import AGAIN, AT_ONCE, NO_REMAT, PLAN_ROUNDS, PROFILE_STEPS
 
 
 def noise(bench: Bench, model: str) -> float | None:
@@ -38,7 +38,7 @@ def verdict(bench: Bench) -> list[dict]:
         tol = noise(bench, model) or 0.0
         for ratio in sorted(set(bench.ratios) | {r.budget_ratio for r in rows if r.budget_ratio}, reverse=True):
             budget = ratio * peak
-            fits = [r for r in rows if r.kind != "rematopt" and r.compiled_peak and r.compiled_peak <= budget
+            fits = [r for r in rows if r.kind in BASELINES and r.compiled_peak and r.compiled_peak <= budget
                     and r.step_ms]
             best = min(fits, key=lambda r: r.step_ms) if fits else None
             ours = next((r for r in rows if r.kind == "rematopt" and r.budget_ratio == ratio), None)
@@ -155,7 +155,9 @@ def markdown(bench: Bench) -> str:
              + ", calibrated per model on its plain step: each of the plain step's kernels at its profiled time, "
              "scaled so that the step is its measured time; another row's kernel alike to one of them at that "
              "time, any other priced at the one scale that prices the plain step at its measured time (where "
-             "the plain step was not profiled, that scale for all). Step time: "
+             f"the plain step was not profiled, that scale for all); rematopt's plans the same way on `{NO_REMAT}` "
+             "(the plan that recomputes nothing, as apply_plan writes it) first, then on the plain step's kernels. "
+             "Step time: "
              f"the fastest of interleaved rounds, each running one step of every variant (more rounds for short "
              f"steps), {clock}. "
              + " ".join(bench.notes), "",
@@ -300,26 +302,31 @@ def _prediction_summary(bench: Bench) -> str:
     """Per model: the calibration, how far it predicts the second compile of the plain step and the
     baselines, and the plans: their step time, and their overhead over the plain step (both priced by
     the same function, so the overhead is predicted(plan) / predicted(plain) - 1)."""
-    out = ["The prediction is calibrated on the plain step alone (its kernels, one by one); every other row is "
-           "predicted: the second compile of the plain step, the policies, rematopt's plans. Two other "
-           "calibrations beside it, for comparison: every kernel at one scale, and one scale per kernel class "
-           "(both from the plain step). Page faults, predicted from the compiled program "
+    out = ["The prediction is calibrated on the plain step (its kernels, one by one): the second compile of the "
+           f"plain step and the policies are predicted from it; rematopt's plans from `{NO_REMAT}` (apply_plan's "
+           "program of the plan that recomputes nothing, measured and profiled as the plain step is), then the "
+           "plain step: a plan is that program and the kernels its recomputation adds or changes, and its overhead "
+           f"is still against the measured plain step. `{NO_REMAT}` against the plain step, measured, and as the "
+           "plain step's calibration predicts it, says how far apply_plan's program alone moves the step. Two "
+           "other calibrations beside it, for comparison: every kernel at one scale, and one scale per kernel "
+           "class (both from the plain step alone). Page faults, predicted from the compiled program "
            "(xla.cost.step_faults): the pages of the buffers a step allocates anew above glibc's mmap ceiling, and "
            "the scratch of YNNPACK fusions that glibc gives back to the kernel; each at the measured price.", "",
            "| model | one scale on the measured rates | plain's page faults | plain (again): predicted vs measured "
-           "| baselines within 15% | worst baseline | plans: predicted vs measured time "
+           f"| baselines within 15% | worst baseline | {NO_REMAT}: measured (from the plain step) "
+           "| plans: predicted vs measured time "
            "| plans: predicted overhead - measured (points) | the same, one scale per kernel class "
            "| the same, one scale |",
-           "|---|---:|---:|---:|---:|---|---|---|---|---|"]
+           "|---|---:|---:|---:|---:|---|---:|---|---|---|---|"]
     for model in dict.fromkeys(r.model for r in bench.rows):
         c = bench.calibrations.get(model)
         base = _plain_ms(bench, model)
         if not isinstance(c, Calibration) or base is None:
-            out.append(f"| {model} | not calibrated: {c or 'not timed'} | — | — | — | — | — | — | — | — |")
+            out.append(f"| {model} | not calibrated: {c or 'not timed'} |" + " — |" * 9)
             continue
         rows = [r for r in bench.rows if r.model == model and r.step_ms and r.predicted_ms]
         plain = next(r for r in rows if r.variant == "plain")
-        errs = [(r.predicted_ms / r.step_ms - 1, r.variant) for r in rows if r.kind != "rematopt" and r is not plain]
+        errs = [(r.predicted_ms / r.step_ms - 1, r.variant) for r in rows if r.kind in BASELINES and r is not plain]
         again = next((f"{100 * e:+.1f}%" for e, v in errs if v == AGAIN), "—")
         within = sum(abs(e) <= 0.15 for e, _ in errs)
         worst = max(errs, key=lambda e: abs(e[0]), default=None)
@@ -332,9 +339,13 @@ def _prediction_summary(bench: Bench) -> str:
             return ", ".join(f"{r.variant} {100 * (getattr(r, field_) / own - r.step_ms / base[0]):+.1f}"
                              for r in plans if getattr(r, field_) and own)
         share = (plain.predicted_faults or 0) * c.fault_s * 1e3 / plain.step_ms
+        own = next((r for r in rows if r.variant == NO_REMAT and (model, NO_REMAT) in bench.costs), None)
+        applied = "—" if own is None else (
+            f"{100 * (own.step_ms / base[0] - 1):+.1f}% "
+            f"({100 * (c.seconds(bench.costs[model, NO_REMAT], own.predicted_faults or 0) * 1e3 / base[1] - 1):+.1f}%)")
         out.append(f"| {model} | x{c.scale:.3g} | {plain.predicted_faults or 0:,} ({100 * share:.0f}% of its time) "
                    f"| {again} | {within} of {len(errs)} | {f'{worst[1]} {100 * worst[0]:+.1f}%' if worst else '—'} "
-                   f"| {times or '—'} | {overheads or '—'} | {points('predicted_class_ms') or '—'} "
+                   f"| {applied} | {times or '—'} | {overheads or '—'} | {points('predicted_class_ms') or '—'} "
                    f"| {points('predicted_scale_ms') or '—'} |")
     return "\n".join(out)
 
@@ -409,7 +420,7 @@ def figure(bench: Bench, path: Path) -> None:
     fig, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 4), squeeze=False)
     for ax, model in zip(axes[0], models):
         rows = [r for r in bench.rows if r.model == model and r.compiled_peak and r.step_ms]
-        base = [r for r in rows if r.kind != "rematopt"]
+        base = [r for r in rows if r.kind in BASELINES]
         for kind, marker in (("plain", "s"), ("layer", "o"), ("step", "^"), ("xla-gpu", "D")):
             pts = [r for r in base if r.kind == kind]
             if pts:
@@ -419,6 +430,10 @@ def figure(bench: Bench, path: Path) -> None:
         if front:
             ax.step([m for m, _ in front], [t for _, t in front], where="post", color="grey", lw=1,
                     label="baselines' Pareto front")
+        own = [r for r in rows if r.kind == "applied"]
+        if own:
+            ax.scatter([r.compiled_peak / 1e6 for r in own], [r.step_ms for r in own], marker="x", color="red",
+                       label=NO_REMAT, zorder=4)
         ours = [r for r in rows if r.kind == "rematopt"]
         if ours:
             ax.scatter([r.compiled_peak / 1e6 for r in ours], [r.step_ms for r in ours], marker="*", s=160,

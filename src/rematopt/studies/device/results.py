@@ -9,20 +9,24 @@ from ...xla.machine import Machine
 from .settings import RATIOS
 
 
+# the kinds of row a plan is compared with: the plain step, per-layer and whole-step policies, XLA's GPU remat
+BASELINES = ("plain", "layer", "step", "xla-gpu")
+
+
 @dataclass
 class Row:
     model: str
     variant: str
-    kind: str  # plain, layer, step, xla-gpu, rematopt
+    kind: str  # a baseline's (BASELINES), rematopt (a plan), applied (settings.NO_REMAT)
     budget_ratio: float | None = None
     compiled_peak: int | None = None
     compiled_peak_is: str = ""
     device_peak: int | None = None
     step_ms: float | None = None
     step_ms_spread: float | None = None  # fastest step of the even rounds against the odd ones, over step_ms
-    # the prediction, calibrated on the plain step (bench._calibrate): a kernel alike to one of the plain
-    # step's (xla.cost.signature) at its profiled time there, any other priced at one scale, and
-    # page faults
+    # the prediction (bench._calibrate), on the plain step (rematopt's rows: on NO_REMAT's program first): a
+    # kernel alike to one of that step's (xla.cost.signature) at its profiled time there, any other priced at
+    # one scale, and page faults
     predicted_ms: float | None = None
     predicted_raw_ms: float | None = None  # on the data-sheet profile
     predicted_scale_ms: float | None = None  # as predicted_ms, every kernel priced at one scale
@@ -65,6 +69,9 @@ class Bench:
     # (model, variant): seconds per kernel name, profiled in the timing process (plain and the plans)
     profiles: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
     class_calibrations: dict[str, Calibration | str] = field(default_factory=dict)  # per kernel class, per model
+    # per model, what rematopt's rows are predicted with (xla.cost.beside: NO_REMAT's program, then the plain
+    # step's), or why they are predicted from the plain step's alone
+    plan_calibrations: dict[str, Calibration | str] = field(default_factory=dict)
     # per kind of worker process: how many, their wall and CPU seconds, and their phases' wall seconds
     spent: dict[str, dict[str, float]] = field(default_factory=dict)
     run: dict[str, float] = field(default_factory=dict)  # the whole run: wall, cpu, load_start, load_end, two_at_once

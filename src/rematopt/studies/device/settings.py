@@ -29,6 +29,9 @@ ROUND_SECONDS, MAX_ROUNDS = 0.5, 60
 # kernels in its fastest of 5 (wall time, pinned, a load average of 5).
 PROFILE_STEPS = 5
 AGAIN = "plain (again)"
+# the no-remat plan as apply_plan writes it: its ties and its backward sums written once, no recomputation; a
+# row of its own, timed and profiled, that rematopt's plans are predicted from (bench._calibrate)
+NO_REMAT = "apply_plan, no remat"
 # XLA's GPU memory limit is (0.8 x device memory - inputs - outputs) x slop / 100 (issue 36).
 GPU_LIMIT_SHARE = 0.8
 # Planning runs on CP-SAT's deterministic clock (one worker, seed 0; rematopt.planners.meter), so the

@@ -234,9 +234,11 @@ def plan_step(spec: dict) -> dict:
     each ratio, its candidates priced as ``rematopt solve --verify xla`` prices them (on CPU the fixed
     :data:`~rematopt.xla.machine.REFERENCE`: priced on each run's measured rates, flax_linen 0.8's
     choice swapped between plans of 63.06 and 63.08 ms; elsewhere the named device's data sheet, the
-    bench's profile); the graph and each ratio's chosen plan saved under ``spec["dir"]``. Where the loop
+    bench's profile); the graph, its no-remat plan (``out["no_remat"]``: the bench's row
+    :data:`~.settings.NO_REMAT`) and each ratio's chosen plan saved under ``spec["dir"]``. Where the loop
     fails, plain cpsat on the per-equation graph at r x its no-remat peak, and the note says why."""
     from ...jax import load_factory, trace_grad
+    from ...reference import no_remat_plan
     from ...solve import solve
     from ...xla.verify import verify
 
@@ -252,6 +254,9 @@ def plan_step(spec: dict) -> dict:
             if graph is None:
                 with _phase("trace"):
                     graph = trace_grad(fn, *args, name=spec["label"], fuse="xla", device=spec["device"])
+                graph.save(folder / "graph.json")
+                no_remat_plan(graph).save(folder / "plan_none.json")
+                out["no_remat"] = {"path": str(folder / "plan_none.json"), "graph": str(folder / "graph.json")}
             with _phase("closed loop"):
                 v = verify(fn, args, graph, "cpsat", ratio, time_limit=wall, stock={},
                            deterministic_time=spec["deterministic_time"], max_rounds=spec["max_rounds"])
@@ -281,7 +286,6 @@ def plan_step(spec: dict) -> dict:
             out["plans"][str(ratio)] = {"status": f"--verify xla: no plan compiled smaller than the plain step after "
                                                   f"{v.rounds} rounds", **loop}
             continue
-        graph.save(folder / "graph.json")
         c.plan.save(path)
         faults = f" ({loop['fault_rounds']} aimed under the mmap ceiling)" if loop["fault_rounds"] else ""
         out["plans"][str(ratio)] = {"status": f"--verify xla: cpsat {c.status}, {'fits' if c.fits else 'misses'} "
