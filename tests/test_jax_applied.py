@@ -43,6 +43,7 @@ from models import equinox_lm, gpt_scan, keras_lm, mlp, resnet, unet
 from rematopt.exporters.jax_applied import applied_peak
 from rematopt.jax import apply_plan, trace_grad
 from rematopt.planners.frees import keep_schedule, place_frees
+from rematopt.exporters import jax_policy
 from rematopt.exporters.jax_policy import residual_fates
 from rematopt.plan import COMPUTE, FREE, Plan
 from rematopt.reference import no_remat_plan
@@ -71,6 +72,10 @@ def gemma():
     return keras_lm.factory(backbone="gemma")
 
 
+def llama():
+    return keras_lm.factory(backbone="llama")
+
+
 def exps(g):  # the softmaxes' exps
     return {{v.id for v in g.nodes if v.op == "exp" and v.phase == "forward"}}
 
@@ -91,7 +96,7 @@ for name, factory, ratio in (("mlp", mlp.factory, 0.8), ("unet", unet.factory, 0
                              ("unet eager", unet.factory, None), ("transposed", transposed, 0.9),
                              ("gpt_scan", gpt_scan.factory, 0.8), ("equinox_lm", equinox_lm.factory, 0.8),
                              ("keras_gemma", gemma, 0.6), ("keras_gemma exp", gemma, exps),
-                             ("keras_llama", lambda: keras_lm.factory(backbone="llama"), 0.6),
+                             ("keras_llama", llama, 0.6),
                              ("resnet relu", resnet.factory, first_relu),
                              ("resnet pool", resnet.factory, relu_and_pool)):
     if factory not in traced:
@@ -113,6 +118,13 @@ for name, factory, ratio in (("mlp", mlp.factory, 0.8), ("unet", unet.factory, 0
     out[name] = {{"plan": peak, "applied": applied_peak(graph, plan), "xla": xla_peak(c)[0],
                  "copied": sum("layout_copy" in v.extra for v in graph.nodes),
                  "stacked": len(graph.meta["xla"].get("stacked_outputs", []))}}
+# keras_llama's plan with no operand XLA computed inside its readers tied where a backward dot reads it
+fn, args, graph = traced[llama]
+inside, jax_policy._computed_inside = jax_policy._computed_inside, lambda *a: set()
+plan = solve(graph, "greedy", budget_ratio=0.6).plan
+c = jax.jit(jax.value_and_grad(apply_plan(fn, graph, plan))).lower(*args).compile()
+jax_policy._computed_inside = inside
+out["keras_llama"]["untied xla"] = xla_peak(c)[0]
 # unet's plan without recomputation, and the same with one backward value (a convolution's input gradient
 # read twice) freed after its first reader and computed again before its last, its operands held to there
 fn, args, graph = traced[unet.factory]
@@ -320,10 +332,13 @@ def test_xla_writes_its_own_buffer_again_for_a_recomputed_dot(compiled_steps):
     # keras-hub's Llama at models/keras_lm's config, greedy at 0.6: the attention's grouped values,
     # broadcast to every head, are a buffer XLA writes for the dot reading them (an xla_buffer node).
     # The plan recomputes that dot in the backward pass; apply_plan keeps the program's values, not
-    # XLA's, so XLA writes the broadcast again there. Measured: applied 292,252 B, XLA 292,668 B
-    # (0.999; 309,404 B, 1.054, holding the forward pass's two 8 KiB buffers to the recomputation)
+    # XLA's, so XLA writes the broadcast again there. Measured: applied 292,252 B, XLA 289,092 B
+    # (1.011: the softmax divisions the backward dots read tied, jax_policy._computed_inside, XLA making
+    # each one's copy at its dot; untied 292,668 B, 0.999; 309,404 B, 1.054, holding the forward pass's two
+    # 8 KiB buffers to the recomputation)
     got = compiled_steps["keras_llama"]
-    assert abs(got["applied"] - got["xla"]) <= 0.01 * got["xla"]
+    assert abs(got["applied"] - got["xla"]) <= 0.015 * got["xla"]
+    assert got["xla"] < got["untied xla"]  # the divisions' copies made at their dots, not held from the forward pass
 
 
 SCANNED = """
@@ -400,10 +415,12 @@ def test_transposed_stacked_gradients_are_stacked_at_the_end(scanned_steps):
     # allocation per stacked leaf. Measured: applied 495,628 B, XLA 484,700 B (1.023; 450,572 B, 0.930,
     # with an allocation per slice written at its dot). The backward sums XLA fused into several kernels
     # are written once (jax_policy._computed_once), which the applied step does not model: their operands
-    # free at the sum, no longer at its last reader (XLA 492,444 B with each computed in every reader, 1.006)
+    # free at the sum, no longer at its last reader (XLA 492,444 B with each computed in every reader, 1.006);
+    # and a backward dot's operand XLA computes inside its readers is tied (jax_policy._computed_inside):
+    # XLA 480,732 B (1.031)
     got = scanned_steps["scan2"]
     assert got["transposed"] == 12 and got["scanned gradients"] == 0, got
-    assert abs(got["applied"] - got["xla"]) <= 0.03 * got["xla"]
+    assert abs(got["applied"] - got["xla"]) <= 0.04 * got["xla"]
 
 
 def test_gradients_a_scan_computes_are_not_held_to_the_end(scanned_steps):
@@ -422,12 +439,13 @@ def test_a_recomputed_dot_copies_its_operand_again(scanned_steps):
     # dot reads the v projection tied, and XLA makes v's transposed copy again from the projection's own
     # result, which the forward pass holds to there beside the kept copy. The plan also keeps a softmax's
     # sum and computes it again for the backward division, as planned or with each value computed once
-    # (the sum held). Measured both: applied 483,212 B, XLA 471,132 B and 470,940 B (1.026: the backward
-    # sums written once, above; 0.999 with each computed in every reader, 0.982 then reading the kept
-    # copy, 0.933 before the stacked transposed gradients)
+    # (the sum held). Measured both: applied 483,212 B, XLA 466,844 B and 467,036 B (1.035 with the
+    # operands XLA computes inside their readers tied, above; 471,132 B and 470,940 B, 1.026, the backward
+    # sums written once, above; 0.999 with each computed in every reader, 0.982 then reading the kept copy,
+    # 0.933 before the stacked transposed gradients)
     got = scanned_steps["scan2 softmax"]
-    assert abs(got["once_applied"] - got["once_xla"]) <= 0.03 * got["once_xla"]
-    assert abs(got["applied"] - got["xla"]) <= 0.03 * got["xla"]
+    assert abs(got["once_applied"] - got["once_xla"]) <= 0.04 * got["once_xla"]
+    assert abs(got["applied"] - got["xla"]) <= 0.04 * got["xla"]
 
 
 def test_every_stacked_slices_gradient_is_held_to_the_stack_at_the_end(scanned_steps):
@@ -448,10 +466,11 @@ def test_a_slice_of_more_than_two_dimensions_is_copied_per_reader(scanned_steps)
     # flax_linen at its instance config, greedy at 0.8: the attention's kernels are [width, heads, head]
     # (DenseGeneral), and XLA slices each for its forward dot and copies it again, transposed, for the
     # backward one (no copy held between them); the MLP's 2-D kernels' slices are one copy held from the
-    # forward dot to the backward one. Measured: applied 483,468 B, XLA 472,380 B (1.023 with the backward
-    # sums written once, above; 1.015 with each computed in every reader, 0.989 then with an allocation per
-    # slice for the gradients no dot writes, and 1.058 holding the six 4 KiB attention slices too)
+    # forward dot to the backward one. Measured: applied 483,468 B, XLA 468,284 B (1.032 with the operands
+    # XLA computes inside their readers tied, above; 472,380 B, 1.023, with the backward sums written once;
+    # 1.015 with each computed in every reader, 0.989 then with an allocation per slice for the gradients no
+    # dot writes, and 1.058 holding the six 4 KiB attention slices too)
     got = scanned_steps["flax_linen"]
     assert any(aval.count(",") == 2 for aval in got["sliced"])
     assert got["slice copies"] and all(aval.count(",") == 1 for aval in got["slice copies"])
-    assert abs(got["applied"] - got["xla"]) <= 0.03 * got["xla"]
+    assert abs(got["applied"] - got["xla"]) <= 0.04 * got["xla"]

@@ -49,6 +49,7 @@ from ..graph import Graph
 from ..importers.jaxpr.compiled import TAG
 from ..importers.jaxpr.cost import EXPENSIVE, fusible
 from ..importers.jaxpr.flatten import Const, evaluate, in_scope
+from ..importers.jaxpr.primitives import MATMUL
 from ..importers.jaxpr.step import Step, trace_step
 from ..importers.jaxpr.unroll import iterations
 from ..plan import COMPUTE, FREE, OFFLOAD, Plan
@@ -230,6 +231,9 @@ def apply_plan(loss_fn: Callable, graph: Graph, plan: Plan, scan: bool = True, o
     groups = graph.meta.get("groups") if fuse == "xla" else None  # as traced: no second compile
     unroll = bool(graph.meta.get("unroll", False))  # graphs from before unrolling existed were not unrolled
     copied = frozenset(graph.meta.get("xla", {}).get("weight_copies", ()))
+    # forward values the graph holds no buffer for: XLA computed them inside their readers (_evaluate_tied)
+    unbuffered = frozenset(i for i, n in enumerate(graph.nodes) if n.phase == "forward" and not graph.bytes[i]) \
+        if fuse == "xla" else frozenset()
     built: dict[Any, Callable] = {}
 
     @functools.wraps(loss_fn)
@@ -242,7 +246,8 @@ def apply_plan(loss_fn: Callable, graph: Graph, plan: Plan, scan: bool = True, o
             if scopes:
                 for k, e in enumerate(step.flat.eqns):
                     e.scope = f"{TAG}{k}"
-            built[key], planned.loops = _planned_step(step, fates, scan, ordered, as_planned and fates.exact, copied)
+            built[key], planned.loops = _planned_step(step, fates, scan, ordered, as_planned and fates.exact, copied,
+                                                         unbuffered)
             for note in planned.loops:
                 if scan and not note.rolled:
                     warnings.warn(UnrolledLoop(f"apply_plan: {graph.name}: {note.describe()}"), stacklevel=2)
@@ -271,12 +276,14 @@ def check_matches(step: Step, graph: Graph) -> None:
 
 
 def _planned_step(step: Step, fates: Fates, scan: bool = True, ordered: bool = True,
-                  exact: bool = False, copied: frozenset[int] = frozenset()) -> tuple[Callable, list[LoopNote]]:
+                  exact: bool = False, copied: frozenset[int] = frozenset(),
+                  unbuffered: frozenset[int] = frozenset()) -> tuple[Callable, list[LoopNote]]:
     """The custom_vjp function over the caller's flat argument leaves, and
     what became of the program's loops (:mod:`.jax_loops`); ``exact``: every
     computation of the plan's backward pass (:attr:`Fates.exact`); ``copied``:
     the equations whose kernels read a copy XLA makes of a weight
-    (:func:`~rematopt.importers.jaxpr.compiled.weight_copies`)."""
+    (:func:`~rematopt.importers.jaxpr.compiled.weight_copies`); ``unbuffered``: the forward
+    nodes the graph holds no buffer for (:func:`_evaluate_tied`'s ``inside``)."""
     flat = step.flat
     eqns = flat.eqns
     prod = step.producers()
@@ -429,6 +436,7 @@ def _planned_step(step: Step, fates: Fates, scan: bool = True, ordered: bool = T
     joined = collections.Counter(k for members in step.groups for k in members)
     summed = {id(eqns[k]) for k, n in joined.items() if n > 1 and eqns[k].prim.name == "add_any"}
     weights = {eqns[k].outs[0]: diff.intersection(eqns[k].ins) for k in copied}
+    inside = _computed_inside(eqns, prod, unbuffered)
 
     def run_backward(u: Unit, env: dict, last: Any) -> Any:
         if u.recompute:
@@ -440,7 +448,7 @@ def _planned_step(step: Step, fates: Fates, scan: bool = True, ordered: bool = T
         if kernels:  # the kernel's root reads the value before it: XLA runs the plan's order (_evaluate_tied)
             j = _tie_point(u.eqns)
             evaluate(u.eqns[:j], env)
-            _evaluate_tied(u.eqns[j:], env, last)
+            _evaluate_tied(u.eqns[j:], env, last, inside=inside)
         else:
             evaluate(u.eqns, env)
         for e in u.eqns:
@@ -588,7 +596,8 @@ def _first_reader_order(group_of: dict, phase_of: dict, recompute: dict, inputs_
 TIE = "tie"  # the scope of the tie's add in the compiled step's op_names
 
 
-def _evaluate_tied(eqns: Sequence, env: dict, last: Any, cheap: set = frozenset(), weights: dict | None = None) -> dict:
+def _evaluate_tied(eqns: Sequence, env: dict, last: Any, cheap: set = frozenset(), weights: dict | None = None,
+                   inside: set = frozenset()) -> dict:
     """Evaluate a recomputed region's equations, each made to read ``last``.
 
     XLA's CPU pipeline expands every optimization barrier away before CSE and
@@ -620,7 +629,13 @@ def _evaluate_tied(eqns: Sequence, env: dict, last: Any, cheap: set = frozenset(
     operand is: XLA's CSE merged the copy of an untied weight with the forward
     pass's, which then lived to the backward pass (keras_gemma at its instance
     config, the first round's cpsat plan at 0.5 as planned: five such copies at
-    XLA's peak, 221,124 B against 203,276 predicted; tied, 198,596 B).
+    XLA's peak, 221,124 B against 203,276 predicted; tied, 198,596 B). ``inside``: forward values
+    the graph holds no buffer for (XLA computed them inside their readers in the plain step) that
+    elementwise arithmetic computes (:func:`_computed_inside`), tied where a library call reads them,
+    so that XLA makes the call's copy of one at the call, as the plain step did: untied, XLA's
+    memory-minimizing scheduler made it in the forward pass and held it to the backward pass
+    (keras_llama at the device bench's size, cpsat at 0.6: its softmax division, a MiB a layer;
+    18,246,684 B against 16,016,404 predicted, tied 17,198,108; docs/device.md).
 
     A backward kernel's root is tied the same way (``fuse="xla"`` graphs), so
     XLA's scheduler cannot run the backward pass in an order of its own, in
@@ -650,6 +665,9 @@ def _evaluate_tied(eqns: Sequence, env: dict, last: Any, cheap: set = frozenset(
             if operands:
                 r = min(operands, key=lambda r: (np.size(env[r]), r in cheap))
                 tie(r, kind[r])
+        if s is not None and inside and e.prim.name in MATMUL:
+            for r in [r for r in reads if r in inside and r not in tied and _kind(env[r]) == "f"]:
+                tie(r, "f")
         if s is not None and weights:
             for r in sorted(weights.get(e.outs[0], set()) - tied):  # differentiated: floats
                 tie(r, "f")
@@ -690,6 +708,22 @@ def _tie_point(eqns: Sequence) -> int:
     while j > 0 and eqns[j].prim.name in REARRANGE and eqns[j].ins[:1] and eqns[j].ins[0] in eqns[j - 1].outs:
         j -= 1
     return j
+
+
+def _computed_inside(eqns: Sequence, prod: dict, unbuffered: frozenset[int]) -> set:
+    """The values (views too) of ``unbuffered`` nodes that elementwise arithmetic computes, through any
+    rearrangements (:data:`REARRANGE`): those XLA makes a library call's copy of. A rearranged argument or
+    product is not one (a dot reads a transposed weight as it is; a tie would make XLA write the transpose:
+    four layers of ``tanh(x @ w.T)``, 188,460 B tied against 180,228)."""
+    made_by = {v: e for e in eqns for v in e.outs}
+    out = set()
+    for v in made_by:
+        e = made_by[v]
+        while e.prim.name in REARRANGE and e.ins and e.ins[0] in made_by:
+            e = made_by[e.ins[0]]
+        if e.prim.name not in REARRANGE and fusible(e.prim.name) and prod.get(e.outs[0]) in unbuffered:
+            out.add(v)
+    return out
 
 
 def _grad_leaf_order(step: Step) -> list[int]:
