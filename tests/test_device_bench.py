@@ -256,6 +256,7 @@ def test_the_plans_are_predicted_from_apply_plans_program_that_recomputes_nothin
     del b.profiles["m", NO_REMAT]
     _calibrate(b, "m")
     assert b.plan_calibrations["m"] == f"{NO_REMAT} or the plain step was not profiled"
+    assert f"the plans priced on the plain step: {NO_REMAT} or the plain step was not profiled" in markdown(b)
     assert b.rows[3].predicted_ms == pytest.approx(1e3 * b.calibrations["m"].seconds(b.costs["m", "rematopt@0.8"]))
 
 

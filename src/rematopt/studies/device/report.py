@@ -339,10 +339,14 @@ def _prediction_summary(bench: Bench) -> str:
             return ", ".join(f"{r.variant} {100 * (getattr(r, field_) / own - r.step_ms / base[0]):+.1f}"
                              for r in plans if getattr(r, field_) and own)
         share = (plain.predicted_faults or 0) * c.fault_s * 1e3 / plain.step_ms
-        own = next((r for r in rows if r.variant == NO_REMAT and (model, NO_REMAT) in bench.costs), None)
-        applied = "—" if own is None else (
-            f"{100 * (own.step_ms / base[0] - 1):+.1f}% "
-            f"({100 * (c.seconds(bench.costs[model, NO_REMAT], own.predicted_faults or 0) * 1e3 / base[1] - 1):+.1f}%)")
+        no_remat = next((r for r in rows if r.variant == NO_REMAT and (model, NO_REMAT) in bench.costs), None)
+        applied = "—"
+        if no_remat is not None:
+            priced = 1e3 * c.seconds(bench.costs[model, NO_REMAT], no_remat.predicted_faults or 0)
+            applied = f"{100 * (no_remat.step_ms / base[0] - 1):+.1f}% ({100 * (priced / base[1] - 1):+.1f}%)"
+        why = bench.plan_calibrations.get(model)
+        if isinstance(why, str):  # the plans were priced on the plain step's calibration
+            applied += f"; the plans priced on the plain step: {why}"
         out.append(f"| {model} | x{c.scale:.3g} | {plain.predicted_faults or 0:,} ({100 * share:.0f}% of its time) "
                    f"| {again} | {within} of {len(errs)} | {f'{worst[1]} {100 * worst[0]:+.1f}%' if worst else '—'} "
                    f"| {applied} | {times or '—'} | {overheads or '—'} | {points('predicted_class_ms') or '—'} "
