@@ -128,6 +128,29 @@ def test_a_region_ties_an_operand_xla_does_not_compute_again_in_its_reader():
     assert tied(jnp.dot, (x, w), {1}) == [1]  # the smallest all the same: a library call copies what is tied
 
 
+def test_a_rearranged_constant_is_read_as_it_is():
+    """The values a backward library call's tie makes XLA compute at the call (jax_policy._computed_inside)
+    are followed back through rearrangements to what computes them; a transposed closed-over array ends
+    that walk at the constant (it was looked up as a value, and a constant's array is no key), and the
+    planned step's gradients are the plain step's."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from rematopt.jax import apply_plan, trace_grad
+    from rematopt.reference import no_remat_plan
+
+    m = np.arange(64 * 64, dtype=np.float32).reshape(64, 64) / 4096
+
+    def loss(w, x):
+        return jnp.tanh((x @ w) @ jnp.transpose(m)).sum()
+
+    w, x = jnp.ones((64, 64)) / 64, jnp.ones((32, 64))
+    g = trace_grad(loss, w, x, fuse="xla")
+    got = jax.grad(apply_plan(loss, g, no_remat_plan(g)))(w, x)
+    np.testing.assert_allclose(got, jax.grad(loss)(w, x), rtol=1e-5, atol=1e-7)
+
+
 def test_a_recomputed_library_call_ties_the_weights_it_reads():
     """A dot or convolution computed again whose kernel reads a copy XLA makes of a weight reads that
     weight tied, though the region's first equation tied what the dot reads already: untied, XLA's CSE

@@ -719,7 +719,7 @@ def _computed_inside(eqns: Sequence, prod: dict, unbuffered: frozenset[int]) -> 
     out = set()
     for v in made_by:
         e = made_by[v]
-        while e.prim.name in REARRANGE and e.ins and e.ins[0] in made_by:
+        while e.prim.name in REARRANGE and e.ins and not isinstance(e.ins[0], Const) and e.ins[0] in made_by:
             e = made_by[e.ins[0]]
         if e.prim.name not in REARRANGE and fusible(e.prim.name) and prod.get(e.outs[0]) in unbuffered:
             out.add(v)
