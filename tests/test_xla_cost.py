@@ -602,11 +602,17 @@ def test_an_array_read_whole_and_through_a_slice_counts_whole_and_a_slice_of_a_t
 
 
 def test_each_element_read_a_cache_line_each_adds_the_devices_price_for_it():
-    """At the price measured for its stride and the lines a sweep reads so, between the grid's points."""
-    dev = replace(device("cpu"), strided_rates=((256, 1, 1e-9), (256, 16, 2e-9), (1024, 1, 3e-9), (1024, 16, 5e-9)))
+    """At the price measured for its stride and the lines a sweep reads so: between the grid's strides,
+    and at the grid's lines at or below its own (the price steps where the cache's sets fill, it does
+    not ramp between the grid's points); at 16 lines or more, the grid's last."""
+    rates = ((256, 1, 1e-9), (256, 16, 2e-9), (1024, 1, 3e-9), (1024, 16, 5e-9))
+    dev = replace(device("cpu"), strided_rates=rates)
     k = replace(kernel(read=int(1e6), trips=3), transposes=(int(1e6), 4), strided=((1000, 256, 4), (200, 1024, 4)))
     roofline = kernel_cost(replace(k, strided=()), dev)
-    assert kernel_cost(k, dev).seconds == pytest.approx(roofline.seconds + 3 * (1000 * 1.5e-9 + 200 * 4e-9))
+    assert kernel_cost(k, dev).seconds == pytest.approx(roofline.seconds + 3 * (1000 * 1e-9 + 200 * 3e-9))
+    wide = replace(k, strided=((1000, 512, 15), (200, 512, 16), (100, 512, 64)))
+    assert kernel_cost(wide, dev).seconds == pytest.approx(roofline.seconds + 3 * (1000 * 2e-9 + 300 * 3.5e-9))
+    assert grid_value(rates, (512, 4)) == pytest.approx(2.75e-9)  # interpolated on both axes elsewhere
     assert kernel_cost(k, device("cpu")).seconds == pytest.approx(roofline.seconds)  # a profile without the rates
     heavy = replace(kernel(flops=int(1e9)), strided=((int(1e6), 256, 1),))  # compute-bound until its strided reads count
     assert kernel_cost(replace(heavy, strided=()), dev).bound == "compute"

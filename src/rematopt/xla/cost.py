@@ -89,6 +89,17 @@ def on_matrix_units(kernel: Kernel) -> bool:
     return kernel.kind.startswith(MATRIX_KINDS)
 
 
+# An element read one cache line each costs about the same whatever the lines a sweep reads, until
+# the cache's sets its stride falls in are full, then several times as much: summing k [1024, c] arrays
+# written transposed (xla.machine's grid) cost 0.81, 0.84, 0.85, 0.86, 1.14, 2.48 and 5.92 ns more an
+# element at 256 B for k = 1, 2, 3, 4, 6, 8 and 16 (the step at 2 MiB / stride lines, the L2's sets at
+# that stride; 0.80, 0.83, 1.10, 2.39 at 512 B; 0.92, 2.66 at 1 KiB, on 2026-12-07). A kernel is
+# priced at the grid's point at or below its lines: interpolated between the grid's 1,024 and 8,192
+# lines, keras_llama's plans' gradient transposes (1,536 and 2,048 lines at 1 KiB) priced at 2.0 to 2.7
+# ns an element ran at 0.8 to 1.1 in the step (their arrays do not all fall in the same sets, as the
+# micro-benchmark's slices of one buffer do); over the 60 plans of five full runs, repriced from their
+# programs and profiles, 32 -> 36 predicted within 3 points of their measured overhead, the mean error
+# 4.0 -> 3.7 points (docs/device.md).
 def kernel_cost(kernel: Kernel, device: Device, launch_s: float = 0.0) -> KernelCost:
     """Its roofline on ``device``, plus ``launch_s`` (what starting a kernel costs), the device's price of
     each transcendental function it evaluates one element at a time
@@ -100,7 +111,7 @@ def kernel_cost(kernel: Kernel, device: Device, launch_s: float = 0.0) -> Kernel
     dimension), per run."""
     compute, memory = _sides(kernel, device)
     scalar = kernel.scalar_transcendentals * device.transcendental_s
-    strided = sum(elements * grid_value(device.strided_rates, (stride, lines))
+    strided = sum(elements * grid_value(device.strided_rates, (stride, lines), floor=(False, True))
                   for elements, stride, lines in kernel.strided) if device.strided_rates else 0.0
     serial = kernel.serial_products * device.serial_product_s
     return KernelCost(kernel, (max(compute, memory) + launch_s + scalar + strided + serial) * kernel.trip_count,
@@ -120,18 +131,22 @@ def _sides(kernel: Kernel, device: Device) -> tuple[float, float]:
     return kernel.flops / rate, (kernel.bytes_read + kernel.bytes_written) / device.bytes_per_s
 
 
-def grid_value(rows: tuple[tuple[float, ...], ...], point: tuple[int, ...]) -> float:
+def grid_value(rows: tuple[tuple[float, ...], ...], point: tuple[int, ...], floor: tuple[bool, ...] = ()) -> float:
     """The value at ``point`` of a figure measured on a grid (``rows``: the grid's point, then the value
     there; :attr:`Device.dot_rates`, :attr:`Device.strided_rates`): interpolated linearly in the
-    logarithms of the coordinates between the grid's points around it, the nearest edge beyond the grid."""
+    logarithms of the coordinates between the grid's points around it, the nearest edge beyond the grid;
+    along an axis ``floor`` marks, at the grid's coordinate at or below the point's instead (a figure
+    that steps between the grid's points rather than ramps: the strided reads of :func:`kernel_cost`)."""
     table, axes = _grid(rows)
     corners = []  # per axis: (grid coordinate, weight) of the points around
-    for axis, size in zip(axes, point):
+    for i, (axis, size) in enumerate(zip(axes, point)):
         x = min(max(math.log2(max(size, 1)), math.log2(axis[0])), math.log2(axis[-1]))
         hi = next(k for k, g in enumerate(axis) if math.log2(g) >= x)
         lo = max(hi - 1, 0)
         span = math.log2(axis[hi]) - math.log2(axis[lo])
         w = (x - math.log2(axis[lo])) / span if span else 1.0
+        if i < len(floor) and floor[i]:
+            w = 1.0 if w == 1.0 else 0.0
         corners.append(((axis[lo], 1.0 - w), (axis[hi], w)))
     return sum(math.prod(w for _, w in pick) * table[tuple(g for g, _ in pick)] for pick in itertools.product(*corners))
 
