@@ -259,7 +259,8 @@ LINE = 64
 def strided_reads(kernel: Instruction, inner: list[Instruction]) -> tuple[tuple[int, int, int], ...]:
     """(elements read one cache line each, their sweep's stride, lines a sweep of the kernel reads so:
     what its cache must hold until the next sweep reads them again) per stride, of a transposing kernel:
-    per transposition in it (:func:`transposition`) whose consecutive
+    per transposition in it (:func:`transposition`; several on one path from an operand to the output,
+    that path's read of the operand as they compose, :func:`_composed`) whose consecutive
     output elements lie a line or more apart in its operand, for as long a sweep as a line holds
     elements, each operand it reads there as large as what moves (a lone copy or transpose: its
     operand; a fusion's operand read through slices alone, each slice) reads one line per element. The
@@ -279,7 +280,7 @@ def strided_reads(kernel: Instruction, inner: list[Instruction]) -> tuple[tuple[
         if geometry is None:
             continue
         stride, sweep, spread, elements = geometry
-        composite = move.opcode == "parameter"  # a path's read, its operand's elements
+        composite = move.opcode == "parameter"  # a composed path's read: of that operand alone
         size = _dtype_bytes(move.shape.leaves[0]) if composite else _element_bytes(move)
         if stride < LINE or sweep < LINE // size:  # a line serves the next elements
             continue
