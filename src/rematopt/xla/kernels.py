@@ -296,6 +296,7 @@ def strided_reads(kernel: Instruction, inner: list[Instruction]) -> tuple[tuple[
 # the emitter computes each output element by following its index back through these.
 _PASS = frozenset({"bitcast", "copy", "transpose", "reshape", "parameter"}) | ELEMENTWISE
 PATHS = 4096  # partial paths walked at most in one fusion
+COMPOSED_ELEMENTS = 1 << 24  # the largest operand whose index map is composed (64 MiB of int32 indices)
 # Operands that stay in cache, as :func:`strided_reads` has a broadcast operand do.
 _SMALL = frozenset({"broadcast", "constant", "iota"})
 
@@ -315,7 +316,7 @@ def _composed(inner: list[Instruction]) -> tuple[set[str], list[tuple[Instructio
     scope = {i.name: i for i in inner}
     alone: set[str] = set()  # transpositions on a path priced one by one
     together: dict[str, list[tuple[Instruction, tuple[int, int, int, int]]]] = {}
-    stack = [[next(i for i in inner if i.is_root)]]
+    stack = [[i] for i in inner if i.is_root][:1]
     walked = 0
     while stack:
         walked += 1
@@ -357,9 +358,12 @@ def _composite_geometry(path: list[Instruction]) -> tuple[int, int, int, int] | 
     operand elements of consecutive output elements in the output's layout, how many consecutive output
     elements are read before the first one's cache line is read again, the greatest common divisor of
     the strides within that sweep, the elements; a stride of one element where it reads in order. None
-    where a step of the path does not keep the shape it says (the walk does not follow it)."""
+    where a step of the path does not keep the shape it says (the walk does not follow it), or the
+    operand is beyond :data:`COMPOSED_ELEMENTS` (its transpositions are then priced one by one)."""
     source = path[-1].shape.leaves[0]
-    value = _logical(np.arange(source.elements, dtype=np.int64), source)
+    if source.elements > COMPOSED_ELEMENTS:
+        return None
+    value = _logical(np.arange(source.elements, dtype=np.int32), source)
     size = _dtype_bytes(source)
     for k in range(len(path) - 2, -1, -1):
         inst, leaf = path[k], path[k].shape.leaves[0]
