@@ -37,7 +37,8 @@ class Device:
     # What a transposing kernel of XLA's CPU loop emitter pays beyond its roofline for each element it
     # reads one cache line each (rematopt.xla.kernels.strided_reads), by the stride of its reads and the
     # lines a sweep reads so: (stride bytes, lines, seconds) over a grid, a kernel priced between its
-    # points (rematopt.xla.cost.grid_value). Measured on the core (rematopt.xla.machine); empty elsewhere.
+    # strides and at the grid's lines at or below its own (rematopt.xla.cost.kernel_cost). Measured on the
+    # core (rematopt.xla.machine); empty elsewhere.
     strided_rates: tuple[tuple[int, int, float], ...] = ()
     # What a transposing kernel of XLA's CPU loop emitter pays beyond its roofline for each transcendental
     # function it evaluates one element at a time (rematopt.xla.kernels.scalar_transcendentals): the
