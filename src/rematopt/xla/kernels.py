@@ -184,7 +184,7 @@ def serial_products(module: HloModule, inner: list[Instruction]) -> int:
         if through(scope[inst.operands[0]], scope, ("bitcast", "convert")).opcode != "multiply":
             continue
         source = inst.operand_shapes[0].leaves[0]
-        summed = {int(d) for d in inst.attrs.get("dimensions", "").strip("{}").split(",") if d.strip()}
+        summed = set(_dimensions(inst))
         if any(n == 1 and d not in summed for d, n in enumerate(source.dims)):
             out += source.elements
     return out
@@ -314,6 +314,7 @@ def _composed(inner: list[Instruction]) -> tuple[set[str], list[tuple[Instructio
     if not inner:
         return set(), []
     scope = {i.name: i for i in inner}
+    moving = {i.name for i in inner if transposition(i)}
     alone: set[str] = set()  # transpositions on a path priced one by one
     together: dict[str, list[tuple[Instruction, tuple[int, int, int, int]]]] = {}
     stack = [[i] for i in inner if i.is_root][:1]
@@ -324,7 +325,7 @@ def _composed(inner: list[Instruction]) -> tuple[set[str], list[tuple[Instructio
             return set(), []
         path = stack.pop()
         head = path[-1]
-        moves = [i.name for i in path if transposition(i)]
+        moves = [i.name for i in path if i.name in moving]
         if head.opcode in _SMALL:
             continue
         if head.opcode not in _PASS or len(path) > 64:
@@ -372,7 +373,7 @@ def _composite_geometry(path: list[Instruction]) -> tuple[int, int, int, int] | 
         elif inst.opcode == "reshape":
             value = value.reshape(leaf.dims)
         elif inst.opcode == "transpose":
-            value = value.transpose([int(d) for d in inst.attrs.get("dimensions", "").strip("{}").split(",") if d.strip()])
+            value = value.transpose(_dimensions(inst))
         if value.shape != tuple(leaf.dims):
             return None
     written = _physical(value, path[0].shape.leaves[0])
@@ -388,8 +389,19 @@ def _composite_geometry(path: list[Instruction]) -> tuple[int, int, int, int] | 
 
 
 def _minor_to_major(leaf) -> list[int]:
-    order = [int(d) for d in (leaf.layout or "").strip("{}").split(":")[0].split(",") if d.strip()]
+    """``leaf``'s layout, minor dimension first; the default (row-major) where it prints none."""
+    order = _layout(leaf)
     return order if len(order) == len(leaf.dims) else list(reversed(range(len(leaf.dims))))
+
+
+def _layout(leaf) -> list[int]:
+    """The dimensions of ``leaf``'s printed layout, minor first (its tiling left out)."""
+    return [int(d) for d in (leaf.layout or "").strip("{}").split(":")[0].split(",") if d.strip()]
+
+
+def _dimensions(inst: Instruction) -> list[int]:
+    """An instruction's ``dimensions`` attribute (a transpose's permutation, a reduction's dimensions)."""
+    return [int(d) for d in inst.attrs.get("dimensions", "").strip("{}").split(",") if d.strip()]
 
 
 def _logical(flat: np.ndarray, leaf) -> np.ndarray:
@@ -489,11 +501,8 @@ def _orders(inst: Instruction) -> tuple[list[int], list[int]] | None:
     source, out = inst.operand_shapes[0].leaves[0], inst.shape.leaves[0]
     if not source.layout or not out.layout:
         return None
-    perm = ([int(d) for d in inst.attrs.get("dimensions", "").strip("{}").split(",") if d.strip()]
-            if inst.opcode == "transpose" else list(range(len(out.dims))))
-    minor_to_major = [int(d) for d in source.layout.strip("{}").split(":")[0].split(",") if d.strip()]
-    out_order = [int(d) for d in out.layout.strip("{}").split(":")[0].split(",") if d.strip()]
-    return ([d for d in minor_to_major if source.dims[d] > 1], [perm[d] for d in out_order if out.dims[d] > 1])
+    perm = _dimensions(inst) if inst.opcode == "transpose" else list(range(len(out.dims)))
+    return ([d for d in _layout(source) if source.dims[d] > 1], [perm[d] for d in _layout(out) if out.dims[d] > 1])
 
 
 def _through_bitcasts(inst: Instruction, scope: dict[str, Instruction]) -> Instruction:
