@@ -253,11 +253,24 @@ def test_the_plans_are_predicted_from_apply_plans_program_that_recomputes_nothin
     new_s = first.scale * kernel_cost(Kernel("x", "fusion:kLoop", int(1e6), 0, 0, ()), first.device, m.launch_s).seconds
     assert loop_s == pytest.approx(0.075)
     assert b.rows[3].predicted_ms == pytest.approx(50.0 + 1e3 * (loop_s + new_s))
+    # with their compiled peaks: what each measured step holds beyond its profiled kernels (plain 20 of its
+    # 100 ms, NO_REMAT 10 of 50) is priced per byte of a row's peak, and the tables are not scaled
+    for r, peak in zip(b.rows, (100e6, 80e6, 50e6, 25e6)):
+        r.compiled_peak = int(peak)
+    _calibrate(b, "m")
+    plain, first = b.calibrations["m"], b.plan_calibrations["m"]
+    assert plain.footprint_s == pytest.approx(20e-3 / 100e6) and first.footprint_s == pytest.approx(10e-3 / 50e6)
+    assert b.rows[0].predicted_ms == pytest.approx(100.0) and b.rows[2].predicted_ms == pytest.approx(50.0)
+    assert b.rows[1].predicted_ms == pytest.approx(20.0 + 1e3 * plain.scale * kernel_cost(
+        Kernel("x", "fusion:kLoop", int(3e8), 0, 0, ()), plain.device, m.launch_s).seconds + 80e6 * 2e-7)
+    new_s = first.scale * kernel_cost(Kernel("x", "fusion:kLoop", int(1e6), 0, 0, ()), first.device, m.launch_s).seconds
+    assert b.rows[3].predicted_ms == pytest.approx(40.0 + 60.0 + 1e3 * new_s + 25e6 * 2e-7)
     del b.profiles["m", NO_REMAT]
     _calibrate(b, "m")
     assert b.plan_calibrations["m"] == f"{NO_REMAT} or the plain step was not profiled"
     assert f"the plans priced on the plain step: {NO_REMAT} or the plain step was not profiled" in markdown(b)
-    assert b.rows[3].predicted_ms == pytest.approx(1e3 * b.calibrations["m"].seconds(b.costs["m", "rematopt@0.8"]))
+    assert b.rows[3].predicted_ms == pytest.approx(1e3 * b.calibrations["m"].seconds(b.costs["m", "rematopt@0.8"], 0,
+                                                                                     b.rows[3].compiled_peak))
 
 
 def _plan(tmp_path: Path, name: str, deterministic_time: float, until: float, max_rounds: int = 8) -> dict:

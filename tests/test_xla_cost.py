@@ -366,6 +366,30 @@ def test_per_kernel_the_plain_steps_kernels_are_priced_at_their_profiled_times()
         calibrate(plain, 11.0, dev, profiled={"elsewhere": 1.0}, per_kernel=True)
 
 
+def test_per_kernel_the_time_beyond_the_profiled_kernels_is_priced_per_byte_of_the_footprint():
+    """Profiled step after step, a step's kernels run with its memory in the caches; timed among other
+    programs' steps, it takes longer by what it brings back. Given the step's footprint, what its measured
+    time holds beyond its kernels (as profiled, an unprofiled one at the profile's own scale) is priced per
+    byte of it and the table is not scaled: a plan with less memory pays less. A step measured under its
+    profiled kernels scales them down, as without a footprint."""
+    dev = Device("test", flops_per_s=1e12, bytes_per_s=1e12, source="round figures")
+    named = lambda name, kind, read: Kernel(name, kind, read, 0, 0, (name,))  # noqa: E731
+    plain = priced([named("a1", "fusion:kLoop", int(1e12)), named("a2", "fusion:kLoop", int(1e12)),
+                    named("cp", "copy", int(5e11))], dev)  # 1, 1 and 0.5 s priced
+    profiled = {"a1": 2.0, "a2": 4.0}  # the profile's scale: 3; the copy 1.5 s, the kernels 7.5 s
+    plan = priced([named("b", "fusion:kLoop", int(1e12)), named("cp", "copy", int(5e11))], dev)
+    c = calibrate(plain, 11.0, dev, faults=1000, fault_s=1e-3, profiled=profiled, per_kernel=True, footprint=int(1e9))
+    assert c.scale == pytest.approx(3.0) and c.footprint_s == pytest.approx((10.0 - 7.5) / 1e9)
+    assert dict(c.measured_kernels) == pytest.approx({signature(plain.kernels[0].kernel): 3.0})
+    assert c.seconds(plain, 1000, int(1e9)) == pytest.approx(11.0)
+    assert c.seconds(plan, 0, int(4e8)) == pytest.approx(3.0 + 1.5 + 1.0)
+    assert c.seconds(plan, 0, int(4e8)) < calibrate(plain, 11.0, dev, faults=1000, fault_s=1e-3, profiled=profiled,
+                                                     per_kernel=True).seconds(plan, 0)
+    fast = calibrate(plain, 7.0, dev, faults=1000, fault_s=1e-3, profiled=profiled, per_kernel=True, footprint=int(1e9))
+    assert fast.footprint_s == 0.0 and fast.scale == pytest.approx(3.0 * 6.0 / 7.5)
+    assert fast.seconds(plan, 0, int(4e8)) == pytest.approx((3.0 + 1.5) * 6.0 / 7.5)
+
+
 def test_with_one_kernel_class_the_per_class_calibration_is_the_one_scale_calibration():
     dev = device("cpu")
     plain = priced([kernel(read=int(1e9)), kernel(read=int(3e9), trips=2)], dev)

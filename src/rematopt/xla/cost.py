@@ -22,7 +22,8 @@ measured time; the scaled profile then predicts every other variant of that step
 measured on the CPU, and predicts the policies and rematopt's plans); given the plain step's per-kernel
 profile, one scale per kernel class (:func:`kernel_class`), or each of its kernels at its profiled
 time (``per_kernel``: the kernels of another step alike to one of them take its time, any other the
-one scale), the bench's prediction, with the other two beside it (docs/device.md). On CPU a step also pays for
+profile's scale; what the measured step took beyond them priced per byte of its compiled peak), the
+bench's prediction, with the other two beside it (docs/device.md). On CPU a step also pays for
 the page faults of the buffers it allocates anew (:func:`step_faults`), at a measured price per
 fault. :func:`fit` instead fits the FLOP and byte factors and a launch cost to several measured
 steps by least squares; with the three to five baselines of a bench model it is under-determined
@@ -319,9 +320,12 @@ class Calibration:
     fault_s: float
     calibrated_on: str
     class_scales: tuple[tuple[str, float], ...] = ()
-    # (signature, seconds): each kernel of the calibrated step at its profiled time, scaled to the step's
-    # measured kernel time (:func:`calibrate`'s ``per_kernel``)
+    # (signature, seconds): each kernel of the calibrated step at its profiled time (:func:`calibrate`'s
+    # ``per_kernel``), scaled down where the step took less than its kernels did, profiled
     measured_kernels: tuple[tuple[Kernel, float], ...] = ()
+    # seconds per byte of a step's footprint (its compiled peak): what a step measured among other
+    # programs' steps takes beyond its kernels as profiled step after step (:func:`calibrate`'s ``footprint``)
+    footprint_s: float = 0.0
 
     def class_seconds(self, step: StepCost) -> dict[str, float]:
         """``step``'s kernels on the profile, unscaled, per class."""
@@ -344,9 +348,10 @@ class Calibration:
             return scales.get(kernel_class(k), self.scale) * kernel_cost(k, self.device, self.launch_s).seconds
         return _by_class(step, seconds)
 
-    def seconds(self, step: StepCost, faults: int = 0) -> float:
-        """The predicted time of ``step``, whose runs fault ``faults`` pages (:func:`step_faults`)."""
-        return sum(self.scaled(step).values()) + faults * self.fault_s
+    def seconds(self, step: StepCost, faults: int = 0, footprint: int = 0) -> float:
+        """The predicted time of ``step``, whose runs fault ``faults`` pages (:func:`step_faults`) and whose
+        compiled peak is ``footprint`` bytes."""
+        return sum(self.scaled(step).values()) + faults * self.fault_s + footprint * self.footprint_s
 
 
 def profiled_by_class(step: StepCost, profiled: dict[str, float]) -> dict[str, float]:
@@ -376,7 +381,7 @@ def signature(kernel: Kernel) -> Kernel:
 
 def calibrate(step: StepCost, measured_s: float, device: Device, faults: int = 0, launch_s: float = 0.0,
               fault_s: float = 0.0, name: str = "plain", profiled: dict[str, float] | None = None,
-              per_kernel: bool = False) -> Calibration:
+              per_kernel: bool = False, footprint: int = 0) -> Calibration:
     """Scale ``device`` so that ``step`` (which faults ``faults`` pages a run) is priced at ``measured_s``:
     the one figure taken from a measured step. Calibrate on one step and predict the others.
 
@@ -389,13 +394,19 @@ def calibrate(step: StepCost, measured_s: float, device: Device, faults: int = 0
 
     With ``profiled`` and ``per_kernel``, the step's own kernels are a table instead: each kernel of
     ``step`` the profile timed is priced at its profiled time (the mean over the kernels alike in
-    :func:`signature`), all scaled so that the step is still priced at ``measured_s``; a kernel of another
-    step alike to one of them takes its time, any other the one scale. A plan's prediction is then the
-    plain step's measured time with the kernels the plan removes taken out at what they took and the
-    ones it adds priced (keras_llama's plain step's softmax-backward fusions run 1.6 times their price,
-    its rotary transposes 2.2 times; the one scale spread that over all the plans add). Not the class
+    :func:`signature`), one it did not at the profile's own scale on the device; a kernel of another step
+    alike to one of them takes its time, any other that scale. A plan's prediction is then the plain
+    step's measured time with the kernels the plan removes taken out at what they took and the ones it
+    adds priced (keras_llama's plain step's softmax-backward fusions run 1.6 times their price, its
+    rotary transposes 2.2 times; the one scale spread that over all the plans add). Not the class
     scales: fitted on one profile, they were the worst of four calibrations over the 48 plans of four
-    full runs (docs/device.md, "The full run")."""
+    full runs (docs/device.md, "The full run"). The profile runs the step again and again, with its
+    memory in the caches; the bench times it among other programs' steps, which push that memory out.
+    What the measured step takes beyond its kernels goes with the memory it touches: given the step's
+    ``footprint`` (its compiled peak, bytes), it is priced per byte of that (:attr:`Calibration.footprint_s`;
+    keras_llama's steps measured after a 1 GiB sweep took 0.09 to 0.13 ms a MB of their peak longer than
+    back to back, docs/device.md). Where the step took less than its kernels profiled (or no footprint is
+    given), every kernel is scaled down to it instead."""
     unscaled = Calibration(device, 1.0, launch_s, fault_s, name)
     priced, rest = unscaled.class_seconds(step), measured_s - faults * fault_s
     kernels = sum(priced.values())
@@ -406,7 +417,7 @@ def calibrate(step: StepCost, measured_s: float, device: Device, faults: int = 0
     if profiled is None:
         return replace(unscaled, scale=scale)
     if per_kernel:
-        return _per_kernel(replace(unscaled, scale=scale), step, rest, profiled)
+        return _per_kernel(unscaled, step, rest, profiled, footprint)
     measured = profiled_by_class(step, profiled)
     total = sum(measured.values())
     if total <= 0:
@@ -419,24 +430,24 @@ def calibrate(step: StepCost, measured_s: float, device: Device, faults: int = 0
     return replace(unscaled, scale=scale, class_scales=scales)
 
 
-def _per_kernel(one: Calibration, step: StepCost, rest: float, profiled: dict[str, float]) -> Calibration:
-    """``one`` (the one-scale calibration on ``step``) with ``step``'s profiled kernels as its table
-    (:func:`calibrate`'s ``per_kernel``): the profiled seconds scaled so that they and the kernels the
-    profile lacks (at the one scale) sum to ``rest``, the step's measured kernel time."""
+def _per_kernel(unscaled: Calibration, step: StepCost, rest: float, profiled: dict[str, float],
+                footprint: int) -> Calibration:
+    """``unscaled`` with ``step``'s profiled kernels as its table (:func:`calibrate`'s ``per_kernel``): the
+    kernels the profile lacks at its scale on the device; ``rest``, the step's measured time less its
+    faults, beyond those kernels' time priced per byte of ``footprint``, or short of it scaling them all."""
     timed = [k.kernel for k in step.kernels if k.kernel.name in profiled]
     total = sum(profiled[k.name] for k in timed)
     if total <= 0:
-        raise ValueError(f"cannot calibrate {one.calibrated_on} per kernel: its profile has no kernel time")
-    untimed = one.scale * sum(kernel_cost(k.kernel, one.device, one.launch_s).seconds for k in step.kernels
-                              if k.kernel.name not in profiled)
-    factor = (rest - untimed) / total
-    if factor <= 0:
-        raise ValueError(f"cannot calibrate {one.calibrated_on} per kernel: the kernels it did not profile "
-                         f"are priced at {untimed * 1e3:.3g} ms of its {rest * 1e3:.3g} ms")
+        raise ValueError(f"cannot calibrate {unscaled.calibrated_on} per kernel: its profile has no kernel time")
+    price = lambda ks: sum(kernel_cost(k, unscaled.device, unscaled.launch_s).seconds for k in ks)  # noqa: E731
+    warm = total / price(timed)
+    kernels = total + warm * price(k.kernel for k in step.kernels if k.kernel.name not in profiled)
+    factor, footprint_s = (1.0, (rest - kernels) / footprint) if footprint and rest > kernels else (rest / kernels, 0.0)
     alike: dict[Kernel, list[float]] = {}
     for k in timed:
         alike.setdefault(signature(k), []).append(profiled[k.name])
-    return replace(one, measured_kernels=tuple((sig, factor * sum(t) / len(t)) for sig, t in alike.items()))
+    return replace(unscaled, scale=factor * warm, footprint_s=footprint_s,
+                   measured_kernels=tuple((sig, factor * sum(t) / len(t)) for sig, t in alike.items()))
 
 
 def beside(first: Calibration, then: Calibration) -> Calibration:

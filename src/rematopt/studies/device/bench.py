@@ -360,11 +360,13 @@ def _slop(plain: Row, ratio: float) -> int:
 
 def _calibrate(bench: Bench, model: str) -> None:
     """Predict every row of ``model`` from its plain step's measurements alone (a row's prediction is a
-    function of its compiled program): the plain step's kernels at their profiled times, scaled so that
-    it is its measured time, a kernel of another row alike to one of them at that time, any other priced
-    on the profile (the machine's measured rates; on a GPU the data sheet's) at the one scale
-    (:func:`rematopt.xla.cost.calibrate` with ``per_kernel``; ``predicted_ms``); where the plain step
-    was not profiled, one scale for all. Beside it, for the report: one scale (``predicted_scale_ms``)
+    function of its compiled program and its compiled peak): the plain step's kernels at their profiled
+    times, a kernel of another row alike to one of them at that time, any other priced on the profile
+    (the machine's measured rates; on a GPU the data sheet's) at the profile's scale, and what the plain
+    step's measured time holds beyond its kernels priced per byte of a row's compiled peak (the memory a
+    step brings back into the caches after the other variants' steps of its round;
+    :func:`rematopt.xla.cost.calibrate` with ``per_kernel`` and ``footprint``; ``predicted_ms``); where the
+    plain step was not profiled, one scale for all. Beside it, for the report: one scale (``predicted_scale_ms``)
     and one scale per kernel class (``predicted_class_ms``). Over the 48 plans of four full runs on
     2026-12-07 per kernel cut the one scale's mean error on the plans' overheads by a third and its
     worst by two fifths (docs/device.md, "The full run").
@@ -388,7 +390,8 @@ def _calibrate(bench: Bench, model: str) -> None:
     rows = [r for r in bench.rows if r.model == model and (model, r.variant) in bench.costs]
     for into, how, field_ in ((bench.scale_calibrations, {}, "predicted_scale_ms"),
                               (bench.class_calibrations, {"profiled": profiled}, "predicted_class_ms"),
-                              (bench.calibrations, {"profiled": profiled, "per_kernel": True}, "predicted_ms")):
+                              (bench.calibrations, {"profiled": profiled, "per_kernel": True,
+                                                    "footprint": plain.compiled_peak or 0}, "predicted_ms")):
         if how and profiled is None:
             into[model] = "the plain step was not profiled"
             continue
@@ -399,7 +402,8 @@ def _calibrate(bench: Bench, model: str) -> None:
             continue
         into[model] = c
         for r in rows:
-            setattr(r, field_, 1e3 * c.seconds(bench.costs[model, r.variant], r.predicted_faults or 0))
+            setattr(r, field_, 1e3 * c.seconds(bench.costs[model, r.variant], r.predicted_faults or 0,
+                                               r.compiled_peak or 0))
     one = bench.scale_calibrations.get(model)
     if not isinstance(bench.calibrations.get(model), Calibration) and isinstance(one, Calibration):
         bench.calibrations[model] = one
@@ -410,7 +414,8 @@ def _calibrate(bench: Bench, model: str) -> None:
         for r in rows:
             if r.kind in ("rematopt", "applied"):
                 r.predicted_ms = 1e3 * bench.plan_calibrations[model].seconds(bench.costs[model, r.variant],
-                                                                            r.predicted_faults or 0)
+                                                                            r.predicted_faults or 0,
+                                                                            r.compiled_peak or 0)
 
 
 def _on_no_remat(bench: Bench, model: str, args: dict) -> Calibration | str:
@@ -425,7 +430,7 @@ def _on_no_remat(bench: Bench, model: str, args: dict) -> Calibration | str:
     try:
         first = calibrate(**{**args, "step": bench.costs[model, NO_REMAT], "measured_s": own.step_ms / 1e3,
                              "faults": own.predicted_faults or 0}, name=NO_REMAT,
-                          profiled=bench.profiles[model, NO_REMAT], per_kernel=True)
+                          profiled=bench.profiles[model, NO_REMAT], per_kernel=True, footprint=own.compiled_peak or 0)
     except ValueError as e:
         return str(e)
     return beside(first, plain)
