@@ -265,6 +265,7 @@ def test_the_plans_are_predicted_from_apply_plans_program_that_recomputes_nothin
         Kernel("x", "fusion:kLoop", int(3e8), 0, 0, ()), plain.device, m.launch_s).seconds + 80e6 * 2e-7)
     new_s = first.scale * kernel_cost(Kernel("x", "fusion:kLoop", int(1e6), 0, 0, ()), first.device, m.launch_s).seconds
     assert b.rows[3].predicted_ms == pytest.approx(40.0 + 60.0 + 1e3 * new_s + 25e6 * 2e-7)
+    assert "| 20 ms (20%), 200 ns a KB of peak |" in markdown(b)
     del b.profiles["m", NO_REMAT]
     _calibrate(b, "m")
     assert b.plan_calibrations["m"] == f"{NO_REMAT} or the plain step was not profiled"

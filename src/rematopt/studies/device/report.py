@@ -311,18 +311,23 @@ def _prediction_summary(bench: Bench) -> str:
            "other calibrations beside it, for comparison: every kernel at one scale, and one scale per kernel "
            "class (both from the plain step alone). Page faults, predicted from the compiled program "
            "(xla.cost.step_faults): the pages of the buffers a step allocates anew above glibc's mmap ceiling, and "
-           "the scratch of YNNPACK fusions that glibc gives back to the kernel; each at the measured price.", "",
-           "| model | one scale on the measured rates | plain's page faults | plain (again): predicted vs measured "
+           "the scratch of YNNPACK fusions that glibc gives back to the kernel; each at the measured price. Beyond "
+           "its kernels as profiled (step after step, its memory in the caches), the plain step's measured time "
+           "(among the other variants' steps) holds what it takes to bring its memory back: priced per byte of a "
+           "row's compiled peak (xla.cost.calibrate's footprint; where the step took less than its kernels "
+           "profiled, they are scaled down instead).", "",
+           "| model | one scale on the measured rates | plain's page faults | beyond its profiled kernels "
+           "| plain (again): predicted vs measured "
            f"| baselines within 15% | worst baseline | {NO_REMAT}: measured (from the plain step) "
            "| plans: predicted vs measured time "
            "| plans: predicted overhead - measured (points) | the same, one scale per kernel class "
            "| the same, one scale |",
-           "|---|---:|---:|---:|---:|---|---:|---|---|---|---|"]
+           "|---|---:|---:|---:|---:|---:|---|---:|---|---|---|---|"]
     for model in dict.fromkeys(r.model for r in bench.rows):
         c = bench.calibrations.get(model)
         base = _plain_ms(bench, model)
         if not isinstance(c, Calibration) or base is None:
-            out.append(f"| {model} | not calibrated: {c or 'not timed'} |" + " — |" * 9)
+            out.append(f"| {model} | not calibrated: {c or 'not timed'} |" + " — |" * 10)
             continue
         rows = [r for r in bench.rows if r.model == model and r.step_ms and r.predicted_ms]
         plain = next(r for r in rows if r.variant == "plain")
@@ -347,7 +352,12 @@ def _prediction_summary(bench: Bench) -> str:
         why = bench.plan_calibrations.get(model)
         if isinstance(why, str):  # the plans were priced on the plain step's calibration
             applied += f"; the plans priced on the plain step: {why}"
-        out.append(f"| {model} | x{c.scale:.3g} | {plain.predicted_faults or 0:,} ({100 * share:.0f}% of its time) "
+        one = bench.scale_calibrations.get(model)
+        beyond = (plain.compiled_peak or 0) * c.footprint_s * 1e3
+        refill = (f"{beyond:.3g} ms ({100 * beyond / plain.step_ms:.0f}%), {1e12 * c.footprint_s:.3g} ns a KB of peak"
+                  if c.footprint_s else "none: its kernels scaled down to it")
+        out.append(f"| {model} | x{(one.scale if isinstance(one, Calibration) else c.scale):.3g} "
+                   f"| {plain.predicted_faults or 0:,} ({100 * share:.0f}% of its time) | {refill} "
                    f"| {again} | {within} of {len(errs)} | {f'{worst[1]} {100 * worst[0]:+.1f}%' if worst else '—'} "
                    f"| {applied} | {times or '—'} | {overheads or '—'} | {points('predicted_class_ms') or '—'} "
                    f"| {points('predicted_scale_ms') or '—'} |")
