@@ -439,9 +439,9 @@ def _per_kernel(unscaled: Calibration, step: StepCost, rest: float, profiled: di
     total = sum(profiled[k.name] for k in timed)
     if total <= 0:
         raise ValueError(f"cannot calibrate {unscaled.calibrated_on} per kernel: its profile has no kernel time")
-    price = lambda ks: sum(kernel_cost(k, unscaled.device, unscaled.launch_s).seconds for k in ks)  # noqa: E731
-    warm = total / price(timed)
-    kernels = total + warm * price(k.kernel for k in step.kernels if k.kernel.name not in profiled)
+    timed_price = sum(kernel_cost(k, unscaled.device, unscaled.launch_s).seconds for k in timed)
+    warm = total / timed_price
+    kernels = total + warm * (unscaled.kernel_seconds(step) - timed_price)
     factor, footprint_s = (1.0, (rest - kernels) / footprint) if footprint and rest > kernels else (rest / kernels, 0.0)
     alike: dict[Kernel, list[float]] = {}
     for k in timed:
