@@ -265,7 +265,11 @@ def test_the_plans_are_predicted_from_apply_plans_program_that_recomputes_nothin
         Kernel("x", "fusion:kLoop", int(3e8), 0, 0, ()), plain.device, m.launch_s).seconds + 80e6 * 2e-7)
     new_s = first.scale * kernel_cost(Kernel("x", "fusion:kLoop", int(1e6), 0, 0, ()), first.device, m.launch_s).seconds
     assert b.rows[3].predicted_ms == pytest.approx(40.0 + 60.0 + 1e3 * new_s + 25e6 * 2e-7)
-    assert "| 20 ms (20%), 200 ns a KB of peak |" in markdown(b)
+    md = markdown(b)
+    assert "| 20 ms (20%), 200 ns a KB of peak |" in md
+    # NO_REMAT as the plain step's calibration prices it: its kernels and its 50 MB at the plain step's price
+    priced = 1e3 * plain.seconds(b.costs["m", NO_REMAT], 0, int(50e6))
+    assert f"| -50.0% ({priced - 100:+.1f}%) |" in md
     del b.profiles["m", NO_REMAT]
     _calibrate(b, "m")
     assert b.plan_calibrations["m"] == f"{NO_REMAT} or the plain step was not profiled"
