@@ -7,6 +7,7 @@ asserted."""
 from __future__ import annotations
 
 import csv
+import json
 import os
 import subprocess
 import sys
@@ -437,6 +438,11 @@ def test_bench_on_a_tiny_model_writes_the_report(tmp_path):
     with open(folder / "device.csv") as f:
         assert len(list(csv.DictReader(f))) == len(bench.rows)
     assert (folder / "device.png").stat().st_size > 0
+    # the work folder keeps what the prediction is computed from, and every round's time behind each row's
+    saved = json.loads(next((tmp_path / "work").glob("rematopt-device-*/mlp-*/profiles.json")).read_text())
+    timed = [r for r in bench.rows if r.step_ms]
+    assert set(saved["rounds"]) == {r.variant for r in timed} and all(
+        min(saved["rounds"][r.variant]) == r.step_ms and saved["peaks"][r.variant] == r.compiled_peak for r in timed)
 
 
 PREDICTED_FAULTS = """

@@ -288,6 +288,8 @@ def _model_tasks(bench: Bench, model: Model, config: dict, rounds: int, ratios: 
             (work / "profiles.json").write_text(json.dumps(
                 {"hlo": hlo_files, "profiles": {v: p for (m, v), p in bench.profiles.items() if m == model.label},
                  "step_ms": {r.variant: r.step_ms for r in bench.rows if r.model == model.label},
+                 "rounds": {v: t for (m, v), t in bench.rounds.items() if m == model.label},
+                 "peaks": {r.variant: r.compiled_peak for r in bench.rows if r.model == model.label},
                  "faults": {r.variant: r.predicted_faults for r in bench.rows if r.model == model.label},
                  "beside": bench.beside.get(model.label),
                  "machine": dataclasses.asdict(bench.machine) if bench.machine else None}))
@@ -330,6 +332,7 @@ def _time(bench: Bench, model: str, specs: dict[str, dict], base: dict, pin: dic
             return
         for variant, times in got["times"].items():
             r = rows.get(variant, again)
+            bench.rounds[model, r.variant] = times
             r.step_ms = min(times)
             halves = min(times[0::2]), min(times[1::2] or times)
             r.step_ms_spread = abs(halves[0] - halves[1]) / r.step_ms

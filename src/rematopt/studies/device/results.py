@@ -68,6 +68,8 @@ class Bench:
     scale_calibrations: dict[str, Calibration | str] = field(default_factory=dict)  # one scale, per model
     # (model, variant): seconds per kernel name, profiled in the timing process (plain and the plans)
     profiles: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
+    # (model, variant): the step's milliseconds in each interleaved round, as timed (its row keeps the fastest)
+    rounds: dict[tuple[str, str], list[float]] = field(default_factory=dict)
     class_calibrations: dict[str, Calibration | str] = field(default_factory=dict)  # per kernel class, per model
     # per model, what rematopt's rows are predicted with (xla.cost.beside: NO_REMAT's program, then the plain
     # step's), or why they are predicted from the plain step's alone
