@@ -417,7 +417,7 @@ def calibrate(step: StepCost, measured_s: float, device: Device, faults: int = 0
     if profiled is None:
         return replace(unscaled, scale=scale)
     if per_kernel:
-        return _per_kernel(unscaled, step, rest, profiled, footprint)
+        return _per_kernel(unscaled, step, kernels, rest, profiled, footprint)
     measured = profiled_by_class(step, profiled)
     total = sum(measured.values())
     if total <= 0:
@@ -430,18 +430,19 @@ def calibrate(step: StepCost, measured_s: float, device: Device, faults: int = 0
     return replace(unscaled, scale=scale, class_scales=scales)
 
 
-def _per_kernel(unscaled: Calibration, step: StepCost, rest: float, profiled: dict[str, float],
+def _per_kernel(unscaled: Calibration, step: StepCost, priced: float, rest: float, profiled: dict[str, float],
                 footprint: int) -> Calibration:
     """``unscaled`` with ``step``'s profiled kernels as its table (:func:`calibrate`'s ``per_kernel``): the
-    kernels the profile lacks at its scale on the device; ``rest``, the step's measured time less its
-    faults, beyond those kernels' time priced per byte of ``footprint``, or short of it scaling them all."""
+    kernels the profile lacks at its scale on the device (``priced``: all of ``step``'s kernels on it);
+    ``rest``, the step's measured time less its faults, beyond those kernels' time priced per byte of
+    ``footprint``, or short of it scaling them all."""
     timed = [k.kernel for k in step.kernels if k.kernel.name in profiled]
     total = sum(profiled[k.name] for k in timed)
     if total <= 0:
         raise ValueError(f"cannot calibrate {unscaled.calibrated_on} per kernel: its profile has no kernel time")
     timed_price = sum(kernel_cost(k, unscaled.device, unscaled.launch_s).seconds for k in timed)
     warm = total / timed_price
-    kernels = total + warm * (unscaled.kernel_seconds(step) - timed_price)
+    kernels = total + warm * (priced - timed_price)
     factor, footprint_s = (1.0, (rest - kernels) / footprint) if footprint and rest > kernels else (rest / kernels, 0.0)
     alike: dict[Kernel, list[float]] = {}
     for k in timed:

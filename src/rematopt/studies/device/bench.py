@@ -405,8 +405,7 @@ def _calibrate(bench: Bench, model: str) -> None:
             continue
         into[model] = c
         for r in rows:
-            setattr(r, field_, 1e3 * c.seconds(bench.costs[model, r.variant], r.predicted_faults or 0,
-                                               r.compiled_peak or 0))
+            setattr(r, field_, bench.predicted_ms(c, r))
     one = bench.scale_calibrations.get(model)
     if not isinstance(bench.calibrations.get(model), Calibration) and isinstance(one, Calibration):
         bench.calibrations[model] = one
@@ -416,9 +415,7 @@ def _calibrate(bench: Bench, model: str) -> None:
     if isinstance(bench.plan_calibrations[model], Calibration):
         for r in rows:
             if r.kind in ("rematopt", "applied"):
-                r.predicted_ms = 1e3 * bench.plan_calibrations[model].seconds(bench.costs[model, r.variant],
-                                                                            r.predicted_faults or 0,
-                                                                            r.compiled_peak or 0)
+                r.predicted_ms = bench.predicted_ms(bench.plan_calibrations[model], r)
 
 
 def _on_no_remat(bench: Bench, model: str, args: dict) -> Calibration | str:

@@ -347,8 +347,7 @@ def _prediction_summary(bench: Bench) -> str:
         no_remat = next((r for r in rows if r.variant == NO_REMAT and (model, NO_REMAT) in bench.costs), None)
         applied = "—"
         if no_remat is not None:
-            priced = 1e3 * c.seconds(bench.costs[model, NO_REMAT], no_remat.predicted_faults or 0,
-                                     no_remat.compiled_peak or 0)
+            priced = bench.predicted_ms(c, no_remat)
             applied = f"{100 * (no_remat.step_ms / base[0] - 1):+.1f}% ({100 * (priced / base[1] - 1):+.1f}%)"
         why = bench.plan_calibrations.get(model)
         if isinstance(why, str):  # the plans were priced on the plain step's calibration

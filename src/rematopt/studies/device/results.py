@@ -81,3 +81,9 @@ class Bench:
     # per model: (CPU seconds the machine's other processes ran while its variants were timed, the timing's
     # wall seconds; bench._time)
     beside: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def predicted_ms(self, calibration: Calibration, row: Row) -> float:
+        """``row``'s step on ``calibration``: its compiled program's kernels, its predicted page faults and
+        its compiled peak (:meth:`rematopt.xla.cost.Calibration.seconds`), in milliseconds."""
+        return 1e3 * calibration.seconds(self.costs[row.model, row.variant], row.predicted_faults or 0,
+                                         row.compiled_peak or 0)
