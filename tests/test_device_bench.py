@@ -443,6 +443,8 @@ def test_bench_on_a_tiny_model_writes_the_report(tmp_path):
     timed = [r for r in bench.rows if r.step_ms]
     assert set(saved["rounds"]) == {r.variant for r in timed} and all(
         min(saved["rounds"][r.variant]) == r.step_ms and saved["peaks"][r.variant] == r.compiled_peak for r in timed)
+    # and the page faults each kernel's profiled time holds, per variant (none: the mlp's temp is small)
+    assert set(saved["kernel_faults"]) == {r.variant for r in bench.rows if r.compiled_peak}
 
 
 PREDICTED_FAULTS = """

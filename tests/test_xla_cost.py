@@ -18,9 +18,9 @@ import jax.numpy as jnp  # noqa: E402
 
 from rematopt.importers.costmodel import DEVICES, Device, device  # noqa: E402
 from rematopt.xla.cost import (MMAP_CEILING, StepCost, calibrate, fit, kernel_class, kernel_cost, grid_value,  # noqa: E402
-                               scratch_given_back, signature, step_cost)
-from rematopt.xla.hlo import read_hlo  # noqa: E402
-from rematopt.xla.kernels import Kernel  # noqa: E402
+                               profiled_faults, scratch_given_back, signature, step_cost, step_faults)
+from rematopt.xla.hlo import parse_hlo, read_hlo  # noqa: E402
+from rematopt.xla.kernels import Kernel, kernels  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -292,6 +292,45 @@ def test_the_page_faults_of_a_cpu_step_are_its_fresh_buffers_pages():
     assert big_predicted == big_temp // 4096 + 1 and big_measured == pytest.approx(big_predicted, abs=8)
 
 
+def test_a_fresh_buffers_pages_fault_in_the_first_kernel_that_writes_them():
+    """The step of FAULTS_SCRIPT at 50 MB of temp: the sine and the product each write 25 MB of it first
+    and take its pages (with malloc's header page); the sort and the cosine write where those were, and
+    fault none; every fault of the step is one kernel's."""
+    import jax
+
+    x, w = jnp.ones((24576, 256), jnp.float32), jnp.ones((256, 256), jnp.float32)
+    c = jax.jit(lambda x, w: (jnp.cos(jnp.sort(jnp.sin(x) @ w, axis=0)) * x).sum()).lower(x, w).compile()
+    text, temp = c.as_text(), int(c.memory_analysis().temp_size_in_bytes)
+    got = profiled_faults(text, temp)
+    module = parse_hlo(text)
+    writes = {k.name: k.bytes_written for k in kernels(module)}
+    first = [k.name for k in kernels(module) if k.bytes_written == 24576 * 256 * 4][:2]
+    assert temp > MMAP_CEILING and sum(got.values()) == step_faults(text, temp)
+    assert set(got) == set(first) and all(abs(got[k] - writes[k] // 4096) <= 1 for k in first)
+    assert profiled_faults(text, MMAP_CEILING) == {}  # a temp buffer glibc keeps faults no more
+
+
+def test_per_kernel_a_kernels_profiled_faults_are_taken_out_of_its_time():
+    """The profile times a kernel with the faults its writes take: taken out at the fault's own price,
+    a step alike that does not fault is priced without them, the plain step still at its measured time
+    (its faults at their whole price), and no kernel under a tenth of its profiled time."""
+    dev = Device("test", flops_per_s=1e12, bytes_per_s=1e12, source="round figures")
+    named = lambda name, read: Kernel(name, "fusion:kLoop", read, 0, 0, (name,))  # noqa: E731
+    plain = priced([named("a", int(1e12)), named("b", int(2e12)), named("c", int(3e12))], dev)
+    profiled = {"a": 2.0, "b": 2.0, "c": 3.0}
+    c = calibrate(plain, 10.0, dev, faults=1500, fault_s=2e-3, fault_in_s=1e-3, profiled=profiled,
+                  per_kernel=True, footprint=int(1e9), profiled_faults={"a": 1000, "c": 500})
+    assert dict(c.measured_kernels) == pytest.approx({signature(plain.kernels[0].kernel): 1.0,
+                                                      signature(plain.kernels[1].kernel): 2.0,
+                                                      signature(plain.kernels[2].kernel): 2.5})
+    assert c.seconds(plain, 1500, int(1e9)) == pytest.approx(10.0)
+    assert c.footprint_s == pytest.approx((10.0 - 3.0 - 5.5) / 1e9)
+    assert c.seconds(plain, 0, int(1e9)) == pytest.approx(7.0)  # its faults gone: 3 s less
+    floor = calibrate(plain, 10.0, dev, faults=1500, fault_s=2e-3, profiled=profiled, per_kernel=True,
+                      profiled_faults={"a": 5000})  # 10 s of faults in 2 s: the floor, at fault_s
+    assert dict(floor.measured_kernels)[signature(plain.kernels[0].kernel)] == pytest.approx(0.2 * 7.0 / 5.2)
+
+
 def test_a_calibration_prices_its_step_at_the_measured_time_and_predicts_the_others():
     dev = device("cpu")
     plain = priced([kernel(read=int(1e9)), kernel("dot", flops=int(1e12))], dev)  # 10 ms + 1 s on the sheet
@@ -405,8 +444,8 @@ import json, os
 os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # before JAX starts, as the bench's worker does
 from dataclasses import asdict
 from rematopt.xla.machine import fault_seconds, steady
-price, faults = fault_seconds(4 << 20)
-print(json.dumps({"fault": [price, faults], "machine": asdict(steady(3, repeats=2))}))
+price, alone, faults = fault_seconds(4 << 20)
+print(json.dumps({"fault": [price, alone, faults], "machine": asdict(steady(3, repeats=2))}))
 """
 
 
@@ -416,12 +455,13 @@ def test_the_machine_micro_benchmarks_measure_positive_rates_and_one_fault_a_fre
     from rematopt.xla.machine import Machine
 
     got = last_json(MACHINE_SCRIPT)
-    price, faults = got["fault"]
-    assert 1024 <= faults <= 1040 and price > 0
+    price, alone, faults = got["fault"]
+    assert 1024 <= faults <= 1040 and 0 < alone <= price
     m = Machine(**got["machine"])
     dev = m.device()
     assert all(0 < x < float("inf") for x in (m.flops_per_s, m.dot_flops_per_s, m.vector_flops_per_s, m.bytes_per_s,
-                                               m.launch_s, m.fault_s, m.transcendental_s, m.serial_product_s))
+                                               m.launch_s, m.fault_s, m.fault_in_s, m.transcendental_s,
+                                               m.serial_product_s))
     assert dev.dot_flops_per_s == m.dot_flops_per_s and "measured" in dev.source
     assert dev.dot_rates == m.dot_rates and len(m.dot_rates) == 108 and all(r > 0 for *_, r in m.dot_rates)
     assert dev.strided_rates == m.strided_rates and len(m.strided_rates) == 12

@@ -275,11 +275,88 @@ def scratch_faults(module: HloModule, fresh: Sequence[int] = ()) -> int:
     """Page faults per step of the YNNPACK fusions' scratch (:func:`fusion_scratch`): every run of a
     fusion whose scratch exceeds glibc's trim threshold (twice the step's largest buffer under the mmap
     ceiling, of its scratch and its ``fresh`` buffers, :func:`fresh_buffers`) faults each of its pages."""
+    return sum(trips * pages for pages, trips in _scratch_runs(module, fresh).values())
+
+
+def _scratch_runs(module: HloModule, fresh: Sequence[int]) -> dict[str, tuple[int, int]]:
+    """Per YNNPACK fusion whose scratch glibc gives back (:func:`scratch_faults`): (its scratch's pages,
+    its runs a step)."""
     by_name = module.by_name
-    runs = [(fusion_scratch(module, by_name[k.name]), k.trip_count) for k in kernels(module)
-            if ynn_fusion(by_name[k.name])]
-    largest = max((b for b in [*fresh, *(b for scratch, _ in runs for b in scratch)] if b <= MMAP_CEILING), default=0)
-    return sum(trips * (sum(scratch) // PAGE) for scratch, trips in runs if sum(scratch) > 2 * largest)
+    runs = {k.name: (fusion_scratch(module, by_name[k.name]), k.trip_count) for k in kernels(module)
+            if ynn_fusion(by_name[k.name])}
+    largest = max((b for scratch, _ in runs.values() for b in [*fresh, *scratch] if b <= MMAP_CEILING), default=0)
+    return {name: (sum(scratch) // PAGE, trips) for name, (scratch, trips) in runs.items()
+            if sum(scratch) > 2 * largest}
+
+
+# glibc's header before a mapped chunk's memory: the temp buffer's byte b lies in page (b + MALLOC_HEADER) // PAGE.
+MALLOC_HEADER = 16
+
+
+def profiled_faults(module: HloModule | str, temp_bytes: int) -> dict[str, int]:
+    """Per kernel (by name), the page faults of :func:`step_faults` its profiled time holds
+    (:func:`rematopt.xla.profile.kernel_seconds`: its fastest run, times its runs a step): a page of a
+    buffer allocated anew faults in the first kernel that writes it (the temp buffer's, by the offsets of
+    :func:`rematopt.xla.assignment.assign`; an output's, in the kernel that computes it), once a step, so
+    in a kernel run once a step (a loop's kernel takes them in its first run, not its fastest); the
+    scratch of a YNNPACK fusion glibc gives back faults in every run. The profile times a step's kernels
+    with their faults; a kernel alike to one of them in a step that does not fault takes less
+    (:func:`calibrate`)."""
+    from .assignment import assign
+
+    if isinstance(module, str):
+        module = parse_hlo(module)
+    steps = kernels(module)
+    trips = {k.name: k.trip_count for k in steps}
+    out = dict.fromkeys(trips, 0)
+    fresh = fresh_buffers(module, temp_bytes)
+    if scratch_given_back():
+        for name, (pages, runs) in _scratch_runs(module, fresh).items():
+            out[name] += pages * runs
+    if temp_bytes > MMAP_CEILING:
+        done = assign(module)
+        touched = np.zeros((temp_bytes + MALLOC_HEADER) // PAGE + 1, bool)
+        for v in sorted(done.offsets, key=lambda v: (done.ranges[v][0], v)):
+            value = done.values[v]
+            if v in done.in_outputs or value.is_tuple:
+                continue
+            lo = (done.offsets[v] + MALLOC_HEADER) // PAGE
+            hi = min((done.offsets[v] + value.bytes - 1 + MALLOC_HEADER) // PAGE + 1, len(touched))
+            new = int(np.count_nonzero(~touched[lo:hi]))
+            touched[lo:hi] = True
+            kernel = _writer(done.schedule, done.ranges[v][0], trips)
+            if new and kernel is not None and trips[kernel] == 1:
+                out[kernel] += new
+    root, aliased = module.entry.root, set(module.input_output_alias)
+    for index, leaf in zip(root.shape.index, root.shape.leaves):
+        if index not in aliased and leaf.bytes > MMAP_CEILING:
+            computed = root.operands[index[0]] if root.opcode == "tuple" and index else root.name
+            kernel = _computes(module, computed, trips)
+            if kernel is not None and trips[kernel] == 1:
+                out[kernel] += leaf.bytes // PAGE + 1
+    return {name: n for name, n in out.items() if n}
+
+
+def _writer(schedule: list[Instruction], position: int, trips: dict[str, int]) -> str | None:
+    """The kernel that writes what the instruction at ``position`` of the flattened schedule defines:
+    itself, or the first kernel from there on (an instruction of a computation a kernel calls, which the
+    flattened schedule places before its caller)."""
+    for inst in schedule[position:]:
+        if inst.name in trips:
+            return inst.name
+    return None
+
+
+def _computes(module: HloModule, name: str, trips: dict[str, int]) -> str | None:
+    """The kernel that computes instruction ``name``'s array: itself, or through the bitcasts and tuple
+    elements that pass it on, its operand's."""
+    by_name = module.by_name
+    while name not in trips:
+        inst = by_name.get(name)
+        if inst is None or not inst.operands:
+            return None
+        name = inst.operands[0]
+    return name
 
 
 # What the per-class calibration scales apart, read from the compiled program alone. On quick gpt's plain
@@ -381,7 +458,8 @@ def signature(kernel: Kernel) -> Kernel:
 
 def calibrate(step: StepCost, measured_s: float, device: Device, faults: int = 0, launch_s: float = 0.0,
               fault_s: float = 0.0, name: str = "plain", profiled: dict[str, float] | None = None,
-              per_kernel: bool = False, footprint: int = 0) -> Calibration:
+              per_kernel: bool = False, footprint: int = 0, profiled_faults: dict[str, int] | None = None,
+              fault_in_s: float = 0.0) -> Calibration:
     """Scale ``device`` so that ``step`` (which faults ``faults`` pages a run) is priced at ``measured_s``:
     the one figure taken from a measured step. Calibrate on one step and predict the others.
 
@@ -406,7 +484,13 @@ def calibrate(step: StepCost, measured_s: float, device: Device, faults: int = 0
     ``footprint`` (its compiled peak, bytes), it is priced per byte of that (:attr:`Calibration.footprint_s`;
     keras_llama's steps measured after a 1 GiB sweep took 0.09 to 0.13 ms a MB of their peak longer than
     back to back, docs/device.md). Where the step took less than its kernels profiled (or no footprint is
-    given), every kernel is scaled down to it instead."""
+    given), every kernel is scaled down to it instead. The profile times a kernel with the page faults its
+    writes take (``profiled_faults``, :func:`profiled_faults`); each is taken out of its time at
+    ``fault_in_s`` (the fault alone, :attr:`rematopt.xla.machine.Machine.fault_in_s`; ``fault_s`` where 0), so
+    that a kernel alike to it in a step that does not fault is priced without them, and a step that faults
+    pays its own at ``fault_s`` (flax_linen's plain step at the bench's size, 13,147 faults a step: with
+    them its kernels profiled 60.4 ms, 47.5 without, and the per-layer policy's step was predicted 15% fast,
+    5% with them taken out, docs/device.md)."""
     unscaled = Calibration(device, 1.0, launch_s, fault_s, name)
     priced, rest = unscaled.class_seconds(step), measured_s - faults * fault_s
     kernels = sum(priced.values())
@@ -417,6 +501,9 @@ def calibrate(step: StepCost, measured_s: float, device: Device, faults: int = 0
     if profiled is None:
         return replace(unscaled, scale=scale)
     if per_kernel:
+        taken = fault_in_s or fault_s
+        faulted = profiled_faults or {}
+        profiled = {k: max(t - faulted.get(k, 0) * taken, FAULTED_FLOOR * t) for k, t in profiled.items()}
         return _per_kernel(unscaled, step, kernels, rest, profiled, footprint)
     measured = profiled_by_class(step, profiled)
     total = sum(measured.values())
@@ -428,6 +515,12 @@ def calibrate(step: StepCost, measured_s: float, device: Device, faults: int = 0
     profiled_own = sum(measured[c] for c in own)
     scales = tuple((c, left * measured[c] / profiled_own / priced[c]) for c in own)
     return replace(unscaled, scale=scale, class_scales=scales)
+
+
+# What a faulting kernel keeps of its profiled time at least once its faults are taken out: flax_linen's
+# plain step's copy.233 profiled 0.414 ms with 1,024 faults, 0.054 without (13%): less than one fault's
+# price in the micro-benchmark each.
+FAULTED_FLOOR = 0.1
 
 
 def _per_kernel(unscaled: Calibration, step: StepCost, priced: float, rest: float, profiled: dict[str, float],

@@ -91,6 +91,9 @@ class Machine:
     bytes_per_s: float  # an elementwise op streaming its input and output
     launch_s: float  # one more kernel in a step
     fault_s: float  # one minor page fault (a fresh page, zero-filled), and the page given back
+    # of fault_s, the fault alone: what the kernel whose write faults the page takes (the page is given back
+    # outside the kernels); 0 where not measured (then all of fault_s)
+    fault_in_s: float = 0.0
     transcendental_s: float = 0.0  # a transcendental function evaluated one element at a time
     serial_product_s: float = 0.0  # beyond the roofline, an element of a product YNNPACK sums one at a time
     dot_rates: tuple[tuple[int, int, int, float], ...] = ()  # lone dots by (rows, columns, contracted)
@@ -122,7 +125,8 @@ class Machine:
                 f"{self.launch_s * 1e6:.3g} us a kernel, {self.transcendental_s * 1e9:.3g} ns a transcendental "
                 f"element by element, {_span(self.strided_rates, 1e9)} ns more an element read across a line"
                 f"{_axes(self.strided_rates)}, {self.serial_product_s * 1e9:.3g} ns more an element "
-                f"of a product summed one at a time, {self.fault_s * 1e6:.3g} us a page faulted and given back")
+                f"of a product summed one at a time, {self.fault_s * 1e6:.3g} us a page faulted and given back "
+                f"({self.fault_in_s * 1e6:.3g} of them the fault's)")
 
 
 def _span(table: tuple[tuple[float, ...], ...], unit: float) -> str:
@@ -157,11 +161,12 @@ _REFERENCE_STRIDED = {256: (0.54, 0.78, 1.40, 2.20), 512: (0.56, 1.02, 1.76, 2.7
 # The core's figures as the full CPU bench of 9538fcc measured them (docs/device.md), the serial
 # product's as :func:`measure` read it later on the same core, the lone dots' and strided reads' above
 # and a page's fault with its unmapping (:func:`fault_seconds`) as :func:`steady` read them on
-# 2026-12-06: the price
+# 2026-12-06 (the fault alone: less the 0.29 to 0.32 us its unmapping took, fault_seconds' docstring): the price
 # ``--verify xla`` uses on CPU where it is given no machine, the bench's plannings included. A fixed
 # profile, so the loop's choice is the same on any load.
 REFERENCE = Machine(flops_per_s=77.9e9, dot_flops_per_s=25.8e9, vector_flops_per_s=65.8e9, bytes_per_s=51.3e9,
-                    launch_s=0.58e-6, fault_s=1.89e-6, transcendental_s=0.992e-9, serial_product_s=2.38e-9,
+                    launch_s=0.58e-6, fault_s=1.89e-6, fault_in_s=1.58e-6, transcendental_s=0.992e-9,
+                    serial_product_s=2.38e-9,
                     dot_rates=tuple((m, n, k, gflops * 1e9) for k, rows in _REFERENCE_DOTS.items()
                                     for m, row in zip(DOT_SIZES, rows) for n, gflops in zip(DOT_SIZES, row)),
                     strided_rates=tuple((stride, k * STRIDED_ROWS, ns * 1e-9) for stride, row in _REFERENCE_STRIDED.items()
@@ -238,10 +243,11 @@ def fastest(*runs: Callable[[], object], repeats: int = 7,
     return best
 
 
-def fault_seconds(size: int = FAULT_BYTES, clock: Callable[[], float] = time.process_time) -> tuple[float, int]:
-    """(seconds a minor page fault costs, faults counted): one write to each page of fresh anonymous
-    memory, less the same writes once the pages are mapped, and the pages given back to the kernel,
-    over the faults ``getrusage`` counted. Every page a step faults it also gives back
+def fault_seconds(size: int = FAULT_BYTES,
+                  clock: Callable[[], float] = time.process_time) -> tuple[float, float, int]:
+    """(seconds a minor page fault costs, of them the fault's alone, faults counted): one write to each
+    page of fresh anonymous memory, less the same writes once the pages are mapped (the fault), and the
+    pages given back to the kernel, over the faults ``getrusage`` counted. Every page a step faults it also gives back
     (:func:`rematopt.xla.cost.step_faults`: a buffer glibc unmaps when freed, scratch it trims):
     unmapping took 0.29 to 0.32 us a page beside 1.7 to 1.9 for the fault, and flax_linen's plain step,
     a third of its time faulting, priced its plans 4 to 6 points slow without it (docs/device.md)."""
@@ -259,7 +265,7 @@ def fault_seconds(size: int = FAULT_BYTES, clock: Callable[[], float] = time.pro
     start = clock()
     region.close()
     given_back = clock() - start
-    return max(first - again + given_back, 0.0) / max(faults, 1), faults
+    return max(first - again + given_back, 0.0) / max(faults, 1), max(first - again, 0.0) / max(faults, 1), faults
 
 
 def steady(samples: int = 3, repeats: int = 7) -> Machine:
@@ -394,10 +400,12 @@ def measure(repeats: int = 7) -> Machine:
     (serial, compiled), (vectorized, _) = step(summed, a, 2 * a), step(summed, a[0], 2 * a[0])
     one_at_a_time, fast = fastest(serial, vectorized, repeats=repeats)
     products = sum(k.serial_products for k in kernels(parse_hlo(compiled.as_text())))
-    faults = statistics.median(fault_seconds()[0] for _ in range(FAULT_SAMPLES))
+    samples = [fault_seconds() for _ in range(FAULT_SAMPLES)]
+    faults, fault_in = (statistics.median(s[i] for s in samples) for i in (0, 1))
     return Machine(flops_per_s=gemm_rate(False), dot_flops_per_s=gemm_rate(True),
                    vector_flops_per_s=step_cost(chained.as_text(), device("cpu")).flops / vector,
                    bytes_per_s=2 * STREAM_BYTES / stream, launch_s=launches / max(n, 1), fault_s=faults,
+                   fault_in_s=fault_in,
                    transcendental_s=max(trig - arithmetic, 0.0) / max(evaluated, 1),
                    serial_product_s=max(one_at_a_time - fast, 0.0) / max(products, 1), dot_rates=dot_rates(),
                    strided_rates=tuple(strided(k, c) for c in STRIDED_WIDTHS for k in STRIDED_ARRAYS))

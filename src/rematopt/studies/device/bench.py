@@ -201,6 +201,7 @@ def _model_tasks(bench: Bench, model: Model, config: dict, rounds: int, ratios: 
                             if hasattr(r, k) and k != "note":
                                 setattr(r, k, v)
                         bench.costs[model.label, r.variant] = step_cost(read_hlo(hlo[r.variant]), device(bench.device))
+                        bench.kernel_faults[model.label, r.variant] = got.get("profiled_faults") or {}
                         specs[r.variant] = extra
                         made[r.variant] = r
                         hlo_files[r.variant] = str(hlo[r.variant])
@@ -291,6 +292,7 @@ def _model_tasks(bench: Bench, model: Model, config: dict, rounds: int, ratios: 
                  "rounds": {v: t for (m, v), t in bench.rounds.items() if m == model.label},
                  "peaks": {r.variant: r.compiled_peak for r in bench.rows if r.model == model.label},
                  "faults": {r.variant: r.predicted_faults for r in bench.rows if r.model == model.label},
+                 "kernel_faults": {v: f for (m, v), f in bench.kernel_faults.items() if m == model.label},
                  "beside": bench.beside.get(model.label),
                  "machine": dataclasses.asdict(bench.machine) if bench.machine else None}))
             if out:
@@ -346,6 +348,7 @@ def _time(bench: Bench, model: str, specs: dict[str, dict], base: dict, pin: dic
             for k in ("predicted_raw_ms", "kernels", "bytes_moved", "predicted_faults"):
                 setattr(again, k, getattr(plain, k))
             bench.costs[model, AGAIN] = bench.costs[model, "plain"]
+            bench.kernel_faults[model, AGAIN] = bench.kernel_faults.get((model, "plain"), {})
         progress(f"{model:12} {len(got['times'])} variants timed in {got.get('rounds', rounds)} interleaved rounds "
                  f"({bench.clock} clock; plain {plain.step_ms or float('nan'):.2f} ms, again "
                  f"{again.step_ms or float('nan'):.2f} ms)  ({time.perf_counter() - started:.0f} s)")
@@ -388,13 +391,16 @@ def _calibrate(bench: Bench, model: str) -> None:
     m = bench.machine
     args = dict(step=bench.costs[model, "plain"], measured_s=plain.step_ms / 1e3,
                 device=m.device() if m else device(bench.device), faults=plain.predicted_faults or 0,
-                launch_s=m.launch_s if m else 0.0, fault_s=m.fault_s if m else 0.0)
+                launch_s=m.launch_s if m else 0.0, fault_s=m.fault_s if m else 0.0,
+                fault_in_s=m.fault_in_s if m else 0.0)
     profiled = bench.profiles.get((model, "plain"))
     rows = [r for r in bench.rows if r.model == model and (model, r.variant) in bench.costs]
     for into, how, field_ in ((bench.scale_calibrations, {}, "predicted_scale_ms"),
                               (bench.class_calibrations, {"profiled": profiled}, "predicted_class_ms"),
                               (bench.calibrations, {"profiled": profiled, "per_kernel": True,
-                                                    "footprint": plain.compiled_peak or 0}, "predicted_ms")):
+                                                    "footprint": plain.compiled_peak or 0,
+                                                    "profiled_faults": bench.kernel_faults.get((model, "plain"))},
+                               "predicted_ms")):
         if how and profiled is None:
             into[model] = "the plain step was not profiled"
             continue
@@ -430,7 +436,8 @@ def _on_no_remat(bench: Bench, model: str, args: dict) -> Calibration | str:
     try:
         first = calibrate(**{**args, "step": bench.costs[model, NO_REMAT], "measured_s": own.step_ms / 1e3,
                              "faults": own.predicted_faults or 0}, name=NO_REMAT,
-                          profiled=bench.profiles[model, NO_REMAT], per_kernel=True, footprint=own.compiled_peak or 0)
+                          profiled=bench.profiles[model, NO_REMAT], per_kernel=True, footprint=own.compiled_peak or 0,
+                          profiled_faults=bench.kernel_faults.get((model, NO_REMAT)))
     except ValueError as e:
         return str(e)
     return beside(first, plain)

@@ -70,6 +70,8 @@ class Bench:
     profiles: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
     # (model, variant): the step's milliseconds in each interleaved round, as timed (its row keeps the fastest)
     rounds: dict[tuple[str, str], list[float]] = field(default_factory=dict)
+    # (model, variant): per kernel name, the page faults its profiled time holds (xla.cost.profiled_faults)
+    kernel_faults: dict[tuple[str, str], dict[str, int]] = field(default_factory=dict)
     class_calibrations: dict[str, Calibration | str] = field(default_factory=dict)  # per kernel class, per model
     # per model, what rematopt's rows are predicted with (xla.cost.beside: NO_REMAT's program, then the plain
     # step's), or why they are predicted from the plain step's alone

@@ -57,14 +57,15 @@ def _compile(spec: dict):
 
 def measure(spec: dict) -> dict:
     """Compile and run one variant once (``spec`` as :func:`.bench._model_tasks` makes it): its memory, its
-    kernels' price, its gradients against the plain step's; a dict of :class:`.results.Row`'s fields. The
+    kernels' price, its gradients against the plain step's; a dict of :class:`.results.Row`'s fields, and
+    the page faults each kernel's profiled time will hold (``profiled_faults``, on CPU). The
     compiled module's text goes to ``spec["hlo"]`` for the calibration; step times are
     :func:`time_steps`'s."""
     import jax
     import numpy as np
 
     from ...importers.costmodel import device
-    from ...xla.cost import step_cost, step_faults
+    from ...xla.cost import profiled_faults, step_cost, step_faults
     from ...xla.memory import xla_reference
 
     compiled, args, compile_s = _compile(spec)
@@ -74,7 +75,8 @@ def measure(spec: dict) -> dict:
     text = compiled.as_text()
     Path(spec["hlo"]).write_text(text)
     cost = step_cost(text, device(spec["device"]))
-    faults = step_faults(text, int(analysis.temp_size_in_bytes)) if backend == "cpu" else 0
+    temp = int(analysis.temp_size_in_bytes)
+    faults, in_kernels = (step_faults(text, temp), profiled_faults(text, temp)) if backend == "cpu" else (0, {})
     out = jax.block_until_ready(compiled(*args))
     grads = [np.asarray(x) for x in jax.tree_util.tree_leaves(out[1])]
     if spec["grads"] and not Path(spec["grads"]).exists():
@@ -86,7 +88,8 @@ def measure(spec: dict) -> dict:
     stats = jax.devices()[0].memory_stats() or {}
     return {"compiled_peak": ref.bytes, "compiled_peak_is": ref.what, "device_peak": stats.get("peak_bytes_in_use"),
             "predicted_raw_ms": 1e3 * cost.seconds, "kernels": len(cost.kernels), "bytes_moved": cost.bytes_moved,
-            "predicted_faults": faults, "grad_error": error, "compile_s": compile_s, "backend": backend,
+            "predicted_faults": faults, "profiled_faults": in_kernels, "grad_error": error, "compile_s": compile_s,
+            "backend": backend,
             "argument_bytes": int(analysis.argument_size_in_bytes), "output_bytes": int(analysis.output_size_in_bytes),
             "device_memory": stats.get("bytes_limit")}
 
