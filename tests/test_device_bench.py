@@ -27,9 +27,9 @@ from rematopt.studies.device.bench import _calibrate, _slop, run_bench  # noqa: 
 from rematopt.studies.device.launch import busy_cpu, run_worker, worker_env  # noqa: E402
 from rematopt.studies.device.report import _by_class, markdown, noise, pareto, verdict, write_report  # noqa: E402
 from rematopt.studies.device.results import Bench, Row  # noqa: E402
-from rematopt.studies.device.settings import AGAIN, MAX_ROUNDS, MODELS, NO_REMAT  # noqa: E402
+from rematopt.studies.device.settings import AGAIN, KEPT, MAX_ROUNDS, MODELS, NO_REMAT  # noqa: E402
 from rematopt.studies.device.worker import time_steps  # noqa: E402
-from rematopt.xla.cost import Calibration, StepCost, kernel_cost  # noqa: E402
+from rematopt.xla.cost import Calibration, StepCost, kernel_cost, signature  # noqa: E402
 from rematopt.xla.kernels import Kernel  # noqa: E402
 from rematopt.xla.machine import Machine  # noqa: E402
 
@@ -215,6 +215,36 @@ def test_the_profile_is_scaled_on_the_plain_step_and_every_other_row_is_predicte
     _calibrate(b, "m")
     assert b.calibrations["m"] is b.scale_calibrations["m"] and b.class_calibrations["m"] == "the plain step was not profiled"
     assert b.rows[2].predicted_ms == b.rows[2].predicted_scale_ms == pytest.approx(predictions[0])
+
+
+def test_page_faults_are_priced_as_the_plain_step_paid_them_with_its_pages_kept():
+    """Where the plain step was timed with its pages kept, its faults cost what it took beyond that step,
+    and its kernels' profiled times lose their faults at that price's share the micro-benchmark gave the
+    fault itself; where that step still faulted, or was not timed, the micro-benchmark's price."""
+    m = Machine(flops_per_s=1e11, dot_flops_per_s=2.5e10, vector_flops_per_s=3e10, bytes_per_s=5e10,
+                launch_s=1e-6, fault_s=2e-6, fault_in_s=1.5e-6, transcendental_s=1e-9)
+    plain = StepCost(device("cpu"), tuple(kernel_cost(Kernel(f"k{i}", kind, read, 0, flops, ()), device("cpu"))
+                                          for i, (kind, read, flops) in enumerate(
+                                              (("dot", 0, int(1e9)), ("fusion:kLoop", int(1e8), 0)))))
+    b = Bench("cpu", "cpu", machine=m, rows=[Row("m", "plain", "plain", step_ms=100.0, predicted_faults=10_000,
+                                                 compiled_peak=int(1e8))])
+    b.costs = {("m", "plain"): plain}
+    b.profiles = {("m", "plain"): {"k0": 0.02, "k1": 0.06}}
+    b.kernel_faults = {("m", "plain"): {"k1": 10_000}}
+    b.kept = {"m": (85.0, 3)}  # 15 ms for 10,000 faults: 1.5 us each, 1.125 of them in the kernel that writes
+    _calibrate(b, "m")
+    c = b.calibrations["m"]
+    assert c.fault_s == pytest.approx(1.5e-6) and b.scale_calibrations["m"].fault_s == pytest.approx(1.5e-6)
+    assert dict(c.measured_kernels)[signature(plain.kernels[1].kernel)] == pytest.approx(0.06 - 10_000 * 1.125e-6)
+    assert 1e3 * c.seconds(plain, 10_000, int(1e8)) == pytest.approx(100.0)
+    assert 1e3 * c.seconds(plain, 0, int(1e8)) == pytest.approx(85.0)  # the step without its faults
+    assert "1.5 us each: pages kept 85 ms, 3 faults" in markdown(b)
+    for kept in ({"m": (85.0, 500)}, {}):  # it still faulted, or it was not timed
+        b.kept = kept
+        _calibrate(b, "m")
+        assert b.calibrations["m"].fault_s == 2e-6
+        assert dict(b.calibrations["m"].measured_kernels)[signature(plain.kernels[1].kernel)] == pytest.approx(
+            0.06 - 10_000 * 1.5e-6)
 
 
 def test_the_plans_are_predicted_from_apply_plans_program_that_recomputes_nothing():
@@ -467,7 +497,8 @@ def test_each_variant_is_timed_in_a_process_of_its_own_and_faults_as_predicted(m
     """The bench's timing path: each variant in a process of its own faults, step by step, what its
     compiled program predicts (xla.cost.step_faults). In one process shared by all of quick gpt's
     rows, one variant's frees moved the next one's faults by up to 8% (docs/device.md); with these
-    two variants alone in one process they did not, so this checks the path, not that finding."""
+    two variants alone in one process they did not, so this checks the path, not that finding. The same
+    program with its pages kept (on the main thread, glibc keeping what it frees) faults none."""
     import os
 
     monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_concurrency_optimized_scheduler=false")
@@ -475,9 +506,12 @@ def test_each_variant_is_timed_in_a_process_of_its_own_and_faults_as_predicted(m
     monkeypatch.chdir(ROOT)
     predicted = last_json(PREDICTED_FAULTS)
     variants = {label: {"remat": "dots_saveable", "scope": label.split(":")[0]} for label in predicted}
+    variants[KEPT] = {**variants["step:dots_saveable"], "keep_pages": True}
     got = time_steps({"model": MODELS["gpt"].spec, "config": MODELS["gpt"].quick, "rounds": 3, "clock": "cpu",
                       "pin": min(os.sched_getaffinity(0)), "variants": variants})
-    assert not got["errors"] and set(got["faults"]) == set(predicted)
+    assert not got["errors"] and set(got["faults"]) == {*predicted, KEPT}
+    kept = got["faults"].pop(KEPT)
+    assert sorted(kept)[len(kept) // 2] < 0.01 * predicted["step:dots_saveable"], kept
     for label, faults in got["faults"].items():
         assert sorted(faults)[len(faults) // 2] == pytest.approx(predicted[label], rel=0.01), (label, faults)
 

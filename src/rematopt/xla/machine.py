@@ -91,14 +91,14 @@ class Machine:
     bytes_per_s: float  # an elementwise op streaming its input and output
     launch_s: float  # one more kernel in a step
     fault_s: float  # one minor page fault (a fresh page, zero-filled), and the page given back
-    # of fault_s, the fault alone: what the kernel whose write faults the page takes (the page is given back
-    # outside the kernels); 0 where not measured (then all of fault_s)
-    fault_in_s: float = 0.0
     transcendental_s: float = 0.0  # a transcendental function evaluated one element at a time
     serial_product_s: float = 0.0  # beyond the roofline, an element of a product YNNPACK sums one at a time
     dot_rates: tuple[tuple[int, int, int, float], ...] = ()  # lone dots by (rows, columns, contracted)
     # beyond the roofline, an element read one cache line each, by (stride bytes, lines a sweep reads)
     strided_rates: tuple[tuple[int, int, float], ...] = ()
+    # of fault_s, the fault alone: what the kernel whose write faults the page takes (the page is given back
+    # outside the kernels); 0 where not measured (then all of fault_s)
+    fault_in_s: float = 0.0
 
     def __post_init__(self):  # read back from JSON, the tables' rows are lists
         for table in ("dot_rates", "strided_rates"):
@@ -197,6 +197,24 @@ def isolate_steps() -> None:
     jax.config.update("jax_cpu_enable_async_dispatch", False)
     try:
         ctypes.CDLL(None).mallopt(M_ARENA_MAX, ARENAS)
+    except AttributeError:  # not glibc
+        pass
+
+
+# mallopt's parameters (glibc's malloc.h)
+M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
+
+
+def keep_pages() -> None:
+    """Have glibc keep all the memory a step frees: no buffer mapped anew (``M_MMAP_MAX`` 0), none given back
+    (``M_TRIM_THRESHOLD`` at its most). A step run on the main thread (whose arena grows the heap) then
+    faults no page after its warm-up: the same program
+    without the faults :func:`rematopt.xla.cost.step_faults` predicts, which prices them as the step pays
+    them (``rematopt bench device``'s plain step with its pages kept)."""
+    try:
+        libc = ctypes.CDLL(None)
+        libc.mallopt(M_MMAP_MAX, 0)
+        libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1)
     except AttributeError:  # not glibc
         pass
 

@@ -25,7 +25,7 @@ from .launch import OutOfTime, Workers, busy_cpu, cpu_seconds, run_worker, worke
 from .report import write_report
 from .results import Bench, Row
 from .settings import (AGAIN, AT_ONCE, CPU_SCHEDULER, DEFAULT_MODELS, DETERMINISTIC_S, GPU_AT_ONCE, GPU_LIMIT_SHARE,
-                       Model, MODELS, NO_REMAT, PLAN_ROUNDS, PLAN_WALL_S, POLICIES, QUICK_DETERMINISTIC_S,
+                       KEPT, Model, MODELS, NO_REMAT, PLAN_ROUNDS, PLAN_WALL_S, POLICIES, QUICK_DETERMINISTIC_S,
                        QUICK_PLAN_ROUNDS, QUICK_POLICIES, QUICK_RATIOS, QUICK_ROUNDS, RATIOS, ROUNDS, WORKER_WALL_S)
 
 
@@ -310,11 +310,15 @@ def _model_tasks(bench: Bench, model: Model, config: dict, rounds: int, ratios: 
 def _time(bench: Bench, model: str, specs: dict[str, dict], base: dict, pin: dict, rounds: int, env: dict,
           timeout: float, progress: Callable[[str], None], workers: Workers, lock: threading.RLock) -> None:
     """Every measured variant's step time from :func:`.worker.time_steps` (a process each, interleaved rounds), with
-    a second compile of the plain step, timed alongside, as the row ``plain (again)``; and what other
+    a second compile of the plain step, timed alongside, as the row ``plain (again)``; where the plain step
+    faults, the plain step with its pages kept (``bench.kept``: what its faults cost it); and what other
     processes ran on the machine meanwhile (``bench.beside``): the bench's timing runs alone, but not
     the machine's other users (docs/device.md, "Beside the timing")."""
     started = time.perf_counter()
     variants = {**specs, AGAIN: specs["plain"]}
+    faults = next((r.predicted_faults for r in bench.rows if r.model == model and r.variant == "plain"), 0)
+    if bench.clock == "cpu" and faults:
+        variants[KEPT] = {**specs["plain"], "keep_pages": True}
     profile = [v for v in specs if v in ("plain", NO_REMAT) or v.startswith("rematopt@")]
     busy, own, wall = busy_cpu(), cpu_seconds(), time.time()
     got = run_worker({**base, **pin, "variants": variants, "rounds": rounds, "clock": bench.clock,
@@ -332,6 +336,9 @@ def _time(bench: Bench, model: str, specs: dict[str, dict], base: dict, pin: dic
             again.note = f"timing failed: {got['error']}"
             progress(f"{model:12} timing failed: {got['error']}")
             return
+        if KEPT in got["times"]:
+            bench.rounds[model, KEPT] = got["times"].pop(KEPT)
+            bench.kept[model] = (min(bench.rounds[model, KEPT]), int(statistics.median(got["faults"].pop(KEPT))))
         for variant, times in got["times"].items():
             r = rows.get(variant, again)
             bench.rounds[model, r.variant] = times
@@ -340,6 +347,10 @@ def _time(bench: Bench, model: str, specs: dict[str, dict], base: dict, pin: dic
             r.step_ms_spread = abs(halves[0] - halves[1]) / r.step_ms
             r.page_faults = int(statistics.median(got["faults"][variant]))
         for variant, why in got["errors"].items():
+            if variant == KEPT:
+                bench.notes.append(f"{model}: the plain step with its pages kept failed ({why}): its page faults "
+                                   "at the micro-benchmark's price")
+                continue
             rows.get(variant, again).note += f" timing failed: {why}"
         for variant, seconds in got.get("profiles", {}).items():
             bench.profiles[model, variant] = seconds
@@ -389,10 +400,10 @@ def _calibrate(bench: Bench, model: str) -> None:
         bench.calibrations[model] = "the plain step was not timed"
         return
     m = bench.machine
+    fault_s, fault_in_s = _fault_price(bench, plain)
     args = dict(step=bench.costs[model, "plain"], measured_s=plain.step_ms / 1e3,
                 device=m.device() if m else device(bench.device), faults=plain.predicted_faults or 0,
-                launch_s=m.launch_s if m else 0.0, fault_s=m.fault_s if m else 0.0,
-                fault_in_s=m.fault_in_s if m else 0.0)
+                launch_s=m.launch_s if m else 0.0, fault_s=fault_s, fault_in_s=fault_in_s)
     profiled = bench.profiles.get((model, "plain"))
     rows = [r for r in bench.rows if r.model == model and (model, r.variant) in bench.costs]
     for into, how, field_ in ((bench.scale_calibrations, {}, "predicted_scale_ms"),
@@ -422,6 +433,21 @@ def _calibrate(bench: Bench, model: str) -> None:
         for r in rows:
             if r.kind in ("rematopt", "applied"):
                 r.predicted_ms = bench.predicted_ms(bench.plan_calibrations[model], r)
+
+
+def _fault_price(bench: Bench, plain: Row) -> tuple[float, float]:
+    """(seconds a page fault costs a step, of them the fault's own, which the kernel whose write faults
+    the page takes): as the plain step paid them, where it was timed with its pages kept (its time less
+    that step's, over its predicted faults; the fault's own share as the micro-benchmark split it), else
+    the micro-benchmark's (:func:`rematopt.xla.machine.fault_seconds`). Where the step kept its pages
+    but still faulted (over 1% of its faults), the micro-benchmark's too."""
+    m = bench.machine
+    fault_s, fault_in_s = (m.fault_s, m.fault_in_s) if m else (0.0, 0.0)
+    kept, faults = bench.kept.get(plain.model), plain.predicted_faults or 0
+    if kept is None or not faults or kept[1] > 0.01 * faults:
+        return fault_s, fault_in_s
+    paid = max(plain.step_ms - kept[0], 0.0) / 1e3 / faults
+    return paid, paid * (fault_in_s / fault_s if fault_s and fault_in_s else 1.0)
 
 
 def _on_no_remat(bench: Bench, model: str, args: dict) -> Calibration | str:

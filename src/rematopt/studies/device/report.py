@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ...xla.cost import KERNEL_CLASSES, Calibration, profiled_by_class
 from .results import BASELINES, Bench, Row
-from .settings import AGAIN, AT_ONCE, NO_REMAT, PLAN_ROUNDS, PROFILE_STEPS
+from .settings import AGAIN, AT_ONCE, KEPT, NO_REMAT, PLAN_ROUNDS, PROFILE_STEPS
 
 
 def noise(bench: Bench, model: str) -> float | None:
@@ -311,7 +311,10 @@ def _prediction_summary(bench: Bench) -> str:
            "other calibrations beside it, for comparison: every kernel at one scale, and one scale per kernel "
            "class (both from the plain step alone). Page faults, predicted from the compiled program "
            "(xla.cost.step_faults): the pages of the buffers a step allocates anew above glibc's mmap ceiling, and "
-           "the scratch of YNNPACK fusions that glibc gives back to the kernel; each at the measured price. Beyond "
+           "the scratch of YNNPACK fusions that glibc gives back to the kernel; each at the price the plain step "
+           f"paid for them (its time less `{KEPT}`'s, the same program with glibc keeping its pages, over its "
+           "faults), where it faults, and taken out of the profiled time of the kernel whose write takes it "
+           "(xla.cost.profiled_faults). Beyond "
            "its kernels as profiled (step after step, its memory in the caches), the plain step's measured time "
            "(among the other variants' steps) holds what it takes to bring its memory back: priced per byte of a "
            "row's compiled peak (xla.cost.calibrate's footprint; where the step took less than its kernels "
@@ -344,6 +347,9 @@ def _prediction_summary(bench: Bench) -> str:
             return ", ".join(f"{r.variant} {100 * (getattr(r, field_) / own - r.step_ms / base[0]):+.1f}"
                              for r in plans if getattr(r, field_) and own)
         share = (plain.predicted_faults or 0) * c.fault_s * 1e3 / plain.step_ms
+        kept = bench.kept.get(model)
+        paid = (f"; {c.fault_s * 1e6:.3g} us each: pages kept {kept[0]:.4g} ms, {kept[1]:,} faults" if kept
+                else "")
         no_remat = next((r for r in rows if r.variant == NO_REMAT and (model, NO_REMAT) in bench.costs), None)
         applied = "—"
         if no_remat is not None:
@@ -357,7 +363,7 @@ def _prediction_summary(bench: Bench) -> str:
         refill = (f"{beyond:.3g} ms ({100 * beyond / plain.step_ms:.0f}%), {1e12 * c.footprint_s:.3g} ns a KB of peak"
                   if c.footprint_s else "none: its kernels scaled down to it")
         out.append(f"| {model} | x{(one.scale if isinstance(one, Calibration) else c.scale):.3g} "
-                   f"| {plain.predicted_faults or 0:,} ({100 * share:.0f}% of its time) | {refill} "
+                   f"| {plain.predicted_faults or 0:,} ({100 * share:.0f}% of its time{paid}) | {refill} "
                    f"| {again} | {within} of {len(errs)} | {f'{worst[1]} {100 * worst[0]:+.1f}%' if worst else '—'} "
                    f"| {applied} | {times or '—'} | {overheads or '—'} | {points('predicted_class_ms') or '—'} "
                    f"| {points('predicted_scale_ms') or '—'} |")

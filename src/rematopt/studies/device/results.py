@@ -72,6 +72,9 @@ class Bench:
     rounds: dict[tuple[str, str], list[float]] = field(default_factory=dict)
     # (model, variant): per kernel name, the page faults its profiled time holds (xla.cost.profiled_faults)
     kernel_faults: dict[tuple[str, str], dict[str, int]] = field(default_factory=dict)
+    # per model whose plain step faults: the plain step with its pages kept (settings.KEPT), its fastest
+    # milliseconds and its page faults a step (median over the rounds)
+    kept: dict[str, tuple[float, int]] = field(default_factory=dict)
     class_calibrations: dict[str, Calibration | str] = field(default_factory=dict)  # per kernel class, per model
     # per model, what rematopt's rows are predicted with (xla.cost.beside: NO_REMAT's program, then the plain
     # step's), or why they are predicted from the plain step's alone

@@ -29,6 +29,12 @@ ROUND_SECONDS, MAX_ROUNDS = 0.5, 60
 # kernels in its fastest of 5 (wall time, pinned, a load average of 5).
 PROFILE_STEPS = 5
 AGAIN = "plain (again)"
+# The plain step with its pages kept (xla.machine.keep_pages), timed in the same rounds where it faults: what
+# its page faults cost it, as it pays them. The micro-benchmark's fault (a byte written a page, then given
+# back) priced flax_linen's 13,147 faults a step at 2.51 us each, a third more than its plain step paid
+# against its per-layer policies (about 1.9); its plans were predicted 7 to 10 points fast on that price,
+# 1 to 3 at 1.9 us (docs/device.md, "A kernel's page faults are in its profile").
+KEPT = "plain, pages kept"
 # the no-remat plan as apply_plan writes it: its ties and its backward sums written once, no recomputation; a
 # row of its own, timed and profiled, that rematopt's plans are predicted from (bench._calibrate)
 NO_REMAT = "apply_plan, no remat"

@@ -192,10 +192,11 @@ def serve(spec: dict) -> None:
     ends it. Every step runs on one thread of its own (:func:`rematopt.xla.machine.off_main_thread`), as
     the faults are predicted for: compiled (from JAX's persistent cache) on that thread too, quick gpt's
     whole-step dots_saveable step faulted 19,273 pages a step in the bench where it faults 43,721 so,
-    as predicted (43,849)."""
+    as predicted (43,849). With ``spec["keep_pages"]``, the steps run on the main thread, glibc keeping
+    the memory they free (:func:`rematopt.xla.machine.keep_pages`): no fault after the warm-up."""
     import jax
 
-    from ...xla.machine import off_main_thread
+    from ...xla.machine import keep_pages, off_main_thread
     from ...xla.memory import xla_reference
     from ...xla.profile import kernel_seconds
 
@@ -219,7 +220,11 @@ def serve(spec: dict) -> None:
             elif line.strip() == "profile":
                 print(json.dumps({"profile": kernel_seconds(compiled, args, steps=PROFILE_STEPS)}), flush=True)
 
-    off_main_thread(loop)
+    if spec.get("keep_pages"):  # the main thread, its pages kept: the step without its page faults
+        keep_pages()
+        loop()
+    else:
+        off_main_thread(loop)
 
 
 def _why(e: Exception, width: int = 200) -> str:
