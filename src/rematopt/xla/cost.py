@@ -42,7 +42,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..importers.costmodel import Device
-from .hlo import HloModule, Instruction, parse_hlo
+from .hlo import HloModule, Instruction, Leaf, parse_hlo
 from .kernels import Kernel, kernels, ynn_fusion
 
 # Kernels that run on the matrix units: library GEMM / convolution calls, lone dots and
@@ -229,9 +229,13 @@ def fresh_buffers(module: HloModule, temp_bytes: int) -> list[int]:
     """The buffers one run of a compiled CPU step allocates: its temp buffer (``temp_bytes``, XLA's
     ``temp_size_in_bytes``) and each output not aliased to a parameter. Each one above
     :data:`MMAP_CEILING` is mapped fresh and every page of it faults, one more for malloc's header."""
-    shape = module.entry.root.shape
-    aliased = set(module.input_output_alias)
-    return [temp_bytes] + [leaf.bytes for index, leaf in zip(shape.index, shape.leaves) if index not in aliased]
+    return [temp_bytes] + [leaf.bytes for _, leaf in _fresh_outputs(module)]
+
+
+def _fresh_outputs(module: HloModule) -> list[tuple[tuple[int, ...], Leaf]]:
+    """The step's outputs that are not aliased to a parameter: (shape index, leaf), each allocated anew."""
+    shape, aliased = module.entry.root.shape, set(module.input_output_alias)
+    return [(index, leaf) for index, leaf in zip(shape.index, shape.leaves) if index not in aliased]
 
 
 def priced_step(module: HloModule | str, temp_bytes: int, price: Calibration, faults: bool) -> tuple[float, int]:
@@ -327,9 +331,9 @@ def profiled_faults(module: HloModule | str, temp_bytes: int) -> dict[str, int]:
             kernel = _writer(done.schedule, done.ranges[v][0], trips)
             if new and kernel is not None and trips[kernel] == 1:
                 out[kernel] += new
-    root, aliased = module.entry.root, set(module.input_output_alias)
-    for index, leaf in zip(root.shape.index, root.shape.leaves):
-        if index not in aliased and leaf.bytes > MMAP_CEILING:
+    root = module.entry.root
+    for index, leaf in _fresh_outputs(module):
+        if leaf.bytes > MMAP_CEILING:
             computed = root.operands[index[0]] if root.opcode == "tuple" and index else root.name
             kernel = _computes(module, computed, trips)
             if kernel is not None and trips[kernel] == 1:

@@ -208,9 +208,9 @@ M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
 def keep_pages() -> None:
     """Have glibc keep all the memory a step frees: no buffer mapped anew (``M_MMAP_MAX`` 0), none given back
     (``M_TRIM_THRESHOLD`` at its most). A step run on the main thread (whose arena grows the heap) then
-    faults no page after its warm-up: the same program
-    without the faults :func:`rematopt.xla.cost.step_faults` predicts, which prices them as the step pays
-    them (``rematopt bench device``'s plain step with its pages kept)."""
+    faults no page after its warm-up: the same program without the faults
+    :func:`rematopt.xla.cost.step_faults` predicts, which prices them as the step pays them (``rematopt
+    bench device``'s plain step with its pages kept)."""
     try:
         libc = ctypes.CDLL(None)
         libc.mallopt(M_MMAP_MAX, 0)
@@ -265,8 +265,8 @@ def fault_seconds(size: int = FAULT_BYTES,
                   clock: Callable[[], float] = time.process_time) -> tuple[float, float, int]:
     """(seconds a minor page fault costs, of them the fault's alone, faults counted): one write to each
     page of fresh anonymous memory, less the same writes once the pages are mapped (the fault), and the
-    pages given back to the kernel, over the faults ``getrusage`` counted. Every page a step faults it also gives back
-    (:func:`rematopt.xla.cost.step_faults`: a buffer glibc unmaps when freed, scratch it trims):
+    pages given back to the kernel, over the faults ``getrusage`` counted. Every page a step faults it
+    also gives back (:func:`rematopt.xla.cost.step_faults`: a buffer glibc unmaps when freed, scratch it trims):
     unmapping took 0.29 to 0.32 us a page beside 1.7 to 1.9 for the fault, and flax_linen's plain step,
     a third of its time faulting, priced its plans 4 to 6 points slow without it (docs/device.md)."""
     import numpy as np

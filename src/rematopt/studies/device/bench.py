@@ -445,9 +445,9 @@ def _calibrate(bench: Bench, model: str) -> None:
 def _fault_price(bench: Bench, plain: Row, measured_ms: float) -> tuple[float, float]:
     """(seconds a page fault costs a step, of them the fault's own, which the kernel whose write faults
     the page takes): as the plain step paid them, where it was timed with its pages kept (its time,
-    ``measured_ms``, less that step's, over its predicted faults; the fault's own share as the micro-benchmark split it), else
-    the micro-benchmark's (:func:`rematopt.xla.machine.fault_seconds`). Where the step kept its pages
-    but still faulted (over 1% of its faults), the micro-benchmark's too."""
+    ``measured_ms``, less that step's, over its predicted faults; the fault's own share as the
+    micro-benchmark split it), else the micro-benchmark's (:func:`rematopt.xla.machine.fault_seconds`).
+    Where the step kept its pages but still faulted (over 1% of its faults), the micro-benchmark's too."""
     m = bench.machine
     fault_s, fault_in_s = (m.fault_s, m.fault_in_s) if m else (0.0, 0.0)
     kept, faults = bench.kept.get(plain.model), plain.predicted_faults or 0

@@ -66,6 +66,7 @@ def measure(spec: dict) -> dict:
 
     from ...importers.costmodel import device
     from ...xla.cost import profiled_faults, step_cost, step_faults
+    from ...xla.hlo import parse_hlo
     from ...xla.memory import xla_reference
 
     compiled, args, compile_s = _compile(spec)
@@ -74,9 +75,10 @@ def measure(spec: dict) -> dict:
     ref = xla_reference(analysis, backend)
     text = compiled.as_text()
     Path(spec["hlo"]).write_text(text)
-    cost = step_cost(text, device(spec["device"]))
+    module = parse_hlo(text)
+    cost = step_cost(module, device(spec["device"]))
     temp = int(analysis.temp_size_in_bytes)
-    faults, in_kernels = (step_faults(text, temp), profiled_faults(text, temp)) if backend == "cpu" else (0, {})
+    faults, in_kernels = (step_faults(module, temp), profiled_faults(module, temp)) if backend == "cpu" else (0, {})
     out = jax.block_until_ready(compiled(*args))
     grads = [np.asarray(x) for x in jax.tree_util.tree_leaves(out[1])]
     if spec["grads"] and not Path(spec["grads"]).exists():
