@@ -5,6 +5,7 @@ options reach XLA, and every measurement records what was on."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import jax
@@ -73,3 +74,32 @@ def test_process_flags_parse(monkeypatch):
     assert flags.for_backend("gpu").memory_scheduler is None
     monkeypatch.setenv("XLA_FLAGS", "--a=1 --b")
     assert flags.process_flags() == {"a": "1", "b": "true"}
+
+
+def _program(compiled) -> str:
+    """``compiled.as_text()`` less what differs between two compiles of one step: the source-location
+    tables (the caller's lines) and each instruction's metadata."""
+    head, _, rest = compiled.as_text().partition("\nFileNames")
+    text = head + (rest[rest.index("\n%"):] if rest else "")
+    return re.sub(r", metadata=\{[^}]*\}", "", text)
+
+
+def test_a_read_only_compile_is_the_same_program_and_memory():
+    import sys
+
+    sys.path.insert(0, str(ROOT))
+    from models import gpt
+    from rematopt.exporters.jax_policy import apply_plan
+    from rematopt.importers.jaxpr import trace_grad
+    from rematopt.solve import solve
+
+    loss, args = gpt.factory(layers=2, width=32, heads=2, seq=32, batch=2, vocab=64)
+    graph = trace_grad(loss, *args, fuse="xla")
+    plan = solve(graph, "greedy", budget_ratio=0.7).plan
+    s = XlaSettings()  # this process's scheduler, whichever it is
+    for fn in (loss, apply_plan(loss, graph, plan)):
+        step = jax.jit(jax.value_and_grad(fn))
+        run, read = flags.compile_jitted(step, args, s), flags.compile_jitted(step, args, s, read_only=True)
+        assert run.memory_analysis().temp_size_in_bytes == read.memory_analysis().temp_size_in_bytes
+        assert _program(run) == _program(read)
+    assert flags.read_only_options() == (flags.READ_ONLY if jax.default_backend() == "cpu" else {})

@@ -93,7 +93,7 @@ def rows(name: str, planners: tuple[str, ...], ratios: tuple[float, ...],
 
     def compile_figures(f) -> tuple[int, int]:
         """XLA's peak for ``value_and_grad(f)``, and its FLOPs with loop bodies times their trip counts."""
-        compiled = flags.compile_jitted(jax.jit(jax.value_and_grad(f, step.argnums)), args, settings)
+        compiled = flags.compile_jitted(jax.jit(jax.value_and_grad(f, step.argnums)), args, settings, read_only=True)
         return xla_peak(compiled)[0], step_flops(parse_hlo(compiled.as_text()))
 
     plain, plain_flops = compile_figures(fn)

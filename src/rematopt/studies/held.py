@@ -66,7 +66,7 @@ def compare(step, graph, plan, as_planned: bool = True) -> Held:
         warnings.simplefilter("ignore")
         applied = apply_plan(step.fn, graph, plan, scopes=True, as_planned=as_planned)
         compiled = flags.compile_jitted(jax.jit(jax.value_and_grad(applied, step.argnums)), step.args,
-                                        flags.for_backend(jax.default_backend()))
+                                        flags.for_backend(jax.default_backend()), read_only=True)
     module = parse_hlo(compiled.as_text())
     memory = compiled_memory(module)
     scanned = scanned_nodes(applied.loops)

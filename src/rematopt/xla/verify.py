@@ -232,7 +232,7 @@ def compile_figures(loss_fn: Callable, args: Sequence, argnums: tuple[int, ...],
                     settings: flags.XlaSettings, price: Calibration | None = None) -> tuple[Compiled, str]:
     """Compile ``value_and_grad(loss_fn)`` at ``args`` under ``settings``; XLA's figures, and with
     ``price`` its priced time (:func:`~rematopt.xla.cost.priced_step`; page faults on CPU only)."""
-    compiled = flags.compile_jitted(jax.jit(jax.value_and_grad(loss_fn, argnums)), args, settings)
+    compiled = flags.compile_jitted(jax.jit(jax.value_and_grad(loss_fn, argnums)), args, settings, read_only=True)
     peak, reference = xla_peak(compiled)
     costs = compiled.cost_analysis()
     costs = costs[0] if isinstance(costs, (list, tuple)) else costs

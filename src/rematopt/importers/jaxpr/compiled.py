@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from ...errors import ImportFailure
+from ...xla.flags import read_only_options
 from .flatten import Const, aval_bytes, bind
 from .step import Step
 
@@ -45,7 +46,7 @@ def compile_named(step: Step):
 
     structs = [jax.ShapeDtypeStruct(flat.avals[v].shape, flat.avals[v].dtype) for v in step.arg_ids]
     try:
-        return jax.jit(run).lower(*structs).compile()
+        return jax.jit(run).lower(*structs).compile(compiler_options=read_only_options() or None)
     except Exception as e:  # XLA refused the program: one line, as for a tracing failure
         raise ImportFailure(f"compiling the step failed: {type(e).__name__}: {str(e).strip().splitlines()[0]}") \
             from None
