@@ -28,7 +28,7 @@ from rematopt.studies.device.launch import busy_cpu, run_worker, worker_env  # n
 from rematopt.studies.device.report import _by_class, markdown, noise, pareto, verdict, write_report  # noqa: E402
 from rematopt.studies.device.results import Bench, Row  # noqa: E402
 from rematopt.studies.device.settings import AGAIN, KEPT, MAX_ROUNDS, MODELS, NO_REMAT  # noqa: E402
-from rematopt.studies.device.worker import time_steps  # noqa: E402
+from rematopt.studies.device.worker import run_rounds, settled, time_steps  # noqa: E402
 from rematopt.xla.cost import Calibration, StepCost, kernel_cost, signature  # noqa: E402
 from rematopt.xla.kernels import Kernel  # noqa: E402
 from rematopt.xla.machine import Machine  # noqa: E402
@@ -161,6 +161,24 @@ def test_time_steps_interleaves_rounds_of_every_variant_and_keeps_going_past_a_f
     assert all(len(f) == MAX_ROUNDS and min(f) >= 0 for f in got["faults"].values())
     assert got["peaks"]["plain"] == got["peaks"][AGAIN]  # a second compile of one program: the same memory
     assert set(got["profiles"]) == {"plain"} and min(got["profiles"]["plain"].values()) > 0  # its kernels, timed
+
+
+def test_rounds_go_on_until_the_steps_settle_and_no_further_than_asked():
+    def stepper(odd_until: int):  # "a" 10% slower in its odd rounds before round odd_until; "b" steady
+        done = {"a": 0, "b": 0}
+
+        def step(label: str) -> dict:
+            n, done[label] = done[label], done[label] + 1
+            slow = label == "a" and n % 2 and n < odd_until
+            return {"ms": 110.0 if slow else 100.0 if label == "a" else 50.0, "faults": n}
+        return step
+
+    for odd_until, most, ran in ((12, 18, 14), (12, 12, 12), (12, 9, 9), (0, 18, 9), (40, 18, 18)):
+        times, faults = {"a": [], "b": []}, {"a": [], "b": []}
+        assert run_rounds(["a", "b"], stepper(odd_until), 9, most, times, faults) == ran
+        assert [len(t) for t in times.values()] == [ran, ran] and faults["b"] == list(range(ran))
+        assert settled(times) == (odd_until <= ran - 1 or odd_until == 0)
+    assert settled({"a": [100.0, 101.9]}) and not settled({"a": [100.0, 102.1]}) and settled({"a": [5.0]})
 
 
 def test_the_profile_is_scaled_on_the_plain_step_and_every_other_row_is_predicted():

@@ -26,7 +26,8 @@ from .report import write_report
 from .results import Bench, Row
 from .settings import (AGAIN, AT_ONCE, CPU_SCHEDULER, DEFAULT_MODELS, DETERMINISTIC_S, GPU_AT_ONCE, GPU_LIMIT_SHARE,
                        KEPT, Model, MODELS, NO_REMAT, PLAN_ROUNDS, PLAN_WALL_S, POLICIES, QUICK_DETERMINISTIC_S,
-                       QUICK_PLAN_ROUNDS, QUICK_POLICIES, QUICK_RATIOS, QUICK_ROUNDS, RATIOS, ROUNDS, WORKER_WALL_S)
+                       QUICK_PLAN_ROUNDS, QUICK_POLICIES, QUICK_RATIOS, QUICK_ROUNDS, RATIOS, ROUNDS, SETTLE_ROUNDS,
+                       WORKER_WALL_S)
 
 
 def run_bench(models: tuple[str, ...] = DEFAULT_MODELS, quick: bool = False, runs: int | None = None,
@@ -282,8 +283,8 @@ def _model_tasks(bench: Bench, model: Model, config: dict, rounds: int, ratios: 
             return
         # the variants' processes start on both cores (nothing else of the bench runs), then all move to one
         start_on = {"start_on": cores[:AT_ONCE]} if bench.clock == "cpu" else {}
-        _time(bench, model.label, specs, base, {**pin(slot), **start_on}, rounds, env, timeout(), progress, workers,
-              lock)
+        _time(bench, model.label, specs, base, {**pin(slot), **start_on}, rounds, 0 if quick else SETTLE_ROUNDS, env,
+              timeout(), progress, workers, lock)
         with lock:
             _calibrate(bench, model.label)
             (work / "profiles.json").write_text(json.dumps(
@@ -307,9 +308,10 @@ def _model_tasks(bench: Bench, model: Model, config: dict, rounds: int, ratios: 
             Task(f"{name} timing", timing, after=(f"{name} rows", f"{name} plan rows"), alone=True)]
 
 
-def _time(bench: Bench, model: str, specs: dict[str, dict], base: dict, pin: dict, rounds: int, env: dict,
-          timeout: float, progress: Callable[[str], None], workers: Workers, lock: threading.RLock) -> None:
-    """Every measured variant's step time from :func:`.worker.time_steps` (a process each, interleaved rounds), with
+def _time(bench: Bench, model: str, specs: dict[str, dict], base: dict, pin: dict, rounds: int, settle: int,
+          env: dict, timeout: float, progress: Callable[[str], None], workers: Workers, lock: threading.RLock) -> None:
+    """Every measured variant's step time from :func:`.worker.time_steps` (a process each, ``rounds`` interleaved
+    rounds or more, up to ``settle`` until the steps settle: :func:`.worker.run_rounds`), with
     a second compile of the plain step, timed alongside, as the row ``plain (again)``; where the plain step
     faults, the plain step with its pages kept (``bench.kept``: what its faults cost it); and what other
     processes ran on the machine meanwhile (``bench.beside``): the bench's timing runs alone, but not
@@ -321,7 +323,7 @@ def _time(bench: Bench, model: str, specs: dict[str, dict], base: dict, pin: dic
         variants[KEPT] = {**specs["plain"], "keep_pages": True}
     profile = [v for v in specs if v in ("plain", NO_REMAT) or v.startswith("rematopt@")]
     busy, own, wall = busy_cpu(), cpu_seconds(), time.time()
-    got = run_worker({**base, **pin, "variants": variants, "rounds": rounds, "clock": bench.clock,
+    got = run_worker({**base, **pin, "variants": variants, "rounds": rounds, "settle": settle, "clock": bench.clock,
                        "profile": profile}, env, timeout, workers, "timing")
     if busy is not None:  # less the timing process's (its variants' too) and this one's
         timed = sum(cpu for kind, label, *_, cpu in workers.ran if kind == "timing" and label == model)

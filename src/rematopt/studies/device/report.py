@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ...xla.cost import KERNEL_CLASSES, Calibration, profiled_by_class
 from .results import BASELINES, Bench, Row
-from .settings import AGAIN, AT_ONCE, KEPT, NO_REMAT, PLAN_ROUNDS, PROFILE_STEPS
+from .settings import AGAIN, AT_ONCE, KEPT, NO_REMAT, PLAN_ROUNDS, PROFILE_STEPS, SETTLE_ROUNDS, SETTLED
 
 
 def noise(bench: Bench, model: str) -> float | None:
@@ -159,7 +159,8 @@ def markdown(bench: Bench) -> str:
              "(the plan that recomputes nothing, as apply_plan writes it) first, then on the plain step's kernels. "
              "Step time: "
              f"the fastest of interleaved rounds, each running one step of every variant (more rounds for short "
-             f"steps), {clock}. "
+             f"steps; in a full run, more until each variant's fastest step of the even rounds is within "
+             f"{SETTLED:.0%} of its fastest of the odd rounds, {SETTLE_ROUNDS} rounds at most), {clock}. "
              + " ".join(bench.notes), "",
              "## Verdict", "",
              "Budget: r x the plain step's compiled peak. Fastest baseline: the quickest of plain, the "

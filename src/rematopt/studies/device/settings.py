@@ -24,6 +24,13 @@ ROUNDS, QUICK_ROUNDS = 9, 5
 # Short steps get more rounds, up to ROUND_SECONDS of each variant's steps (at most MAX_ROUNDS): quick
 # keras_llama's 12.8 ms steps, fastest of 5 rounds, differed by 10.6% between the even and odd rounds.
 ROUND_SECONDS, MAX_ROUNDS = 0.5, 60
+# A full run's rounds go on past ROUNDS, up to SETTLE_ROUNDS in all, until each variant's fastest step of the
+# even rounds is within SETTLED of its fastest of the odd rounds (worker.settled). A plan is predicted from
+# NO_REMAT's fastest step and measured by its own: in the thirteenth full run (2026-12-07) gpt's 1.3-s steps
+# differed by up to 5.1% between even and odd rounds in 9, NO_REMAT's fastest (801 ms, in the first round) 5%
+# under the odd rounds' (842), and its three plans were predicted 3.9 to 5.0 points under their measured
+# overheads; the same data from NO_REMAT's and the plans' last 7 rounds, 1.8 to 2.7 (docs/device.md).
+SETTLED, SETTLE_ROUNDS = 0.02, 18
 # Steps profiled per kernel (xla.profile.kernel_seconds), each kernel's fastest taken: the plain step's
 # for the per-class calibration, the plans' for the report. quick gpt's plain step profiled 218 ms of
 # kernels in its fastest of 5 (wall time, pinned, a load average of 5).

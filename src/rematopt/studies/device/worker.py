@@ -13,9 +13,9 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
-from .settings import MAX_ROUNDS, PLAN_WALL_S, PROFILE_STEPS, ROUND_SECONDS
+from .settings import MAX_ROUNDS, PLAN_WALL_S, PROFILE_STEPS, ROUND_SECONDS, SETTLED
 
 
 _PHASES: dict[str, float] = {}  # this worker's wall seconds per phase, sent back with its answer
@@ -107,7 +107,8 @@ def time_steps(spec: dict) -> dict:
     own that followed another variant's). The clock is ``spec["clock"]``: ``cpu``, the process's CPU
     time (pinned to one core, so this is the step's work on that core, whatever else loads the
     machine), or ``wall``; at least ``spec["rounds"]`` rounds, more for short steps (up to
-    :data:`ROUND_SECONDS` of each variant's steps). Per variant, its milliseconds and minor page faults
+    :data:`ROUND_SECONDS` of each variant's steps), and more until the steps settle, up to
+    ``spec["settle"]`` rounds in all (:func:`run_rounds`). Per variant, its milliseconds and minor page faults
     per round, and its compiled peak (a second copy of a program must match the first). The compiles
     hit JAX's persistent cache the row processes filled. The variants' processes start (interpreter,
     imports, model, compile, warm-up) pinned in turn to the cores of ``spec["start_on"]`` (the bench:
@@ -143,12 +144,8 @@ def time_steps(spec: dict) -> dict:
         started = time.perf_counter()
         slowest = max((_ask(servers[label], "step")["ms"] for label in labels), default=0.0) / 1e3
         rounds = max(spec["rounds"], min(MAX_ROUNDS, math.ceil(ROUND_SECONDS / max(slowest, 1e-6))))
-        out["rounds"] = rounds
-        for r in range(rounds):
-            for label in labels[r % len(labels):] + labels[:r % len(labels)]:
-                got = _ask(servers[label], "step")
-                out["times"][label].append(got["ms"])
-                out["faults"][label].append(got["faults"])
+        out["rounds"] = run_rounds(labels, lambda label: _ask(servers[label], "step"), rounds,
+                                   max(rounds, spec.get("settle") or 0), out["times"], out["faults"])
         _PHASES["rounds"] = time.perf_counter() - started
         with _phase("profile"):
             for label in spec.get("profile", ()):
@@ -159,6 +156,27 @@ def time_steps(spec: dict) -> dict:
             server.kill()
             server.wait()
     return out
+
+
+def run_rounds(labels: list[str], step: Callable[[str], dict], rounds: int, most: int, times: dict[str, list[float]],
+               faults: dict[str, list[int]]) -> int:
+    """Rounds of one step of every variant of ``labels`` (``step(label)``: its ``ms`` and ``faults``; the order
+    rotated each round), appended to ``times`` and ``faults``: ``rounds`` of them, then more, up to ``most``
+    in all, until the variants' steps have settled (:func:`settled`). How many rounds ran."""
+    r = 0
+    while r < rounds or (r < most and not settled(times)):
+        for label in labels[r % len(labels):] + labels[:r % len(labels)]:
+            got = step(label)
+            times[label].append(got["ms"])
+            faults[label].append(got["faults"])
+        r += 1
+    return r
+
+
+def settled(times: dict[str, list[float]], within: float = SETTLED) -> bool:
+    """Whether each variant's fastest step of the even rounds is within ``within`` of its fastest of the odd
+    rounds (the report's noise, per variant: :func:`.report.noise`)."""
+    return all(abs(min(t[0::2]) - min(t[1::2])) <= within * min(t) for t in times.values() if len(t) > 1)
 
 
 def _move(pid: int, core: int) -> list[int]:
