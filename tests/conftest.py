@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -12,6 +13,28 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+
+# The suite compiles hundreds of steps, most of them only to read their memory and program: every compile
+# in it skips LLVM's optimization of its kernels, in this process (XLA reads XLA_FLAGS when the backend
+# starts, after this) and in every process it starts with its environment or through last_json. XLA's
+# program and buffers come before it (tests/test_xla_flags.py compiles both ways and compares); its
+# kernels run slower, on steps of kilobytes. Tests that time steps ask for the optimized kernels
+# (the optimized_kernels fixture).
+FAST_COMPILE = "--xla_backend_optimization_level=0"
+
+
+def _with_fast_compile(flags: str) -> str:
+    return flags if FAST_COMPILE in flags.split() else f"{flags} {FAST_COMPILE}".strip()
+
+
+os.environ["XLA_FLAGS"] = _with_fast_compile(os.environ.get("XLA_FLAGS", ""))
+
+
+@pytest.fixture
+def optimized_kernels(monkeypatch):
+    """XLA_FLAGS without :data:`FAST_COMPILE`, for the processes a test that times steps starts."""
+    monkeypatch.setenv("XLA_FLAGS", " ".join(w for w in os.environ["XLA_FLAGS"].split() if w != FAST_COMPILE))
+
 
 SHARED_BENCHMARKS = Path(__file__).resolve().parents[2] / "shared" / "benchmarks"
 NODELINK_DIR = SHARED_BENCHMARKS / "nodelink"
@@ -31,7 +54,10 @@ def nodelink_files() -> list[Path]:
 
 def last_json(script: str, env: dict | None = None, timeout: float = 300, cwd: Path | None = None):
     """Run ``script`` in a fresh interpreter (``env``: its environment, this one's by default); the JSON
-    of the last line it printed. A script that fails fails the test with its stderr's tail."""
+    of the last line it printed, its compiles fast (:data:`FAST_COMPILE`). A script that fails fails the test
+    with its stderr's tail."""
+    if env is not None:
+        env = {**env, "XLA_FLAGS": _with_fast_compile(env.get("XLA_FLAGS", ""))}
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=timeout,
                          cwd=cwd)
     assert run.returncode == 0, run.stderr[-3000:]

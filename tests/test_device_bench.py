@@ -439,7 +439,7 @@ def test_the_machines_busy_time_counts_another_processs_cpu_in_seconds():
 
 
 @pytest.mark.slow  # about 40 s idle, 134 s measured on the shared 2-core machine (load average 9): six fresh processes
-def test_bench_on_a_tiny_model_writes_the_report(tmp_path):
+def test_bench_on_a_tiny_model_writes_the_report(tmp_path, optimized_kernels):
     lines = []
     bench = run_bench(("mlp",), quick=True, runs=1, ratios=(0.8,), deterministic_time=0.5, out=tmp_path,
                       progress=lines.append, cwd=ROOT, work=tmp_path / "work")
@@ -515,7 +515,7 @@ print(json.dumps(out))
 
 
 @pytest.mark.slow  # about 90 s: quick gpt's two dots_saveable steps compiled three times
-def test_each_variant_is_timed_in_a_process_of_its_own_and_faults_as_predicted(monkeypatch):
+def test_each_variant_is_timed_in_a_process_of_its_own_and_faults_as_predicted(monkeypatch, optimized_kernels):
     """The bench's timing path: each variant in a process of its own faults, step by step, what its
     compiled program predicts (xla.cost.step_faults). In one process shared by all of quick gpt's
     rows, one variant's frees moved the next one's faults by up to 8% (docs/device.md); with these

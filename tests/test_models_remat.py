@@ -83,9 +83,6 @@ def test_library_idioms_keep_the_gradients(name):
 
 
 KERAS_TINY = {**LIB_TINY, "kv_heads": 1, "hidden": 32, "dropout": 0.1}
-# One program for the plain step and every policy's, compiled at XLA's backend optimization level 0:
-# 14 s of CPU for llama, where a default compile per policy took 4 s each (70 s).
-FAST_COMPILE = {"xla_backend_optimization_level": 0}
 
 
 def count_remat(fn, args) -> int:
@@ -102,8 +99,10 @@ def test_keras_blocks_keep_the_gradients_under_every_policy(backbone):
     assert count_remat(plain, args) == 0
     steps = {name: mod.factory(remat=name, backbone=backbone, **KERAS_TINY)[0] for name in sorted(REMAT_POLICIES)}
     assert count_remat(steps["dots_saveable"], args) == KERAS_TINY["layers"]
+    # one program for the plain step and every policy's (at XLA's backend optimization level 0, as the suite
+    # compiles: conftest.FAST_COMPILE): 14 s of CPU for llama, where a default compile per policy took 4 s each
     every = jax.jit(lambda *a: [jax.grad(f)(*a) for f in (plain, *steps.values())])
-    base, *got = every.lower(*args).compile(compiler_options=FAST_COMPILE)(*args)
+    base, *got = every(*args)
     base = jax.tree_util.tree_leaves(base)
     assert max(float(np.max(np.abs(np.asarray(g)))) for g in base) > 1e-3  # not a vanishing gradient
     for name, g in zip(steps, got):
