@@ -59,6 +59,8 @@ def test_a_budget_some_candidate_fits_is_met_as_compiled():
     once = [c for c in ordered if c["label"].endswith("each value computed once")]
     assert all(c["as_planned"] == (c not in once) for c in plans)
     assert len(plans) == 2 * len(ordered) - len(once)
+    # each round's line names the variants it compiled beside the plan as it was made
+    assert "in XLA's order" in err and ("each value computed once" in err) == bool(once)
 
 
 def test_the_eager_order_fits_where_xlas_order_does_not():

@@ -538,10 +538,11 @@ def _search(loss_fn: Callable, args: Sequence, argnums: tuple[int, ...], graph: 
         c = min((k for _, k, *_ in variants), key=lambda k: k.peak_bytes)
         done.append(Round(order, b, share, spent, status, c.peak_bytes, aim))
         fits = c.peak_bytes <= budget
+        others = [("in XLA's order " if not ordered else "each value computed once ") + human_bytes(k.peak_bytes)
+                  for _, k, _, ordered, _ in variants[1:]]  # the variants beside the plan as it was made
         say(f"{order} order, round {rounds}: planning budget {human_bytes(b)}: plan peak "
             f"{human_bytes(sol.replay.peak_bytes)}, applied {human_bytes(variants[0][2])}, "
-            f"XLA peak {human_bytes(variants[0][1].peak_bytes)}"
-            + (f" (in XLA's order {human_bytes(variants[1][1].peak_bytes)})" if len(variants) > 1 else "")
+            f"XLA peak {human_bytes(variants[0][1].peak_bytes)}" + (f" ({', '.join(others)})" if others else "")
             + f" ({'fits' if fits else 'misses'})")
         if sol.status == "OVER_BUDGET" and not fits and lo is None:
             break  # the planner's least plan misses: a lower planning budget gives no other
