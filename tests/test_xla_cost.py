@@ -410,7 +410,8 @@ def test_per_kernel_the_time_beyond_the_profiled_kernels_is_priced_per_byte_of_t
     programs' steps, it takes longer by what it brings back. Given the step's footprint, what its measured
     time holds beyond its kernels (as profiled, an unprofiled one at the profile's own scale) is priced per
     byte of it and the table is not scaled: a plan with less memory pays less. A step measured under its
-    profiled kernels scales them down, as without a footprint."""
+    profiled kernels and its faults at their price pays that much less for its faults; under its kernels
+    alone, none, and its kernels are scaled down to it."""
     dev = Device("test", flops_per_s=1e12, bytes_per_s=1e12, source="round figures")
     named = lambda name, kind, read: Kernel(name, kind, read, 0, 0, (name,))  # noqa: E731
     plain = priced([named("a1", "fusion:kLoop", int(1e12)), named("a2", "fusion:kLoop", int(1e12)),
@@ -424,9 +425,16 @@ def test_per_kernel_the_time_beyond_the_profiled_kernels_is_priced_per_byte_of_t
     assert c.seconds(plan, 0, int(4e8)) == pytest.approx(3.0 + 1.5 + 1.0)
     assert c.seconds(plan, 0, int(4e8)) < calibrate(plain, 11.0, dev, faults=1000, fault_s=1e-3, profiled=profiled,
                                                      per_kernel=True).seconds(plan, 0)
-    fast = calibrate(plain, 7.0, dev, faults=1000, fault_s=1e-3, profiled=profiled, per_kernel=True, footprint=int(1e9))
-    assert fast.footprint_s == 0.0 and fast.scale == pytest.approx(3.0 * 6.0 / 7.5)
+    cheap = calibrate(plain, 8.0, dev, faults=1000, fault_s=1e-3, profiled=profiled, per_kernel=True,
+                      footprint=int(1e9))  # 7.5 s of kernels: the faults took 0.5 s, not 1
+    assert cheap.fault_s == pytest.approx(5e-4) and cheap.footprint_s == 0.0 and cheap.scale == pytest.approx(3.0)
+    assert cheap.seconds(plain, 1000, int(1e9)) == pytest.approx(8.0)
+    assert cheap.seconds(plan, 0, int(4e8)) == pytest.approx(3.0 + 1.5)  # no fault: the kernels as profiled
+    fast = calibrate(plain, 6.0, dev, faults=1000, fault_s=1e-3, profiled=profiled, per_kernel=True, footprint=int(1e9))
+    assert fast.fault_s == 0.0 and fast.footprint_s == 0.0 and fast.scale == pytest.approx(3.0 * 6.0 / 7.5)
     assert fast.seconds(plan, 0, int(4e8)) == pytest.approx((3.0 + 1.5) * 6.0 / 7.5)
+    no_faults = calibrate(plain, 6.0, dev, profiled=profiled, per_kernel=True, footprint=int(1e9))
+    assert no_faults.seconds(plan, 0, int(4e8)) == pytest.approx(fast.seconds(plan, 0, int(4e8)))
 
 
 def test_with_one_kernel_class_the_per_class_calibration_is_the_one_scale_calibration():

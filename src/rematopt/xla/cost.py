@@ -487,8 +487,14 @@ def calibrate(step: StepCost, measured_s: float, device: Device, faults: int = 0
     What the measured step takes beyond its kernels goes with the memory it touches: given the step's
     ``footprint`` (its compiled peak, bytes), it is priced per byte of that (:attr:`Calibration.footprint_s`;
     keras_llama's steps measured after a 1 GiB sweep took 0.09 to 0.13 ms a MB of their peak longer than
-    back to back, docs/device.md). Where the step took less than its kernels profiled (or no footprint is
-    given), every kernel is scaled down to it instead. The profile times a kernel with the page faults its
+    back to back, docs/device.md). Where the step took less than its kernels profiled and its faults at
+    ``fault_s`` (a price measured on another step, or the micro-benchmark's), its faults are priced at
+    what it left them (:attr:`Calibration.fault_s`): the fourteenth full run's flax_linen `apply_plan, no
+    remat` took 48.7 ms beside its faults at the plain step's 1.8 us where its kernels profiled 51.2, and
+    its plans, which fault none and ran at their own profiles' times, were predicted 3.3 to 4.1 points
+    fast with its kernels scaled down instead, 0.1 to 1.1 so (over five runs, repriced, never worse).
+    Only a step under its kernels alone scales every kernel down to it (without a footprint, every kernel
+    is scaled to the step). The profile times a kernel with the page faults its
     writes take (``profiled_faults``, :func:`profiled_faults`); each is taken out of its time at
     ``fault_in_s`` (the fault alone, :attr:`rematopt.xla.machine.Machine.fault_in_s`; ``fault_s`` where 0), so
     that a kernel alike to it in a step that does not fault is priced without them, and a step that faults
@@ -508,7 +514,7 @@ def calibrate(step: StepCost, measured_s: float, device: Device, faults: int = 0
         taken = fault_in_s or fault_s
         faulted = profiled_faults or {}
         profiled = {k: max(t - faulted.get(k, 0) * taken, FAULTED_FLOOR * t) for k, t in profiled.items()}
-        return _per_kernel(unscaled, step, kernels, rest, profiled, footprint)
+        return _per_kernel(unscaled, step, kernels, rest, profiled, footprint, faults)
     measured = profiled_by_class(step, profiled)
     total = sum(measured.values())
     if total <= 0:
@@ -528,11 +534,12 @@ FAULTED_FLOOR = 0.1
 
 
 def _per_kernel(unscaled: Calibration, step: StepCost, priced: float, rest: float, profiled: dict[str, float],
-                footprint: int) -> Calibration:
+                footprint: int, faults: int = 0) -> Calibration:
     """``unscaled`` with ``step``'s profiled kernels as its table (:func:`calibrate`'s ``per_kernel``): the
     kernels the profile lacks at its scale on the device (``priced``: all of ``step``'s kernels on it);
-    ``rest``, the step's measured time less its faults, beyond those kernels' time priced per byte of
-    ``footprint``, or short of it scaling them all."""
+    ``rest``, the step's measured time less its ``faults`` at their price, beyond those kernels' time priced
+    per byte of ``footprint``; short of it, the faults priced at what the kernels leave them, and below the
+    kernels alone, every kernel scaled down to the step."""
     timed = [k.kernel for k in step.kernels if k.kernel.name in profiled]
     total = sum(profiled[k.name] for k in timed)
     if total <= 0:
@@ -540,11 +547,14 @@ def _per_kernel(unscaled: Calibration, step: StepCost, priced: float, rest: floa
     timed_price = sum(kernel_cost(k, unscaled.device, unscaled.launch_s).seconds for k in timed)
     warm = total / timed_price
     kernels = total + warm * (priced - timed_price)
+    fault_s, measured = unscaled.fault_s, rest + faults * unscaled.fault_s
+    if rest < kernels and faults and fault_s:  # under its kernels and its faults: the faults cost it less
+        fault_s, rest = max(measured - kernels, 0.0) / faults, min(measured, kernels)
     factor, footprint_s = (1.0, (rest - kernels) / footprint) if footprint and rest > kernels else (rest / kernels, 0.0)
     alike: dict[Kernel, list[float]] = {}
     for k in timed:
         alike.setdefault(signature(k), []).append(profiled[k.name])
-    return replace(unscaled, scale=factor * warm, footprint_s=footprint_s,
+    return replace(unscaled, scale=factor * warm, footprint_s=footprint_s, fault_s=fault_s,
                    measured_kernels=tuple((sig, factor * sum(t) / len(t)) for sig, t in alike.items()))
 
 

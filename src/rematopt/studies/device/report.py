@@ -362,7 +362,8 @@ def _prediction_summary(bench: Bench) -> str:
         one = bench.scale_calibrations.get(model)
         beyond = (plain.compiled_peak or 0) * c.footprint_s * 1e3
         refill = (f"{beyond:.3g} ms ({100 * beyond / plain.step_ms:.0f}%), {1e12 * c.footprint_s:.3g} ns a KB of peak"
-                  if c.footprint_s else "none: its kernels scaled down to it")
+                  if c.footprint_s else "none: its faults priced at what its kernels left them"
+                  if plain.predicted_faults and c.fault_s else "none: its kernels scaled down to it")
         out.append(f"| {model} | x{(one.scale if isinstance(one, Calibration) else c.scale):.3g} "
                    f"| {plain.predicted_faults or 0:,} ({100 * share:.0f}% of its time{paid}) | {refill} "
                    f"| {again} | {within} of {len(errs)} | {f'{worst[1]} {100 * worst[0]:+.1f}%' if worst else '—'} "
