@@ -20,6 +20,7 @@ import pytest
 # program and buffers come before it (tests/test_xla_flags.py compiles both ways and compares); its
 # kernels run slower, on steps of kilobytes. Tests that time steps ask for the optimized kernels
 # (the optimized_kernels fixture).
+# rematopt.xla.flags.READ_ONLY as a flag: imported from there, this file would need JAX, which the suite can do without
 FAST_COMPILE = "--xla_backend_optimization_level=0"
 
 

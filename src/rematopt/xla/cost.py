@@ -393,7 +393,8 @@ class Calibration:
     (``launch_s`` more per kernel run) plus ``fault_s`` per page fault; with ``class_scales``, each
     kernel class (:func:`kernel_class`) its own scale, ``scale`` for a class without one. The scales
     absorb what the micro-benchmarks miss (the kernels' sizes, caches, strided reads); the fault price
-    is the kernel's (the operating system's) work, measured, not scaled."""
+    is the kernel's (the operating system's) work, measured, not scaled, but lowered where the calibrated
+    step took less than its kernels and its faults at that price (:func:`calibrate`)."""
 
     device: Device
     scale: float
@@ -534,7 +535,7 @@ FAULTED_FLOOR = 0.1
 
 
 def _per_kernel(unscaled: Calibration, step: StepCost, priced: float, rest: float, profiled: dict[str, float],
-                footprint: int, faults: int = 0) -> Calibration:
+                footprint: int, faults: int) -> Calibration:
     """``unscaled`` with ``step``'s profiled kernels as its table (:func:`calibrate`'s ``per_kernel``): the
     kernels the profile lacks at its scale on the device (``priced``: all of ``step``'s kernels on it);
     ``rest``, the step's measured time less its ``faults`` at their price, beyond those kernels' time priced

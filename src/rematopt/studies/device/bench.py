@@ -28,6 +28,7 @@ from .settings import (AGAIN, AT_ONCE, CPU_SCHEDULER, DEFAULT_MODELS, DETERMINIS
                        KEPT, Model, MODELS, NO_REMAT, PLAN_ROUNDS, PLAN_WALL_S, POLICIES, QUICK_DETERMINISTIC_S,
                        QUICK_PLAN_ROUNDS, QUICK_POLICIES, QUICK_RATIOS, QUICK_ROUNDS, RATIOS, ROUNDS, SETTLE_ROUNDS,
                        WORKER_WALL_S)
+from .worker import spread
 
 
 def run_bench(models: tuple[str, ...] = DEFAULT_MODELS, quick: bool = False, runs: int | None = None,
@@ -345,8 +346,7 @@ def _time(bench: Bench, model: str, specs: dict[str, dict], base: dict, pin: dic
             r = rows.get(variant, again)
             bench.rounds[model, r.variant] = times
             r.step_ms = min(times)
-            halves = min(times[0::2]), min(times[1::2] or times)
-            r.step_ms_spread = abs(halves[0] - halves[1]) / r.step_ms
+            r.step_ms_spread = spread(times)
             r.page_faults = int(statistics.median(got["faults"][variant]))
         for variant, why in got["errors"].items():
             if variant == KEPT:

@@ -173,10 +173,15 @@ def run_rounds(labels: list[str], step: Callable[[str], dict], rounds: int, most
     return r
 
 
+def spread(times: list[float]) -> float:
+    """How far a variant's fastest step of the even rounds is from its fastest of the odd rounds, over its
+    fastest (its row's ``step_ms_spread``, the report's noise per variant: :func:`.report.noise`)."""
+    return abs(min(times[0::2]) - min(times[1::2] or times)) / min(times)
+
+
 def settled(times: dict[str, list[float]], within: float = SETTLED) -> bool:
-    """Whether each variant's fastest step of the even rounds is within ``within`` of its fastest of the odd
-    rounds (the report's noise, per variant: :func:`.report.noise`)."""
-    return all(abs(min(t[0::2]) - min(t[1::2])) <= within * min(t) for t in times.values() if len(t) > 1)
+    """Whether each variant's steps have settled: their :func:`spread` is within ``within``."""
+    return all(spread(t) <= within for t in times.values())
 
 
 def _move(pid: int, core: int) -> list[int]:
